@@ -1,0 +1,69 @@
+"""Argument validation shared by every op: errors raised before launch, one wording.
+
+Each check names the argument, what it got, and what was expected.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_tensor(name: str, t, *, ndim: int | Sequence[int] | None = None, dtypes=FLOAT_DTYPES) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+
+
+def check_same(names: Sequence[str], tensors: Sequence[torch.Tensor], attr: str) -> None:
+    """All tensors agree on ``attr`` ("dtype" or "device")."""
+    values = [getattr(t, attr) for t in tensors]
+    if any(v != values[0] for v in values[1:]):
+        got = ", ".join(f"{n}={v}" for n, v in zip(names, values))
+        raise ValueError(f"{', '.join(names)} must share one {attr}, got {got}")
+
+
+def check_dim(name: str, what: str, got: int, expected: int, expected_from: str) -> None:
+    if got != expected:
+        raise ValueError(f"{name} {what} must equal {expected_from} ({expected}), got {got}")
+
+
+def check_scale(scale) -> float | None:
+    if scale is None:
+        return None
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"scale must be a float, got a tensor of shape {tuple(scale.shape)}")
+        scale = scale.item()
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_head_dim(name: str, d: int, lo: int = 1, hi: int = 256) -> None:
+    if not lo <= d <= hi:
+        raise ValueError(f"{name} head dim must be in [{lo}, {hi}], got {d}")
+
+
+def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if ndim == 0:
+        if dim not in (0, -1):
+            raise IndexError(f"{name} out of range (expected to be in range of [-1, 0], but got {dim})")
+        return 0
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{name} out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {dim})")
+    return dim % ndim

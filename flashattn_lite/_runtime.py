@@ -1,0 +1,50 @@
+"""Where kernels run and how they are configured.
+
+One rule for every op: CUDA tensors run the compiled Triton kernels; CPU tensors run the PyTorch
+twin of the same algorithm, unless ``TRITON_INTERPRET=1`` is set, in which case the Triton kernels
+themselves run on the CPU (this is how CI tests the kernels without a GPU).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels execute in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def runs_triton(t: torch.Tensor) -> bool:
+    """Whether an op on ``t`` should launch a Triton kernel (GPU, or CPU under the interpreter)."""
+    return t.is_cuda or (t.device.type == "cpu" and interpreter_active())
+
+
+def tuned(configs: list[triton.Config], key: list[str], interpreter_config: triton.Config, **autotune_kw):
+    """``triton.autotune`` on the GPU; a single small config under the interpreter.
+
+    Autotuning in the interpreter would run every config on the CPU, which is slow and pointless.
+    """
+    if interpreter_active():
+        configs = [interpreter_config]
+    return triton.autotune(configs=configs, key=key, **autotune_kw)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors on a CUDA device (a fixed small number under the interpreter)."""
+    if not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_sm_count(t: torch.Tensor) -> int:
+    return sm_count(t.device.index if t.is_cuda else -1) if t.is_cuda else 4
+
+
+def allow_tf32() -> bool:
+    """fp32 matmuls use TF32 only where torch itself is allowed to."""
+    return torch.backends.cuda.matmul.allow_tf32

@@ -1,0 +1,201 @@
+"""Attention forward: the Triton kernel and its launcher.
+
+One program owns BLOCK_M query rows of one (batch, query head) and streams the keys/values of the
+matching KV head in BLOCK_N tiles, carrying (m, ℓ, O) with ``merge.online_softmax_update``. The
+N×N score matrix never exists; memory is O(N·D). Scores are kept in base 2 (scale·log2 e folded
+into one multiply), the lse is written in natural log.
+
+Causal attention, the sequence tails and user masks are handled by stages: key tiles wholly
+visible to every row of the query tile run the lean unmasked body; the rest run the masked body.
+Tiles wholly hidden by causality are never visited.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._runtime import interpreter_active, tuned
+from ..dropout import dropout_keep
+from ..merge import LOG2E, finalize, online_softmax_update
+
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+
+@triton.jit
+def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
+              offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
+              stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
+              seed, drop_base, drop_threshold,
+              BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+              DROPOUT: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PRECISION: tl.constexpr):
+    """One key/value tile folded into the running state. BOUNDARY switches on the causal and
+    sequence-end masks; the unmasked body is what long sequences spend their time in."""
+    cols = start_n + offs_n
+    k_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = v_base + cols[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+    if BOUNDARY:
+        k = tl.load(k_ptrs, mask=(cols[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    if MASK_KIND != 0:
+        mptrs = mask_base + offs_m[:, None] * stride_mask_m + cols[None, :] * stride_mask_n
+        in_bounds = (offs_m[:, None] < n_q) & (cols[None, :] < n_k)
+        if MASK_KIND == 1:
+            allowed = tl.load(mptrs, mask=in_bounds, other=0) != 0
+            s = tl.where(allowed, s, float("-inf"))
+        else:
+            s += tl.load(mptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
+    if BOUNDARY:
+        visible = cols[None, :] < n_k
+        if IS_CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        s = tl.where(visible, s, float("-inf"))
+    m_i, l_i, p, alpha = online_softmax_update(m_i, l_i, s)
+    acc = acc * alpha[:, None]
+    if DROPOUT:
+        keep = dropout_keep(seed, drop_base + offs_m[:, None].to(tl.int64) * n_k + cols[None, :], drop_threshold)
+        p = tl.where(keep, p, 0.0)
+    if BOUNDARY:
+        v = tl.load(v_ptrs, mask=(cols[:, None] < n_k) & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    elif EVEN_DV:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    return acc, m_i, l_i
+
+
+def _fwd_configs():
+    configs = []
+    for bm, bn, warps, stages in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4),
+                                  (64, 64, 4, 3), (64, 32, 4, 4), (128, 128, 8, 2), (64, 128, 4, 3)]:
+        configs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages))
+    return configs
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    # Large head dims and fp32 inputs do not fit big tiles in shared memory / registers.
+    d = max(named_args["HEAD_DIM"], named_args["HEAD_DIM_V"])
+    itemsize = named_args["q"].element_size()
+    budget = 128 * 128 * 2 if d <= 128 else 128 * 64 * 2
+    kept = [c for c in configs if c.kwargs["BLOCK_N"] * d * itemsize <= budget * 2
+            and (itemsize == 2 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64)
+            and (d <= 128 or c.kwargs["BLOCK_N"] <= 64)]
+    return kept or configs[-1:]
+
+
+@tuned(_fwd_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "MASK_KIND", "DROPOUT", "n_bucket"],
+       interpreter_config=triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
+       prune_configs_by={"early_config_prune": _prune_configs})
+@triton.jit
+def _attn_fwd_kernel(q, k, v, o, lse, mask,
+                     stride_qb, stride_qh, stride_qm, stride_qd,
+                     stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_vb, stride_vh, stride_vn, stride_vd,
+                     stride_ob, stride_oh, stride_om, stride_od,
+                     stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
+                     n_heads, n_q, n_k, causal_offset, qk_scale, seed, drop_threshold, n_bucket,
+                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
+                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Heaviest causal tiles (the last query rows) are scheduled first.
+    start_m = (tl.cdiv(n_q, BLOCK_M) - 1 - tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    h_kv = h // GROUP
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    EVEN_DV: tl.constexpr = HEAD_DIM_V == BLOCK_DV
+
+    q_base = q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = k + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    mask_base = mask + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
+    q_tile = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :] * stride_qd,
+                     mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    drop_base = bh.to(tl.int64) * n_q * n_k
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    # Keys [0, hi) can be visible to some row of this tile; keys [0, full) to every row.
+    if IS_CAUSAL:
+        hi = tl.minimum(n_k, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        full = tl.minimum(hi, tl.maximum(start_m + causal_offset + 1, 0))
+    else:
+        hi = n_k
+        full = n_k
+    full = (full // BLOCK_N) * BLOCK_N
+    for start_n in tl.range(0, full, BLOCK_N):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
+                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
+                                  seed, drop_base, drop_threshold,
+                                  False, IS_CAUSAL, MASK_KIND, DROPOUT, EVEN_D, EVEN_DV,
+                                  HEAD_DIM, HEAD_DIM_V, PRECISION)
+    for start_n in tl.range(full, hi, BLOCK_N):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
+                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
+                                  seed, drop_base, drop_threshold,
+                                  True, IS_CAUSAL, MASK_KIND, DROPOUT, EVEN_D, EVEN_DV,
+                                  HEAD_DIM, HEAD_DIM_V, PRECISION)
+
+    out, lse_row = finalize(acc, m_i, l_i)
+    row_ok = offs_m < n_q
+    o_ptrs = (o + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+              + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=row_ok)
+
+
+def precision_for(dtype: torch.dtype) -> str:
+    """tl.dot precision: fp32 inputs use TF32 only where torch allows it."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def mask_kind(mask: torch.Tensor | None) -> int:
+    if mask is None:
+        return MASK_NONE
+    return MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
+
+
+def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int,
+                      mask: torch.Tensor | None, dropout_p: float, seed: int):
+    """Launch the forward kernel. Inputs already validated; mask is (B, Hq, Nq, Nk)-shaped
+    (broadcast dims with stride 0). Returns o (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32."""
+    from ..dropout import keep_threshold
+
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    o = torch.empty((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    kind = mask_kind(mask)
+    mask_arg = mask.view(torch.uint8) if kind == MASK_BOOL else mask
+    mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
+    if mask_arg is None:
+        mask_arg = q  # never read: MASK_KIND == 0 removes every access
+    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, mask_arg,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
+        Hq, Nq, Nk, causal_offset, scale * LOG2E, seed, keep_threshold(dropout_p),
+        triton.next_power_of_2(max(Nq, Nk)) if not interpreter_active() else 0,
+        GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
+        IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0, PRECISION=precision_for(q.dtype))
+    return o, lse

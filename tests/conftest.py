@@ -1,0 +1,43 @@
+"""Shared fixtures: where tests run, and how close is close enough.
+
+Without CUDA the Triton kernels run in the interpreter (TRITON_INTERPRET=1 must be set before
+Triton decorates any kernel, hence here). Tolerances follow flash-attention's convention: our error
+against a float64 reference may be at most twice PyTorch's own error in the same dtype, plus eps.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+# The CPU interpreter computes tl.dot on bf16 wrongly (a known Triton interpreter issue): bf16 is
+# covered on the GPU only.
+DTYPES = [torch.float16, torch.bfloat16, torch.float32] if ON_GPU else [torch.float16, torch.float32]
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def assert_close_to_ref(ours, torch_same_dtype, ref, *, eps: float, what: str = "output"):
+    """err(ours) ≤ 2·err(torch in the same dtype) + eps, both measured against the float64 ref."""
+    assert torch.isfinite(ours).all(), f"{what}: non-finite values"
+    e_ours, e_torch = rel_err(ours, ref), rel_err(torch_same_dtype, ref)
+    assert e_ours <= 2 * e_torch + eps, f"{what}: rel err {e_ours:.3e} > 2·{e_torch:.3e} + {eps:.0e}"
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+@pytest.fixture
+def torch_cpu_path(monkeypatch):
+    """Run ops through their PyTorch CPU twins instead of the interpreted Triton kernels."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
