@@ -23,14 +23,27 @@ def runs_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.device.type == "cpu" and interpreter_active())
 
 
-def tuned(configs: list[triton.Config], key: list[str], interpreter_config: triton.Config, **autotune_kw):
+def autotune_enabled() -> bool:
+    """``FLASHATTN_LITE_AUTOTUNE=0`` takes the first config that fits instead of timing them all
+    (test suites compile many kernel variants and care about results, not speed)."""
+    return os.environ.get("FLASHATTN_LITE_AUTOTUNE", "1") != "0"
+
+
+def tuned(configs: list[triton.Config], key: list[str], interpreter_config: triton.Config, prune=None):
     """``triton.autotune`` on the GPU; a single small config under the interpreter.
 
-    Autotuning in the interpreter would run every config on the CPU, which is slow and pointless.
+    ``prune(configs, named_args)`` drops configs that cannot fit the call (head dim, dtype); the
+    first survivor is the default when autotuning is off. Autotuning in the interpreter would run
+    every config on the CPU, which is slow and pointless.
     """
     if interpreter_active():
-        configs = [interpreter_config]
-    return triton.autotune(configs=configs, key=key, **autotune_kw)
+        return triton.autotune(configs=[interpreter_config], key=key)
+
+    def early_prune(configs, named_args, **kwargs):
+        kept = (prune(configs, named_args) if prune else configs) or configs[-1:]
+        return kept if autotune_enabled() else kept[:1]
+
+    return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": early_prune})
 
 
 @functools.lru_cache(maxsize=None)

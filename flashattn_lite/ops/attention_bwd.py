@@ -21,7 +21,7 @@ import triton.language as tl
 from .._runtime import interpreter_active, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
-from .attention_fwd import mask_kind, precision_for, MASK_BOOL
+from .attention_fwd import MASK_BOOL, _fits, mask_kind, precision_for
 
 
 @triton.jit
@@ -109,16 +109,18 @@ def _dkdv_tile(dk, dv, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row
 def _bwd_configs():
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in [(64, 128, 8, 2), (32, 128, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3),
-                                 (64, 64, 4, 2), (64, 64, 8, 3), (128, 128, 8, 2), (16, 64, 4, 2)]]
+                                 (64, 64, 4, 2), (64, 64, 8, 3), (128, 128, 8, 2), (16, 64, 4, 2),
+                                 (32, 32, 4, 1), (16, 32, 4, 1)]]
 
 
-def _prune_bwd(configs, named_args, **kwargs):
-    d = max(named_args["HEAD_DIM"], named_args["HEAD_DIM_V"])
-    fp32 = named_args["q"].element_size() == 4
-    kept = [c for c in configs
-            if (d <= 128 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64)
-            and (not fp32 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 32 * 64)]
-    return kept or configs[-1:]
+def _prune_bwd(configs, named_args):
+    # dK/dV (or dQ) accumulators and the K/V (or Q/dO) tiles live in registers for the whole loop.
+    d = triton.next_power_of_2(named_args["HEAD_DIM"])
+    dv = triton.next_power_of_2(named_args["HEAD_DIM_V"])
+    itemsize = named_args["q"].element_size()
+    return [c for c in configs
+            if _fits(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages, d, dv, itemsize)
+            and (d + dv) * max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) / (c.num_warps * 32) <= 128]
 
 
 _INTERP_CFG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)
@@ -126,7 +128,7 @@ _BWD_KEY = ["HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "MASK_KIND", "DROPOUT", "GROU
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
-       prune_configs_by={"early_config_prune": _prune_bwd})
+       prune=_prune_bwd)
 @triton.jit
 def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask,
                      stride_qb, stride_qh, stride_qm, stride_qd,
@@ -236,7 +238,7 @@ def _dq_tile(dq, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, o
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
-       prune_configs_by={"early_config_prune": _prune_bwd})
+       prune=_prune_bwd)
 @triton.jit
 def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask,
                    stride_qb, stride_qh, stride_qm, stride_qd,

@@ -73,25 +73,31 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
 def _fwd_configs():
     configs = []
     for bm, bn, warps, stages in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4),
-                                  (64, 64, 4, 3), (64, 32, 4, 4), (128, 128, 8, 2), (64, 128, 4, 3)]:
+                                  (64, 64, 4, 3), (64, 32, 4, 4), (128, 128, 8, 2), (64, 128, 4, 3),
+                                  (64, 32, 4, 2), (32, 32, 4, 2)]:
         configs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages))
     return configs
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    # Large head dims and fp32 inputs do not fit big tiles in shared memory / registers.
-    d = max(named_args["HEAD_DIM"], named_args["HEAD_DIM_V"])
+def _fits(bm: int, bn: int, warps: int, stages: int, d: int, dv: int, itemsize: int) -> bool:
+    """Rough Hopper budget: K/V stages plus the Q tile in shared memory (≤ 200 KB), and the
+    fp32 accumulator plus one score tile per thread in registers (≤ ~160 floats)."""
+    smem = stages * bn * (d + dv) * itemsize + bm * d * itemsize
+    regs = (bm * dv + bm * bn) / (warps * 32)
+    return smem <= 200 * 1024 and regs <= 160
+
+
+def _prune_configs(configs, named_args):
+    d = triton.next_power_of_2(named_args["HEAD_DIM"])
+    dv = triton.next_power_of_2(named_args["HEAD_DIM_V"])
     itemsize = named_args["q"].element_size()
-    budget = 128 * 128 * 2 if d <= 128 else 128 * 64 * 2
-    kept = [c for c in configs if c.kwargs["BLOCK_N"] * d * itemsize <= budget * 2
-            and (itemsize == 2 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64)
-            and (d <= 128 or c.kwargs["BLOCK_N"] <= 64)]
-    return kept or configs[-1:]
+    return [c for c in configs if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
+                                        d, dv, itemsize)]
 
 
 @tuned(_fwd_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "MASK_KIND", "DROPOUT", "n_bucket"],
        interpreter_config=triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
-       prune_configs_by={"early_config_prune": _prune_configs})
+       prune=_prune_configs)
 @triton.jit
 def _attn_fwd_kernel(q, k, v, o, lse, mask,
                      stride_qb, stride_qh, stride_qm, stride_qd,

@@ -1,0 +1,222 @@
+"""attention(): forward, lse and backward against the float64 reference, every option."""
+import pytest
+import torch
+
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref
+from flashattn_lite import attention
+from flashattn_lite.ops.attention import attention_core
+from flashattn_lite.reference import attention_reference
+
+EPS = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-4}
+
+# (B, Hq, Hkv, Nq, Nk, D, Dv): odd lengths, Nq ≠ Nk both ways, GQA 2:1 / 4:1, MQA, Dv ≠ D.
+CPU_SHAPES = [
+    (1, 1, 1, 1, 1, 16, 16),
+    (1, 2, 1, 17, 17, 40, 40),
+    (2, 4, 1, 17, 33, 64, 64),
+    (1, 4, 2, 33, 20, 32, 48),
+    (1, 2, 2, 1, 40, 80, 80),
+]
+GPU_SHAPES = [
+    (2, 8, 2, 1000, 1000, 64, 64),
+    (1, 4, 1, 128, 1000, 128, 128),
+    (1, 4, 4, 1000, 128, 80, 80),
+    (2, 8, 2, 257, 4097, 96, 96),
+    (1, 2, 1, 1000, 1000, 40, 40),
+    (1, 2, 2, 300, 300, 256, 256),
+    (1, 2, 2, 300, 333, 192, 128),
+    (1, 4, 4, 4097, 4097, 128, 128),
+]
+SHAPES = CPU_SHAPES + (GPU_SHAPES if ON_GPU else [])
+
+
+def shape_id(s):
+    b, hq, hkv, nq, nk, d, dv = s
+    return f"b{b}-h{hq}:{hkv}-q{nq}-k{nk}-d{d}" + (f"-dv{dv}" if dv != d else "")
+
+
+def make_qkv(shape, dtype, *, requires_grad=False, layout="bhnd", seed=0):
+    b, hq, hkv, nq, nk, d, dv = shape
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rand(*s, heads):
+        if layout == "bnhd":  # (B, N, H, D) storage, handed over as a (B, H, N, D) view
+            x = torch.randn(s[0], s[2], heads, s[3], generator=g).to(DEVICE, dtype).transpose(1, 2)
+        else:
+            x = torch.randn(*s, generator=g).to(DEVICE, dtype)
+        return x.requires_grad_(requires_grad)
+
+    return rand(b, hq, nq, d, heads=hq), rand(b, hkv, nk, d, heads=hkv), rand(b, hkv, nk, dv, heads=hkv)
+
+
+def reference_pair(q, k, v, **kw):
+    """(float64 reference, PyTorch's same-dtype computation) outputs and lse."""
+    ref = attention_reference(q.detach(), k.detach(), v.detach(), **kw)
+    same = attention_reference(q.detach(), k.detach(), v.detach(), dtype=q.dtype, **kw)
+    return ref, same
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_and_lse(shape, dtype, causal):
+    q, k, v = make_qkv(shape, dtype)
+    o, lse = attention(q, k, v, causal=causal, return_lse=True)
+    assert o.shape == (*q.shape[:3], v.shape[-1]) and o.dtype == dtype
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    (o_ref, lse_ref), (o_same, _) = reference_pair(q, k, v, causal=causal)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dtype])
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse[~finite] == float("-inf")).all()
+    assert torch.allclose(lse.double()[finite], lse_ref[finite], atol=1e-3 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward(shape, dtype, causal):
+    q, k, v = make_qkv(shape, dtype, requires_grad=True, seed=1)
+    o = attention(q, k, v, causal=causal)
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+
+    def grads(work_dtype):
+        leaves = [t.detach().to(work_dtype).requires_grad_() for t in (q, k, v)]
+        out, _ = attention_reference(*leaves, causal=causal, dtype=work_dtype)
+        return torch.autograd.grad(out, leaves, do.to(work_dtype))
+
+    ref, same = grads(torch.float64), grads(dtype)
+    for name, ours, s, r in zip(("dq", "dk", "dv"), (dq, dk, dv), same, ref):
+        assert ours.shape == r.shape and ours.dtype == dtype
+        assert_close_to_ref(ours, s, r, eps=2 * EPS[dtype], what=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_strided_inputs_are_read_in_place(dtype):
+    shape = (2, 4, 2, 17, 33, 32, 32)
+    q, k, v = make_qkv(shape, dtype, layout="bnhd", requires_grad=True)
+    assert not q.is_contiguous()
+    o, lse = attention(q, k, v, causal=True, return_lse=True)
+    qc, kc, vc = (t.detach().contiguous().requires_grad_() for t in (q, k, v))
+    oc, lsec = attention(qc, kc, vc, causal=True, return_lse=True)
+    assert torch.equal(o, oc) and torch.equal(lse, lsec)
+    do = torch.randn_like(o)
+    g = torch.autograd.grad(o, (q, k, v), do)
+    gc = torch.autograd.grad(oc, (qc, kc, vc), do)
+    for a, b in zip(g, gc):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fully_masked_rows_give_zero_not_nan(dtype):
+    # causal with Nq > Nk, bottom-right: the first Nq − Nk query rows see no key at all.
+    q, k, v = make_qkv((1, 2, 1, 40, 9, 16, 16), dtype, requires_grad=True)
+    o, lse = attention(q, k, v, causal=True, return_lse=True)
+    hidden = slice(0, 40 - 9)
+    assert (o[:, :, hidden] == 0).all() and (lse[:, :, hidden] == float("-inf")).all()
+    assert torch.isfinite(o).all()
+    (o.float().square().sum() + lse[:, :, 31:].sum()).backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert (q.grad[:, :, hidden] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_huge_logits_do_not_overflow(dtype):
+    q, k, v = make_qkv((1, 2, 2, 33, 47, 32, 32), dtype, requires_grad=True)
+    with torch.no_grad():
+        q.mul_(300.0)  # with scale 1, scores of magnitude ~1e4
+    o, lse = attention(q, k, v, causal=True, scale=1.0, return_lse=True)
+    o_ref, lse_ref = attention_reference(q.detach(), k.detach(), v.detach(), causal=True, scale=1.0)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert lse.abs().max() > 1e3
+    # With near one-hot rows the output is v at the argmax: compare directly.
+    assert (o.double() - o_ref).abs().max() < 5 * EPS[dtype] * 10
+    o.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lse_gradient(dtype):
+    q, k, v = make_qkv((1, 4, 2, 17, 33, 32, 32), dtype, requires_grad=True, seed=3)
+    o, lse = attention(q, k, v, causal=True, return_lse=True)
+    do, dl = torch.randn_like(o), torch.randn_like(lse)
+    ours = torch.autograd.grad((o, lse), (q, k, v), (do, dl))
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o_r, lse_r = attention_reference(*leaves, causal=True)
+    ref = torch.autograd.grad((o_r, lse_r), leaves, (do.double(), dl.double()))
+    leaves_s = [t.detach().requires_grad_() for t in (q, k, v)]
+    o_s, lse_s = attention_reference(*leaves_s, causal=True, dtype=dtype)
+    same = torch.autograd.grad((o_s, lse_s), leaves_s, (do, dl.to(dtype)))
+    for name, a, s, r in zip(("dq", "dk", "dv"), ours, same, ref):
+        assert_close_to_ref(a, s, r, eps=2 * EPS[dtype], what=name)
+
+
+def test_backward_is_deterministic():
+    shape = (1, 4, 1, 65, 70, 32, 32) if not ON_GPU else (2, 8, 2, 1000, 1000, 64, 64)
+    q, k, v = make_qkv(shape, torch.float16, requires_grad=True)
+    o = attention(q, k, v, causal=True)
+    do = torch.randn_like(o)
+    first = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    second = torch.autograd.grad(o, (q, k, v), do)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cpu_twin_matches_reference(torch_cpu_path, causal):
+    q, k, v = (t.cpu() for t in make_qkv((1, 4, 2, 37, 1100, 24, 40), torch.float32, requires_grad=True))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o, lse = attention(q, k, v, causal=causal, return_lse=True)
+    o_ref, lse_ref = attention_reference(q.detach(), k.detach(), v.detach(), causal=causal)
+    assert torch.allclose(o.double(), o_ref, atol=1e-5)
+    do = torch.randn_like(o)
+    ours = torch.autograd.grad(o, (q, k, v), do)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(attention_reference(*leaves, causal=causal)[0], leaves, do.double())
+    for a, r in zip(ours, ref):
+        assert torch.allclose(a.double(), r, atol=1e-4)
+
+
+def test_masks_and_top_left_causal():
+    # attention_core options used by the SDPA drop-in: bool and additive masks broadcast with
+    # stride 0, top-left causal alignment.
+    q, k, v = make_qkv((2, 4, 2, 19, 23, 32, 32), torch.float32, requires_grad=True, seed=5)
+    bool_mask = torch.rand(2, 1, 19, 23, generator=torch.Generator().manual_seed(0)) > 0.3
+    add_mask = torch.randn(1, 4, 1, 23, generator=torch.Generator().manual_seed(1))
+    for mask in (bool_mask.to(DEVICE), add_mask.to(DEVICE)):
+        o = attention_core(q, k, v, causal=True, causal_offset=0, attn_mask=mask)
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        o_ref, _ = attention_reference(*leaves, causal=True, causal_offset=0, attn_mask=mask)
+        assert torch.allclose(o.double(), o_ref, atol=2e-3)
+        do = torch.randn_like(o)
+        ours = torch.autograd.grad(o, (q, k, v), do)
+        ref = torch.autograd.grad(o_ref, leaves, do.double())
+        for a, r in zip(ours, ref):
+            assert torch.allclose(a.double(), r, atol=5e-3)
+
+
+def test_bad_input_names_the_argument():
+    q, k, v = make_qkv((1, 4, 2, 8, 8, 16, 16), torch.float16)
+    with pytest.raises(ValueError, match="q must have 4 dimensions"):
+        attention(q[0], k, v)
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        attention(q[:, :3], k, v)
+    with pytest.raises(ValueError, match="k head dim"):
+        attention(q, k[..., :8], v)
+    with pytest.raises(ValueError, match="batch size"):
+        attention(q, torch.cat([k, k]), torch.cat([v, v]))
+    with pytest.raises(ValueError, match="share one dtype"):
+        attention(q, k.float(), v)
+    with pytest.raises(TypeError, match="q must have dtype"):
+        attention(q.to(torch.int32), k, v)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        attention(q.tolist(), k, v)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        attention(q, k, v, scale=float("nan"))
+    with pytest.raises(ValueError, match="head dim must be in"):
+        big = torch.zeros(1, 1, 4, 300, dtype=torch.float16, device=DEVICE)
+        attention(big, big, big)
+    with pytest.raises(ValueError, match="sequence length"):
+        attention(q, k, v[:, :, :4])
