@@ -40,7 +40,8 @@ def tuned(configs: list[triton.Config], key: list[str], interpreter_config: trit
         return triton.autotune(configs=[interpreter_config], key=key)
 
     def early_prune(configs, named_args, **kwargs):
-        kept = (prune(configs, named_args) if prune else configs) or configs[-1:]
+        # Triton passes positional arguments as named_args and keyword ones (constexprs) apart.
+        kept = (prune(configs, {**named_args, **kwargs}) if prune else configs) or configs[-1:]
         return kept if autotune_enabled() else kept[:1]
 
     return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": early_prune})
