@@ -46,10 +46,18 @@ def online_softmax_update(m_i, l_i, s):
     probabilities and alpha = exp2(m_i − m_new) the factor that rescales anything accumulated
     against the old maximum (ℓ here; the output accumulator O in attention).
     """
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    return online_softmax_update_scaled(m_i, l_i, s, 1.0)
+
+
+@triton.jit
+def online_softmax_update_scaled(m_i, l_i, s, scale):
+    """:func:`online_softmax_update` for the scores ``s·scale`` (scale > 0), with the scaling folded
+    into the exponent: max(s·scale) = scale·max(s), and exp2(s·scale − m) is a single FMA per
+    element instead of a multiply followed by a subtract."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
     m_ref = _finite_or_zero(m_new)
     alpha = tl.math.exp2(m_i - m_ref)
-    p = tl.math.exp2(s - m_ref[:, None])
+    p = tl.math.exp2(s * scale - m_ref[:, None])
     l_new = l_i * alpha + tl.sum(p, 1)
     return m_new, l_new, p, alpha
 
@@ -61,6 +69,39 @@ def merge_ml(m_a, l_a, m_b, l_b):
     m_ref = _finite_or_zero(m)
     l = l_a * tl.math.exp2(m_a - m_ref) + l_b * tl.math.exp2(m_b - m_ref)
     return m, l
+
+
+@triton.jit
+def online_softmax_update_ln(m_i, l_i, x):
+    """:func:`online_softmax_update` for raw natural-log scores ``x`` [ROWS, COLS], m_i in x's units.
+
+    The log2(e) scale is applied after subtracting the maximum, p = exp2((x − m)·log2 e), so entries
+    near the maximum keep full float32 accuracy however large |x| is (scaling first would round
+    x·log2 e to ~1e-3 at |x| = 1e4). ℓ and p mean the same as in the base-2 helper.
+    """
+    m_new = tl.maximum(m_i, tl.max(x, 1))
+    m_ref = _finite_or_zero(m_new)
+    alpha = tl.math.exp2((m_i - m_ref) * 1.4426950408889634)
+    p = tl.math.exp2((x - m_ref[:, None]) * 1.4426950408889634)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_new, p, alpha
+
+
+@triton.jit
+def merge_ml_ln(m_a, l_a, m_b, l_b):
+    """:func:`merge_ml` for states whose m is in natural-log units (from ``online_softmax_update_ln``).
+    Associative, so it is also a ``tl.reduce`` combine_fn."""
+    m = tl.maximum(m_a, m_b)
+    m_ref = _finite_or_zero(m)
+    l = l_a * tl.math.exp2((m_a - m_ref) * 1.4426950408889634) + l_b * tl.math.exp2((m_b - m_ref) * 1.4426950408889634)
+    return m, l
+
+
+@triton.jit
+def lse_of_ln(m_i, l_i):
+    """Natural-log lse of a natural-unit (m, ℓ) state, m + log ℓ; −inf for an empty one."""
+    empty = l_i == 0.0
+    return tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) * 0.6931471805599453)
 
 
 @triton.jit

@@ -220,3 +220,16 @@ def test_bad_input_names_the_argument():
         attention(big, big, big)
     with pytest.raises(ValueError, match="sequence length"):
         attention(q, k, v[:, :, :4])
+
+
+@pytest.mark.parametrize("scale", [0.05, -0.3], ids=["small", "negative"])
+def test_explicit_scale(scale):
+    q, k, v = make_qkv((1, 2, 1, 21, 30, 32, 32), torch.float32, requires_grad=True, seed=7)
+    o, lse = attention(q, k, v, causal=True, scale=scale, return_lse=True)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o_ref, lse_ref = attention_reference(*leaves, causal=True, scale=scale)
+    assert torch.allclose(o.double(), o_ref, atol=2e-3)
+    assert torch.allclose(lse.double(), lse_ref, atol=1e-3)
+    do = torch.randn_like(o)
+    for a, r in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(o_ref, leaves, do.double())):
+        assert torch.allclose(a.double(), r, atol=5e-3)

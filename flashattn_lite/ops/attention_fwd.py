@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .._runtime import interpreter_active, tuned
 from ..dropout import dropout_keep
-from ..merge import LOG2E, finalize, online_softmax_update
+from ..merge import LOG2E, finalize, online_softmax_update_scaled
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
@@ -29,7 +29,8 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
               seed, drop_base, drop_threshold,
               BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
               DROPOUT: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PRECISION: tl.constexpr):
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PRECISION: tl.constexpr,
+              POS_SCALE: tl.constexpr):
     """One key/value tile folded into the running state. BOUNDARY switches on the causal and
     sequence-end masks; the unmasked body is what long sequences spend their time in."""
     cols = start_n + offs_n
@@ -41,7 +42,9 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
         k = tl.load(k_ptrs)
     else:
         k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    s = tl.dot(q, k, input_precision=PRECISION)
+    if MASK_KIND == 2 or not POS_SCALE:
+        s = s * qk_scale  # scale applied up front; otherwise it is folded into the exponent below
     if MASK_KIND != 0:
         mptrs = mask_base + offs_m[:, None] * stride_mask_m + cols[None, :] * stride_mask_n
         in_bounds = (offs_m[:, None] < n_q) & (cols[None, :] < n_k)
@@ -55,7 +58,10 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
         if IS_CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
         s = tl.where(visible, s, float("-inf"))
-    m_i, l_i, p, alpha = online_softmax_update(m_i, l_i, s)
+    if MASK_KIND == 2 or not POS_SCALE:
+        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, 1.0)
+    else:
+        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, qk_scale)
     acc = acc * alpha[:, None]
     if DROPOUT:
         keep = dropout_keep(seed, drop_base + offs_m[:, None].to(tl.int64) * n_k + cols[None, :], drop_threshold)
@@ -109,7 +115,8 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     PRECISION: tl.constexpr, POS_SCALE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Heaviest causal tiles (the last query rows) are scheduled first.
     start_m = (tl.cdiv(n_q, BLOCK_M) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -150,14 +157,14 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
                                   seed, drop_base, drop_threshold,
                                   False, IS_CAUSAL, MASK_KIND, DROPOUT, EVEN_D, EVEN_DV,
-                                  HEAD_DIM, HEAD_DIM_V, PRECISION)
+                                  HEAD_DIM, HEAD_DIM_V, PRECISION, POS_SCALE)
     for start_n in tl.range(full, hi, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
                                   offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
                                   seed, drop_base, drop_threshold,
                                   True, IS_CAUSAL, MASK_KIND, DROPOUT, EVEN_D, EVEN_DV,
-                                  HEAD_DIM, HEAD_DIM_V, PRECISION)
+                                  HEAD_DIM, HEAD_DIM_V, PRECISION, POS_SCALE)
 
     out, lse_row = finalize(acc, m_i, l_i)
     row_ok = offs_m < n_q
@@ -203,5 +210,6 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         triton.next_power_of_2(max(Nq, Nk)) if not interpreter_active() else 0,
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
-        IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0, PRECISION=precision_for(q.dtype))
+        IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0, PRECISION=precision_for(q.dtype),
+        POS_SCALE=scale > 0)
     return o, lse
