@@ -21,7 +21,7 @@ import triton.language as tl
 from .._runtime import interpreter_active, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
-from .attention_fwd import MASK_BOOL, _fits, mask_kind, precision_for
+from .attention_fwd import MASK_BOOL, _fits, length_bucket, mask_kind, precision_for
 
 
 @triton.jit
@@ -51,14 +51,13 @@ def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
 
 
 @triton.jit
-def _scores_T(k_t, q_base, do_base, mask_base, lse2_row, delta_row, start_m, offs_n, offs_m0, offs_d, offs_dv,
+def _scores_T(k_t, q_base, do_base, mask_base, lse2_row, start_m, offs_n, offs_m0, offs_d, offs_dv,
               n_q, n_k, causal_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
-              stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
-              BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-              DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-              PRECISION: tl.constexpr):
-    """For one query tile against this program's key tile: loads q, dO and returns
-    (q, dO, Pᵀ with dropout applied, Pᵀ, keepᵀ) in the transposed [BLOCK_N, BLOCK_M] layout."""
+              stride_mask_m, stride_mask_n,
+              BOUNDARY: tl.constexpr, MASK_KIND: tl.constexpr, HEAD_DIM: tl.constexpr,
+              HEAD_DIM_V: tl.constexpr, PRECISION: tl.constexpr):
+    """One query tile against this program's key tile: loads qᵀ and dO and recomputes the
+    probabilities Pᵀ [BLOCK_N, BLOCK_M] from the saved lse (masks applied, no dropout yet)."""
     offs_m = start_m + offs_m0
     row_ok = offs_m < n_q
     q_t = tl.load(q_base + offs_m[None, :].to(tl.int64) * stride_qm + offs_d[:, None] * stride_qd,
@@ -89,10 +88,9 @@ def _dkdv_tile(dk, dv, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row
                DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                PRECISION: tl.constexpr):
     q_t, do_t, pt, offs_m = _scores_T(
-        k_t, q_base, do_base, mask_base, lse2_row, delta_row, start_m, offs_n, offs_m0, offs_d, offs_dv,
+        k_t, q_base, do_base, mask_base, lse2_row, start_m, offs_n, offs_m0, offs_d, offs_dv,
         n_q, n_k, causal_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
-        stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
-        BOUNDARY, IS_CAUSAL, MASK_KIND, DROPOUT, HEAD_DIM, HEAD_DIM_V, PRECISION)
+        stride_mask_m, stride_mask_n, BOUNDARY, MASK_KIND, HEAD_DIM, HEAD_DIM_V, PRECISION)
     d = tl.load(delta_row + offs_m, mask=offs_m < n_q, other=0.0)
     dpt = tl.dot(v_t, tl.trans(do_t), input_precision=PRECISION)
     if DROPOUT:
@@ -323,7 +321,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
                   BLOCK_DV=block_dv, IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0,
                   PRECISION=precision_for(q.dtype))
     drop = (seed, keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0)
-    n_bucket = triton.next_power_of_2(max(Nq, Nk)) if not interpreter_active() else 0
+    n_bucket = length_bucket(Nq, Nk)
     _bwd_dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
         q, k, v, do, dk, dv, lse2, delta, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *mask_strides,

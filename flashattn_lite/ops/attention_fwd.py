@@ -174,6 +174,13 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
     tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=row_ok)
 
 
+def length_bucket(n_q: int, n_k: int) -> int:
+    """Autotuning key for sequence length: powers of two up to 8192, one bucket beyond. The best
+    tiles stop changing once the grid fills the GPU, and re-tuning at every length of a 1M-token
+    sweep would cost minutes of timing runs at each new size."""
+    return 0 if interpreter_active() else min(triton.next_power_of_2(max(n_q, n_k)), 8192)
+
+
 def precision_for(dtype: torch.dtype) -> str:
     """tl.dot precision: fp32 inputs use TF32 only where torch allows it."""
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
@@ -207,7 +214,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         q, k, v, o, lse, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
         Hq, Nq, Nk, causal_offset, scale * LOG2E, seed, keep_threshold(dropout_p),
-        triton.next_power_of_2(max(Nq, Nk)) if not interpreter_active() else 0,
+        length_bucket(Nq, Nk),
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
         IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0, PRECISION=precision_for(q.dtype),
