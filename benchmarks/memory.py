@@ -1,0 +1,19 @@
+"""Long-sequence peak memory (and time) of flashattn_lite and its peers, forward and forward+backward.
+
+    python benchmarks/memory.py [--max-n 1M] [--causal] [--gqa 4] [--methods ours,sdpa-flash] ...
+
+A thin script over ``flashattn_lite.bench.memory`` (also ``flashattn-lite memory``); results
+go to ``benchmarks/results/`` unless ``--out`` says otherwise.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashattn_lite.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if "--out" not in argv and not any(a.startswith("--out=") for a in argv):
+        argv += ["--out", str(Path(__file__).resolve().parent / "results")]
+    sys.exit(main(["memory", *argv]))

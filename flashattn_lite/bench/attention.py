@@ -1,0 +1,217 @@
+"""Attention speed sweep: TFLOP/s of every method, forward, backward and forward+backward.
+
+FLOPs are counted, not measured: 4·B·H·N²·D for the forward (QKᵀ and PV, two FLOPs per
+multiply-add), halved when causal; the backward as 2.5× the forward and forward+backward as 3.5×
+(FlashAttention's convention). Every method runs in the same process, on the same inputs, one
+point after another, each with a warm-up (compilation, autotuning) before
+``triton.testing.do_bench`` takes the median. The default grid is the one FlashAttention's papers
+use: B·N = 16k tokens at hidden size 2048 (H = 2048 / d), N from 1k to 16k, d = 64 and 128,
+causal and not, bf16.
+
+``bwd`` times the backward alone: one forward graph is kept and its backward rerun
+(``autograd.grad`` with ``retain_graph``, so no gradient accumulation is timed).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+
+import torch
+
+from . import common
+from .peers import MODES, PEERS, Problem, dtype_name, parse_dtype, parse_methods, timed_callable
+
+GPU_DEFAULTS = dict(dtype="bf16", min_n=1024, max_n=16384, tokens=16384, hidden=2048, head_dims="64,128",
+                    rep_ms=100.0, methods="ours,sdpa-flash,sdpa-cudnn,sdpa-efficient,flex")
+CPU_DEFAULTS = dict(dtype="fp32", min_n=256, max_n=1024, tokens=1024, hidden=256, head_dims="64", rep_ms=20.0,
+                    methods="ours,sdpa-flash,sdpa-math")
+_CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("grid (defaults: GPU bf16, d 64 and 128, N 1k…16k, B·N = 16k, hidden 2048; "
+                             "CPU fp32, d 64, N 256…1k, B·N = 1k, hidden 256)")
+    g.add_argument("--dtype", help="fp16, bf16 or fp32")
+    g.add_argument("--head-dims", help="comma-separated head dimensions (GPU default 64,128)")
+    g.add_argument("--causal", choices=tuple(_CAUSAL), default="both", help="causal, non-causal or both (default both)")
+    g.add_argument("--min-n", type=common.parse_size, help="first sequence length")
+    g.add_argument("--max-n", type=common.parse_size, help="last sequence length")
+    g.add_argument("--tokens", type=common.parse_size, help="B·N, kept constant (B = tokens / N, at least 1)")
+    g.add_argument("--hidden", type=int, help="model width; H = hidden / d")
+    g.add_argument("--gqa", type=int, default=1, metavar="RATIO", help="query heads per K/V head (default 1)")
+    s = p.add_argument_group("sweep")
+    s.add_argument("--methods", help=f"comma-separated from {', '.join(PEERS)}, or 'all' "
+                                     "(default: ours and the fused backends available)")
+    s.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated from fwd, bwd, fwd+bwd")
+    s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
+    s.add_argument("--rep-ms", type=float, help="timing repetitions per point, in ms (GPU default 100)")
+    s.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _resolve(args):
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise common.BenchArgumentError("--device cuda: no CUDA device is available")
+    d = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
+    val = {k: getattr(args, k) if getattr(args, k, None) is not None else d[k] for k in d}
+    try:
+        dtype = parse_dtype(val["dtype"])
+        methods = parse_methods(val["methods"])
+        modes = common.split_list(args.modes, MODES, "--modes")
+        head_dims = [int(x) for x in str(val["head_dims"]).split(",") if x.strip()]
+    except ValueError as e:
+        raise common.BenchArgumentError(f"--head-dims / --dtype / --methods / --modes: {e}") from None
+    if not head_dims or any(not 1 <= h <= 256 for h in head_dims):
+        raise common.BenchArgumentError(f"--head-dims must be integers in [1, 256], got {val['head_dims']!r}")
+    if val["rep_ms"] <= 0:
+        raise common.BenchArgumentError(f"--rep-ms must be positive, got {val['rep_ms']}")
+    if val["hidden"] <= 0 or any(val["hidden"] % h for h in head_dims):
+        raise common.BenchArgumentError(f"--hidden {val['hidden']} must be a positive multiple of every head dim "
+                                        f"({', '.join(map(str, head_dims))})")
+    for h in head_dims:
+        if args.gqa <= 0 or (val["hidden"] // h) % args.gqa:
+            raise common.BenchArgumentError(f"--gqa {args.gqa} must divide the head count {val['hidden'] // h} (d={h})")
+    if val["min_n"] > val["max_n"]:
+        raise common.BenchArgumentError(f"--min-n ({val['min_n']}) is larger than --max-n ({val['max_n']})")
+    return device, dtype, methods, modes, head_dims, common.doubling(val["min_n"], val["max_n"]), val
+
+
+def _point(peer, way, problem: Problem, mode: str, rep_ms: float) -> dict:
+    q = k = v = do = fn = None
+    try:
+        q, k, v, do = problem.make_inputs(mode)
+        runner = peer.build(problem, way)
+        with runner.context():
+            fn = timed_callable(runner, q, k, v, do, mode)
+            fn()  # compile / autotune outside the timed region
+            if problem.device == "cuda":
+                torch.cuda.synchronize()
+            ms = common.time_ms(fn, rep_ms=rep_ms)
+        return {"status": "ok", "time_ms": ms}
+    except Exception as exc:  # a point that fails is recorded, the sweep goes on
+        text = str(exc)
+        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower()
+        return {"status": "OOM" if oom else "error",
+                "note": f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"}
+    finally:
+        del q, k, v, do, fn
+        gc.collect()
+        if problem.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run(args) -> list[dict]:
+    """Run the grid, print one TFLOP/s table per (d, causal, mode), write JSON + CSV (+ PNG)."""
+    device, dtype, methods, modes, head_dims, lengths, val = _resolve(args)
+    out = getattr(args, "out", None) or "flashattn_lite_results"
+    if device == "cpu":
+        print("speed: no CUDA device: a tiny CPU grid, to exercise the harness; TFLOP/s worth reporting "
+              "need a GPU.", flush=True)
+    explicit = args.methods not in (None, "all")
+    causals = _CAUSAL[args.causal]
+    grid = [(d, c, mode, n) for d in head_dims for c in causals for mode in modes for n in lengths]
+    rows = []
+    bar = common.Progress(len(grid) * len(methods), "speed", enabled=not args.no_progress)
+    try:
+        for d, causal, mode, n in grid:
+            heads = val["hidden"] // d
+            problem = Problem(max(1, val["tokens"] // n), heads, heads // args.gqa, n, d, dtype, causal, device)
+            for name in methods:
+                peer = PEERS[name]
+                reason, way = peer.check(problem, explicit=explicit)
+                result = ({"status": "unavailable", "note": reason} if reason is not None
+                          else _point(peer, way, problem, mode, val["rep_ms"]))
+                ms = result.get("time_ms")
+                rows.append({
+                    "method": name, "label": peer.label, "mode": mode, "head_dim": d, "causal": causal, "N": n,
+                    "batch": problem.batch, "heads": heads, "kv_heads": problem.kv_heads, "dtype": dtype_name(dtype),
+                    "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"],
+                    "time_ms": ms, "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None,
+                    "flops": problem.flops(mode), "note": result.get("note", "")})
+                bar.update(f"d={d} {'causal' if causal else 'full'} {mode} N={common.format_size(n)} {name}")
+    finally:
+        bar.close()
+        _report(rows, methods, device, dtype, out, args, val)
+    return rows
+
+
+def pivot(rows: list[dict], methods: list[str], d: int, causal: bool, mode: str) -> list[dict]:
+    """One table: a row per N, a TFLOP/s column per method (or its status)."""
+    table = []
+    for n in sorted({r["N"] for r in rows}):
+        line = {"N": common.format_size(n)}
+        for m in methods:
+            r = next((r for r in rows if (r["method"], r["head_dim"], r["causal"], r["mode"], r["N"]) ==
+                      (m, d, causal, mode, n)), None)
+            if r is not None:
+                line[m] = r["tflops"] if r["status"] == "ok" else r["status"]
+        table.append(line)
+    return table
+
+
+def _report(rows, methods, device, dtype, out, args, val) -> None:
+    combos = list(dict.fromkeys((r["head_dim"], r["causal"], r["mode"]) for r in rows))
+    for d, causal, mode in combos:
+        print(f"\nTFLOP/s, {mode}, d={d}, {'causal' if causal else 'non-causal'}, {dtype_name(dtype)}, "
+              f"B·N={val['tokens']}, H={val['hidden'] // d}")
+        print(common.format_table(pivot(rows, methods, d, causal, mode), ["N"] + methods))
+    notes = {(r["method"], r["note"]) for r in rows if r["status"] in ("unavailable", "error") and r["note"]}
+    for m, note in sorted(notes):
+        print(f"  {m}: {note}")
+    stem = common.result_stem(out, "attention_speed")
+    meta = dict(grid=dict(dtype=dtype_name(dtype), tokens=val["tokens"], hidden=val["hidden"], device=device,
+                          flops="4·B·H·N²·D forward (÷2 causal); bwd 2.5×, fwd+bwd 3.5×"),
+                methods=methods, peers={n: PEERS[n].summary for n in methods}, command=" ".join(sys.argv))
+    paths = [common.write_json(stem.with_suffix(".json"), "attention_speed", rows, **meta),
+             common.write_csv(stem.with_suffix(".csv"), rows)]
+    if not args.no_plot and rows:
+        if common.have_matplotlib():
+            paths.append(plot(rows, stem.with_suffix(".png"), dtype_name(dtype)))
+        else:
+            print("(no PNG: matplotlib is not installed; pip install 'flashattn-lite[bench]')")
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+
+
+def plot(rows: list[dict], path, dtype: str = ""):
+    """TFLOP/s vs N per method; a panel per (d, causal) column and mode row."""
+    plt = common.pyplot()
+    cols = list(dict.fromkeys((r["head_dim"], r["causal"]) for r in rows))
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(len(modes), len(cols), figsize=(4.2 * len(cols), 3.4 * len(modes)), squeeze=False)
+    colors = {m: f"C{i}" for i, m in enumerate(PEERS)}
+    for i, mode in enumerate(modes):
+        for j, (d, causal) in enumerate(cols):
+            ax = axes[i][j]
+            for m in dict.fromkeys(r["method"] for r in rows):
+                ok = [r for r in rows if (r["method"], r["mode"], r["head_dim"], r["causal"]) == (m, mode, d, causal)
+                      and r["status"] == "ok"]
+                if ok:
+                    ax.plot([r["N"] for r in ok], [r["tflops"] for r in ok], "o-", color=colors[m],
+                            label=PEERS[m].label, lw=1.6, ms=4)
+            ax.set_xscale("log", base=2)
+            xs = sorted({r["N"] for r in rows})
+            ax.set_xticks(xs, [common.format_size(x) for x in xs])
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.set_title(f"{mode}, d={d}, {'causal' if causal else 'non-causal'}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel("TFLOP/s")
+            if i == len(modes) - 1:
+                ax.set_xlabel("sequence length N")
+    handles, labels = {}, {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="upper center", ncol=len(handles), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.965), frameon=False)
+    env = common.environment()
+    fig.suptitle(f"Attention TFLOP/s ({dtype}, {env.get('gpu') or 'CPU'})", fontsize=10, y=0.995)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

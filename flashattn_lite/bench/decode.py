@@ -1,0 +1,227 @@
+"""Decode bandwidth: KV-cache bytes read per second, ours (contiguous and paged) against SDPA.
+
+One new token per sequence (Nq = 1) against a full cache of L positions. Decoding is memory-bound,
+so the figure of merit is the KV read bandwidth: B·Hkv·L·(D + Dv)·element bytes / time (q and o
+are negligible). SDPA runs its flash and cuDNN backends over the cache as dense (B, Hkv, L, D)
+tensors with ``enable_gqa`` (if a backend refuses GQA the K/V are expanded to Hq heads outside
+the timed region, noted in the ``gqa`` field; the bandwidth still counts the Hkv-head bytes, the
+useful work). The paged cache uses randomly permuted blocks (a fragmented pool). Every
+implementation runs in the same process on the same tensors; each of ours is also checked against
+SDPA's output (``max_abs_diff``). Points whose cache does not fit in GPU memory are skipped.
+
+``--sweep-splits`` also times ours (contiguous) at fixed num_splits values, the data behind the
+``num_splits=None`` heuristic.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+
+import torch
+import torch.nn.functional as F
+
+from .common import format_table, time_ms, write_json
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_GPU_DEFAULTS = dict(batch=[1, 8, 64], lengths=[1 << i for i in range(10, 19)], heads=32, kv_heads=8, head_dim=128,
+                     dtype="bf16", block_sizes=[16, 256])
+_CPU_DEFAULTS = dict(batch=[1, 2], lengths=[64, 256], heads=4, kv_heads=2, head_dim=32, dtype="fp32",
+                     block_sizes=[16])
+SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, nargs="+", help="batch sizes (GPU default 1 8 64)")
+    parser.add_argument("--lengths", type=int, nargs="+", help="cache lengths L (GPU default 1k … 256k)")
+    parser.add_argument("--heads", type=int, help="query heads Hq (GPU default 32)")
+    parser.add_argument("--kv-heads", type=int, help="KV heads Hkv (GPU default 8)")
+    parser.add_argument("--head-dim", type=int, help="D = Dv (GPU default 128)")
+    parser.add_argument("--dtype", choices=list(_DTYPES), help="GPU default bf16")
+    parser.add_argument("--block-sizes", type=int, nargs="*", help="paged block sizes (default 16 256; none: skip)")
+    parser.add_argument("--sweep-splits", action="store_true", help="also time fixed num_splits values")
+    parser.add_argument("--mem-fraction", type=float, default=0.85, help="skip points above this share of free memory")
+
+
+def _sdpa_peers(device: torch.device):
+    if device.type != "cuda":
+        return [("sdpa", None)]
+    from torch.nn.attention import SDPBackend
+    return [("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)]
+
+
+def _sdpa_call(q, k, v, backend):
+    """A callable running SDPA on one backend, and how it handled GQA ('native' / 'expanded'),
+    or (None, reason) when the backend cannot run this problem."""
+    ctx = (lambda: contextlib.nullcontext()) if backend is None else (
+        lambda: __import__("torch.nn.attention", fromlist=["sdpa_kernel"]).sdpa_kernel(backend))
+    try:
+        with ctx():
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        def run():
+            with ctx():
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return run, "native"
+    except RuntimeError:
+        pass
+    rep = q.shape[1] // k.shape[1]
+    try:
+        k_e, v_e = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        with ctx():
+            F.scaled_dot_product_attention(q, k_e, v_e)
+    except (RuntimeError, torch.OutOfMemoryError) as e:
+        return None, f"unsupported: {str(e).splitlines()[0][:80]}"
+
+    def run_expanded():
+        with ctx():
+            return F.scaled_dot_product_attention(q, k_e, v_e)
+    return run_expanded, "expanded"
+
+
+def _fits(device, nbytes: int, fraction: float, what: str) -> bool:
+    if device.type != "cuda":
+        return True
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    if nbytes > fraction * free:
+        print(f"skip {what}: needs {nbytes / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+        return False
+    return True
+
+
+def _paged_copy(k, v, block_size: int):
+    """The dense cache rewritten as a paged pool with shuffled blocks, and its block table."""
+    B, H, L, D = k.shape
+    per_seq = -(-L // block_size)
+    perm = torch.randperm(B * per_seq, device=k.device)
+    table = perm.view(B, per_seq).to(torch.int32)
+
+    def pool(x):
+        pad = per_seq * block_size - L
+        x = F.pad(x, (0, 0, 0, pad)) if pad else x
+        blocks = x.view(B, H, per_seq, block_size, x.shape[-1]).permute(0, 2, 1, 3, 4).reshape(-1, H, block_size,
+                                                                                             x.shape[-1])
+        out = torch.empty_like(blocks)
+        out[perm] = blocks
+        return out
+    return pool(k), pool(v), table
+
+
+def run(args) -> list[dict]:
+    from ..ops.decode import decode
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    d = _GPU_DEFAULTS if device.type == "cuda" else _CPU_DEFAULTS
+    batch = args.batch or d["batch"]
+    lengths = args.lengths or d["lengths"]
+    hq, hkv = args.heads or d["heads"], args.kv_heads or d["kv_heads"]
+    dim = args.head_dim or d["head_dim"]
+    dtype = _DTYPES[args.dtype or d["dtype"]]
+    block_sizes = d["block_sizes"] if args.block_sizes is None else args.block_sizes
+    elem = torch.empty((), dtype=dtype).element_size()
+    rows: list[dict] = []
+    for B in batch:
+        for L in lengths:
+            kv_bytes = 2 * B * hkv * L * dim * elem
+            if not _fits(device, kv_bytes + (1 << 30), args.mem_fraction, f"B={B} L={L}"):
+                continue
+            g = torch.Generator(device=device).manual_seed(0)
+            q = torch.randn(B, hq, 1, dim, device=device, dtype=dtype, generator=g)
+            k = torch.randn(B, hkv, L, dim, device=device, dtype=dtype, generator=g)
+            v = torch.randn(B, hkv, L, dim, device=device, dtype=dtype, generator=g)
+            seqlens = torch.full((B,), L, dtype=torch.int32, device=device)
+            base = dict(B=B, L=L, Hq=hq, Hkv=hkv, D=dim, dtype=str(dtype).replace("torch.", ""), kv_bytes=kv_bytes)
+
+            def record(impl, layout, fn, ref=None, **extra):
+                ms = time_ms(fn)
+                row = dict(base, impl=impl, layout=layout, ms=ms, kv_tbps=kv_bytes / (ms * 1e-3) / 1e12, **extra)
+                if ref is not None:
+                    row["max_abs_diff"] = (fn().float() - ref.float()).abs().max().item()
+                rows.append(row)
+                return row
+
+            ref = None
+            for name, backend in _sdpa_peers(device):
+                call, how = _sdpa_call(q, k, v, backend)
+                if call is None:
+                    rows.append(dict(base, impl=name, layout="dense", note=how))
+                    continue
+                record(name, "dense", call, gqa=how)
+                ref = call() if ref is None else ref
+                del call            # frees expanded K/V, if any
+            record("ours", "contiguous", lambda: decode(q, k, v, seqlens), ref)
+            if args.sweep_splits:
+                for s in SWEEP_SPLITS:
+                    if s * 64 <= L:
+                        record(f"ours-splits{s}", "contiguous", lambda s=s: decode(q, k, v, seqlens, num_splits=s), ref)
+            for bs in block_sizes:
+                # The pool is built beside the dense cache: its size plus one tensor's temporary.
+                if not _fits(device, 3 * kv_bytes // 2 + (1 << 30), args.mem_fraction, f"B={B} L={L} paged{bs}"):
+                    rows.append(dict(base, impl="ours", layout=f"paged{bs}", note="skipped: memory"))
+                    continue
+                kp, vp, table = _paged_copy(k, v, bs)
+                record("ours", f"paged{bs}", lambda: decode(q, kp, vp, seqlens, block_table=table), ref)
+                del kp, vp, table
+            del q, k, v
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    _print(rows, block_sizes, args.sweep_splits)
+    if getattr(args, "out", None):
+        path = write_json(args.out, "decode", rows, config=dict(heads=hq, kv_heads=hkv, head_dim=dim,
+                                                                dtype=str(dtype), block_sizes=block_sizes))
+        print(f"wrote {path}")
+    return rows
+
+
+def _print(rows, block_sizes, sweep):
+    """One line per (B, L): KV TB/s of every implementation, and ours over SDPA flash."""
+    keyed = {}
+    for r in rows:
+        if "kv_tbps" in r:
+            keyed.setdefault((r["B"], r["L"]), {})[(r["impl"], r["layout"])] = r
+    table = []
+    for (B, L), got in keyed.items():
+        line = {"B": B, "L": L}
+        for (impl, layout), r in got.items():
+            if impl.startswith("ours-splits"):
+                continue
+            col = impl if impl != "ours" else f"ours-{layout}"
+            line[col + " TB/s"] = r["kv_tbps"]
+        ours = got.get(("ours", "contiguous"))
+        flash = got.get(("sdpa-flash", "dense")) or got.get(("sdpa", "dense"))
+        if ours and flash:
+            line["ours/sdpa"] = flash["ms"] / ours["ms"]
+        if ours:
+            line["us"] = ours["ms"] * 1e3
+            line["max_diff"] = ours.get("max_abs_diff")
+        table.append(line)
+    columns = []
+    for line in table:
+        columns += [c for c in line if c not in columns]
+    print(format_table(table, columns))
+    if sweep:
+        sweep_rows = []
+        for (B, L), got in keyed.items():
+            line = {"B": B, "L": L}
+            for (impl, _), r in got.items():
+                if impl.startswith("ours-splits"):
+                    line[impl.removeprefix("ours-")] = r["kv_tbps"]
+            line["auto"] = got[("ours", "contiguous")]["kv_tbps"]
+            sweep_rows.append(line)
+        cols = []
+        for line in sweep_rows:
+            cols += [c for c in line if c not in cols]
+        print("\nKV TB/s by num_splits (contiguous):")
+        print(format_table(sweep_rows, cols))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    parser.add_argument("--out", default="benchmarks/results/", help="JSON file or folder")
+    return run(parser.parse_args(argv))
+
+
+__all__ = ["add_arguments", "run", "main"]

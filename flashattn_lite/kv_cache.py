@@ -1,0 +1,143 @@
+"""A small paged KV cache for generation loops, on top of ``decode``'s paged layout.
+
+K and V of every layer live in one pool of fixed-size blocks, (layers, num_blocks, Hkv, block_size, D);
+each sequence owns a list of blocks, recorded in a block table. Blocks are handed out on demand and
+returned when a sequence is freed, so sequences of very different lengths share memory without
+reserving their maximum length up front (the PagedAttention idea).
+
+One generation step, for a set of sequences each gaining the same number n of new tokens::
+
+    step = cache.append(seq_ids, n)          # allocate blocks, advance lengths (host bookkeeping)
+    for layer in range(num_layers):
+        ...
+        step.write(layer, k_new, v_new)      # (len(seq_ids), Hkv, n, D) into their cache slots
+        o = step.attend(layer, q)            # decode() over the whole cached prefix, causal
+    cache.free(seq_id)                       # when a sequence finishes
+
+The allocator is host-side, so block ids and lengths are valid by construction and ``decode`` does
+not need its (synchronising) value checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .ops.decode import decode
+
+
+@dataclass
+class PagedStep:
+    """The slots and tables of one ``PagedKVCache.append`` call (a batch of the sequences)."""
+    cache: "PagedKVCache"
+    seq_ids: list[int]
+    num_new: int
+    block_table: torch.Tensor     # (B, max_blocks) int32, rows of the chosen sequences
+    seqlens: torch.Tensor         # (B,) int32, lengths including the new tokens
+    positions: torch.Tensor       # (B, num_new) int64, absolute positions of the new tokens
+    slot_block: torch.Tensor      # (B, num_new) int64, block holding each new token
+    slot_offset: torch.Tensor     # (B, num_new) int64, row inside that block
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        """Store the new tokens' keys/values: k_new (B, Hkv, num_new, D), v_new (B, Hkv, num_new, Dv)."""
+        want = (len(self.seq_ids), self.cache.num_kv_heads, self.num_new)
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if tuple(t.shape[:3]) != want:
+                raise ValueError(f"{name} must have shape (B, Hkv, num_new, ·) = {want + ('·',)}, "
+                                 f"got {tuple(t.shape)}")
+        # Advanced indexing on (block, offset) selects (B, num_new, Hkv, D) slots.
+        self.cache.k[layer][self.slot_block, :, self.slot_offset] = k_new.transpose(1, 2).to(self.cache.dtype)
+        self.cache.v[layer][self.slot_block, :, self.slot_offset] = v_new.transpose(1, 2).to(self.cache.dtype)
+
+    def attend(self, layer: int, q: torch.Tensor, **kwargs):
+        """``decode`` of q (B, Hq, num_new, D) against this layer's cache (causal over the new tokens)."""
+        return decode(q, self.cache.k[layer], self.cache.v[layer], self.seqlens, block_table=self.block_table,
+                      **kwargs)
+
+
+class PagedKVCache:
+    """Paged K/V storage for ``num_layers`` layers and up to ``max_seqs`` live sequences.
+
+    Args:
+        num_layers, num_kv_heads, head_dim: model geometry (``head_dim_v`` defaults to head_dim).
+        num_blocks: blocks in the pool, shared by all sequences and layers' tables.
+        block_size: tokens per block (16 is vLLM's default; larger blocks mean fewer table lookups).
+        max_seqs: sequence slots (ids 0 … max_seqs − 1).
+        max_seq_len: longest sequence supported (sets the block-table width).
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, num_blocks: int,
+                 block_size: int = 16, max_seqs: int, max_seq_len: int, dtype=torch.float16,
+                 device="cpu", head_dim_v: int | None = None):
+        if min(num_layers, num_kv_heads, head_dim, num_blocks, block_size, max_seqs, max_seq_len) < 1:
+            raise ValueError("num_layers, num_kv_heads, head_dim, num_blocks, block_size, max_seqs and "
+                             "max_seq_len must all be ≥ 1")
+        self.num_layers, self.num_kv_heads, self.block_size = num_layers, num_kv_heads, block_size
+        self.dtype, self.device = dtype, torch.device(device)
+        dv = head_dim if head_dim_v is None else head_dim_v
+        self.k = torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, dv, dtype=dtype, device=device)
+        self.max_blocks = -(-max_seq_len // block_size)
+        # Host copies are the truth; the device tables are refreshed with one copy per change.
+        self._table_host = torch.full((max_seqs, self.max_blocks), -1, dtype=torch.int32)
+        self._lens_host = torch.zeros(max_seqs, dtype=torch.int32)
+        self.block_table = self._table_host.to(device)
+        self.seqlens = self._lens_host.to(device)
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self._blocks: list[list[int]] = [[] for _ in range(max_seqs)]
+        self._lens = [0] * max_seqs
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    def length(self, seq_id: int) -> int:
+        return self._lens[seq_id]
+
+    def append(self, seq_ids: Sequence[int], num_new: int) -> PagedStep:
+        """Make room for ``num_new`` tokens at the end of each sequence in ``seq_ids`` and advance
+        their lengths. Raises RuntimeError if the pool or a sequence's table would overflow
+        (nothing is changed then)."""
+        seq_ids = [int(s) for s in seq_ids]
+        if num_new < 1 or not seq_ids or len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"need num_new ≥ 1 and distinct seq_ids, got num_new={num_new}, seq_ids={seq_ids}")
+        bs = self.block_size
+        need = [-(-(self._lens[s] + num_new) // bs) - len(self._blocks[s]) for s in seq_ids]
+        if any(len(self._blocks[s]) + n > self.max_blocks for s, n in zip(seq_ids, need)):
+            raise RuntimeError(f"a sequence would exceed max_seq_len ({self.max_blocks * bs} tokens)")
+        if sum(need) > len(self._free):
+            raise RuntimeError(f"out of KV blocks: need {sum(need)}, {len(self._free)} free")
+        positions, blocks, offsets = [], [], []
+        for s, n in zip(seq_ids, need):
+            for _ in range(n):
+                blk = self._free.pop()
+                self._table_host[s, len(self._blocks[s])] = blk
+                self._blocks[s].append(blk)
+            pos = list(range(self._lens[s], self._lens[s] + num_new))
+            self._lens[s] += num_new
+            self._lens_host[s] = self._lens[s]
+            positions.append(pos)
+            blocks.append([self._blocks[s][p // bs] for p in pos])
+            offsets.append([p % bs for p in pos])
+        self._sync()
+        ids = torch.tensor(seq_ids, device=self.device)
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
+        return PagedStep(self, seq_ids, num_new, self.block_table[ids], self.seqlens[ids],
+                         as_t(positions), as_t(blocks), as_t(offsets))
+
+    def free(self, seq_id: int) -> None:
+        """Return a sequence's blocks to the pool; its slot can start a new sequence."""
+        self._free.extend(reversed(self._blocks[seq_id]))
+        self._blocks[seq_id] = []
+        self._lens[seq_id] = 0
+        self._table_host[seq_id] = -1
+        self._lens_host[seq_id] = 0
+        self._sync()
+
+    def _sync(self) -> None:
+        self.block_table.copy_(self._table_host)
+        self.seqlens.copy_(self._lens_host)
+
+
+__all__ = ["PagedKVCache", "PagedStep"]

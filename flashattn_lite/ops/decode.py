@@ -1,0 +1,423 @@
+"""Decoding against a KV cache: split-KV ("flash-decoding") over contiguous or paged caches.
+
+Semantics. ``cache_seqlens[b]`` = L_b is the number of valid cache positions of sequence b
+*including* the Nq new tokens, whose keys/values the caller has already written at positions
+L_b − Nq … L_b − 1 (FlashAttention's ``flash_attn_with_kvcache`` convention when it is not asked to
+append). New token i (0 ≤ i < Nq) sits at position L_b − Nq + i and attends to cache positions
+j ≤ L_b − Nq + i: causal, bottom-right aligned, exactly ``attention(q, k[:, :, :L_b], v[:, :, :L_b],
+causal=True)`` for each sequence. Rows that see no key (L_b − Nq + i < 0, e.g. L_b = 0) give
+o = 0, lse = −inf.
+
+Kernel. Stage 1: one program per (split, KV head, batch) — and per block of query rows when the GQA
+group times Nq exceeds one tile — holds *all* Hq/Hkv query heads of its group and all Nq new tokens
+as the rows of one tile (padded to ≥ 16 rows for ``tl.dot``), so every K/V tile is loaded once and
+shared by the group. It walks its split of the cache in BLOCK_N tiles with
+``merge.online_softmax_update`` (lean unmasked tiles first, masked tail last) and writes a partial
+(o, lse). Each sequence splits its *own* length L_b (ragged batches stay balanced), in chunks that
+are multiples of BLOCK_N. Stage 2 is ``merge_attention_states_stacked``'s kernel (the partial lse's
+are a softmax over the partials); with one split stage 1 writes the final output and stage 2 is
+skipped. The paged cache is addressed through the block table per tile when a page holds whole
+tiles (page size a multiple of BLOCK_N), per key row otherwise; the contiguous cache is the same
+code with "page" = sequence.
+
+Cost: reads each valid K/V element once (plus the q tile); stage 2 reads/writes
+B·Hq·Nq·num_splits·(Dv + 1) floats.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _checks
+from .._runtime import device_sm_count, interpreter_active, runs_triton, tuned
+from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
+from .attention_fwd import precision_for
+from .merge_states import (merge_attention_states, merge_attention_states_stacked, merge_stacked_launch,
+                           merge_stacked_torch)
+
+# Split heuristic (see ``choose_num_splits``).
+MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the merge than it saves
+MAX_SPLITS = 128
+WAVES = 2               # target programs ≈ WAVES × SMs
+MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
+
+
+# ------------------------------------------------------------------ kernel
+
+@triton.jit
+def _kv_location(bt_row, stride_bt, b, start_n, cols, valid,
+                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """(block, row-in-block) of key positions ``cols`` of sequence b, int64.
+
+    Contiguous cache: block = b, row = position. Paged: block = block_table[b, pos // PAGE_SIZE];
+    one table load per tile when the tile lies inside one page, one per key row otherwise.
+    """
+    if PAGED:
+        if PAGE_SIZE % BLOCK_N == 0:
+            blk = tl.load(bt_row + (start_n // PAGE_SIZE) * stride_bt).to(tl.int64)
+        elif MASKED:
+            blk = tl.load(bt_row + (cols // PAGE_SIZE) * stride_bt, mask=valid, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + (cols // PAGE_SIZE) * stride_bt).to(tl.int64)
+        return blk, (cols % PAGE_SIZE).to(tl.int64)
+    else:
+        return b.to(tl.int64), cols.to(tl.int64)
+
+
+@triton.jit
+def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, stride_bt, b, start_n, hi, last_key,
+                 offs_n, offs_d, offs_dv, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+                 qk_scale, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold one key tile into the group's running state. MASKED: the tile reaches the split's end
+    or the causal band of the new tokens (only the last tile or two of a split)."""
+    cols = start_n + offs_n
+    valid = cols < hi
+    blk, row = _kv_location(bt_row, stride_bt, b, start_n, cols, valid, PAGED, PAGE_SIZE, BLOCK_N, MASKED)
+    k_ptrs = k_base + (blk * stride_kb + row * stride_kn)[None, :] + offs_d[:, None] * stride_kd
+    v_ptrs = v_base + (blk * stride_vb + row * stride_vn)[:, None] + offs_dv[None, :] * stride_vd
+    # Masked tiles may cover stale or uninitialised cache rows: K and V are zero-filled there
+    # (0 · NaN would poison the accumulator), scores set to −inf.
+    if MASKED:
+        k = tl.load(k_ptrs, mask=valid[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(valid[None, :] & (cols[None, :] <= last_key[:, None]), s, float("-inf"))
+    m_i, l_i, p, alpha = online_softmax_update(m_i, l_i, s)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    elif HEAD_DIM_V == BLOCK_DV:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_i, l_i
+
+
+def _configs():
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bn, w, s in [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 4, 3),
+                             (128, 8, 2), (128, 8, 3), (32, 4, 4), (32, 4, 6), (32, 4, 2)]]
+
+
+def _prune(configs, named_args):
+    # K and V tiles of every pipeline stage must fit in shared memory (~227 KB on H100).
+    per_row = (named_args["HEAD_DIM"] + named_args["HEAD_DIM_V"]) * named_args["k"].element_size()
+    kept = [c for c in configs if c.num_stages * c.kwargs["BLOCK_N"] * per_row <= 200 * 1024]
+    return kept or [min(configs, key=lambda c: c.num_stages * c.kwargs["BLOCK_N"])]
+
+
+@tuned(_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "PAGED", "PAGE_SIZE", "len_bucket"],
+       interpreter_config=triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1),
+       prune=_prune)
+@triton.jit
+def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
+                         stride_qb, stride_qh, stride_qn, stride_qd,
+                         stride_kb, stride_kh, stride_kn, stride_kd,
+                         stride_vb, stride_vh, stride_vn, stride_vd,
+                         stride_os, stride_ob, stride_oh, stride_on, stride_od,
+                         stride_ls, stride_lb, stride_lh, stride_ln,
+                         stride_btb, stride_bt,
+                         n_q, n_splits, min_chunk, qk_scale, len_bucket,
+                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                         PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    split = tl.program_id(0)
+    n_rows = GROUP * n_q
+    row_blocks = tl.cdiv(n_rows, BLOCK_M)
+    h_kv = tl.program_id(1) // row_blocks
+    rows = (tl.program_id(1) % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = tl.program_id(2)
+
+    # This sequence's split: a multiple of BLOCK_N, at least min_chunk keys.
+    seq_len = tl.load(seqlens + b)
+    chunk = tl.maximum(tl.cdiv(seq_len, n_splits), min_chunk)
+    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+
+    # Row r of the tile is query head h_kv·GROUP + r // n_q, new token r % n_q.
+    row_ok = rows < n_rows
+    head = h_kv * GROUP + rows // n_q
+    tok = rows % n_q
+    last_key = seq_len - n_q + tok
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_ptrs = (q + b.to(tl.int64) * stride_qb + head[:, None].to(tl.int64) * stride_qh
+              + tok[:, None].to(tl.int64) * stride_qn + offs_d[None, :] * stride_qd)
+    q_tile = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_base = k + h_kv.to(tl.int64) * stride_kh
+    v_base = v + h_kv.to(tl.int64) * stride_vh
+    bt_row = block_table + b.to(tl.int64) * stride_btb
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    # Keys [lo, full) are visible to every row (no causal band, no split end inside a tile).
+    full = lo + tl.maximum(tl.minimum(hi, seq_len - n_q + 1) - lo, 0) // BLOCK_N * BLOCK_N
+    for start_n in tl.range(lo, full, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q_tile, k_base, v_base, bt_row, stride_bt, b, start_n, hi,
+                                     last_key, offs_n, offs_d, offs_dv, stride_kb, stride_kn, stride_kd,
+                                     stride_vb, stride_vn, stride_vd, qk_scale, False, PAGED, PAGE_SIZE,
+                                     HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, PRECISION)
+    for start_n in tl.range(full, hi, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q_tile, k_base, v_base, bt_row, stride_bt, b, start_n, hi,
+                                     last_key, offs_n, offs_d, offs_dv, stride_kb, stride_kn, stride_kd,
+                                     stride_vb, stride_vn, stride_vd, qk_scale, True, PAGED, PAGE_SIZE,
+                                     HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, PRECISION)
+
+    out, lse_row = finalize(acc, m_i, l_i)
+    o_ptrs = (o + split.to(tl.int64) * stride_os + b.to(tl.int64) * stride_ob
+              + head[:, None].to(tl.int64) * stride_oh + tok[:, None].to(tl.int64) * stride_on
+              + offs_dv[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    l_ptrs = (lse + split.to(tl.int64) * stride_ls + b.to(tl.int64) * stride_lb
+              + head.to(tl.int64) * stride_lh + tok.to(tl.int64) * stride_ln)
+    tl.store(l_ptrs, lse_row, mask=row_ok)
+
+
+# ------------------------------------------------------------------ launcher
+
+def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, max_len: int, sm_count: int) -> int:
+    """Splits per sequence for stage 1: about WAVES waves of programs (one program per SM at a
+    time), choosing within ±25% of that the count whose last wave is fullest (a part-empty last
+    wave leaves SMs idle while the rest of the machine waits), preferring fewer splits on ties;
+    never splits shorter than MIN_SPLIT_LEN keys (of the longest possible sequence), at most
+    MAX_SPLITS. On 132 SMs with Hkv = 8: B=1 → 33, B=2 → 16, B=4 → 8, B=8 → 4, B ≥ 16 → 1 (no
+    merge stage).
+    """
+    programs = batch * kv_heads * row_blocks
+    cap = max(1, min(MAX_SPLITS, triton.cdiv(max_len, MIN_SPLIT_LEN)))
+    ideal = WAVES * sm_count / programs
+    lo, hi = max(1, int(0.75 * ideal)), min(cap, math.ceil(1.25 * ideal))
+    if cap < lo:
+        return cap
+
+    def last_wave_fill(s):
+        waves = programs * s / sm_count
+        return waves / math.ceil(waves)
+    return max(range(lo, hi + 1), key=lambda s: (round(last_wave_fill(s), 2), -s))
+
+
+def _block_m(rows: int) -> int:
+    return max(16, min(MAX_BLOCK_M, triton.next_power_of_2(rows)))
+
+
+def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None):
+    """Launch stage 1 (and stage 2 when split). Inputs already validated. Returns (o, lse)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+    block_m = _block_m((Hq // Hkv) * Nq)
+    row_blocks = triton.cdiv((Hq // Hkv) * Nq, block_m)
+    if num_splits is None:
+        splits = choose_num_splits(B, Hkv, row_blocks, capacity, device_sm_count(q))
+        min_chunk = MIN_SPLIT_LEN
+    else:
+        splits, min_chunk = num_splits, 1
+    o = torch.empty((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    if splits == 1:
+        o_part, lse_part = o.unsqueeze(0), lse.unsqueeze(0)
+    else:
+        # Row-major over (B, Hq, Nq, S): each output row's partials are contiguous for stage 2.
+        o_part = torch.empty((B, Hq, Nq, splits, Dv), device=q.device, dtype=torch.float32).permute(3, 0, 1, 2, 4)
+        lse_part = torch.empty((B, Hq, Nq, splits), device=q.device, dtype=torch.float32).permute(3, 0, 1, 2)
+    bt = block_table if paged else cache_seqlens        # never read when not paged
+    bt_strides = block_table.stride() if paged else (0, 0)
+    len_bucket = 0 if interpreter_active() else triton.next_power_of_2(max(1, triton.cdiv(capacity, splits)))
+    _decode_split_kernel[(splits, Hkv * row_blocks, B)](
+        q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part.stride(), *lse_part.stride(), *bt_strides,
+        Nq, splits, min_chunk, scale * LOG2E, len_bucket,
+        GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
+        BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
+        PRECISION=precision_for(q.dtype))
+    if splits > 1:
+        merge_stacked_launch(o_part, lse_part, o, lse)
+    return o, lse
+
+
+# ------------------------------------------------------------------ CPU twin
+
+def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None):
+    """The same split-KV algorithm in PyTorch (float32): per sequence, per split partial states,
+    merged with the stacked twin."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
+    G = Hq // Hkv
+    capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
+    if num_splits is None:
+        splits = choose_num_splits(B, Hkv, triton.cdiv(G * Nq, _block_m(G * Nq)), capacity, device_sm_count(q))
+        min_chunk = MIN_SPLIT_LEN
+    else:
+        splits, min_chunk = num_splits, 1
+    o = torch.zeros((B, Hq, Nq, Dv), dtype=torch.float32)
+    lse = torch.full((B, Hq, Nq), float("-inf"))
+    for b, L in enumerate(cache_seqlens.tolist()):
+        if L == 0:
+            continue
+        if block_table is not None:
+            pages = block_table[b, :triton.cdiv(L, k_cache.shape[2])].long()
+            k = k_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
+            v = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, Dv)[:, :L]
+        else:
+            k, v = k_cache[b, :, :L], v_cache[b, :, :L]
+        qg = q[b].float().reshape(Hkv, G, Nq, D)
+        k, v = k.float().unsqueeze(1), v.float().unsqueeze(1)
+        chunk = triton.cdiv(max(triton.cdiv(L, splits), min_chunk), 64) * 64
+        last_key = (L - Nq + torch.arange(Nq))[:, None]
+        parts_o, parts_lse = [], []
+        for lo in range(0, L, chunk):
+            hi = min(lo + chunk, L)
+            s = torch.matmul(qg, k[:, :, lo:hi].transpose(-1, -2)) * scale
+            s = s.masked_fill(torch.arange(lo, hi)[None, :] > last_key, float("-inf"))
+            m0 = torch.full(s.shape[:-1], float("-inf"))
+            m, l, p, _ = online_softmax_update_torch(m0, torch.zeros_like(m0), s)
+            parts_o.append(torch.matmul(p, v[:, :, lo:hi]) / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1))
+            parts_lse.append(lse_of_torch(m, l))
+        ob, lb = merge_stacked_torch(torch.stack(parts_o), torch.stack(parts_lse))
+        o[b], lse[b] = ob.reshape(Hq, Nq, Dv), lb.reshape(Hq, Nq)
+    return o.to(q.dtype), lse
+
+
+# ------------------------------------------------------------------ validation and public API
+
+def _validate(q, k_cache, v_cache, cache_seqlens, block_table, num_splits):
+    _checks.check_tensor("q", q, ndim=4)
+    _checks.check_tensor("k_cache", k_cache, ndim=4)
+    _checks.check_tensor("v_cache", v_cache, ndim=4)
+    _checks.check_same(("q", "k_cache", "v_cache"), (q, k_cache, v_cache), "dtype")
+    _checks.check_same(("q", "k_cache", "v_cache"), (q, k_cache, v_cache), "device")
+    B, Hq, Nq, D = q.shape
+    if min(B, Hq, Nq) == 0:
+        raise ValueError(f"q must be non-empty, got shape {tuple(q.shape)}")
+    layout = "(num_blocks, Hkv, block_size, D)" if block_table is not None else "(B, Hkv, Nmax, D)"
+    if min(k_cache.shape[:3]) == 0:
+        raise ValueError(f"k_cache {layout} must be non-empty, got shape {tuple(k_cache.shape)}")
+    if block_table is None:
+        _checks.check_dim("k_cache", "batch size (dim 0)", k_cache.shape[0], B, "q's")
+    _checks.check_dim("v_cache", "dim 0", v_cache.shape[0], k_cache.shape[0], "k_cache's")
+    _checks.check_dim("v_cache", "heads (dim 1)", v_cache.shape[1], k_cache.shape[1], "k_cache's")
+    _checks.check_dim("v_cache", "dim 2", v_cache.shape[2], k_cache.shape[2], "k_cache's")
+    _checks.check_dim("k_cache", "head dim (dim 3)", k_cache.shape[3], D, "q's")
+    Hkv = k_cache.shape[1]
+    if Hq % Hkv != 0:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of k_cache/v_cache heads ({Hkv}) for GQA/MQA")
+    _checks.check_head_dim("q/k_cache", D, 1, 256)
+    _checks.check_head_dim("v_cache", v_cache.shape[3], 1, 256)
+    _checks.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
+    _checks.check_dim("cache_seqlens", "length", cache_seqlens.shape[0], B, "q's batch size")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"cache_seqlens must be on q's device ({q.device}), got {cache_seqlens.device}")
+    if block_table is not None:
+        _checks.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
+        _checks.check_dim("block_table", "batch size (dim 0)", block_table.shape[0], B, "q's")
+        if block_table.shape[1] == 0:
+            raise ValueError(f"block_table must have at least one column, got shape {tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table must be on q's device ({q.device}), got {block_table.device}")
+    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
+        raise ValueError(f"num_splits must be None or an int ≥ 1, got {num_splits!r}")
+
+
+def _check_values(cache_seqlens, block_table, capacity: int, num_blocks: int, block_size: int) -> None:
+    """Lengths within [0, capacity]; every block id a sequence uses within [0, num_blocks).
+    One device→host transfer (a sync on CUDA); detail is computed only on failure."""
+    bad_len = (cache_seqlens < 0) | (cache_seqlens > capacity)
+    flags = [bad_len.any()]
+    if block_table is not None:
+        need = (cache_seqlens.clamp(0, capacity).long() + block_size - 1) // block_size
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < need[:, None]
+        bad_blk = used & ((block_table < 0) | (block_table >= num_blocks))
+        flags.append(bad_blk.any())
+    flags = torch.stack(flags).tolist()
+    if flags[0]:
+        b = int(bad_len.nonzero()[0, 0])
+        where = (f"block_table width {block_table.shape[1]} × block_size {block_size}" if block_table is not None
+                 else f"k_cache dim 2")
+        raise ValueError(f"cache_seqlens[{b}] = {int(cache_seqlens[b])} is outside [0, {capacity}] "
+                         f"(the cache holds {capacity} positions per sequence: {where})")
+    if len(flags) > 1 and flags[1]:
+        b, j = (int(x) for x in bad_blk.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a block id in [0, {num_blocks}) "
+                         f"(k_cache has {num_blocks} blocks; sequence {b} has cache_seqlens = "
+                         f"{int(cache_seqlens[b])}, so it uses its first {int(need[b])} table entries)")
+
+
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
+           block_table: torch.Tensor | None = None, scale: float | None = None, num_splits: int | None = None,
+           return_lse: bool = False, check_values: bool | None = None):
+    """Attention of a few new tokens per sequence against a KV cache (split-KV, GQA-shared loads).
+
+    Args:
+        q: (B, Hq, Nq, D) queries of the Nq new tokens of each sequence (Nq = 1 for plain decoding,
+            > 1 for speculative / chunked steps). fp16, bf16 or fp32; any strides.
+        k_cache, v_cache: contiguous layout (B, Hkv, Nmax, D) / (B, Hkv, Nmax, Dv), or, with
+            ``block_table``, paged layout (num_blocks, Hkv, block_size, D) / (…, Dv). q's dtype and
+            device; any strides (a (…, N, H, D) cache passed as ``.transpose(1, 2)`` is read in place).
+            Hq must be a multiple of Hkv (query head h reads KV head h // (Hq / Hkv)); Dv may differ
+            from D.
+        cache_seqlens: (B,) int32 on q's device: L_b = valid positions of sequence b *including* the
+            new tokens, whose K/V must already be written at positions L_b − Nq … L_b − 1.
+        block_table: (B, max_blocks) int32 on q's device: position j of sequence b lives in block
+            ``block_table[b, j // block_size]``, row ``j % block_size``. Entries past
+            ceil(L_b / block_size) are never read (pad with anything, e.g. −1).
+        scale: multiplies q·k; defaults to D ** -0.5.
+        num_splits: splits of each sequence's keys across programs (flash-decoding). None chooses
+            (``choose_num_splits``: about two waves of programs, ≥ 256 keys per split, each
+            sequence splitting its own length). 1 = no split, no merge kernel. n > 1 cuts each
+            sequence into n parts of ⌈L_b / n⌉ keys rounded up to whole key tiles (so a short
+            sequence may fill fewer than n; the rest are empty partials the merge ignores).
+        return_lse: also return lse (B, Hq, Nq) float32, natural log (for merging with other partial
+            states, e.g. a prefix cache or another shard, via ``merge_attention_states``).
+        check_values: check the *values* of cache_seqlens (0 ≤ L_b ≤ capacity, capacity = Nmax or
+            max_blocks · block_size) and of the block-table entries in use (0 ≤ id < num_blocks).
+            None (default): check when those tensors are on the CPU (free); on CUDA, checking costs
+            one device→host sync, so it runs only with True (and never while capturing a CUDA
+            graph). Shapes, dtypes and devices are always checked. Unchecked bad values read out
+            of bounds.
+
+    Causal, bottom-right: new token i attends to positions j ≤ L_b − Nq + i (itself and everything
+    before it). Rows with no visible key give o = 0, lse = −inf.
+
+    Returns:
+        o (B, Hq, Nq, Dv) in q's dtype (and lse). Inference only: no autograd.
+
+    Memory-bound: reads Σ_b L_b·Hkv·(D + Dv) cache elements once; two launches (one if
+    num_splits = 1). CUDA tensors run Triton; CPU tensors run the same algorithm in PyTorch (or the
+    Triton kernels under ``TRITON_INTERPRET=1``).
+    """
+    _validate(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+    scale = _checks.check_scale(scale)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    on_cpu = cache_seqlens.device.type == "cpu"
+    if check_values is None:
+        check_values = on_cpu
+    if check_values and not (not on_cpu and torch.cuda.is_current_stream_capturing()):
+        paged = block_table is not None
+        capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+        _check_values(cache_seqlens, block_table, capacity, k_cache.shape[0], k_cache.shape[2])
+    fwd = decode_forward if runs_triton(q) else _cpu_decode
+    with torch.no_grad():
+        o, lse = fwd(q, k_cache, v_cache, cache_seqlens, block_table, scale=float(scale), num_splits=num_splits)
+    return (o, lse) if return_lse else o
+
+
+__all__ = ["decode", "choose_num_splits", "merge_attention_states", "merge_attention_states_stacked"]

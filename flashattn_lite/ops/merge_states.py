@@ -1,0 +1,289 @@
+"""Merging attention states: partial results over disjoint key sets combine exactly.
+
+If (O_a, lse_a) is attention of some queries over key set A and (O_b, lse_b) over a disjoint key
+set B, then attention over A ∪ B is::
+
+    lse = log(exp(lse_a) + exp(lse_b))
+    O   = O_a·exp(lse_a − lse) + O_b·exp(lse_b − lse)
+
+This is what split-KV decoding (``decode``), paged attention and ring attention rely on. The pair
+form runs ``merge.merge_states`` on [rows, D] tiles. The stacked form (S partials) treats the S
+partial lse's of a row as the scores of a softmax whose "values" are the partial outputs:
+O = softmax(lse_1..S) · (O_1..S), folded with ``merge.online_softmax_update`` in chunks of S and
+closed with ``merge.finalize`` — the same (m, ℓ) reduction as every other kernel here.
+
+An empty partial (lse = −inf, e.g. a split with no visible keys) has weight 0 and its o is never
+read (it may hold NaN or uninitialised memory); if every partial of a row is empty the result is
+O = 0, lse = −inf. Outputs are differentiable (the backward is closed-form PyTorch:
+dO_s = w_s·dO, dlse_s = w_s·(dlse + ⟨dO, O_s − O⟩) with w_s = exp(lse_s − lse)).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _checks
+from .._runtime import device_sm_count, interpreter_active, runs_triton
+from ..merge import (finalize, lse_of_torch, merge_states, merge_states_torch,
+                     online_softmax_update, online_softmax_update_torch)
+
+
+# ------------------------------------------------------------------ kernels
+
+@triton.jit
+def _row_offsets(rows, n_h, n_n, stride_b, stride_h, stride_n):
+    # Flattened row index over (B, H, N) -> element offset, int64 (B·H·N·D can exceed 2³¹).
+    b = rows // (n_h * n_n)
+    h = (rows // n_n) % n_h
+    n = rows % n_n
+    return b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + n.to(tl.int64) * stride_n
+
+
+@triton.jit
+def _merge_pair_kernel(o_a, lse_a, o_b, lse_b, o, lse,
+                       s_oab, s_oah, s_oan, s_oad, s_lab, s_lah, s_lan,
+                       s_obb, s_obh, s_obn, s_obd, s_lbb, s_lbh, s_lbn,
+                       s_ob, s_oh, s_on, s_od, s_lb, s_lh, s_ln,
+                       n_h, n_n, n_rows,
+                       HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    row_ok = rows < n_rows
+    tile_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    ra = _row_offsets(rows, n_h, n_n, s_oab, s_oah, s_oan)
+    rb = _row_offsets(rows, n_h, n_n, s_obb, s_obh, s_obn)
+    la = tl.load(lse_a + _row_offsets(rows, n_h, n_n, s_lab, s_lah, s_lan), mask=row_ok, other=float("-inf"))
+    lb = tl.load(lse_b + _row_offsets(rows, n_h, n_n, s_lbb, s_lbh, s_lbn), mask=row_ok, other=float("-inf"))
+    # An empty part's o is never read: a NaN or uninitialised buffer there cannot poison the sum.
+    xa = tl.load(o_a + ra[:, None] + offs_d[None, :] * s_oad, mask=tile_ok & (la > float("-inf"))[:, None],
+                 other=0.0).to(tl.float32)
+    xb = tl.load(o_b + rb[:, None] + offs_d[None, :] * s_obd, mask=tile_ok & (lb > float("-inf"))[:, None],
+                 other=0.0).to(tl.float32)
+    out, lse_out = merge_states(xa, la, xb, lb)
+    ro = _row_offsets(rows, n_h, n_n, s_ob, s_oh, s_on)
+    tl.store(o + ro[:, None] + offs_d[None, :] * s_od, out.to(o.dtype.element_ty), mask=tile_ok)
+    if tl.program_id(1) == 0:
+        tl.store(lse + _row_offsets(rows, n_h, n_n, s_lb, s_lh, s_ln), lse_out, mask=row_ok)
+
+
+@triton.jit
+def _merge_stacked_kernel(o_parts, lse_parts, o, lse,
+                          s_ps, s_pb, s_ph, s_pn, s_pd, s_qs, s_qb, s_qh, s_qn,
+                          s_ob, s_oh, s_on, s_od, s_lb, s_lh, s_ln,
+                          n_h, n_n, n_rows, n_splits,
+                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    row_ok = rows < n_rows
+    rp = _row_offsets(rows, n_h, n_n, s_pb, s_ph, s_pn)
+    rq = _row_offsets(rows, n_h, n_n, s_qb, s_qh, s_qn)
+    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for s0 in tl.range(0, n_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        rs_ok = row_ok[:, None] & (offs_s[None, :] < n_splits)
+        part_lse = tl.load(lse_parts + rq[:, None] + offs_s[None, :].to(tl.int64) * s_qs,
+                           mask=rs_ok, other=float("-inf"))
+        # The partial lse's are the scores of a softmax over the partials (base 2 for exp2).
+        m_i, l_i, p, alpha = online_softmax_update(m_i, l_i, part_lse * 1.4426950408889634)
+        part_o = tl.load(o_parts + rp[:, None, None] + offs_s[None, :, None].to(tl.int64) * s_ps
+                         + offs_d[None, None, :] * s_pd,
+                         mask=(part_lse > float("-inf"))[:, :, None] & (offs_d[None, None, :] < HEAD_DIM), other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * part_o.to(tl.float32), 1)
+    out, lse_out = finalize(acc, m_i, l_i)
+    ro = _row_offsets(rows, n_h, n_n, s_ob, s_oh, s_on)
+    tl.store(o + ro[:, None] + offs_d[None, :] * s_od, out.to(o.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if tl.program_id(1) == 0:
+        tl.store(lse + _row_offsets(rows, n_h, n_n, s_lb, s_lh, s_ln), lse_out, mask=row_ok)
+
+
+# ------------------------------------------------------------------ launchers
+
+def _tiles(n_rows: int, d: int, per_row_elems: int, t: torch.Tensor):
+    """(BLOCK_R, BLOCK_D): about 4k fp32 values per program, but enough programs to fill the GPU
+    (small merges, e.g. decode at B=1, split D across programs rather than leave SMs idle)."""
+    block_d = max(16, triton.next_power_of_2(d))
+    if interpreter_active():
+        return 4, block_d
+    block_r = max(2, min(64, triton.next_power_of_2(max(1, 4096 // (per_row_elems * block_d)))))
+    sms = device_sm_count(t)
+    while block_r > 2 and triton.cdiv(n_rows, block_r) < 2 * sms:
+        block_r //= 2
+    while block_d > 32 and triton.cdiv(n_rows, block_r) * triton.cdiv(d, block_d) < 2 * sms:
+        block_d //= 2
+    return block_r, block_d
+
+
+def merge_pair_launch(o_a, lse_a, o_b, lse_b, o, lse):
+    """Kernel launch for the pair merge: o_* (B, H, N, D) any strides, lse_* (B, H, N) fp32;
+    writes o (in its own dtype) and lse."""
+    B, H, N, D = o_a.shape
+    rows = B * H * N
+    block_r, block_d = _tiles(rows, D, 2, o)
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(D, block_d))
+    _merge_pair_kernel[grid](o_a, lse_a, o_b, lse_b, o, lse,
+                             *o_a.stride(), *lse_a.stride(), *o_b.stride(), *lse_b.stride(),
+                             *o.stride(), *lse.stride(), H, N, rows,
+                             HEAD_DIM=D, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+
+
+def merge_stacked_launch(o_parts, lse_parts, o, lse):
+    """Kernel launch for the stacked merge: o_parts (S, B, H, N, D) any strides (fp32 or the
+    output dtype), lse_parts (S, B, H, N) fp32; writes o (its own dtype) and lse (B, H, N).
+    Used by ``decode`` as its second stage."""
+    S, B, H, N, D = o_parts.shape
+    rows = B * H * N
+    block_s = min(32, triton.next_power_of_2(S))
+    block_r, block_d = _tiles(rows, D, block_s, o)
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(D, block_d))
+    _merge_stacked_kernel[grid](o_parts, lse_parts, o, lse,
+                                *o_parts.stride(), *lse_parts.stride(), *o.stride(), *lse.stride(),
+                                H, N, rows, S,
+                                HEAD_DIM=D, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4)
+
+
+# ------------------------------------------------------------------ PyTorch twins
+
+def merge_stacked_torch(o_parts: torch.Tensor, lse_parts: torch.Tensor):
+    """Twin of the stacked kernel: o_parts (S, ..., D), lse_parts (S, ...); float32 (o, lse)."""
+    scores = lse_parts.float().movedim(0, -1)                       # (..., S)
+    m0 = torch.full(scores.shape[:-1], float("-inf"), device=scores.device)
+    m, l, p, _ = online_softmax_update_torch(m0, torch.zeros_like(m0), scores)
+    o_parts = torch.where(torch.isneginf(lse_parts).unsqueeze(-1), 0.0, o_parts.float())
+    acc = torch.einsum("...s,s...d->...d", p, o_parts)
+    o = acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1)
+    return o, lse_of_torch(m, l)
+
+
+def _empty_to_zero(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, o.float())
+
+
+# ------------------------------------------------------------------ autograd
+
+def _merge_backward(o_parts, lse_parts, o, lse, do, dlse):
+    """Closed-form gradients of the stacked merge. Shapes as in the forward, S first."""
+    finite = torch.isfinite(lse)
+    lse_ref = torch.where(finite, lse, torch.zeros_like(lse))
+    w = torch.where(finite & torch.isfinite(lse_parts), torch.exp(lse_parts - lse_ref), torch.zeros_like(lse_parts))
+    do = do.float() if do is not None else torch.zeros_like(o, dtype=torch.float32)
+    g = (do * (_empty_to_zero(o_parts, lse_parts) - o.float())).sum(-1)
+    if dlse is not None:
+        g = g + dlse
+    return (w.unsqueeze(-1) * do).to(o_parts.dtype), w * g
+
+
+class _MergePairFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, o_a, lse_a, o_b, lse_b):
+        if runs_triton(o_a):
+            o = torch.empty(o_a.shape, dtype=o_a.dtype, device=o_a.device)
+            lse = torch.empty(lse_a.shape, dtype=torch.float32, device=o_a.device)
+            merge_pair_launch(o_a, lse_a, o_b, lse_b, o, lse)
+        else:
+            o, lse = merge_states_torch(_empty_to_zero(o_a, lse_a), lse_a, _empty_to_zero(o_b, lse_b), lse_b)
+            o = o.to(o_a.dtype)
+        ctx.save_for_backward(o_a, lse_a, o_b, lse_b, o, lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        o_a, lse_a, o_b, lse_b, o, lse = ctx.saved_tensors
+        d_o, d_lse = _merge_backward(torch.stack([o_a, o_b]), torch.stack([lse_a, lse_b]), o, lse, do, dlse)
+        return d_o[0], d_lse[0], d_o[1], d_lse[1]
+
+
+class _MergeStackedFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, o_parts, lse_parts):
+        if runs_triton(o_parts):
+            o = torch.empty(o_parts.shape[1:], dtype=o_parts.dtype, device=o_parts.device)
+            lse = torch.empty(lse_parts.shape[1:], dtype=torch.float32, device=o_parts.device)
+            merge_stacked_launch(o_parts, lse_parts, o, lse)
+        else:
+            o, lse = merge_stacked_torch(o_parts, lse_parts)
+            o = o.to(o_parts.dtype)
+        ctx.save_for_backward(o_parts, lse_parts, o, lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        o_parts, lse_parts, o, lse = ctx.saved_tensors
+        return _merge_backward(o_parts, lse_parts, o, lse, do, dlse)
+
+
+# ------------------------------------------------------------------ validation and public API
+
+def _check_state(name_o: str, name_lse: str, o, lse, *, ndim: int) -> None:
+    _checks.check_tensor(name_o, o, ndim=ndim)
+    _checks.check_tensor(name_lse, lse, ndim=ndim - 1, dtypes=(torch.float32,))
+    if tuple(lse.shape) != tuple(o.shape[:-1]):
+        raise ValueError(f"{name_lse} must have shape {tuple(o.shape[:-1])} ({name_o}'s shape without its "
+                         f"last dim), got {tuple(lse.shape)}")
+    if o.shape[-1] == 0 or o.numel() == 0:
+        raise ValueError(f"{name_o} must be non-empty, got shape {tuple(o.shape)}")
+
+
+def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):
+    """Combine attention over two disjoint key sets into attention over their union.
+
+    Args:
+        o_a, o_b: (B, H, N, D) partial outputs, one dtype (fp16, bf16 or fp32), any strides.
+        lse_a, lse_b: (B, H, N) float32 natural-log log-sum-exp of the scaled scores of each part
+            (as returned by ``attention(..., return_lse=True)`` or ``decode(..., return_lse=True)``).
+            −inf marks an empty part (no visible key): weight 0, its o is ignored.
+
+    Returns:
+        (o, lse): o (B, H, N, D) in the inputs' dtype, lse (B, H, N) float32. Rows whose parts
+        are both empty give o = 0, lse = −inf. Exact up to rounding: arithmetic is float32.
+
+    Differentiable in all four inputs. One pass over the inputs (memory-bound).
+    """
+    _check_state("o_a", "lse_a", o_a, lse_a, ndim=4)
+    _check_state("o_b", "lse_b", o_b, lse_b, ndim=4)
+    if tuple(o_b.shape) != tuple(o_a.shape):
+        raise ValueError(f"o_b must have o_a's shape {tuple(o_a.shape)}, got {tuple(o_b.shape)}")
+    _checks.check_same(("o_a", "o_b"), (o_a, o_b), "dtype")
+    _checks.check_same(("o_a", "lse_a", "o_b", "lse_b"), (o_a, lse_a, o_b, lse_b), "device")
+    return _MergePairFn.apply(o_a, lse_a, o_b, lse_b)
+
+
+def merge_attention_states_stacked(o: torch.Tensor | Sequence[torch.Tensor],
+                                   lse: torch.Tensor | Sequence[torch.Tensor]):
+    """Combine S partial attention states over pairwise-disjoint key sets.
+
+    Args:
+        o: (S, B, H, N, D) tensor, any strides, fp16/bf16/fp32 — or a sequence of S (B, H, N, D)
+            tensors (stacked into one tensor first: one copy).
+        lse: (S, B, H, N) float32 natural log (or a sequence of S (B, H, N)); −inf = empty part.
+
+    Returns:
+        (o, lse): (B, H, N, D) in o's dtype and (B, H, N) float32; all-empty rows give 0, −inf.
+
+    Computes O = Σ_s softmax(lse)_s·O_s and lse = logsumexp_s lse_s in one pass over the partials.
+    Differentiable.
+    """
+    if isinstance(o, (list, tuple)):
+        if len(o) == 0:
+            raise ValueError("o must hold at least one partial state, got an empty sequence")
+        for i, t in enumerate(o):
+            _checks.check_tensor(f"o[{i}]", t, ndim=4)
+        o = torch.stack(list(o))
+    if isinstance(lse, (list, tuple)):
+        if len(lse) == 0:
+            raise ValueError("lse must hold at least one partial state, got an empty sequence")
+        for i, t in enumerate(lse):
+            _checks.check_tensor(f"lse[{i}]", t, ndim=3, dtypes=(torch.float32,))
+        lse = torch.stack(list(lse))
+    _check_state("o", "lse", o, lse, ndim=5)
+    _checks.check_same(("o", "lse"), (o, lse), "device")
+    return _MergeStackedFn.apply(o, lse)
+
+
+__all__ = ["merge_attention_states", "merge_attention_states_stacked"]

@@ -1,0 +1,568 @@
+"""softmax, log_softmax and logsumexp over rows of any length, forward and backward.
+
+Every op here is one shape of computation: reduce a row to a small state, then map each element
+with that state. Forward, the state is the online-softmax (m, ℓ) of ``merge.py``, with m kept in
+natural-log units (``online_softmax_update_ln`` / ``merge_ml_ln``: the log2 e scale is applied after
+subtracting the maximum, so logits of magnitude 1e4 lose nothing); backward it is a plain sum
+(Σ y·dy for softmax, Σ dy for log_softmax). logsumexp forward has no map; its backward has no
+reduction (dx = dy·exp(x − lse), recomputed from x and the saved float32 lse).
+
+Three strategies, each a kernel, chosen by row length N and row count R (``_choose``):
+
+``row``       N ≤ 16384: the row lives in registers, one read and one write. Short rows pack
+              ROWS rows per program so every program moves several KB; ROWS and num_warps are
+              autotuned per power-of-two row length.
+``two_pass``  one program per row streams it in chunks twice: pass 1 folds (m, ℓ), pass 2 maps.
+              O(chunk) registers whatever N is, but x is read twice (3N bytes instead of 2N; the
+              first pass asks L2 to keep the row). Chosen for long rows when programs may not
+              wait on each other (the interpreter) and there are enough rows to fill the GPU.
+``split``     each row is cut into S segments of up to 8192·k elements, one program each, so a
+              single 16M row uses every SM. Each program folds its segment to a partial (m, ℓ);
+              partials merge with ``merge_ml_ln`` (a ``tl.reduce`` over the row's S partials).
+              On the GPU this is one kernel: programs take tickets from an atomic counter (so the
+              programs of a row are always resident together: S ≤ SM count keeps this
+              deadlock-free), publish their partial, wait for the row's other segments, and
+              normalise the segment they still hold in registers (or re-read from L2 when a
+              segment spans several chunks) — 2N bytes at any N. Under the interpreter, which
+              runs programs one at a time, the same kernel runs as two launches (partials, then
+              merge + normalise with a re-read).
+
+Layout: the reduced dim is moved last as a view. If its stride is not 1 the input is copied once
+(``.contiguous()``); other dims may have any strides (up to three non-mergeable leading dims are
+read in place, more are copied). Outputs are allocated contiguous in the moved layout, so for a
+reduced dim that is not the last the result is a non-contiguous view of the right shape.
+
+CPU tensors run float32 PyTorch ops with the same semantics, or the Triton kernels themselves under
+``TRITON_INTERPRET=1``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _checks
+from .._runtime import device_sm_count, interpreter_active, runs_triton, tuned
+from ..merge import lse_of_ln, merge_ml_ln, online_softmax_update_ln
+
+# Ops, as the kernels' OP constexpr: forward 0-2, backward 3-4 (logsumexp's backward has its own
+# elementwise kernel).
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP, SOFTMAX_BWD, LOG_SOFTMAX_BWD = 0, 1, 2, 3, 4
+_BWD_OF = {SOFTMAX: SOFTMAX_BWD, LOG_SOFTMAX: LOG_SOFTMAX_BWD}
+
+STRATEGIES = ("auto", "row", "two_pass", "split")
+ROW_MAX = 16384          # longest row the auto choice keeps in registers
+ROW_LIMIT = 65536        # longest row a forced "row" strategy accepts
+_ALLOW_SPIN = True       # tests may turn the fused (waiting) split off to run its two-launch form
+
+
+def _chunk(kind: str) -> int:
+    """Elements per chunk: ~32 fp32 values per thread on the GPU, small under the interpreter so
+    that short test rows still span several chunks and segments."""
+    if interpreter_active():
+        return 256
+    return {"two_pass": 4096, "split": 8192}[kind]
+
+
+_WARPS = {"two_pass": 8, "split": 8}
+
+
+# ------------------------------------------------------------------ shared kernel pieces
+
+@triton.jit
+def _row_offsets(rows, D1, D2, s0, s1, s2):
+    """int64 element offset of each row: rows index a (D0, D1, D2) grid of leading dims."""
+    r = rows.to(tl.int64)
+    inner = r % D2
+    outer = r // D2
+    return (outer // D1) * s0 + (outer % D1) * s1 + inner * s2
+
+
+@triton.jit
+def _load(a_ptrs, b_ptrs, mask, OP: tl.constexpr, POLICY: tl.constexpr):
+    """Forward reads x (padding −inf: it adds nothing to ℓ); backward reads y and dy (padding 0)."""
+    if OP < 3:
+        a = tl.load(a_ptrs, mask=mask, other=float("-inf"), eviction_policy=POLICY).to(tl.float32)
+        b = a
+    else:
+        a = tl.load(a_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+        b = tl.load(b_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    return a, b
+
+
+@triton.jit
+def _fold(m, l, a, b, OP: tl.constexpr):
+    """Fold a [ROWS, BLOCK] tile into the row states. Returns (m, ℓ, p): forward p = exp(x − m)."""
+    if OP < 3:
+        m, l, p, _alpha = online_softmax_update_ln(m, l, a)
+    elif OP == 3:
+        p = a * b
+        l = l + tl.sum(p, 1)
+    else:
+        p = b
+        l = l + tl.sum(b, 1)
+    return m, l, p
+
+
+@triton.jit
+def _map(a, b, m, l, OP: tl.constexpr):
+    """The output tile from the inputs and the final row states m, ℓ [ROWS] (ℓ = the sum backward)."""
+    if OP == 0:
+        y = tl.math.exp2((a - m[:, None]) * 1.4426950408889634) * (1.0 / l)[:, None]
+    elif OP == 1:
+        # (x − m) − log ℓ rather than x − lse: exact near the maximum; an all −inf row gives NaN
+        # as torch does.
+        y = (a - m[:, None]) - (tl.math.log2(l) * 0.6931471805599453)[:, None]
+    elif OP == 3:
+        y = a * (b - l[:, None])
+    else:
+        y = b - tl.math.exp2(a * 1.4426950408889634) * l[:, None]
+    return y
+
+
+@triton.jit
+def _lse(m, l):
+    """torch.logsumexp's value: −inf for an empty row, +inf for a row holding +inf."""
+    return tl.where(m == float("inf"), m, lse_of_ln(m, l))
+
+
+# ------------------------------------------------------------------ strategy 1: the row on chip
+
+def _row_configs():
+    return [triton.Config({"ROWS": rows}, num_warps=warps)
+            for rows in (1, 2, 4, 8, 16, 32, 64, 128) for warps in (4, 8, 16, 32)]
+
+
+def _prune_row(configs, args):
+    """Keep 4-32 elements per thread and tiles of 2-16K elements (one row when the row is longer),
+    best guess first (it is the config used when autotuning is off)."""
+    block_n, op = args["BLOCK_N"], args["OP"]
+    target = max(block_n, 8192 if op < 3 else 4096)
+
+    def ok(c):
+        tile = c.kwargs["ROWS"] * block_n
+        per_thread = tile / (32 * c.num_warps)
+        return (4 <= per_thread <= 32 and (c.kwargs["ROWS"] == 1 or tile <= 16384)
+                and tile >= min(2048, 128 * block_n))
+
+    def score(c):
+        tile = c.kwargs["ROWS"] * block_n
+        return abs(math.log2(tile / target)), abs(tile / (32 * c.num_warps) - 16)
+
+    return sorted((c for c in configs if ok(c)), key=score)
+
+
+@tuned(_row_configs(), key=["BLOCK_N", "OP"], interpreter_config=triton.Config({"ROWS": 2}, num_warps=4),
+       prune=_prune_row)
+@triton.jit
+def _row_kernel(a_ptr, b_ptr, out_ptr, R, N, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
+                OP: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < R
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    a_ptrs = a_ptr + _row_offsets(rows, D1, D2, sa0, sa1, sa2)[:, None] + cols[None, :]
+    b_ptrs = b_ptr + _row_offsets(rows, D1, D2, sb0, sb1, sb2)[:, None] + cols[None, :]
+    a, b = _load(a_ptrs, b_ptrs, mask, OP, "evict_first")
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    m, l, p = _fold(m, l, a, b, OP)
+    if OP == 2:
+        tl.store(out_ptr + rows, _lse(m, l), mask=row_ok)
+    else:
+        if OP == 0:
+            y = p * (1.0 / l)[:, None]
+        else:
+            y = _map(a, b, m, l, OP)
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------ strategy 2: two passes per row
+
+@triton.jit
+def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
+                     OP: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    cols = tl.arange(0, BLOCK)[None, :]
+    a_row = a_ptr + _row_offsets(rows, D1, D2, sa0, sa1, sa2)[:, None]
+    b_row = b_ptr + _row_offsets(rows, D1, D2, sb0, sb1, sb2)[:, None]
+    m = tl.full([1], float("-inf"), tl.float32)
+    l = tl.zeros([1], tl.float32)
+    for start in range(0, N, BLOCK):
+        mask = start + cols < N
+        a, b = _load(a_row + start + cols, b_row + start + cols, mask, OP, "evict_last")
+        m, l, _p = _fold(m, l, a, b, OP)
+    if OP == 2:
+        tl.store(out_ptr + rows, _lse(m, l))
+    else:
+        out_row = out_ptr + rows.to(tl.int64)[:, None] * N
+        for start in range(0, N, BLOCK):
+            mask = start + cols < N
+            a, b = _load(a_row + start + cols, b_row + start + cols, mask, OP, "evict_first")
+            tl.store(out_row + start + cols, _map(a, b, m, l, OP).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------ strategy 3: a row split across programs
+
+@triton.jit
+def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
+                  N, SEG, S, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
+                  OP: tl.constexpr, PHASE: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                  BLOCK: tl.constexpr, S_POW2: tl.constexpr):
+    """PHASE 0: write each segment's partial state. PHASE 1: merge a row's partials and map its
+    segment (re-reading it). PHASE 2: both in one launch, the programs of a row waiting for each
+    other; ONE_CHUNK keeps the segment in registers across the wait."""
+    if PHASE == 2:
+        # Tickets hand out (row, segment) in the order programs actually start, so every segment
+        # a program waits for belongs to a program that is running or will start once an earlier
+        # row finishes: with S ≤ resident programs this cannot deadlock.
+        ticket = tl.atomic_add(sync_ptr, 1)
+        row = ticket // S
+        seg = ticket % S
+    else:
+        seg = tl.program_id(0)
+        row = tl.program_id(1)
+    rows = row + tl.arange(0, 1)
+    cols = tl.arange(0, BLOCK)[None, :]
+    a_row = a_ptr + _row_offsets(rows, D1, D2, sa0, sa1, sa2)[:, None]
+    b_row = b_ptr + _row_offsets(rows, D1, D2, sb0, sb1, sb2)[:, None]
+    lo = seg * SEG
+    hi = tl.minimum(lo + SEG, N)
+    slot = row.to(tl.int64) * S + seg + tl.zeros([1], tl.int64)
+    counter = sync_ptr + 1 + row
+
+    if PHASE != 1:
+        m = tl.full([1], float("-inf"), tl.float32)
+        l = tl.zeros([1], tl.float32)
+        if ONE_CHUNK:
+            mask = lo + cols < hi
+            a, b = _load(a_row + lo + cols, b_row + lo + cols, mask, OP, "evict_first")
+            m, l, p = _fold(m, l, a, b, OP)
+        else:
+            for start in range(lo, hi, BLOCK):
+                mask = start + cols < hi
+                a, b = _load(a_row + start + cols, b_row + start + cols, mask, OP, "evict_last")
+                m, l, _p = _fold(m, l, a, b, OP)
+        tl.store(ws_m_ptr + slot, m)
+        tl.store(ws_l_ptr + slot, l)
+    if PHASE == 0:
+        return
+
+    one = tl.zeros([1], tl.int32)
+    writes_lse = (seg + one) == 0
+    if PHASE == 2:
+        tl.debug_barrier()
+        if OP == 2:
+            # logsumexp maps nothing: the last segment to arrive merges, nobody waits.
+            writes_lse = (tl.atomic_add(counter, 1, sem="acq_rel") + one) == S - 1
+        else:
+            tl.atomic_add(counter, 1, sem="release")
+            arrived = tl.atomic_add(counter, 0, sem="acquire")
+            while arrived < S:
+                arrived = tl.atomic_add(counter, 0, sem="acquire")
+
+    offs = tl.arange(0, S_POW2)
+    part = row.to(tl.int64) * S + offs
+    if OP < 3:
+        pm = tl.load(ws_m_ptr + part, mask=offs < S, other=float("-inf"), volatile=True)
+        pl = tl.load(ws_l_ptr + part, mask=offs < S, other=0.0, volatile=True)
+        m_row, l_row = tl.reduce((pm, pl), 0, merge_ml_ln)
+    else:
+        m_row = 0.0
+        l_row = tl.sum(tl.load(ws_l_ptr + part, mask=offs < S, other=0.0, volatile=True), 0)
+    m_row = m_row + tl.zeros([1], tl.float32)
+    l_row = l_row + tl.zeros([1], tl.float32)
+
+    if OP == 2:
+        tl.store(out_ptr + rows, _lse(m_row, l_row), mask=writes_lse)
+    else:
+        out_row = out_ptr + rows.to(tl.int64)[:, None] * N
+        if ONE_CHUNK and PHASE == 2:
+            if OP == 0:
+                y = p * (tl.math.exp2((m - m_row) * 1.4426950408889634) * (1.0 / l_row))[:, None]
+            else:
+                y = _map(a, b, m_row, l_row, OP)
+            tl.store(out_row + lo + cols, y.to(out_ptr.dtype.element_ty), mask=lo + cols < hi)
+        else:
+            for start in range(lo, hi, BLOCK):
+                mask = start + cols < hi
+                a, b = _load(a_row + start + cols, b_row + start + cols, mask, OP, "evict_first")
+                y = _map(a, b, m_row, l_row, OP)
+                tl.store(out_row + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------ logsumexp backward (no reduction)
+
+@triton.jit
+def _lse_bwd_kernel(x_ptr, dy_ptr, lse_ptr, dx_ptr, R, N, D1, D2, sx0, sx1, sx2,
+                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < R
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    x = tl.load(x_ptr + _row_offsets(rows, D1, D2, sx0, sx1, sx2)[:, None] + cols[None, :], mask=mask,
+                other=0.0, eviction_policy="evict_first").to(tl.float32)
+    dy = tl.load(dy_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+    dx = dy[:, None] * tl.math.exp2((x - lse[:, None]) * 1.4426950408889634)
+    tl.store(dx_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------ launchers
+
+def _leading(shape: Sequence[int], tensors: Sequence[torch.Tensor]):
+    """Merge the leading dims (all but the last) of same-shaped tensors into at most three
+    (D0, D1, D2) with one stride triple per tensor, or None when more than three remain."""
+    dims: list[tuple[int, list[int]]] = []
+    for i, size in enumerate(shape):
+        if size == 1:
+            continue
+        strides = [t.stride(i) for t in tensors]
+        if dims and all(so == si * size for so, si in zip(dims[-1][1], strides)):
+            dims[-1] = (dims[-1][0] * size, strides)
+        else:
+            dims.append((size, strides))
+    if len(dims) > 3:
+        return None
+    dims = [(1, [0] * len(tensors))] * (3 - len(dims)) + dims
+    sizes = [d[0] for d in dims]
+    return sizes, [[d[1][k] for d in dims] for k in range(len(tensors))]
+
+
+def _prepare(*tensors: torch.Tensor):
+    """Leading-dim geometry for kernels reading ``tensors`` (..., N) with unit stride along N;
+    copies only when more than three leading dims cannot be merged."""
+    lead = tensors[0].shape[:-1]
+    geo = _leading(lead, tensors)
+    if geo is None:
+        tensors = tuple(t.contiguous() for t in tensors)
+        geo = _leading(lead, tensors)
+    (_, d1, d2), strides = geo
+    return tensors, d1, d2, strides
+
+
+def _choose(strategy: str, R: int, N: int, t: torch.Tensor) -> str:
+    if strategy != "auto":
+        if strategy == "row" and N > ROW_LIMIT:
+            raise ValueError(f"strategy='row' holds a row in registers, so N must be ≤ {ROW_LIMIT}, got {N}")
+        return strategy
+    if N <= ROW_MAX:
+        return "row"
+    if _spin_allowed(t) or R < 2 * device_sm_count(t):
+        return "split"
+    return "two_pass"
+
+
+def _spin_allowed(t: torch.Tensor) -> bool:
+    return _ALLOW_SPIN and t.is_cuda and not interpreter_active()
+
+
+def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strategy: str) -> None:
+    """Run ``op`` over the rows of a (and b, backward): (..., N) with unit stride along N.
+    ``out`` is contiguous: (R, N) (or (R,) for logsumexp)."""
+    N = a.shape[-1]
+    R = out.shape[0]
+    (a, b), d1, d2, (sa, sb) = _prepare(a, b)
+    geo = (d1, d2, *sa, *sb)
+    kind = _choose(strategy, R, N, a)
+    if kind == "row":
+        block_n = triton.next_power_of_2(N)
+        grid = lambda meta: (triton.cdiv(R, meta["ROWS"]),)
+        _row_kernel[grid](a, b, out, R, N, *geo, OP=op, BLOCK_N=block_n)
+    elif kind == "two_pass":
+        _two_pass_kernel[(R,)](a, b, out, N, *geo, OP=op, BLOCK=_chunk("two_pass"), num_warps=_WARPS["two_pass"])
+    else:
+        _launch_split(op, a, b, out, R, N, geo)
+
+
+def _launch_split(op, a, b, out, R, N, geo):
+    block = _chunk("split")
+    cap = device_sm_count(a)
+    chunks = triton.cdiv(triton.cdiv(N, block), cap)
+    seg = chunks * block
+    S = triton.cdiv(N, seg)
+    ws = torch.empty((2, R * S), device=a.device, dtype=torch.float32)
+    common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=triton.next_power_of_2(S),
+                  num_warps=_WARPS["split"])
+    if _spin_allowed(a):
+        sync = torch.zeros(1 + R, device=a.device, dtype=torch.int32)
+        _split_kernel[(R * S,)](a, b, out, ws[0], ws[1], sync, N, seg, S, *geo, PHASE=2, **common)
+    else:
+        _split_kernel[(S, R)](a, b, out, ws[0], ws[1], ws, N, seg, S, *geo, PHASE=0, **common)
+        _split_kernel[(1 if op == LOGSUMEXP else S, R)](a, b, out, ws[0], ws[1], ws, N, seg, S, *geo,
+                                                         PHASE=1, **common)
+
+
+def _forward(op: int, x: torch.Tensor, out_dtype: torch.dtype, strategy: str) -> torch.Tensor:
+    """x (..., N), unit stride along N. Returns y (..., N) in out_dtype, or for logsumexp the
+    float32 lse (...)."""
+    lead, N = x.shape[:-1], x.shape[-1]
+    R = math.prod(lead)
+    if op == LOGSUMEXP:
+        out = torch.empty(lead, device=x.device, dtype=torch.float32)
+        if N == 0:
+            return out.fill_(float("-inf"))
+    else:
+        out = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+    if R == 0 or N == 0:
+        return out
+    if not runs_triton(x):
+        xf = x.float()
+        if op == SOFTMAX:
+            return out.copy_(torch.softmax(xf, -1))
+        if op == LOG_SOFTMAX:
+            return out.copy_(torch.log_softmax(xf, -1))
+        return out.copy_(torch.logsumexp(xf, -1))
+    _launch(op, x, x, out.view(R, -1) if op != LOGSUMEXP else out.view(R), strategy)
+    return out
+
+
+def _backward(op: int, y: torch.Tensor, dy: torch.Tensor, dx_dtype: torch.dtype, strategy: str) -> torch.Tensor:
+    """softmax / log_softmax backward from the saved output y (..., N) (contiguous)."""
+    if dy.shape[-1] > 1 and dy.stride(-1) != 1:
+        dy = dy.contiguous()
+    dx = torch.empty(y.shape, device=y.device, dtype=dx_dtype)
+    R, N = math.prod(y.shape[:-1]), y.shape[-1]
+    if R == 0 or N == 0:
+        return dx
+    if not runs_triton(y):
+        yf, dyf = y.float(), dy.float()
+        if op == SOFTMAX:
+            return dx.copy_(yf * (dyf - (yf * dyf).sum(-1, keepdim=True)))
+        return dx.copy_(dyf - torch.exp(yf) * dyf.sum(-1, keepdim=True))
+    _launch(_BWD_OF[op], y, dy, dx.view(R, N), strategy)
+    return dx
+
+
+def _lse_backward(x: torch.Tensor, lse: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dx = dy·exp(x − lse): x (..., N) unit stride along N, lse and dy (...)."""
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    R, N = math.prod(x.shape[:-1]), x.shape[-1]
+    if R == 0 or N == 0:
+        return dx
+    if not runs_triton(x):
+        return dx.copy_(dy.float().unsqueeze(-1) * torch.exp(x.float() - lse.unsqueeze(-1)))
+    (x,), d1, d2, (sx,) = _prepare(x)
+    dy = dy.contiguous()
+    block_n = min(triton.next_power_of_2(N), 4096)
+    rows = max(1, 4096 // block_n) if not interpreter_active() else 2
+    grid = (triton.cdiv(N, block_n), triton.cdiv(R, rows))
+    _lse_bwd_kernel[grid](x, dy, lse, dx, R, N, d1, d2, *sx, ROWS=rows, BLOCK_N=block_n,
+                          num_warps=4 if interpreter_active() else 8)
+    return dx
+
+
+class _RowOpFn(torch.autograd.Function):
+    """Autograd for one op over the last dim of x (..., N) with unit stride along N."""
+
+    @staticmethod
+    def forward(ctx, x, op, out_dtype, strategy):
+        out = _forward(op, x, out_dtype, strategy)
+        ctx.op, ctx.strategy, ctx.x_dtype = op, strategy, x.dtype
+        if op == LOGSUMEXP:
+            ctx.save_for_backward(x, out)
+            return out.to(out_dtype)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        if ctx.op == LOGSUMEXP:
+            x, lse = ctx.saved_tensors
+            return _lse_backward(x, lse, dy), None, None, None
+        (y,) = ctx.saved_tensors
+        return _backward(ctx.op, y, dy, ctx.x_dtype, ctx.strategy), None, None, None
+
+
+# ------------------------------------------------------------------ public functions
+
+def _dims(dim, ndim: int, allow_many: bool) -> list[int]:
+    if allow_many and isinstance(dim, (tuple, list)):
+        dims = [_checks.normalize_dim(d, ndim) for d in dim]
+        if not dims:
+            raise ValueError("dim must name at least one dimension, got ()")
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"dim must not repeat a dimension, got {tuple(dim)}")
+        return dims
+    return [_checks.normalize_dim(dim, ndim)]
+
+
+def _apply(op: int, x: torch.Tensor, dim, *, dtype=None, keepdim: bool = False,
+           strategy: str = "auto") -> torch.Tensor:
+    """The one entry point: validation, moving the reduced dim(s) last, autograd, the way back.
+
+    ``strategy`` ("auto", "row", "two_pass", "split") is private: tests force each kernel with it.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if dtype is not None:
+        if dtype not in _checks.FLOAT_DTYPES:
+            names = ", ".join(str(d).replace("torch.", "") for d in _checks.FLOAT_DTYPES)
+            raise TypeError(f"dtype must be one of ({names}) or None, got {dtype}")
+        if x.dtype not in _checks.FLOAT_DTYPES:
+            x = x.to(dtype)
+    _checks.check_tensor("x", x)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    out_dtype = dtype or x.dtype
+    dims = _dims(dim, x.dim(), allow_many=op == LOGSUMEXP)
+    if x.dim() == 0:
+        y = _RowOpFn.apply(x.reshape(1), op, out_dtype, strategy)
+        return y.reshape(())
+    k = len(dims)
+    xm = x.movedim(dims, list(range(x.dim() - k, x.dim())))
+    if k > 1:
+        xm = xm.reshape(*xm.shape[:-k], -1)
+    if xm.shape[-1] > 1 and xm.stride(-1) != 1:
+        xm = xm.contiguous()
+    y = _RowOpFn.apply(xm, op, out_dtype, strategy)
+    if op != LOGSUMEXP:
+        return y.movedim(-1, dims[0])
+    if keepdim:
+        for d in sorted(dims):
+            y = y.unsqueeze(d)
+    return y
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """exp(x) / Σ exp(x) along ``dim``, like ``torch.softmax``, differentiable.
+
+    Args:
+        x: any shape and strides; float16, bfloat16 or float32 (integer inputs need ``dtype``).
+        dim: the reduced dim (default the last).
+        dtype: output dtype (float16, bfloat16 or float32; default x's). Arithmetic is float32.
+
+    Returns the same shape as x. A row of all −inf gives NaN (as torch does), a row holding +inf
+    gives NaN; empty tensors give empty results. Reading and writing each element once for rows of
+    up to 16K elements, and at any length on CUDA (longer rows are split across programs that
+    merge their (m, ℓ) states); 2N bytes of traffic per row in the best case, O(chunk) memory.
+    If ``dim`` is not the innermost-stride dim, x is copied once to make it so and the result is a
+    non-contiguous view (the reduced dim is stored innermost).
+    """
+    return _apply(SOFTMAX, x, dim, dtype=dtype)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x − logsumexp(x) along ``dim``, like ``torch.log_softmax``; arguments and layout as
+    :func:`softmax`. A row of all −inf (or holding +inf) gives NaN, as torch does."""
+    return _apply(LOG_SOFTMAX, x, dim, dtype=dtype)
+
+
+def logsumexp(x: torch.Tensor, dim: int | Sequence[int] = -1, keepdim: bool = False, *,
+              dtype: torch.dtype | None = None) -> torch.Tensor:
+    """log Σ exp(x) over ``dim`` (an int or a tuple of dims), like ``torch.logsumexp``.
+
+    Returns x's shape without the reduced dims (kept as size 1 with ``keepdim``), in ``dtype``
+    (default x's). A row of all −inf gives −inf, a row holding +inf gives +inf; an empty reduced
+    dim gives −inf. Reads x once (N bytes per row) and writes one value per row. Reducing several
+    dims that cannot be viewed as one copies x once. The backward recomputes exp(x − lse) from x
+    and the float32 lse (no N-sized tensor is saved besides x).
+    """
+    return _apply(LOGSUMEXP, x, dim, dtype=dtype, keepdim=keepdim)
+
+
+__all__ = ["softmax", "log_softmax", "logsumexp"]

@@ -1,0 +1,143 @@
+"""The command line: help, argument errors (exit status 2, one line, no traceback), and the files a
+run writes (JSON with the environment, CSV, PNG), on CPU with tiny sweeps."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashattn_lite import cli
+from flashattn_lite.bench import common, memory
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MEMORY = ["memory", "--methods", "naive,ours", "--min-n", "128", "--max-n", "256", "--heads", "2",
+               "--head-dim", "16", "--no-progress"]
+TINY_SPEED = ["speed", "--methods", "ours,sdpa-math", "--modes", "fwd,bwd", "--head-dims", "16", "--hidden", "32",
+              "--min-n", "64", "--max-n", "128", "--tokens", "128", "--causal", "yes", "--rep-ms", "5",
+              "--no-progress"]
+
+
+def run_cli(argv, capsys):
+    """main(argv) → (exit status, stdout, stderr); argparse's SystemExit becomes a status."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def one(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    assert len(found) == 1, f"expected one {pattern} in {folder}, found {found}"
+    return found[0]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["memory", "--help"], ["speed", "--help"], ["all", "--help"]],
+                         ids=lambda a: " ".join(a))
+def test_help_exits_zero_and_explains(argv, capsys):
+    status, out, _ = run_cli(argv, capsys)
+    assert status == 0
+    assert "usage: flashattn-lite" in out
+    if argv == ["--help"]:
+        for name in ("memory", "speed", "softmax", "decode", "all"):
+            assert name in out
+    if argv[0] == "memory":
+        assert "--max-n" in out and "--gqa" in out and "--methods" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ([], "required"),
+    (["nonsense"], "invalid choice"),
+    (["memory", "--max-n", "lots"], "--max-n"),
+    (["memory", "--methods", "naive,bogus"], "bogus"),
+    (["memory", "--heads", "4", "--gqa", "3"], "--gqa"),
+    (["memory", "--min-n", "4k", "--max-n", "1k"], "--min-n"),
+    (["memory", "--dtype", "int8"], "dtype"),
+    (["memory", "--modes", "bwd"], "--modes"),
+    (["speed", "--modes", "sideways"], "--modes"),
+    (["speed", "--hidden", "100", "--head-dims", "64"], "--hidden"),
+], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_bad_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
+    status, out, err = run_cli(argv + ["--out", str(tmp_path)] if argv else argv, capsys)
+    assert status == 2
+    assert needle in err
+    assert "Traceback" not in err
+    assert not list(tmp_path.glob("*.json")), "a rejected command must not write results"
+
+
+def test_missing_benchmark_module_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setitem(cli._COMMANDS, "softmax", ("flashattn_lite.bench._no_such_module", "s", "s"))
+    status, _, err = run_cli(["softmax"], capsys)
+    assert status == 1
+    assert "not part of this installation" in err
+
+
+def test_memory_writes_table_json_csv_png(tmp_path, capsys, torch_cpu_path):
+    status, out, err = run_cli(TINY_MEMORY + ["--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    assert "GPU numbers" in out and "need a GPU" in out
+    assert "peak_mib" in out and "theory_mib" in out
+
+    data = json.loads(one(tmp_path, "memory-*.json").read_text())
+    assert data["benchmark"] == "memory"
+    for key in ("date", "torch", "triton", "python"):
+        assert data["environment"][key]
+    rows = data["results"]
+    assert {(r["method"], r["mode"], r["N"]) for r in rows} == {
+        (m, mode, n) for m in ("naive", "ours") for mode in ("fwd", "fwd+bwd") for n in (128, 256)}
+    assert all(r["status"] == "ok" for r in rows), [r["note"] for r in rows if r["status"] != "ok"]
+    for r in rows:
+        assert r["time_ms"] > 0 and r["theory_mib"] > 0 and r["peak_mib"] is not None
+    naive = {(r["mode"], r["N"]): r for r in rows if r["method"] == "naive"}
+    # Naive holds two float32 N² tensors per head in its forward: 8·B·H·N² bytes = 1 MiB at N=256.
+    assert naive["fwd", 256]["theory_mib"] == pytest.approx(1.0)
+    assert 0.5 <= naive["fwd", 256]["peak_mib"] <= 4.0
+
+    with one(tmp_path, "memory-*.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert one(tmp_path, "memory-*.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_speed_writes_tflops(tmp_path, capsys, torch_cpu_path):
+    status, out, err = run_cli(TINY_SPEED + ["--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    assert "TFLOP/s, fwd, d=16, causal" in out
+    rows = json.loads(one(tmp_path, "attention_speed-*.json").read_text())["results"]
+    assert len(rows) == 2 * 2 * 2  # methods × modes × lengths
+    for r in rows:
+        assert r["status"] == "ok", r["note"]
+        # bwd counts 2.5× the forward's FLOPs; causal halves 4·B·H·N²·D.
+        factor = 2.5 if r["mode"] == "bwd" else 1.0
+        assert r["flops"] == 4 * r["batch"] * r["heads"] * r["N"] ** 2 * r["head_dim"] / 2 * factor
+        assert r["tflops"] > 0
+    assert one(tmp_path, "attention_speed-*.png").stat().st_size > 0
+    assert one(tmp_path, "attention_speed-*.csv").stat().st_size > 0
+
+
+def test_memory_plot_marks_oom_and_comparison(tmp_path):
+    base = {"batch": 1, "heads": 1, "theory_mib": 1.0, "note": ""}
+    rows = [dict(base, method="naive", mode="fwd", N=1024, status="ok", peak_mib=8.0),
+            dict(base, method="naive", mode="fwd", N=2048, status="OOM", peak_mib=None),
+            dict(base, method="ours", mode="fwd", N=1024, status="ok", peak_mib=1.0),
+            dict(base, method="ours", mode="fwd", N=2048, status="ok", peak_mib=2.0),
+            dict(base, method="sdpa-flash", mode="fwd", N=2048, status="ok", peak_mib=2.5)]
+    path = memory.plot(rows, tmp_path / "m.png", title="synthetic")
+    assert Path(path).read_bytes()[:4] == b"\x89PNG"
+    comp = memory.comparison(rows)
+    assert comp == [{"mode": "fwd", "N": 2048, "ours_mib": 2.0, "best_sdpa": "sdpa-flash", "best_sdpa_mib": 2.5,
+                     "ratio": 0.8}]
+
+
+@pytest.mark.parametrize("text, value", [("4096", 4096), ("4k", 4096), ("512K", 512 * 1024), ("1M", 2 ** 20)])
+def test_sizes_parse_and_print(text, value):
+    assert common.parse_size(text) == value
+    assert common.parse_size(common.format_size(value)) == value
+
+
+def test_module_entry_point():
+    r = subprocess.run([sys.executable, "-m", "flashattn_lite", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "memory" in r.stdout

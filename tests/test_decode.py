@@ -1,0 +1,271 @@
+"""decode(): split-KV attention of new tokens against contiguous and paged KV caches, checked per
+sequence against float64 attention over that sequence's valid keys (causal, bottom-right)."""
+import pytest
+import torch
+
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref
+from flashattn_lite import attention, decode
+from flashattn_lite.ops.decode import MAX_SPLITS, MIN_SPLIT_LEN, WAVES, choose_num_splits
+from flashattn_lite.reference import attention_reference
+
+EPS = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-4}
+NEG_INF = float("-inf")
+
+
+def make_cache(B, Hq, Hkv, Nq, D, Dv, lengths, *, block_size=None, capacity=None, dtype=torch.float16, seed=0):
+    """q, k_cache, v_cache, cache_seqlens, block_table and the per-sequence dense K/V.
+
+    Paged: blocks are handed out in a shuffled order (with spare blocks), table padding is −1.
+    Cache positions past each length hold NaN: a kernel that reads them poisons its output.
+    """
+    g = torch.Generator().manual_seed(seed)
+    capacity = capacity or max(max(lengths), 1)
+    dense_k = [torch.randn(Hkv, L, D, generator=g) for L in lengths]
+    dense_v = [torch.randn(Hkv, L, Dv, generator=g) for L in lengths]
+    q = torch.randn(B, Hq, Nq, D, generator=g)
+    if block_size is None:
+        k_cache = torch.full((B, Hkv, capacity, D), float("nan"))
+        v_cache = torch.full((B, Hkv, capacity, Dv), float("nan"))
+        for b, L in enumerate(lengths):
+            k_cache[b, :, :L], v_cache[b, :, :L] = dense_k[b], dense_v[b]
+        table = None
+    else:
+        max_blocks = -(-capacity // block_size)
+        used = [-(-L // block_size) for L in lengths]
+        num_blocks = sum(used) + 3
+        perm = torch.randperm(num_blocks, generator=g)
+        k_cache = torch.full((num_blocks, Hkv, block_size, D), float("nan"))
+        v_cache = torch.full((num_blocks, Hkv, block_size, Dv), float("nan"))
+        table = torch.full((B, max_blocks), -1, dtype=torch.int32)
+        nxt = 0
+        for b, L in enumerate(lengths):
+            for j in range(used[b]):
+                blk = int(perm[nxt])
+                nxt += 1
+                table[b, j] = blk
+                n = min(block_size, L - j * block_size)
+                k_cache[blk, :, :n] = dense_k[b][:, j * block_size:j * block_size + n]
+                v_cache[blk, :, :n] = dense_v[b][:, j * block_size:j * block_size + n]
+        table = table.to(DEVICE)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    to = lambda t: t.to(DEVICE, dtype)  # noqa: E731
+    return to(q), to(k_cache), to(v_cache), seqlens, table, [to(k) for k in dense_k], [to(v) for v in dense_v]
+
+
+def reference(q, dense_k, dense_v, scale=None):
+    """Per sequence: causal bottom-right attention over its L valid keys; float64 and q's dtype."""
+    outs = []
+    for dtype in (torch.float64, q.dtype):
+        o_all, lse_all = [], []
+        for b, (k, v) in enumerate(zip(dense_k, dense_v)):
+            if k.shape[1] == 0:
+                o_all.append(torch.zeros(q.shape[1], q.shape[2], v.shape[-1], dtype=dtype, device=q.device))
+                lse_all.append(torch.full(q.shape[1:3], NEG_INF, dtype=dtype, device=q.device))
+                continue
+            o, lse = attention_reference(q[b:b + 1], k[None], v[None], causal=True, scale=scale, dtype=dtype)
+            o_all.append(o[0])
+            lse_all.append(lse[0])
+        outs.append((torch.stack(o_all), torch.stack(lse_all)))
+    return outs
+
+
+def check(o, lse, q, dense_k, dense_v, scale=None):
+    (o_ref, lse_ref), (o_same, _) = reference(q, dense_k, dense_v, scale)
+    assert o.shape == o_ref.shape and o.dtype == q.dtype and lse.dtype == torch.float32
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[q.dtype])
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite), "empty rows must (only) give lse = -inf"
+    assert (lse[~finite] == NEG_INF).all() and (o[~finite] == 0).all()
+    torch.testing.assert_close(lse.double()[finite], lse_ref[finite], atol=2e-3 if q.dtype == torch.float32 else 2e-2,
+                               rtol=0)
+
+
+# (B, Hq, Hkv, Nq, D, Dv, lengths, block_size or None (contiguous), capacity or None)
+CPU_CASES = {
+    "contig-gqa2-nq1-ragged": (3, 4, 2, 1, 32, 32, [70, 1, 37], None, 80),
+    "contig-mqa-nq3-short": (2, 4, 1, 3, 32, 32, [40, 2], None, 48),
+    "contig-mha-d40-dv24": (1, 2, 2, 1, 40, 24, [33], None, None),
+    "contig-empty-seq": (2, 2, 1, 2, 16, 16, [0, 20], None, 24),
+    "paged16-gqa4-nq2": (3, 8, 2, 2, 32, 32, [70, 5, 33], 16, 80),
+    "paged8-gqa4-nq1": (2, 4, 1, 1, 32, 32, [45, 17], 8, None),
+    "paged12-mqa-nq4": (2, 4, 1, 4, 16, 16, [30, 3], 12, 36),
+    "paged32-rowblocks": (1, 16, 1, 5, 16, 16, [50], 32, None),     # 80 query rows: two row tiles
+}
+GPU_CASES = {
+    "contig-llama-nq1": (4, 32, 8, 1, 128, 128, [5000, 300, 1, 4097], None, 6000),
+    "paged16-llama-nq1": (4, 32, 8, 1, 128, 128, [5000, 300, 17, 4097], 16, 6000),
+    "paged256-llama-nq4": (3, 32, 8, 4, 128, 128, [9000, 700, 4], 256, 9216),
+    "paged64-mqa-d64-nq8": (2, 16, 1, 8, 64, 64, [3000, 64], 64, None),
+    "contig-mha-d256": (2, 4, 4, 2, 256, 256, [2000, 999], None, None),
+    "paged16-batch64": (64, 32, 8, 1, 128, 128, [100 + 37 * i for i in range(64)], 16, None),
+}
+CASES = {**CPU_CASES, **(GPU_CASES if ON_GPU else {})}
+# auto, none, a few, many (more splits than key tiles: empty splits). The interpreter runs one
+# program at a time, so CPU runs fewer fp32 variants.
+SPLITS = [None, 1, 3, 64] if ON_GPU else [None, 1, 3, 12]
+PARAMS = [(dtype, name, s) for dtype in DTYPES for name in CASES for s in SPLITS
+          if ON_GPU or dtype != torch.float32 or s in (None, 3)]
+
+
+@pytest.mark.parametrize("dtype,name,num_splits", PARAMS,
+                         ids=[f"{str(d).split('.')[-1]}-{n}-splits{s}" for d, n, s in PARAMS])
+def test_decode_matches_attention(dtype, name, num_splits):
+    B, Hq, Hkv, Nq, D, Dv, lengths, bs, cap = CASES[name]
+    q, kc, vc, seqlens, table, dk, dv = make_cache(B, Hq, Hkv, Nq, D, Dv, lengths, block_size=bs, capacity=cap,
+                                                   dtype=dtype)
+    o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)
+    check(o, lse, q, dk, dv)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+def test_scale_and_plain_return(paged):
+    q, kc, vc, seqlens, table, dk, dv = make_cache(2, 4, 2, 2, 32, 32, [21, 40], block_size=16 if paged else None,
+                                                   seed=1)
+    o, lse = decode(q, kc, vc, seqlens, block_table=table, scale=0.3, num_splits=2, return_lse=True)
+    check(o, lse, q, dk, dv, scale=0.3)
+    o_plain = decode(q, kc, vc, seqlens, block_table=table, scale=0.3, num_splits=2)
+    assert isinstance(o_plain, torch.Tensor)
+    torch.testing.assert_close(o_plain, o, atol=0, rtol=0)
+
+
+def test_equals_library_attention_on_dense_cache():
+    """With every sequence full (L = Nmax), decode is attention(q, k, v, causal=True)."""
+    q, kc, vc, seqlens, _, _, _ = make_cache(2, 4, 2, 3, 32, 32, [48, 48], seed=2)
+    o, lse = decode(q, kc, vc, seqlens, num_splits=3, return_lse=True)
+    o_ref, lse_ref = attention(q, kc, vc, causal=True, return_lse=True)
+    torch.testing.assert_close(o, o_ref, atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse, lse_ref, atol=1e-3, rtol=0)
+
+
+def test_paged_equals_contiguous_and_splits_agree():
+    args = (2, 4, 1, 2, 32, 32, [61, 26])
+    q, kc, vc, seqlens, _, _, _ = make_cache(*args, capacity=64, seed=3)
+    qp, kp, vp, _, table, _, _ = make_cache(*args, block_size=16, capacity=64, seed=3)
+    assert torch.equal(q, qp)
+    base = decode(q, kc, vc, seqlens, num_splits=1)
+    for splits in (2, 5, 9):
+        for out in (decode(q, kc, vc, seqlens, num_splits=splits), decode(q, kp, vp, seqlens, block_table=table,
+                                                                          num_splits=splits)):
+            torch.testing.assert_close(out, base, atol=2e-3, rtol=0)
+
+
+def test_strided_cache_and_query_read_in_place():
+    """A (B, N, H, D) cache and query passed as (B, H, N, D) views; paged (blocks, bs, H, D) too."""
+    q, kc, vc, seqlens, table, dk, dv = make_cache(2, 4, 2, 2, 32, 32, [30, 47], seed=4)
+    o_ref = decode(q, kc, vc, seqlens, num_splits=2)
+    t = lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+    o = decode(t(q), t(kc), t(vc), seqlens, num_splits=2)
+    torch.testing.assert_close(o, o_ref, atol=0, rtol=0)
+    q, kp, vp, seqlens, table, dk, dv = make_cache(2, 4, 2, 2, 32, 32, [30, 47], block_size=16, seed=4)
+    o = decode(q, t(kp), t(vp), seqlens, block_table=table.t().contiguous().t(), num_splits=2)
+    torch.testing.assert_close(o, o_ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+def test_cpu_twin_matches_reference(torch_cpu_path, paged):
+    q, kc, vc, seqlens, table, dk, dv = make_cache(3, 4, 2, 2, 32, 24, [300, 1, 77], block_size=16 if paged else None,
+                                                   dtype=torch.float32, seed=5)
+    q, kc, vc, seqlens = q.cpu(), kc.cpu(), vc.cpu(), seqlens.cpu()
+    table = table.cpu() if paged else None
+    for splits in (None, 1, 4):
+        o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=splits, return_lse=True)
+        check(o, lse, q, [k.cpu() for k in dk], [v.cpu() for v in dv])
+
+
+def test_split_heuristic():
+    sms = 132
+    for hkv in (1, 8, 32):
+        for b in (1, 2, 3, 4, 8, 16, 64, 256):
+            for L in (100, 1024, 4096, 1 << 15, 1 << 18):
+                s = choose_num_splits(b, hkv, 1, L, sms)
+                assert 1 <= s <= MAX_SPLITS
+                assert s == 1 or (s - 1) * MIN_SPLIT_LEN < L, "no split shorter than MIN_SPLIT_LEN"
+                waves = b * hkv * s / sms
+                if s * MIN_SPLIT_LEN < L and s < MAX_SPLITS:      # not capped by length
+                    assert 0.75 * WAVES - b * hkv / sms <= waves or s == 1, (b, hkv, L, s)
+                    assert waves <= 1.25 * WAVES + b * hkv / sms or s == 1   # ±25% of the ideal count, rounded
+                    assert waves / -(-waves // 1) >= 0.85, f"last wave mostly empty: {(b, hkv, L, s)}"
+    # Llama-style GQA on an H100: the batch fills the GPU from B = 16 on (no merge stage).
+    assert [choose_num_splits(b, 8, 1, 1 << 15, sms) for b in (1, 2, 4, 8, 16, 64)] == [33, 16, 8, 4, 1, 1]
+    assert choose_num_splits(1, 8, 1, 4096, sms) == 4096 // MIN_SPLIT_LEN
+
+
+def test_bad_input_names_the_argument():
+    q, kc, vc, seqlens, _, _, _ = make_cache(2, 4, 2, 1, 16, 16, [10, 20], capacity=24, seed=6)
+    _, kp, vp, _, table, _, _ = make_cache(2, 4, 2, 1, 16, 16, [10, 20], block_size=8, capacity=24, seed=6)
+    cases = [
+        (ValueError, "k_cache=torch.float32", dict(k_cache=kc.float())),
+        (TypeError, "q must have dtype", dict(q=q.long())),
+        (TypeError, "cache_seqlens", dict(cache_seqlens=seqlens.long())),
+        (ValueError, "cache_seqlens", dict(cache_seqlens=seqlens[:1])),
+        (ValueError, "q heads", dict(q=q[:, :3])),
+        (ValueError, "k_cache head dim", dict(q=torch.cat([q, q], -1))),
+        (ValueError, "k_cache batch", dict(k_cache=kc[:1], v_cache=vc[:1])),
+        (ValueError, "v_cache", dict(v_cache=vc[:, :, :5])),
+        (ValueError, "num_splits", dict(num_splits=0)),
+        (ValueError, r"cache_seqlens\[1\] = 25", dict(cache_seqlens=torch.tensor([10, 25], dtype=torch.int32,
+                                                                                  device=DEVICE))),
+        (ValueError, r"cache_seqlens\[0\] = -1", dict(cache_seqlens=torch.tensor([-1, 2], dtype=torch.int32,
+                                                                                  device=DEVICE))),
+        (TypeError, "block_table", dict(k_cache=kp, v_cache=vp, block_table=table.long())),
+        (ValueError, "block_table batch", dict(k_cache=kp, v_cache=vp, block_table=table[:1])),
+        (ValueError, r"block_table\[1, 2\] = 99", dict(k_cache=kp, v_cache=vp, block_table=_poke(table, 1, 2, 99))),
+        (ValueError, r"block_table\[0, 0\] = -1", dict(k_cache=kp, v_cache=vp, block_table=_poke(table, 0, 0, -1))),
+        (TypeError, "scale", dict(scale="big")),
+    ]
+    base = dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=seqlens)
+    for exc, match, change in cases:
+        kw = {**base, **change}
+        with pytest.raises(exc, match=match):
+            decode(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("cache_seqlens"), check_values=True, **kw)
+    # Table padding past each sequence's last block is never read (vLLM-style −1 fill is fine).
+    assert (table[0, 2:] == -1).all()
+    decode(q, kp, vp, seqlens, block_table=table, check_values=True)
+
+
+def _poke(t, i, j, value):
+    t = t.clone()
+    t[i, j] = value
+    return t
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA: bf16 and long caches")
+def test_gpu_long_cache_bf16_all_paths():
+    """bf16, 32k-long ragged batch, Llama-style GQA; contiguous and paged agree with the reference."""
+    lengths = [32768, 20000, 1]
+    for bs in (None, 16, 256):
+        q, kc, vc, seqlens, table, dk, dv = make_cache(3, 32, 8, 1, 128, 128, lengths, block_size=bs,
+                                                       dtype=torch.bfloat16, seed=7)
+        for splits in (None, 1, 37):
+            o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=splits, return_lse=True)
+            check(o, lse, q, dk, dv)
+
+
+def test_paged_generation_example_matches_full_recompute(torch_cpu_path):
+    """examples/paged_generation.py: prefill, batched decode steps, a freed slot reused; every
+    step's logits checked against a no-cache forward (the example asserts). On CPU through the
+    PyTorch twins (the kernels are covered above); on CUDA through the kernels."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "paged_generation.py"
+    spec = importlib.util.spec_from_file_location("paged_generation", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--steps", "3", "--block-size", "8", "--device", DEVICE])
+
+
+def test_paged_cache_allocator():
+    from flashattn_lite.kv_cache import PagedKVCache
+    cache = PagedKVCache(1, 1, 16, num_blocks=4, block_size=4, max_seqs=2, max_seq_len=12, device=DEVICE)
+    cache.append([0], 5)                       # 2 blocks
+    step = cache.append([0, 1], 3)             # seq 0: 8 tokens (2 blocks), seq 1: 3 (1 block)
+    assert cache.free_blocks == 1 and step.seqlens.tolist() == [8, 3]
+    assert step.positions.tolist() == [[5, 6, 7], [0, 1, 2]]
+    assert len(set(cache.block_table[0, :2].tolist() + cache.block_table[1, :1].tolist())) == 3
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
+        cache.append([0, 1], 2)                # needs 2 more blocks, 1 free: nothing changes
+    assert cache.length(0) == 8 and cache.free_blocks == 1
+    with pytest.raises(RuntimeError, match="max_seq_len"):
+        cache.append([0], 5)
+    cache.free(0)
+    assert cache.free_blocks == 3 and cache.seqlens[0].item() == 0 and (cache.block_table[0] == -1).all()

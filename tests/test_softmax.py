@@ -1,0 +1,305 @@
+"""softmax / log_softmax / logsumexp: every strategy against a float64 reference, forward and backward.
+
+Without CUDA the kernels run in the Triton interpreter (shapes kept small); bf16 and long rows run
+on the GPU only. Tolerances: err(ours) ≤ 2·err(torch, same dtype) + eps, both against float64.
+"""
+import pytest
+import torch
+
+import flashattn_lite as fl
+from flashattn_lite.ops import softmax as sm
+from flashattn_lite.reference import dtype_eps
+
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref
+
+# The interpreter evaluates exp(-inf), log(0), 0/0 in numpy, which warns; the results are checked.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+OPS = {
+    "softmax": (fl.softmax, lambda x, d: torch.softmax(x, d)),
+    "log_softmax": (fl.log_softmax, lambda x, d: torch.log_softmax(x, d)),
+    "logsumexp": (fl.logsumexp, lambda x, d: torch.logsumexp(x, d)),
+}
+OP_CODE = {"softmax": sm.SOFTMAX, "log_softmax": sm.LOG_SOFTMAX, "logsumexp": sm.LOGSUMEXP}
+STRATEGIES = ["auto", "row", "two_pass", "split"]
+DT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def ours(op, x, dim=-1, strategy="auto"):
+    return sm._apply(OP_CODE[op], x, dim, strategy=strategy)
+
+
+def hard_rows(R, N, dtype, seed=0):
+    """Rows that stress the (m, ℓ) state: plain, −inf entries, shifted by +1e4, ±1e4 spikes."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(R, N, generator=g) * 3
+    if N > 1:
+        x[1 % R, 1::3] = float("-inf")
+    x[2 % R] += 1e4
+    if N > 2:
+        x[3 % R, N // 2] = 1e4
+        x[3 % R, N - 1] = -1e4
+    return x.to(DEVICE, dtype)
+
+
+def check_forward(op, x, strategy="auto"):
+    y = ours(op, x, strategy=strategy)
+    ref = OPS[op][1](x.double(), -1)
+    same = OPS[op][1](x, -1)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    if op == "log_softmax":
+        # −inf inputs give −inf log-probabilities: compare them exactly, the rest by error.
+        fin = torch.isfinite(ref)
+        assert torch.equal(torch.isfinite(y), fin)
+        y, ref, same = y[fin], ref[fin], same[fin]
+    assert_close_to_ref(y, same, ref, eps=dtype_eps(x.dtype), what=f"{op} forward")
+
+
+def check_backward(op, x, strategy="auto", dim=-1):
+    g = torch.Generator().manual_seed(1)
+    x64 = x.double().requires_grad_()
+    ref = OPS[op][1](x64, dim)
+    dy = torch.randn(ref.shape, generator=g).to(DEVICE, torch.float64)
+    (ref * dy).sum().backward()
+    xs = x.clone().requires_grad_()
+    (OPS[op][1](xs, dim) * dy.to(x.dtype)).sum().backward()
+    xo = x.clone().requires_grad_()
+    y = sm._apply(OP_CODE[op], xo, dim, strategy=strategy)
+    (y * dy.to(x.dtype)).sum().backward()
+    assert xo.grad.dtype == x.dtype
+    assert_close_to_ref(xo.grad, xs.grad, x64.grad, eps=dtype_eps(x.dtype), what=f"{op} grad")
+
+
+# ------------------------------------------------------------------ every strategy, every op
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("N", [1, 7, 1000, 5000], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT.get)
+@pytest.mark.parametrize("op", list(OPS))
+def test_forward(op, dtype, N, strategy):
+    check_forward(op, hard_rows(4, N, dtype), strategy)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("N", [7, 1000], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT.get)
+@pytest.mark.parametrize("op", list(OPS))
+def test_backward(op, dtype, N, strategy):
+    check_backward(op, hard_rows(4, N, dtype), strategy)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_long_single_row_cpu_sized(op):
+    """N = 70000 in one row: split into segments of several chunks each (auto picks split)."""
+    x = hard_rows(1, 70000, torch.float32)
+    check_forward(op, x)
+
+
+# ------------------------------------------------------------------ torch's semantics at the edges
+
+@pytest.mark.parametrize("strategy", ["row", "two_pass", "split"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_special_rows_match_torch(op, strategy):
+    """All −inf → NaN (softmax, log_softmax) / −inf (logsumexp); +inf → NaN / +inf; NaN → NaN."""
+    x = torch.randn(4, 600)
+    x[0] = float("-inf")
+    x[1, 5] = float("inf")
+    x[2, 7] = float("nan")
+    x = x.to(DEVICE)
+    y = ours(op, x, strategy=strategy)
+    ref = OPS[op][1](x, -1)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)), f"NaN pattern differs: {y} vs {ref}"
+    assert torch.allclose(y, ref, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_all_neg_inf_row_gradient_matches_torch(op):
+    x = torch.full((2, 9), float("-inf"), device=DEVICE)
+    x[1] = torch.randn(9)
+    grads = []
+    for fn in (lambda t: ours(op, t), lambda t: OPS[op][1](t, -1)):
+        t = x.clone().requires_grad_()
+        fn(t).nan_to_num(0.0).sum().backward()
+        grads.append(t.grad)
+    assert torch.equal(torch.isnan(grads[0]), torch.isnan(grads[1]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((0, 5), -1), ((3, 0), -1), ((3, 0), 0), ((2, 0, 4), 2)],
+                         ids=["rows0", "N0", "dim0-of-empty", "3d-empty"])
+def test_empty(op, shape, dim):
+    x = torch.randn(shape, device=DEVICE, requires_grad=True)
+    y, ref = ours(op, x, dim), OPS[op][1](x.detach(), dim)
+    assert y.shape == ref.shape and torch.equal(y, ref)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_scalar(op):
+    x = torch.tensor(1.5, device=DEVICE)
+    for d in (0, -1):
+        y, ref = ours(op, x, d), OPS[op][1](x, d)
+        assert y.shape == () and torch.allclose(y, ref)
+
+
+# ------------------------------------------------------------------ dims, ranks and strides
+
+LAYOUTS = {
+    "3d-last": (lambda: torch.randn(3, 4, 50), -1),
+    "3d-middle": (lambda: torch.randn(3, 50, 4), 1),
+    "3d-first": (lambda: torch.randn(50, 3, 4), 0),
+    "transposed-leading": (lambda: torch.randn(4, 3, 5, 50).transpose(0, 2), -1),
+    "sliced-rows-and-cols": (lambda: torch.randn(6, 8, 120)[::2, 1:7, 10:70], -1),
+    "five-leading-dims": (lambda: torch.randn(2, 3, 2, 3, 2, 40).permute(4, 2, 0, 3, 1, 5), -1),
+    "reduced-dim-strided": (lambda: torch.randn(50, 6)[:, ::2].t().t(), 0),
+}
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layouts(op, layout):
+    make, dim = LAYOUTS[layout]
+    x = make().to(DEVICE)
+    y = ours(op, x, dim)
+    ref = OPS[op][1](x.double(), dim)
+    assert y.shape == ref.shape
+    torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
+    check_backward(op, x, dim=dim)
+
+
+def test_backward_with_expanded_and_strided_grads():
+    """dy with stride 0 (from .sum()) or strided along the row reaches the kernels correctly."""
+    x = torch.randn(4, 6, 300, device=DEVICE).transpose(0, 1)
+    for op in OPS:
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours(op, a).sum().backward()
+        OPS[op][1](b, -1).sum().backward()
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+        g = torch.randn(6, 4, 600, device=DEVICE)[..., ::2] if op != "logsumexp" else torch.randn(4, 6, device=DEVICE).t()
+        a.grad = b.grad = None
+        ours(op, a).backward(g)
+        OPS[op][1](b, -1).backward(g)
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dims,keepdim", [((0, 2), False), ((2, 0), True), ((1,), True), ((-1, -2), False)],
+                         ids=["02", "20-keep", "1-keep", "last-two"])
+def test_logsumexp_many_dims(dims, keepdim):
+    x = torch.randn(3, 4, 5, device=DEVICE, requires_grad=True)
+    y = fl.logsumexp(x, dims, keepdim=keepdim)
+    ref = torch.logsumexp(x.detach().double(), dims, keepdim=keepdim)
+    assert y.shape == ref.shape
+    torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
+    y.sum().backward()
+    xr = x.detach().double().requires_grad_()
+    torch.logsumexp(xr, dims, keepdim=keepdim).sum().backward()
+    torch.testing.assert_close(x.grad.double(), xr.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_dtype_argument(op):
+    x = torch.randn(3, 100, device=DEVICE, dtype=torch.float16)
+    fn = OPS[op][0]
+    y = fn(x, -1, dtype=torch.float32)
+    ref = {"softmax": torch.softmax, "log_softmax": torch.log_softmax}.get(op)
+    expected = ref(x, -1, dtype=torch.float32) if ref else torch.logsumexp(x.float(), -1)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, expected, atol=1e-6, rtol=1e-5)
+    xi = torch.arange(12, device=DEVICE).reshape(3, 4)
+    torch.testing.assert_close(fn(xi, -1, dtype=torch.float32), (ref or torch.logsumexp)(xi.float(), -1))
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_bad_input(op):
+    fn = OPS[op][0]
+    x = torch.randn(3, 4, device=DEVICE)
+    with pytest.raises(TypeError, match="dtype"):
+        fn(torch.arange(6, device=DEVICE).reshape(2, 3))
+    with pytest.raises(TypeError, match="dtype"):
+        fn(x.double())
+    with pytest.raises(TypeError, match="dtype"):
+        fn(x, -1, dtype=torch.int32)
+    with pytest.raises(IndexError, match="out of range"):
+        fn(x, 2)
+    with pytest.raises(IndexError, match="out of range"):
+        fn(x, -3)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        fn([1.0, 2.0])
+    with pytest.raises(ValueError, match="strategy"):
+        ours(op, x, strategy="fastest")
+    with pytest.raises(ValueError, match="N must be"):
+        ours(op, torch.zeros(1, sm.ROW_LIMIT + 1, device=DEVICE), strategy="row")
+
+
+def test_logsumexp_bad_dims():
+    x = torch.randn(2, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="repeat"):
+        fl.logsumexp(x, (0, -2))
+    with pytest.raises(ValueError, match="at least one"):
+        fl.logsumexp(x, ())
+    with pytest.raises(TypeError, match="int"):
+        fl.softmax(x, (0, 1))
+
+
+# ------------------------------------------------------------------ strategy choice and the CPU twin
+
+def test_auto_choice():
+    t = torch.empty(0, device=DEVICE)
+    assert sm._choose("auto", 10 ** 5, 1000, t) == "row"
+    assert sm._choose("auto", 1, 10 ** 6, t) == "split"
+    expected_many = "split" if sm._spin_allowed(t) else "two_pass"
+    assert sm._choose("auto", 10 ** 5, 10 ** 5, t) == expected_many
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_cpu_twin(torch_cpu_path, op):
+    x = hard_rows(4, 300, torch.float32).cpu()
+    check_forward(op, x)
+    check_backward(op, x)
+    check_backward(op, hard_rows(3, 40, torch.float16).cpu())
+
+
+# ------------------------------------------------------------------ GPU: long rows, bf16, the fused split
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+
+
+@gpu
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-launch"])
+@pytest.mark.parametrize("strategy", ["auto", "two_pass", "split"])
+@pytest.mark.parametrize("R,N", [(3, 70000), (300, 70000), (2, 2 ** 20), (1, 2 ** 22 + 3)],
+                         ids=["3x70000", "300x70000", "2x1M", "1x4M+3"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT.get)
+@pytest.mark.parametrize("op", list(OPS))
+def test_gpu_long_rows(op, dtype, R, N, strategy, fused, monkeypatch):
+    if not fused and strategy == "two_pass":
+        pytest.skip("two_pass never waits")
+    monkeypatch.setattr(sm, "_ALLOW_SPIN", fused)
+    x = hard_rows(R, N, dtype)
+    check_forward(op, x, strategy)
+    if R * N <= 2 ** 21:
+        check_backward(op, x, strategy)
+
+
+@gpu
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("N", [2 ** k for k in range(10, 15)] + [3000, 16384, 20000], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT.get)
+def test_gpu_row_sizes(op, dtype, N):
+    """Every row-kernel block size the benchmark meets, with many rows (several rows per program)."""
+    x = hard_rows(513, N, dtype)
+    check_forward(op, x)
+    check_backward(op, x)
+
+
+@gpu
+def test_gpu_split_is_deterministic_and_repeatable():
+    """The fused split reuses no state between calls (fresh counters each launch)."""
+    x = torch.randn(5, 3_000_000, device="cuda")
+    a, b = fl.softmax(x), fl.softmax(x)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a.sum(-1), torch.ones(5, device="cuda"), atol=1e-4, rtol=0)
