@@ -27,7 +27,8 @@ _M32 = 0xFFFFFFFF
 
 
 def _umulhi(a: int, b: torch.Tensor) -> torch.Tensor:
-    return (b * a) >> 32  # exact in int64: both factors < 2³²
+    # b·a reaches 2⁶⁴ and would wrap in int64: multiply by a's 16-bit halves (each product < 2⁴⁸).
+    return (b * (a >> 16) + ((b * (a & 0xFFFF)) >> 16)) >> 16
 
 
 def philox_randint_torch(seed: int, offsets: torch.Tensor, n_rounds: int = 10) -> torch.Tensor:

@@ -1,26 +1,58 @@
-"""Exact attention: validation, autograd, the CPU twin, and the public function.
+"""Exact attention: validation, the custom ops and their autograd, the CPU twin, the public function.
 
-The life of a call: ``attention`` → ``attention_core`` (checks, defaults) → ``_AttentionFn`` →
+The life of a call: ``attention`` → ``attention_core`` (checks, defaults) → ``_run`` → the
+``flashattn_lite::attention_fwd`` custom op (autograd: ``flashattn_lite::attention_bwd``) →
 ``attention_forward`` / ``attention_backward`` (Triton, in ``attention_fwd.py`` /
 ``attention_bwd.py``) or ``_cpu_forward`` / ``_cpu_backward`` (the same algorithm in PyTorch, for
 CPU tensors when the Triton interpreter is off).
+
+Both directions are ``torch.library.custom_op``s with fake (meta) implementations, so
+``torch.compile(fullgraph=True)`` traces through them without a graph break. In plain eager mode
+``_run`` skips the custom-op dispatcher and calls ``_AttentionFn`` (an ``autograd.Function`` over
+the same implementations): the dispatcher round trip costs ≈ 40 µs per forward+backward on the CPU
+side (measured in ``benchmarks/sdpa_overhead.py``), which at small shapes is more than the kernels.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _checks
 from .._runtime import runs_triton
-from ..dropout import dropout_keep_torch
 from ..merge import lse_of_torch, online_softmax_update_torch
 from ..reference import causal_mask
 from .attention_bwd import attention_backward
 from .attention_fwd import attention_forward
 
 _CPU_CHUNK = 512
+_SEED_BOUND = 2 ** 62
 
 
 def _validate(q, k, v, attn_mask, dropout_p):
+    """Check q, k, v, mask and dropout; returns the mask as a 4-D view (no copy) or None.
+
+    The common, valid call costs one compound test (this runs on every call, so it is kept to
+    ≈ 2 µs); only a failing call walks the detailed checks that name the culprit."""
+    try:
+        qs, ks, vs = q.shape, k.shape, v.shape
+        ok = (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and q.dtype in _checks.FLOAT_DTYPES
+              and k.dtype == q.dtype and v.dtype == q.dtype and k.device == q.device and v.device == q.device
+              and qs[0] == ks[0] == vs[0] > 0 and ks[1] == vs[1] > 0 and qs[1] % ks[1] == 0 and qs[1] > 0
+              and ks[2] == vs[2] > 0 and qs[2] > 0 and ks[3] == qs[3] and 0 < qs[3] <= 256 and 0 < vs[3] <= 256
+              and type(dropout_p) in (float, int) and 0.0 <= dropout_p < 1.0)
+    except (AttributeError, TypeError):
+        ok = False
+    if not ok:
+        _explain_invalid(q, k, v, dropout_p)
+    if attn_mask is not None:
+        attn_mask = _validate_mask(attn_mask, q, (qs[0], qs[1], qs[2], ks[2]))
+    return attn_mask
+
+
+def _explain_invalid(q, k, v, dropout_p):
+    """Raise the error that names the first bad argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.check_tensor(name, t, ndim=4)
     _checks.check_same(("q", "k", "v"), (q, k, v), "dtype")
@@ -37,23 +69,33 @@ def _validate(q, k, v, attn_mask, dropout_p):
         raise ValueError(f"q, k, v must be non-empty, got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     _checks.check_head_dim("q/k", D, 1, 256)
     _checks.check_head_dim("v", v.shape[3], 1, 256)
-    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-        if attn_mask.dtype != torch.bool and attn_mask.dtype not in _checks.FLOAT_DTYPES:
-            raise TypeError(f"attn_mask must be bool or a float dtype, got {attn_mask.dtype}")
-        if attn_mask.device != q.device:
-            raise ValueError(f"attn_mask must be on q's device ({q.device}), got {attn_mask.device}")
-        if attn_mask.requires_grad and torch.is_grad_enabled():
-            raise ValueError("attn_mask must not require grad: gradients with respect to the mask are not supported")
-        try:
-            attn_mask = attn_mask.expand(B, Hq, Nq, k.shape[2])
-        except RuntimeError:
-            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                             f"(B, Hq, Nq, Nk) = {(B, Hq, Nq, k.shape[2])}") from None
-    return attn_mask
+    raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+
+
+def _validate_mask(attn_mask, q, full):
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in _checks.FLOAT_DTYPES:
+        raise TypeError(f"attn_mask must be bool or a float dtype, got {attn_mask.dtype}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask must be on q's device ({q.device}), got {attn_mask.device}")
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError("attn_mask must not require grad: gradients with respect to the mask are not supported")
+    if attn_mask.dim() > 4 or any(m != 1 and m != f for m, f in zip(attn_mask.shape[::-1], full[::-1])):
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"(B, Hq, Nq, Nk) = {tuple(full)}")
+    return _as_4d(attn_mask)
+
+
+def _as_4d(mask: torch.Tensor) -> torch.Tensor:
+    """Leading size-1 dims added as a view: the op sees the mask as small as the caller made it."""
+    return mask if mask.dim() == 4 else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def draw_seed() -> int:
+    """A fresh dropout seed from torch's default CPU generator (``torch.manual_seed`` reproduces
+    it; a CPU draw, so no device sync)."""
+    return int(torch.randint(0, _SEED_BOUND, (1,)).item())
 
 
 def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None = None, scale=None,
@@ -61,8 +103,9 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
     """Everything the kernels can do, for wrappers to build on (``attention``, the SDPA drop-in).
 
     ``causal_offset``: key j is visible to query i iff j ≤ i + causal_offset; default Nk − Nq
-    (bottom-right). ``attn_mask`` broadcastable to (B, Hq, Nq, Nk), bool or float; it is expanded
-    as a stride-0 view, never copied. Dropout draws from torch's default CPU generator.
+    (bottom-right). ``attn_mask`` broadcastable to (B, Hq, Nq, Nk), bool (True = take part) or
+    float (added to the scaled scores); broadcast dims are read with stride 0, never copied.
+    Dropout seeds come from ``draw_seed``.
     """
     attn_mask = _validate(q, k, v, attn_mask, dropout_p)
     scale = _checks.check_scale(scale)
@@ -71,9 +114,120 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     offset = k.shape[2] - q.shape[2] if causal_offset is None else int(causal_offset)
-    seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0 else 0
-    o, lse = _AttentionFn.apply(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p), seed)
+    o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p))
     return (o, lse) if return_lse else o
+
+
+def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: float):
+    """Validated arguments in, (o, lse) out. ``mask`` is None or 4-D broadcastable to (B, Hq, Nq, Nk).
+
+    Plain eager calls go straight to ``_AttentionFn``; anything traced (Dynamo, export, FX,
+    fake/functional tensors, subclasses) goes through the registered custom op, which those
+    systems understand. The op takes the dropout seed as a CPU int64 tensor drawn in the graph:
+    Dynamo cannot turn a fresh random number into a Python int without a graph break
+    (``.item()`` breaks; values from ``random`` become 0-d tensors too)."""
+    if type(q) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None:
+        seed = draw_seed() if dropout_p > 0.0 else 0
+        return _AttentionFn.apply(q, k, v, mask, scale, causal, offset, dropout_p, seed)
+    seed_t = torch.randint(0, _SEED_BOUND, (), dtype=torch.int64) if dropout_p > 0.0 else None
+    return torch.ops.flashattn_lite.attention_fwd(q, k, v, mask, scale, causal, offset, dropout_p, seed_t)
+
+
+# ------------------------------------------------------------------ implementations
+
+def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed):
+    if mask is not None:
+        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    fwd = attention_forward if runs_triton(q) else _cpu_forward
+    return fwd(q, k, v, scale=scale, causal=causal, causal_offset=offset, mask=mask,
+               dropout_p=dropout_p, seed=seed)
+
+
+def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropout_p, seed):
+    if mask is not None:
+        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if runs_triton(q):
+        return attention_backward(do, q, k, v, o, lse, dlse, scale=scale, causal=causal, causal_offset=offset,
+                                  mask=mask, dropout_p=dropout_p, seed=seed)
+    grads = _cpu_backward(do, q, k, v, o, lse, dlse, scale=scale, causal=causal, causal_offset=offset,
+                          mask=mask, dropout_p=dropout_p, seed=seed)
+    # Same strides as the Triton launcher (and the fake kernel): empty_like of each input.
+    return tuple(torch.empty_like(x).copy_(g) for x, g in zip((q, k, v), grads))
+
+
+# ------------------------------------------------------------------ custom ops (torch.compile)
+
+def _seed_int(seed: torch.Tensor | None) -> int:
+    return 0 if seed is None else int(seed.item())  # a CPU tensor: no device sync
+
+
+@torch.library.custom_op("flashattn_lite::attention_fwd", mutates_args=())
+def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                      scale: float, causal: bool, causal_offset: int, dropout_p: float,
+                      seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): o (B, Hq, Nq, Dv) contiguous in q's dtype, lse (B, Hq, Nq) float32.
+    ``seed``: CPU int64 scalar tensor (None without dropout)."""
+    return _forward_impl(q, k, v, mask, scale, causal, causal_offset, dropout_p, _seed_int(seed))
+
+
+@_attention_fwd_op.register_fake
+def _(q, k, v, mask, scale, causal, causal_offset, dropout_p, seed):
+    B, Hq, Nq, _ = q.shape
+    return q.new_empty((B, Hq, Nq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn_lite::attention_bwd", mutates_args=())
+def _attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                      lse: torch.Tensor, dlse: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+                      scale: float, causal: bool, causal_offset: int, dropout_p: float,
+                      seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), each laid out as ``torch.empty_like`` of its input; dk, dv summed over GQA groups."""
+    return _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, causal_offset, dropout_p,
+                          _seed_int(seed))
+
+
+@_attention_bwd_op.register_fake
+def _(do, q, k, v, o, lse, dlse, mask, scale, causal, causal_offset, dropout_p, seed):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, scale, causal, offset, dropout_p, seed = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, mask)
+    ctx.args = (scale, causal, offset, dropout_p, seed)
+    ctx.set_materialize_grads(False)
+
+
+def _op_backward(ctx, do, dlse):
+    q, k, v, o, lse, mask = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = torch.ops.flashattn_lite.attention_bwd(do, q, k, v, o, lse, dlse, mask, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_attention_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class _AttentionFn(torch.autograd.Function):
+    """The eager twin of the custom op's autograd: same implementations, no dispatcher hop."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale, causal, offset, dropout_p, seed):
+        o, lse = _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed)
+        ctx.save_for_backward(q, k, v, o, lse, mask)
+        ctx.args = (scale, causal, offset, dropout_p, seed)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, mask = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = _backward_impl(do, q, k, v, o, lse, dlse, mask, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -101,28 +255,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Triton kernels in the interpreter when ``TRITON_INTERPRET=1``).
     """
     return attention_core(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
-
-
-class _AttentionFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, mask, scale, causal, offset, dropout_p, seed):
-        fwd = attention_forward if runs_triton(q) else _cpu_forward
-        o, lse = fwd(q, k, v, scale=scale, causal=causal, causal_offset=offset, mask=mask,
-                     dropout_p=dropout_p, seed=seed)
-        ctx.save_for_backward(q, k, v, o, lse, mask)
-        ctx.args = (scale, causal, offset, dropout_p, seed)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse, mask = ctx.saved_tensors
-        scale, causal, offset, dropout_p, seed = ctx.args
-        bwd = attention_backward if runs_triton(q) else _cpu_backward
-        if do is None:
-            do = torch.zeros_like(o)
-        dq, dk, dv = bwd(do, q, k, v, o, lse, dlse, scale=scale, causal=causal, causal_offset=offset,
-                         mask=mask, dropout_p=dropout_p, seed=seed)
-        return dq, dk, dv, None, None, None, None, None, None
 
 
 # ------------------------------------------------------------------ CPU twin (PyTorch, tiled)

@@ -111,7 +111,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_ob, stride_oh, stride_om, stride_od,
                      stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
-                     n_heads, n_q, n_k, causal_offset, qk_scale, seed, drop_threshold, n_bucket,
+                     n_heads, n_q, n_k, causal_offset, qk_scale, seed, drop_threshold, drop_scale, n_bucket,
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
@@ -167,6 +167,8 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
                                   HEAD_DIM, HEAD_DIM_V, PRECISION, POS_SCALE)
 
     out, lse_row = finalize(acc, m_i, l_i)
+    if DROPOUT:
+        out = out * drop_scale  # kept probabilities are divided by 1 − p
     row_ok = offs_m < n_q
     o_ptrs = (o + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
               + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od)
@@ -214,6 +216,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         q, k, v, o, lse, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
         Hq, Nq, Nk, causal_offset, scale * LOG2E, seed, keep_threshold(dropout_p),
+        1.0 / (1.0 - dropout_p),
         length_bucket(Nq, Nk),
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),

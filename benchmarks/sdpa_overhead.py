@@ -1,0 +1,81 @@
+"""Per-call time at a tiny shape, where the CPU-side wrapper cost is all there is to see.
+
+    python benchmarks/sdpa_overhead.py [--out benchmarks/results] [--mock]
+
+Rows: torch's SDPA (flash backend on CUDA), flashattn_lite.scaled_dot_product_attention, and the
+same through the custom-op dispatcher (the torch.compile path, called eagerly), forward and
+forward+backward, B=1, H=8, N=16, d=64, all in one process. ``--mock`` replaces our kernels by
+output allocation only, isolating the Python wrapper on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashattn_lite import scaled_dot_product_attention  # noqa: E402
+from flashattn_lite.bench.common import format_table, time_ms, write_json  # noqa: E402
+import flashattn_lite.ops.attention as attn_ops  # noqa: E402
+
+
+def _mock_kernels():
+    def fwd(q, k, v, **kw):
+        B, H, N, _ = q.shape
+        return q.new_empty((B, H, N, v.shape[3])), q.new_empty((B, H, N), dtype=torch.float32)
+
+    def bwd(do, q, k, v, o, lse, dlse, **kw):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for name in ("attention_forward", "_cpu_forward"):
+        setattr(attn_ops, name, fwd)
+    for name in ("attention_backward", "_cpu_backward"):
+        setattr(attn_ops, name, bwd)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--mock", action="store_true", help="our kernels replaced by allocation only")
+    args = ap.parse_args()
+    if args.mock:
+        _mock_kernels()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if dev == "cuda" else torch.float32
+    B, H, N, D = 1, 8, 16, 64
+    q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+
+    def torch_sdpa():
+        if dev == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def ours():
+        return scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def ours_dispatcher():
+        return torch.ops.flashattn_lite.attention_fwd(q, k, v, None, D ** -0.5, True, 0, 0.0, None)[0]
+
+    rows = []
+    for name, fn in [("torch_sdpa", torch_sdpa), ("flashattn_lite", ours), ("custom_op_dispatcher", ours_dispatcher)]:
+        with torch.no_grad():
+            fwd = time_ms(fn)
+        fwd_bwd = time_ms(lambda: torch.autograd.grad(fn(), (q, k, v), do))
+        rows.append(dict(impl=name, fwd_us=fwd * 1e3, fwd_bwd_us=fwd_bwd * 1e3))
+    base = rows[0]
+    for r in rows:
+        r["fwd_vs_torch"] = r["fwd_us"] / base["fwd_us"]
+        r["fwd_bwd_vs_torch"] = r["fwd_bwd_us"] / base["fwd_bwd_us"]
+    path = write_json(args.out, "sdpa_overhead", rows, shape=dict(B=B, H=H, N=N, D=D, causal=True),
+                      dtype=str(dtype), mock=args.mock)
+    print(format_table(rows, ["impl", "fwd_us", "fwd_bwd_us", "fwd_vs_torch", "fwd_bwd_vs_torch"]))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

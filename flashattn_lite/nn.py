@@ -1,0 +1,160 @@
+"""Attention modules on flashattn_lite's kernel.
+
+``FlashAttention`` is the bare op as a module (no parameters); ``MultiheadAttention`` adds the
+projections, grouped-query heads and an optional rotary embedding, (B, N, E) in and out.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .ops.attention import attention_core
+
+__all__ = ["FlashAttention", "MultiheadAttention", "RotaryEmbedding"]
+
+
+class FlashAttention(nn.Module):
+    """softmax(q·kᵀ·scale + mask)·v with our kernel; dropout only while ``self.training``.
+
+    Args:
+        causal: query i sees key j iff j ≤ i + (S − L): bottom-right aligned, which is what a KV
+            cache needs (the new queries are the last L of S positions); equal to torch's
+            top-left ``is_causal`` when L = S. Can be combined with ``attn_mask``.
+        scale: multiplies q·k; default 1/√D.
+        dropout: probability of dropping an attention weight during training.
+
+    Forward: q (B, Hq, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) with Hq a multiple of Hkv
+    (GQA); any strides with a unit last stride, so (B, N, H, D) tensors pass as
+    ``.transpose(1, 2)`` without a copy. ``attn_mask`` bool (True = take part) or float (added),
+    broadcastable to (B, Hq, L, S). Returns (B, Hq, L, Dv); fully masked rows are zeros.
+    """
+
+    def __init__(self, causal: bool = False, scale: Optional[float] = None, dropout: float = 0.0):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.causal = causal
+        self.scale = scale
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return attention_core(q, k, v, causal=self.causal, scale=self.scale, attn_mask=attn_mask,
+                              dropout_p=self.dropout if self.training else 0.0)
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, scale={self.scale}, dropout={self.dropout}"
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE), "rotate half" convention (GPT-NeoX, Llama): the pair
+    (x[i], x[i + D/2]) of each head is rotated by position · base^(−2i/D)."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, head_dim: int, base: float = 10000.0, device=None):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embedding needs an even head dim, got {head_dim}")
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim = head_dim
+        self.base = base
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (B, N, H, D), positions (N,) or (B, N) integer; returns x rotated, in x's dtype."""
+        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # (…, N, D/2)
+        cos, sin = angles.cos(), angles.sin()
+        if cos.dim() == 2:
+            cos, sin = cos[None], sin[None]
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (B|1, N, 1, D/2)
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}"
+
+
+class MultiheadAttention(nn.Module):
+    """Multi-head attention with grouped-query heads: (B, L, E) in, (B, L, E) out.
+
+    Args:
+        embed_dim: E, the model width.
+        num_heads: query heads Hq.
+        num_kv_heads: key/value heads Hkv (a divisor of Hq; default Hq; 1 = multi-query).
+        head_dim: D (default E // Hq).
+        bias: biases in the q/k/v and output projections.
+        dropout: attention-weight dropout probability, applied only while ``self.training``.
+        causal: causal self-attention (bottom-right aligned when L ≠ S, see ``FlashAttention``).
+        fused_qkv: one (E → (Hq + 2·Hkv)·D) projection instead of three; with a separate
+            ``context`` (cross-attention) its weight is split into the q part and the k/v part.
+        rotary: apply rotary position embeddings to q and k (``rotary_base`` sets the base).
+        scale: multiplies q·k; default 1/√D.
+
+    Forward: ``x`` (B, L, E); ``context`` (B, S, E) for cross-attention (default: ``x``);
+    ``attn_mask`` bool (True = take part) or float, broadcastable to (B, Hq, L, S), e.g. a
+    (B, 1, 1, S) key-padding mask; ``positions`` (L,) or (B, L) for the rotary embedding (default
+    0 … L − 1; with a context, keys take positions 0 … S − 1).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: Optional[int] = None, *,
+                 head_dim: Optional[int] = None, bias: bool = True, dropout: float = 0.0, causal: bool = False,
+                 fused_qkv: bool = True, rotary: bool = False, rotary_base: float = 10000.0,
+                 scale: Optional[float] = None, device=None, dtype=None):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}), "
+                                 "or pass head_dim")
+            head_dim = embed_dim // num_heads
+        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
+        self.fused_qkv = fused_qkv
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(embed_dim, q_dim + 2 * kv_dim, **kw)
+        else:
+            self.q_proj = nn.Linear(embed_dim, q_dim, **kw)
+            self.k_proj = nn.Linear(embed_dim, kv_dim, **kw)
+            self.v_proj = nn.Linear(embed_dim, kv_dim, **kw)
+        self.out_proj = nn.Linear(q_dim, embed_dim, **kw)
+        self.attn = FlashAttention(causal=causal, scale=scale, dropout=dropout)
+        self.rotary = RotaryEmbedding(head_dim, rotary_base, device=device) if rotary else None
+
+    def _project(self, x: torch.Tensor, context: Optional[torch.Tensor]):
+        q_dim = self.num_heads * self.head_dim
+        kv_dim = self.num_kv_heads * self.head_dim
+        if not self.fused_qkv:
+            src = x if context is None else context
+            return self.q_proj(x), self.k_proj(src), self.v_proj(src)
+        if context is None:
+            return self.qkv_proj(x).split([q_dim, kv_dim, kv_dim], dim=-1)
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        q = nn.functional.linear(x, w[:q_dim], None if b is None else b[:q_dim])
+        kv = nn.functional.linear(context, w[q_dim:], None if b is None else b[q_dim:])
+        return (q, *kv.split([kv_dim, kv_dim], dim=-1))
+
+    def forward(self, x: torch.Tensor, context: Optional[torch.Tensor] = None,
+                attn_mask: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        B, L, _ = x.shape
+        S = L if context is None else context.shape[1]
+        q, k, v = self._project(x, context)
+        q = q.view(B, L, self.num_heads, self.head_dim)
+        k = k.view(B, S, self.num_kv_heads, self.head_dim)
+        v = v.view(B, S, self.num_kv_heads, self.head_dim)
+        if self.rotary is not None:
+            q_pos = torch.arange(L, device=x.device) if positions is None else positions
+            k_pos = q_pos if context is None else torch.arange(S, device=x.device)
+            q, k = self.rotary(q, q_pos), self.rotary(k, k_pos)
+        # (B, N, H, D) → (B, H, N, D) views: the kernel reads them in place.
+        o = self.attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
+        return self.out_proj(o.transpose(1, 2).reshape(B, L, self.num_heads * self.head_dim))
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, fused_qkv={self.fused_qkv}")

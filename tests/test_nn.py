@@ -1,0 +1,103 @@
+"""flashattn_lite.nn: FlashAttention, MultiheadAttention, RotaryEmbedding against plain PyTorch."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, rel_err
+from flashattn_lite.nn import FlashAttention, MultiheadAttention, RotaryEmbedding
+from flashattn_lite.reference import attention_reference
+
+
+def test_flash_attention_module_bottom_right_causal_mask_and_gqa():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 16, generator=g).to(DEVICE)
+    k = torch.randn(2, 2, 9, 16, generator=g).to(DEVICE)
+    v = torch.randn(2, 2, 9, 16, generator=g).to(DEVICE)
+    mask = (torch.rand(2, 1, 1, 9, generator=g) > 0.3).to(DEVICE)
+    mask[..., 0] = True
+    mod = FlashAttention(causal=True, scale=0.2)
+    ref, _ = attention_reference(q, k, v, causal=True, scale=0.2, attn_mask=mask)
+    assert rel_err(mod(q, k, v, mask), ref) < 1e-5
+
+
+def test_flash_attention_dropout_only_in_training():
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    mod = FlashAttention(dropout=0.5)
+    ref = FlashAttention()(q, q, q)
+    assert torch.equal(mod.eval()(q, q, q), ref)
+    assert not torch.allclose(mod.train()(q, q, q), ref)
+    with pytest.raises(ValueError):
+        FlashAttention(dropout=1.0)
+
+
+def _reference_mha(m: MultiheadAttention, x, context=None, mask=None):
+    """The same module, written with plain linear algebra and torch's SDPA (float64)."""
+    x = x.double()
+    ctx = x if context is None else context.double()
+    hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
+    if m.fused_qkv:
+        w, b = m.qkv_proj.weight.double(), m.qkv_proj.bias.double()
+        q = F.linear(x, w[:hq * d], b[:hq * d])
+        k, v = F.linear(ctx, w[hq * d:], b[hq * d:]).split([hkv * d, hkv * d], -1)
+    else:
+        q = F.linear(x, m.q_proj.weight.double(), m.q_proj.bias.double())
+        k = F.linear(ctx, m.k_proj.weight.double(), m.k_proj.bias.double())
+        v = F.linear(ctx, m.v_proj.weight.double(), m.v_proj.bias.double())
+    B, L, S = x.shape[0], x.shape[1], ctx.shape[1]
+    q, k, v = q.view(B, L, hq, d), k.view(B, S, hkv, d), v.view(B, S, hkv, d)
+    if m.rotary is not None:
+        def rot(t, n):  # complex-number form of rotate-half RoPE: independent of the module's code
+            freqs = m.rotary.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+            z = torch.complex(t[..., : d // 2], t[..., d // 2:])
+            z = z * torch.polar(torch.ones(n, d // 2, dtype=torch.float64),
+                                torch.arange(n, dtype=torch.float64)[:, None] * freqs)[None, :, None]
+            return torch.cat((z.real, z.imag), -1)
+        q, k = rot(q, L), rot(k, S)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                       is_causal=m.attn.causal, enable_gqa=True)
+    return F.linear(o.transpose(1, 2).reshape(B, L, hq * d), m.out_proj.weight.double(), m.out_proj.bias.double())
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "separate"])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("rotary", [False, True], ids=["", "rope"])
+def test_multihead_attention_matches_plain_pytorch(fused, heads, rotary):
+    torch.manual_seed(0)
+    m = MultiheadAttention(32, heads[0], heads[1], fused_qkv=fused, causal=True, rotary=rotary).to(DEVICE)
+    x = torch.randn(2, 7, 32, device=DEVICE, requires_grad=True)
+    out = m(x)
+    assert out.shape == x.shape
+    assert rel_err(out, _reference_mha(m, x)) < 1e-5
+    out.square().sum().backward()
+    ref_x = x.detach().double().requires_grad_()
+    _reference_mha(m, ref_x).square().sum().backward()
+    assert rel_err(x.grad, ref_x.grad) < 1e-4
+
+
+def test_multihead_cross_attention_with_padding_mask():
+    torch.manual_seed(1)
+    m = MultiheadAttention(32, 4, 2, head_dim=16).to(DEVICE)
+    x, ctx = torch.randn(2, 5, 32, device=DEVICE), torch.randn(2, 9, 32, device=DEVICE)
+    pad = torch.ones(2, 1, 1, 9, dtype=torch.bool, device=DEVICE)
+    pad[1, ..., 6:] = False
+    out = m(x, ctx, attn_mask=pad)
+    assert rel_err(out, _reference_mha(m, x, ctx, pad)) < 1e-5
+    assert not torch.allclose(out, m(x, ctx)), "the mask must matter"
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    rope = RotaryEmbedding(16)
+    q, k = torch.randn(1, 1, 1, 16).expand(1, 6, 1, 16), torch.randn(1, 1, 1, 16).expand(1, 6, 1, 16)
+    pos = torch.arange(6)
+    s = (rope(q, pos)[0, :, 0] @ rope(k, pos)[0, :, 0].T)
+    assert torch.allclose(s.diagonal(1), s.diagonal(1)[0].expand(5), atol=1e-5)
+    assert torch.allclose(s.diagonal(0), (q[0, 0, 0] @ k[0, 0, 0]).expand(6), atol=1e-5)
+    with pytest.raises(ValueError):
+        RotaryEmbedding(15)
+
+
+def test_bad_head_configuration():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        MultiheadAttention(32, 4, 3)
+    with pytest.raises(ValueError, match="divisible"):
+        MultiheadAttention(30, 4)
