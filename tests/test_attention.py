@@ -153,6 +153,17 @@ def test_lse_gradient(dtype):
         assert_close_to_ref(a, s, r, eps=2 * EPS[dtype], what=name)
 
 
+def test_gradient_of_lse_alone_arrives_broadcast():
+    # lse.sum() hands the backward an expanded dlse with stride 0 (the form AOTAutograd uses too).
+    q, k, v = make_qkv((1, 2, 1, 19, 23, 16, 16), torch.float32, requires_grad=True, seed=4)
+    _, lse = attention(q, k, v, causal=True, return_lse=True)
+    ours = torch.autograd.grad(lse.sum(), (q, k))
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(attention_reference(*leaves, causal=True)[1].sum(), leaves[:2])
+    for a, r in zip(ours, ref):
+        assert torch.allclose(a.double(), r, atol=1e-4)
+
+
 def test_backward_is_deterministic():
     shape = (1, 4, 1, 65, 70, 32, 32) if not ON_GPU else (2, 8, 2, 1000, 1000, 64, 64)
     q, k, v = make_qkv(shape, torch.float16, requires_grad=True)

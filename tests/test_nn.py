@@ -47,10 +47,10 @@ def _reference_mha(m: MultiheadAttention, x, context=None, mask=None):
     q, k, v = q.view(B, L, hq, d), k.view(B, S, hkv, d), v.view(B, S, hkv, d)
     if m.rotary is not None:
         def rot(t, n):  # complex-number form of rotate-half RoPE: independent of the module's code
-            freqs = m.rotary.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+            f64 = dict(dtype=torch.float64, device=t.device)
+            freqs = m.rotary.base ** (-torch.arange(0, d, 2, **f64) / d)
             z = torch.complex(t[..., : d // 2], t[..., d // 2:])
-            z = z * torch.polar(torch.ones(n, d // 2, dtype=torch.float64),
-                                torch.arange(n, dtype=torch.float64)[:, None] * freqs)[None, :, None]
+            z = z * torch.polar(torch.ones(n, d // 2, **f64), torch.arange(n, **f64)[:, None] * freqs)[None, :, None]
             return torch.cat((z.real, z.imag), -1)
         q, k = rot(q, L), rot(k, S)
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,

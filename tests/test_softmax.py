@@ -59,7 +59,7 @@ def check_backward(op, x, strategy="auto", dim=-1):
     g = torch.Generator().manual_seed(1)
     x64 = x.double().requires_grad_()
     ref = OPS[op][1](x64, dim)
-    dy = torch.randn(ref.shape, generator=g).to(DEVICE, torch.float64)
+    dy = torch.randn(ref.shape, generator=g).to(x.device, torch.float64)
     (ref * dy).sum().backward()
     xs = x.clone().requires_grad_()
     (OPS[op][1](xs, dim) * dy.to(x.dtype)).sum().backward()

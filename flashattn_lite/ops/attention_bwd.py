@@ -303,6 +303,8 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     """Gradients (dq, dk, dv) in the inputs' dtypes; dk, dv summed over each GQA group."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if dlse is not None:
+        dlse = dlse.float().contiguous()  # autograd hands over expanded (stride-0) grads, e.g. from lse.sum()
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
