@@ -37,7 +37,7 @@ def _validate(q, k, v, attn_mask, dropout_p):
     ≈ 2 µs); only a failing call walks the detailed checks that name the culprit."""
     try:
         qs, ks, vs = q.shape, k.shape, v.shape
-        ok = (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and q.dtype in _checks.FLOAT_DTYPES
+        ok = (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and _dtype_ok(q)
               and k.dtype == q.dtype and v.dtype == q.dtype and k.device == q.device and v.device == q.device
               and qs[0] == ks[0] == vs[0] > 0 and ks[1] == vs[1] > 0 and qs[1] % ks[1] == 0 and qs[1] > 0
               and ks[2] == vs[2] > 0 and qs[2] > 0 and ks[3] == qs[3] and 0 < qs[3] <= 256 and 0 < vs[3] <= 256
@@ -51,10 +51,17 @@ def _validate(q, k, v, attn_mask, dropout_p):
     return attn_mask
 
 
+def _dtype_ok(q) -> bool:
+    """fp16/bf16/fp32 everywhere; float64 only on the PyTorch CPU twin (for gradcheck and
+    references), never in a Triton kernel."""
+    return q.dtype in _checks.FLOAT_DTYPES or (q.dtype == torch.float64 and not runs_triton(q))
+
+
 def _explain_invalid(q, k, v, dropout_p):
     """Raise the error that names the first bad argument."""
+    dtypes = _checks.FLOAT_DTYPES + ((torch.float64,) if isinstance(q, torch.Tensor) and _dtype_ok(q) else ())
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _checks.check_tensor(name, t, ndim=4)
+        _checks.check_tensor(name, t, ndim=4, dtypes=dtypes)
     _checks.check_same(("q", "k", "v"), (q, k, v), "dtype")
     _checks.check_same(("q", "k", "v"), (q, k, v), "device")
     B, Hq, Nq, D = q.shape
@@ -173,7 +180,7 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: O
 @_attention_fwd_op.register_fake
 def _(q, k, v, mask, scale, causal, causal_offset, dropout_p, seed):
     B, Hq, Nq, _ = q.shape
-    return q.new_empty((B, Hq, Nq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+    return q.new_empty((B, Hq, Nq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=_work_dtype(q))
 
 
 @torch.library.custom_op("flashattn_lite::attention_bwd", mutates_args=())
@@ -245,6 +252,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Nq) float32,
             natural log. It is differentiable.
 
+    float64 inputs are accepted on the CPU twin only (``gradcheck``, references).
+
     Returns:
         o (B, Hq, Nq, Dv) in the input dtype (and lse). A query row whose keys are all masked
         gives o = 0 and lse = −inf.
@@ -258,6 +267,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 
 # ------------------------------------------------------------------ CPU twin (PyTorch, tiled)
+
+def _work_dtype(q: torch.Tensor) -> torch.dtype:
+    """float32 arithmetic (and lse), float64 for float64 inputs."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
 
 def _grouped(q, k, v):
     """Views with the GQA group as its own dim: q (B, Hkv, G, Nq, D), k/v (B, Hkv, 1, Nk, ·)."""
@@ -273,7 +287,7 @@ def _chunk_scores(qg, kg, j0, j1, scale, causal, offset, mask, dropout_p, seed):
     s = torch.matmul(qg, kg[:, :, :, j0:j1].transpose(-1, -2)) * scale
     if mask is not None:
         m = mask[..., j0:j1].reshape(B, Hkv, G, Nq, j1 - j0)
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(s.dtype)
     if causal:
         visible = causal_mask(Nq, Nk, offset, s.device)[:, j0:j1]
         s = s.masked_fill(~visible, float("-inf"))
@@ -287,12 +301,13 @@ def _chunk_scores(qg, kg, j0, j1, scale, causal, offset, mask, dropout_p, seed):
 
 
 def _cpu_forward(q, k, v, *, scale, causal, causal_offset, mask, dropout_p, seed):
-    qg, kg, vg = _grouped(q.float(), k.float(), v.float())
+    w = _work_dtype(q)
+    qg, kg, vg = _grouped(q.to(w), k.to(w), v.to(w))
     B, Hkv, G, Nq, _ = qg.shape
     Nk, Dv = k.shape[2], v.shape[3]
-    m = torch.full((B, Hkv, G, Nq), float("-inf"))
+    m = torch.full((B, Hkv, G, Nq), float("-inf"), dtype=w)
     l = torch.zeros_like(m)
-    acc = torch.zeros((B, Hkv, G, Nq, Dv))
+    acc = torch.zeros((B, Hkv, G, Nq, Dv), dtype=w)
     for j0 in range(0, Nk, _CPU_CHUNK):
         j1 = min(Nk, j0 + _CPU_CHUNK)
         s, keep = _chunk_scores(qg, kg, j0, j1, scale, causal, causal_offset, mask, dropout_p, seed)
@@ -309,19 +324,20 @@ def _cpu_forward(q, k, v, *, scale, causal, causal_offset, mask, dropout_p, seed
 
 
 def _cpu_backward(do, q, k, v, o, lse, dlse, *, scale, causal, causal_offset, mask, dropout_p, seed):
-    qg, kg, vg = _grouped(q.float(), k.float(), v.float())
+    w = _work_dtype(q)
+    qg, kg, vg = _grouped(q.to(w), k.to(w), v.to(w))
     B, Hkv, G, Nq, D = qg.shape
     Nk, Dv = k.shape[2], v.shape[3]
-    dog = do.float().reshape(B, Hkv, G, Nq, Dv)
-    delta = (dog * o.float().reshape(B, Hkv, G, Nq, Dv)).sum(-1)
+    dog = do.to(w).reshape(B, Hkv, G, Nq, Dv)
+    delta = (dog * o.to(w).reshape(B, Hkv, G, Nq, Dv)).sum(-1)
     if dlse is not None:
         delta = delta - dlse.reshape(B, Hkv, G, Nq)
     lse_g = lse.reshape(B, Hkv, G, Nq)
     lse_g = torch.where(lse_g == float("-inf"), torch.full_like(lse_g, float("inf")), lse_g)
     drop_scale = 1.0 / (1.0 - dropout_p)
     dq = torch.zeros_like(qg)
-    dk = torch.zeros((B, Hkv, Nk, D))
-    dv = torch.zeros((B, Hkv, Nk, Dv))
+    dk = torch.zeros((B, Hkv, Nk, D), dtype=w)
+    dv = torch.zeros((B, Hkv, Nk, Dv), dtype=w)
     for j0 in range(0, Nk, _CPU_CHUNK):
         j1 = min(Nk, j0 + _CPU_CHUNK)
         s, keep = _chunk_scores(qg, kg, j0, j1, scale, causal, causal_offset, mask, dropout_p, seed)
