@@ -1,7 +1,8 @@
 """Decode KV-read bandwidth, ours (contiguous and paged) vs SDPA flash / cuDNN; see flashattn_lite.bench.decode.
 
     python benchmarks/decode_speed.py --out benchmarks/results/
-    python benchmarks/decode_speed.py --batch 1 --lengths 4096 32768 --sweep-splits
+    python benchmarks/decode_speed.py --batch 1 --lengths 4k 32k --sweep-splits
+    python benchmarks/decode_speed.py --quick --time-budget 90   # streams each point; stops starting new ones at 90 s
 """
 import os
 import sys

@@ -1,24 +1,52 @@
 #!/usr/bin/env bash
 # One device call, reused every session: GPU tests, then the named benchmarks, results under $OUT.
 #   TESTS="tests/test_attention.py" BENCH="benchmarks/attention_speed.py" bash benchmarks/gpu_check.sh
-# Tests run with FLASHATTN_LITE_AUTOTUNE=0 (first fitting config; they check results, not speed).
-# TESTS="" skips the tests.
+#   TESTS= BENCH="benchmarks/softmax_speed.py benchmarks/decode_speed.py benchmarks/memory.py" bash benchmarks/gpu_check.sh
+# The whole script stays within TOTAL seconds (default 540, under a 10-minute device call):
+# - Tests (default: all of tests/) run with FLASHATTN_LITE_AUTOTUNE=0 (first fitting config; they check
+#   results, not speed) on WORKERS pytest workers (default 6: 16 ran the GPU out of memory on the
+#   float64 references), killed after TEST_TIMEOUT seconds (default 300 with BENCH, else TOTAL - 30).
+#   Each test's PASSED/FAILED line goes to $OUT/tests.log as it ends (-v), so a killed run still says
+#   what failed; FAILED/ERROR lines are printed. TESTS="" skips the tests.
+# - Each BENCH script (memory.py, attention_speed.py, softmax_speed.py, decode_speed.py) runs with
+#   --quick and --time-budget: the time left, split evenly over the scripts not yet run (a script
+#   that finishes early leaves its time to the later ones, so put the longest, memory.py, last), less
+#   45 s for start-up and the point in flight; `timeout` kills it at its share. Each prints a line per
+#   point and rewrites its JSON + CSV in $OUT after every point, so a cut-off run keeps what it
+#   measured. BENCH_ARGS are added to every script (options all of them take).
 set -uo pipefail
 OUT=${OUT:-gpu_out}
+TOTAL=${TOTAL:-540}
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 status=0
 if [ -n "${TESTS-tests}" ]; then
-  FLASHATTN_LITE_AUTOTUNE=0 timeout "${TEST_TIMEOUT:-400}" python -m pytest -q -n "${WORKERS:-8}" ${TESTS:-tests} \
-    > "$OUT/tests.log" 2>&1 || status=1
-  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
+  test_timeout=${TEST_TIMEOUT:-$([ -n "${BENCH:-}" ] && echo 300 || echo $((TOTAL - 30)))}
+  FLASHATTN_LITE_AUTOTUNE=0 timeout "$test_timeout" python -m pytest -v --tb=line -n "${WORKERS:-6}" ${TESTS:-tests} \
+    > "$OUT/tests.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  [ $rc -eq 124 ] && echo "tests: killed by timeout after ${test_timeout}s (see $OUT/tests.log)"
+  grep -E "(^|\] )(FAILED|ERROR) |^/.*:[0-9]+: " "$OUT/tests.log" | sort -u | head -40
   tail -2 "$OUT/tests.log"
 fi
-for bench in ${BENCH:-}; do
-  echo "== $bench"
-  python $bench --out "$OUT" ${BENCH_ARGS:-} > "$OUT/$(basename "$bench" .py).log" 2>&1 || status=1
-  tail -60 "$OUT/$(basename "$bench" .py).log"
+set -- ${BENCH:-}
+while [ $# -gt 0 ]; do
+  bench=$1
+  share=$(( (TOTAL - SECONDS) / $# ))
+  budget=$(( share - 45 ))
+  log="$OUT/$(basename "$bench" .py).log"
+  echo "== $bench (--time-budget ${budget}s, killed at ${share}s; ${SECONDS}s used so far)"
+  if [ $budget -lt 20 ]; then
+    echo "   not run: no time left"; status=1; shift; continue
+  fi
+  timeout "$share" python "$bench" --out "$OUT" --quick --time-budget "$budget" ${BENCH_ARGS:-} > "$log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  [ $rc -eq 124 ] && echo "   killed by timeout after ${share}s: the points measured are in $log and $OUT/*.json"
+  tail -60 "$log"
+  shift
 done
 exit $status

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
 DEFAULT_OUT = "flashattn_lite_results"
 
@@ -58,8 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flashattn-lite",
         description="Benchmarks of flashattn_lite against PyTorch's attention backends and FlexAttention. "
-                    "Every subcommand prints a table, shows a progress bar on stderr, and writes JSON and CSV "
-                    "(with the environment: GPU, versions, date) and PNG plots under --out.",
+                    "Every subcommand prints each point as one line the moment it is measured and rewrites its "
+                    "JSON and CSV (with the environment: GPU, versions, date) after every point, so a run that is "
+                    "cut off keeps what it measured; at the end it prints a table and writes PNG plots under --out. "
+                    "Every subcommand takes --quick (a preset of about two minutes on an H100) and "
+                    "--time-budget SECONDS (start no new point after that).",
         epilog="Run 'flashattn-lite SUBCOMMAND --help' for a subcommand's options.")
     sub = parser.add_subparsers(dest="command", metavar="{memory,speed,softmax,decode,all}")
     sub.required = True
@@ -77,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_out(p)
     p.add_argument("--no-plot", action="store_true", help="skip the PNGs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from .bench.common import add_run_arguments
+    add_run_arguments(p)
+    p.epilog = ("With 'all', --quick applies to every benchmark and --time-budget is the budget of the whole run: "
+                "each benchmark gets what the ones before it left.")
     return parser
 
 
@@ -102,7 +110,7 @@ def _defaults_for(name: str, out: str, extra: argparse.Namespace) -> argparse.Na
     _load(name).add_arguments(p)
     ns = p.parse_args([])
     ns.out = out
-    for flag in ("no_plot", "no_progress"):
+    for flag in ("no_plot", "no_progress", "quick", "time_budget"):
         if hasattr(ns, flag):
             setattr(ns, flag, getattr(extra, flag))
     return ns
@@ -116,9 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         return _run_one(args.command, args)
     import torch
     names = [n for n in _ALL if n != "decode" or torch.cuda.is_available()]
+    deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
     status = 0
     for name in names:
         print(f"\n===== flashattn-lite {name} =====", flush=True)
+        if deadline is not None:
+            args.time_budget = max(0.0, deadline - time.monotonic())
         try:
             ns = _defaults_for(name, out, args)
         except _MissingBenchmark as e:

@@ -141,3 +141,95 @@ def test_module_entry_point():
     r = subprocess.run([sys.executable, "-m", "flashattn_lite", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "memory" in r.stdout
+
+
+# ------------------------------------------------------------ streaming, --time-budget, --quick
+
+def test_result_writer_streams_each_point(tmp_path, capsys):
+    """Every point is a line on stdout and is on disk at once; a sweep that dies keeps its points."""
+    writer = common.ResultWriter(tmp_path, "demo", columns=["x", "y"], meta={"grid": [1, 2]}, budget_s=1e9)
+    json_path = writer.path(".json")
+    assert json.loads(json_path.read_text())["results"] == []  # on disk before the first point
+    with pytest.raises(RuntimeError):
+        with writer:
+            writer.add({"x": 1, "y": 0.5})
+            assert "x=1  y=0.5" in capsys.readouterr().out
+            data = json.loads(json_path.read_text())
+            assert data["results"] == [{"x": 1, "y": 0.5}] and data["complete"] is False and data["grid"] == [1, 2]
+            with writer.path(".csv").open() as f:
+                assert list(csv.DictReader(f)) == [{"x": "1", "y": "0.5"}]
+            raise RuntimeError("killed mid-sweep")
+    data = json.loads(json_path.read_text())
+    assert data["results"] == [{"x": 1, "y": 0.5}] and data["stopped_by"] == "RuntimeError"
+    assert not list(tmp_path.glob("*.tmp")), "files are written to a temporary name and renamed"
+
+
+def test_result_writer_budget_records_skipped_points(tmp_path, capsys):
+    writer = common.ResultWriter(tmp_path, "demo", columns=["x"], budget_s=0.0)
+    assert not writer.start(x=1) and not writer.start(x=2)
+    writer.finish()
+    data = json.loads(writer.path(".json").read_text())
+    assert data["skipped"] == [{"x": 1}, {"x": 2}] and data["complete"] is True and data["time_budget_s"] == 0.0
+    assert "2 point(s) not started" in capsys.readouterr().out
+
+
+def test_time_budget_stops_a_sweep_and_lists_the_rest(tmp_path, capsys, torch_cpu_path, monkeypatch):
+    # The budget runs out after two points, whatever the speed of this machine.
+    monkeypatch.setattr(common.ResultWriter, "time_left", lambda self: 1.0 if len(self.rows) < 2 else -1.0)
+    status, out, err = run_cli(TINY_SPEED + ["--time-budget", "60", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    data = json.loads(one(tmp_path, "attention_speed-*.json").read_text())
+    assert data["complete"] is True and len(data["results"]) == 2
+    assert len(data["skipped"]) == 2 * 2 * 2 - 2 and {"method", "mode", "N"} <= set(data["skipped"][0])
+    assert out.count("[attention_speed ") >= 2  # a streamed line per point (and the budget notice)
+    assert "point(s) not started" in out
+
+
+def test_memory_sweeps_ascending_n_across_methods(tmp_path, capsys, torch_cpu_path):
+    status, _, err = run_cli(TINY_MEMORY + ["--modes", "fwd", "--time-budget", "600", "--out", str(tmp_path)],
+                             capsys)
+    assert status == 0, err
+    rows = json.loads(one(tmp_path, "memory-*.json").read_text())["results"]
+    assert [(r["N"], r["method"]) for r in rows] == [(128, "naive"), (128, "ours"), (256, "naive"), (256, "ours")]
+
+
+def test_all_shares_one_time_budget(tmp_path, capsys):
+    status, out, err = run_cli(["all", "--quick", "--time-budget", "0", "--no-plot", "--no-progress",
+                                "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    for stem in ("memory", "attention_speed", "softmax_bandwidth"):
+        data = json.loads(one(tmp_path, f"{stem}-*.json").read_text())
+        assert data["skipped"] and all(r["status"] == "unavailable" for r in data["results"])
+
+
+def _parsed(argv):
+    return cli.build_parser().parse_args(argv)
+
+
+def test_quick_preset_and_explicit_options():
+    from flashattn_lite.bench import attention, decode, softmax
+    from flashattn_lite.bench.peers import parse_methods
+    # --quick fills what is not given; what is given wins; without --quick the defaults hold.
+    assert memory._resolve(_parsed(["memory", "--quick"]))[2] == ["fwd+bwd"]
+    assert memory._resolve(_parsed(["memory", "--quick", "--modes", "fwd"]))[2] == ["fwd"]
+    assert memory._resolve(_parsed(["memory"]))[2] == ["fwd", "fwd+bwd"]
+    assert attention._resolve(_parsed(["speed", "--quick", "--lengths", "64,1k"]))[5] == [64, 1024]
+    assert attention._resolve(_parsed(["speed", "--quick", "--min-n", "64", "--max-n", "128"]))[5] == [64, 128]
+    assert softmax._resolve(_parsed(["softmax", "--quick"]), "cpu")[2] == [10, 14]
+    assert softmax._resolve(_parsed(["softmax", "--quick", "--max-log2n", "11"]), "cpu")[2] == [10, 11]
+    # The GPU presets are what the issue asks (and parse).
+    assert parse_methods(memory.QUICK["cuda"]["methods"]) == ["ours", "sdpa-flash", "sdpa-cudnn", "naive", "sdpa-math"]
+    assert [common.parse_size(n) for n in attention.QUICK["cuda"]["lengths"].split(",")] == [2048, 8192, 16384]
+    assert softmax.QUICK["cuda"]["log2n"] == "10,14,16,20,22"
+    assert decode.QUICK["cuda"] == dict(batch=[1, 8], lengths=[4096, 32768, 131072], block_sizes=[16])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["memory", "--time-budget", "-1"], "--time-budget"),
+    (["softmax", "--time-budget", "soon"], "--time-budget"),
+    (["softmax", "--dtypes", "int8"], "--dtypes"),
+    (["speed", "--lengths", "lots"], "--lengths"),
+], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_bad_run_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
+    status, _, err = run_cli(argv + ["--out", str(tmp_path)], capsys)
+    assert status == 2 and needle in err and "Traceback" not in err

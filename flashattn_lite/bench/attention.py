@@ -15,17 +15,25 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 
 import torch
 
 from . import common
 from .peers import MODES, PEERS, Problem, dtype_name, parse_dtype, parse_methods, timed_callable
 
-GPU_DEFAULTS = dict(dtype="bf16", min_n=1024, max_n=16384, tokens=16384, hidden=2048, head_dims="64,128",
-                    rep_ms=100.0, methods="ours,sdpa-flash,sdpa-cudnn,sdpa-efficient,flex")
-CPU_DEFAULTS = dict(dtype="fp32", min_n=256, max_n=1024, tokens=1024, hidden=256, head_dims="64", rep_ms=20.0,
-                    methods="ours,sdpa-flash,sdpa-math")
+DEFAULTS = {
+    "cuda": dict(dtype="bf16", min_n=1024, max_n=16384, lengths=None, tokens=16384, hidden=2048, head_dims="64,128",
+                 rep_ms=100.0, methods="ours,sdpa-flash,sdpa-cudnn,sdpa-efficient,flex", modes="fwd,bwd,fwd+bwd"),
+    "cpu": dict(dtype="fp32", min_n=256, max_n=1024, lengths=None, tokens=1024, hidden=256, head_dims="64",
+                rep_ms=20.0, methods="ours,sdpa-flash,sdpa-math", modes="fwd,bwd,fwd+bwd"),
+}
+# --quick: ours against the two fused backends that matter, forward and backward, at short, bucket-cap
+# (8k) and long N. Most of its time is Triton autotuning ours (per d, causal, kernel, length bucket).
+QUICK = {
+    "cuda": dict(head_dims="64,128", lengths="2k,8k,16k", methods="ours,sdpa-flash,sdpa-cudnn", modes="fwd,bwd",
+                 rep_ms=50.0),
+    "cpu": dict(lengths="256,1k", methods="ours,sdpa-flash", modes="fwd,bwd", rep_ms=10.0),
+}
 _CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
 
 
@@ -37,17 +45,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--causal", choices=tuple(_CAUSAL), default="both", help="causal, non-causal or both (default both)")
     g.add_argument("--min-n", type=common.parse_size, help="first sequence length")
     g.add_argument("--max-n", type=common.parse_size, help="last sequence length")
+    g.add_argument("--lengths", metavar="N,N,...", help="comma-separated sequence lengths (e.g. 2k,8k,16k), "
+                                                        "instead of doubling from --min-n to --max-n")
     g.add_argument("--tokens", type=common.parse_size, help="B·N, kept constant (B = tokens / N, at least 1)")
     g.add_argument("--hidden", type=int, help="model width; H = hidden / d")
     g.add_argument("--gqa", type=int, default=1, metavar="RATIO", help="query heads per K/V head (default 1)")
     s = p.add_argument_group("sweep")
     s.add_argument("--methods", help=f"comma-separated from {', '.join(PEERS)}, or 'all' "
                                      "(default: ours and the fused backends available)")
-    s.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated from fwd, bwd, fwd+bwd")
+    s.add_argument("--modes", help="comma-separated from fwd, bwd, fwd+bwd (default all three)")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
     s.add_argument("--rep-ms", type=float, help="timing repetitions per point, in ms (GPU default 100)")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    common.add_run_arguments(s)
 
 
 def _resolve(args):
@@ -56,15 +67,18 @@ def _resolve(args):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise common.BenchArgumentError("--device cuda: no CUDA device is available")
-    d = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
-    val = {k: getattr(args, k) if getattr(args, k, None) is not None else d[k] for k in d}
+    val = common.settings(args, DEFAULTS[device], QUICK[device])
+    if args.min_n is not None or args.max_n is not None:  # an explicit range beats a preset's list
+        val["lengths"] = args.lengths
     try:
         dtype = parse_dtype(val["dtype"])
         methods = parse_methods(val["methods"])
-        modes = common.split_list(args.modes, MODES, "--modes")
+        modes = common.split_list(val["modes"], MODES, "--modes")
         head_dims = [int(x) for x in str(val["head_dims"]).split(",") if x.strip()]
+        lengths = ([common.parse_size(x) for x in str(val["lengths"]).split(",") if x.strip()] if val["lengths"]
+                   else common.doubling(val["min_n"], val["max_n"]))
     except ValueError as e:
-        raise common.BenchArgumentError(f"--head-dims / --dtype / --methods / --modes: {e}") from None
+        raise common.BenchArgumentError(f"--head-dims / --lengths / --dtype / --methods / --modes: {e}") from None
     if not head_dims or any(not 1 <= h <= 256 for h in head_dims):
         raise common.BenchArgumentError(f"--head-dims must be integers in [1, 256], got {val['head_dims']!r}")
     if val["rep_ms"] <= 0:
@@ -75,9 +89,10 @@ def _resolve(args):
     for h in head_dims:
         if args.gqa <= 0 or (val["hidden"] // h) % args.gqa:
             raise common.BenchArgumentError(f"--gqa {args.gqa} must divide the head count {val['hidden'] // h} (d={h})")
-    if val["min_n"] > val["max_n"]:
-        raise common.BenchArgumentError(f"--min-n ({val['min_n']}) is larger than --max-n ({val['max_n']})")
-    return device, dtype, methods, modes, head_dims, common.doubling(val["min_n"], val["max_n"]), val
+    if not lengths:
+        raise common.BenchArgumentError(f"--min-n ({val['min_n']}) is larger than --max-n ({val['max_n']})"
+                                        if not val["lengths"] else f"--lengths: no length in {val['lengths']!r}")
+    return device, dtype, methods, modes, head_dims, lengths, val
 
 
 def _point(peer, way, problem: Problem, mode: str, rep_ms: float) -> dict:
@@ -87,11 +102,10 @@ def _point(peer, way, problem: Problem, mode: str, rep_ms: float) -> dict:
         runner = peer.build(problem, way)
         with runner.context():
             fn = timed_callable(runner, q, k, v, do, mode)
-            fn()  # compile / autotune outside the timed region
-            if problem.device == "cuda":
-                torch.cuda.synchronize()
+            warmup_s = common.warm_up(fn, f"{peer.name} {mode} d={problem.head_dim} causal={problem.causal} "
+                                          f"N={common.format_size(problem.seqlen)}")
             ms = common.time_ms(fn, rep_ms=rep_ms)
-        return {"status": "ok", "time_ms": ms}
+        return {"status": "ok", "time_ms": ms, "warmup_s": warmup_s}
     except Exception as exc:  # a point that fails is recorded, the sweep goes on
         text = str(exc)
         oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower()
@@ -105,7 +119,8 @@ def _point(peer, way, problem: Problem, mode: str, rep_ms: float) -> dict:
 
 
 def run(args) -> list[dict]:
-    """Run the grid, print one TFLOP/s table per (d, causal, mode), write JSON + CSV (+ PNG)."""
+    """Run the grid, streaming each point (a line on stdout, JSON + CSV rewritten under ``args.out``),
+    then print one TFLOP/s table per (d, causal, mode) and plot."""
     device, dtype, methods, modes, head_dims, lengths, val = _resolve(args)
     out = getattr(args, "out", None) or "flashattn_lite_results"
     if device == "cpu":
@@ -114,29 +129,34 @@ def run(args) -> list[dict]:
     explicit = args.methods not in (None, "all")
     causals = _CAUSAL[args.causal]
     grid = [(d, c, mode, n) for d in head_dims for c in causals for mode in modes for n in lengths]
-    rows = []
-    bar = common.Progress(len(grid) * len(methods), "speed", enabled=not args.no_progress)
-    try:
+    meta = dict(grid=dict(dtype=dtype_name(dtype), tokens=val["tokens"], hidden=val["hidden"], device=device,
+                          lengths=lengths, head_dims=head_dims, modes=modes,
+                          flops="4·B·H·N²·D forward (÷2 causal); bwd 2.5×, fwd+bwd 3.5×"),
+                methods=methods, peers={n: PEERS[n].summary for n in methods})
+    writer = common.ResultWriter(out, "attention_speed", meta=meta, budget_s=args.time_budget,
+                                 total=len(grid) * len(methods), progress=not args.no_progress,
+                                 columns=["method", "mode", "head_dim", "causal", "N", "status", "time_ms", "tflops",
+                                          "note"])
+    with writer:
         for d, causal, mode, n in grid:
             heads = val["hidden"] // d
             problem = Problem(max(1, val["tokens"] // n), heads, heads // args.gqa, n, d, dtype, causal, device)
             for name in methods:
+                if not writer.start(method=name, mode=mode, head_dim=d, causal=causal, N=n):
+                    continue
                 peer = PEERS[name]
                 reason, way = peer.check(problem, explicit=explicit)
                 result = ({"status": "unavailable", "note": reason} if reason is not None
                           else _point(peer, way, problem, mode, val["rep_ms"]))
                 ms = result.get("time_ms")
-                rows.append({
+                writer.add({
                     "method": name, "label": peer.label, "mode": mode, "head_dim": d, "causal": causal, "N": n,
                     "batch": problem.batch, "heads": heads, "kv_heads": problem.kv_heads, "dtype": dtype_name(dtype),
                     "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"],
                     "time_ms": ms, "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None,
-                    "flops": problem.flops(mode), "note": result.get("note", "")})
-                bar.update(f"d={d} {'causal' if causal else 'full'} {mode} N={common.format_size(n)} {name}")
-    finally:
-        bar.close()
-        _report(rows, methods, device, dtype, out, args, val)
-    return rows
+                    "flops": problem.flops(mode), "warmup_s": result.get("warmup_s"), "note": result.get("note", "")})
+    _report(writer, methods, dtype, args, val)
+    return writer.rows
 
 
 def pivot(rows: list[dict], methods: list[str], d: int, causal: bool, mode: str) -> list[dict]:
@@ -153,7 +173,8 @@ def pivot(rows: list[dict], methods: list[str], d: int, causal: bool, mode: str)
     return table
 
 
-def _report(rows, methods, device, dtype, out, args, val) -> None:
+def _report(writer, methods, dtype, args, val) -> None:
+    rows = writer.rows
     combos = list(dict.fromkeys((r["head_dim"], r["causal"], r["mode"]) for r in rows))
     for d, causal, mode in combos:
         print(f"\nTFLOP/s, {mode}, d={d}, {'causal' if causal else 'non-causal'}, {dtype_name(dtype)}, "
@@ -162,15 +183,10 @@ def _report(rows, methods, device, dtype, out, args, val) -> None:
     notes = {(r["method"], r["note"]) for r in rows if r["status"] in ("unavailable", "error") and r["note"]}
     for m, note in sorted(notes):
         print(f"  {m}: {note}")
-    stem = common.result_stem(out, "attention_speed")
-    meta = dict(grid=dict(dtype=dtype_name(dtype), tokens=val["tokens"], hidden=val["hidden"], device=device,
-                          flops="4·B·H·N²·D forward (÷2 causal); bwd 2.5×, fwd+bwd 3.5×"),
-                methods=methods, peers={n: PEERS[n].summary for n in methods}, command=" ".join(sys.argv))
-    paths = [common.write_json(stem.with_suffix(".json"), "attention_speed", rows, **meta),
-             common.write_csv(stem.with_suffix(".csv"), rows)]
+    paths = writer.finish()
     if not args.no_plot and rows:
         if common.have_matplotlib():
-            paths.append(plot(rows, stem.with_suffix(".png"), dtype_name(dtype)))
+            paths.append(plot(rows, writer.path(".png"), dtype_name(dtype)))
         else:
             print("(no PNG: matplotlib is not installed; pip install 'flashattn-lite[bench]')")
     print("\nwrote " + ", ".join(str(p) for p in paths))

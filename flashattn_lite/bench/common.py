@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import io
 import json
 import os
+import math
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -90,58 +93,58 @@ def result_stem(out: str | os.PathLike, name: str) -> Path:
     return out / f"{name}-{stamp}"
 
 
-def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
-    """Rows as CSV, one column per key seen in any row (first-seen order)."""
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a reader (or a
+    run killed mid-write) never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k) for k in columns})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
     return path
 
 
-class _TextProgress:
-    """What the progress bar falls back to without tqdm: one line per step on stderr."""
-
-    def __init__(self, total: int, desc: str):
-        self.total, self.desc, self.n = total, desc, 0
-
-    def update(self, n: int = 1, note: str = "") -> None:
-        self.n += n
-        print(f"[{self.desc} {self.n}/{self.total}] {note}", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        pass
+def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """Rows as CSV, one column per key seen in any row (first-seen order)."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=columns)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: r.get(k) for k in columns})
+    return write_text_atomic(path, buf.getvalue())
 
 
 class Progress:
-    """A progress bar on stderr (tqdm when installed), so stdout carries only the results."""
+    """A progress bar on stderr when it is a terminal and tqdm is installed (nothing otherwise: the
+    result lines on stdout show the progress); ``write`` prints a line on stdout without tearing it."""
 
     def __init__(self, total: int, desc: str, enabled: bool = True):
         self._bar = None
-        if not enabled:
+        if not enabled or not sys.stderr.isatty():
             return
         try:
             from tqdm.auto import tqdm
             self._bar = tqdm(total=total, desc=desc, unit="pt", file=sys.stderr, dynamic_ncols=True)
         except ImportError:
-            self._bar = _TextProgress(total, desc)
+            pass
+
+    def write(self, line: str) -> None:
+        if self._bar is None:
+            print(line, flush=True)
+        else:
+            self._bar.write(line, file=sys.stdout)
+            sys.stdout.flush()
 
     def update(self, note: str = "") -> None:
-        if self._bar is None:
-            return
-        if isinstance(self._bar, _TextProgress):
-            self._bar.update(1, note)
-        else:
+        if self._bar is not None:
             self._bar.set_postfix_str(note, refresh=False)
             self._bar.update(1)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
 
 
 def have_matplotlib() -> bool:
@@ -185,23 +188,147 @@ def write_json(path: str | os.PathLike, name: str, rows: list[dict], **meta) -> 
     if path.suffix != ".json":
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         path = path / f"{name}-{stamp}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **meta, "results": rows},
-                               indent=1, default=str))
-    return path
+    doc = {"benchmark": name, "environment": meta.pop("environment", None) or environment(), **meta, "results": rows}
+    return write_text_atomic(path, json.dumps(doc, indent=1, default=str))
+
+
+def format_value(v) -> str:
+    """A table cell: floats to 3 significant figures, None as nothing."""
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return "" if v is None else str(v)
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
     """A plain fixed-width table of ``columns`` from ``rows`` (floats to 3 significant figures)."""
-    def cell(v):
-        if isinstance(v, float):
-            return f"{v:.3g}"
-        return "" if v is None else str(v)
-    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    cells = [[format_value(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ runs that may be cut off
+
+def add_run_arguments(p) -> None:
+    """The options every benchmark shares: ``--quick`` and ``--time-budget``."""
+    p.add_argument("--quick", action="store_true",
+                   help="a small preset answering the key questions in about two minutes on an H100 "
+                        "(options given explicitly still win)")
+    p.add_argument("--time-budget", type=seconds, default=None, metavar="SECONDS",
+                   help="start no new point after SECONDS (the point running then finishes); the points "
+                        "not started are listed under 'skipped' in the JSON (default: no limit)")
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def settings(args, defaults: dict, quick: dict) -> dict:
+    """Each option's value: as given on the command line, else the ``--quick`` preset's (with
+    ``--quick``), else the default. Options that are not given are ``None`` in ``args``."""
+    base = {**defaults, **(quick if getattr(args, "quick", False) else {})}
+    return {k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()}
+
+
+SLOW_WARMUP_S = 2.0
+
+
+def warm_up(fn: Callable[[], object], what: str) -> float:
+    """Call ``fn`` once, outside any measurement (Triton compiles and autotunes on the first call at
+    a new shape family, libraries build plans); say so when it took long. Returns the seconds."""
+    t0 = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    if seconds > SLOW_WARMUP_S:
+        print(f"  (warm-up {what}: {seconds:.1f} s, compiling / autotuning)", flush=True)
+    return seconds
+
+
+class ResultWriter:
+    """A sweep's results as they come. Each point is printed as one line the moment it is measured,
+    and ``<stem>.json`` + ``<stem>.csv`` are rewritten after every point (atomically), so a run that
+    is killed leaves every finished point on stdout and on disk (``"complete": false`` until
+    ``finish``). It also keeps the time budget: past it, ``start`` says no and records the point as
+    skipped.
+
+        writer = ResultWriter(out, "memory", columns=[...], meta={...}, budget_s=args.time_budget)
+        with writer:                      # an exception still leaves the files, marked incomplete
+            for point in grid:
+                if writer.start(**point):
+                    writer.add(measure(point))
+        writer.finish(summary=...)        # the final files
+    """
+
+    def __init__(self, out: str | os.PathLike, name: str, *, columns: list[str], meta: dict | None = None,
+                 budget_s: float | None = None, total: int = 0, progress: bool = False):
+        out = Path(out)
+        self.stem = out.with_suffix("") if out.suffix == ".json" else result_stem(out, name)
+        self.name, self.columns, self.budget_s = name, columns, budget_s
+        self.meta = dict(meta or {}, command=" ".join(sys.argv), time_budget_s=budget_s)
+        self.rows: list[dict] = []
+        self.skipped: list[dict] = []
+        self._env = environment()
+        self._t0 = time.perf_counter()
+        self._bar = Progress(total, name, enabled=progress)
+        self.save()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def time_left(self) -> float:
+        return math.inf if self.budget_s is None else self.budget_s - self.elapsed()
+
+    def start(self, **point) -> bool:
+        """Whether to start this point; past the time budget it is recorded under 'skipped' instead."""
+        if self.time_left() > 0:
+            return True
+        if not self.skipped:
+            self._bar.write(f"[{self.name} {self.elapsed():.0f}s] time budget of {self.budget_s:g} s spent: "
+                            "starting no more points")
+        self.skipped.append(point)
+        self._bar.update("skipped (time budget)")
+        return False
+
+    def add(self, row: dict) -> None:
+        """Record a measured point: one line on stdout, the files rewritten."""
+        self.rows.append(row)
+        fields = "  ".join(f"{c}={format_value(row[c])}" for c in self.columns if row.get(c) not in (None, ""))
+        self._bar.write(f"[{self.name} {self.elapsed():.0f}s] {fields}")
+        self._bar.update(fields[:60])
+        self.save()
+
+    def save(self, complete: bool = False, **meta) -> list[Path]:
+        self.meta.update(meta)
+        json_path = write_json(self.path(".json"), self.name, self.rows, environment=self._env, **self.meta,
+                               complete=complete, elapsed_s=round(self.elapsed(), 1), skipped=self.skipped)
+        return [json_path, write_csv(self.path(".csv"), self.rows)]
+
+    def finish(self, **meta) -> list[Path]:
+        """The final files (with ``meta``, e.g. a summary); returns their paths."""
+        self._bar.close()
+        if self.skipped:
+            print(f"\n{len(self.skipped)} point(s) not started: the time budget of {self.budget_s:g} s was spent "
+                  f"(listed under 'skipped' in the JSON)", flush=True)
+        return self.save(complete=True, **meta)
+
+    def path(self, suffix: str) -> Path:
+        """A sibling file of the results, e.g. ``path('.png')``."""
+        return self.stem.with_name(self.stem.name + suffix)
+
+    def __enter__(self) -> "ResultWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            self._bar.close()
+            self.save(stopped_by=exc_type.__name__)
+        return False
 
 
 def device_copy_bandwidth(nbytes: int = 2 ** 30) -> float:

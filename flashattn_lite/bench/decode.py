@@ -21,19 +21,25 @@ import gc
 import torch
 import torch.nn.functional as F
 
-from .common import format_table, time_ms, write_json
+from . import common
+from .common import format_table, time_ms
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_GPU_DEFAULTS = dict(batch=[1, 8, 64], lengths=[1 << i for i in range(10, 19)], heads=32, kv_heads=8, head_dim=128,
-                     dtype="bf16", block_sizes=[16, 256])
-_CPU_DEFAULTS = dict(batch=[1, 2], lengths=[64, 256], heads=4, kv_heads=2, head_dim=32, dtype="fp32",
-                     block_sizes=[16])
+DEFAULTS = {"cuda": dict(batch=[1, 8, 64], lengths=[1 << i for i in range(10, 19)], heads=32, kv_heads=8,
+                         head_dim=128, dtype="bf16", block_sizes=[16, 256]),
+            "cpu": dict(batch=[1, 2], lengths=[64, 256], heads=4, kv_heads=2, head_dim=32, dtype="fp32",
+                        block_sizes=[16])}
+# --quick: one and a few sequences, short / long / very long caches, contiguous and paged by 16.
+# Ours autotunes per (layout, length bucket) on its first call there (printed when slow).
+QUICK = {"cuda": dict(batch=[1, 8], lengths=[4096, 32768, 131072], block_sizes=[16]),
+         "cpu": dict(batch=[1], lengths=[64, 256], block_sizes=[16])}
 SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, nargs="+", help="batch sizes (GPU default 1 8 64)")
-    parser.add_argument("--lengths", type=int, nargs="+", help="cache lengths L (GPU default 1k … 256k)")
+    parser.add_argument("--lengths", type=common.parse_size, nargs="+",
+                        help="cache lengths L, e.g. 4k 32k (GPU default 1k … 256k)")
     parser.add_argument("--heads", type=int, help="query heads Hq (GPU default 32)")
     parser.add_argument("--kv-heads", type=int, help="KV heads Hkv (GPU default 8)")
     parser.add_argument("--head-dim", type=int, help="D = Dv (GPU default 128)")
@@ -41,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-sizes", type=int, nargs="*", help="paged block sizes (default 16 256; none: skip)")
     parser.add_argument("--sweep-splits", action="store_true", help="also time fixed num_splits values")
     parser.add_argument("--mem-fraction", type=float, default=0.85, help="skip points above this share of free memory")
+    common.add_run_arguments(parser)
 
 
 def _sdpa_peers(device: torch.device):
@@ -109,70 +116,77 @@ def _paged_copy(k, v, block_size: int):
 
 
 def run(args) -> list[dict]:
+    """Sweep (B, L), streaming each measurement (a line on stdout, JSON + CSV rewritten under
+    ``args.out``), then print the table."""
     from ..ops.decode import decode
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    d = _GPU_DEFAULTS if device.type == "cuda" else _CPU_DEFAULTS
-    batch = args.batch or d["batch"]
-    lengths = args.lengths or d["lengths"]
-    hq, hkv = args.heads or d["heads"], args.kv_heads or d["kv_heads"]
-    dim = args.head_dim or d["head_dim"]
-    dtype = _DTYPES[args.dtype or d["dtype"]]
-    block_sizes = d["block_sizes"] if args.block_sizes is None else args.block_sizes
+    val = common.settings(args, DEFAULTS[device.type], QUICK[device.type])
+    hq, hkv, dim = val["heads"], val["kv_heads"], val["head_dim"]
+    dtype = _DTYPES[val["dtype"]]
+    block_sizes = val["block_sizes"]
     elem = torch.empty((), dtype=dtype).element_size()
-    rows: list[dict] = []
-    for B in batch:
-        for L in lengths:
-            kv_bytes = 2 * B * hkv * L * dim * elem
-            if not _fits(device, kv_bytes + (1 << 30), args.mem_fraction, f"B={B} L={L}"):
-                continue
-            g = torch.Generator(device=device).manual_seed(0)
-            q = torch.randn(B, hq, 1, dim, device=device, dtype=dtype, generator=g)
-            k = torch.randn(B, hkv, L, dim, device=device, dtype=dtype, generator=g)
-            v = torch.randn(B, hkv, L, dim, device=device, dtype=dtype, generator=g)
-            seqlens = torch.full((B,), L, dtype=torch.int32, device=device)
-            base = dict(B=B, L=L, Hq=hq, Hkv=hkv, D=dim, dtype=str(dtype).replace("torch.", ""), kv_bytes=kv_bytes)
-
-            def record(impl, layout, fn, ref=None, **extra):
-                ms = time_ms(fn)
-                row = dict(base, impl=impl, layout=layout, ms=ms, kv_tbps=kv_bytes / (ms * 1e-3) / 1e12, **extra)
-                if ref is not None:
-                    row["max_abs_diff"] = (fn().float() - ref.float()).abs().max().item()
-                rows.append(row)
-                return row
-
-            ref = None
-            for name, backend in _sdpa_peers(device):
-                call, how = _sdpa_call(q, k, v, backend)
-                if call is None:
-                    rows.append(dict(base, impl=name, layout="dense", note=how))
+    out = getattr(args, "out", None) or "benchmarks/results"
+    writer = common.ResultWriter(out, "decode", budget_s=args.time_budget,
+                                 meta=dict(config=dict(heads=hq, kv_heads=hkv, head_dim=dim, dtype=str(dtype),
+                                                       block_sizes=block_sizes)),
+                                 columns=["B", "L", "impl", "layout", "ms", "kv_tbps", "max_abs_diff", "note"])
+    with writer:
+        for B in val["batch"]:
+            for L in val["lengths"]:
+                if not writer.start(B=B, L=L):
                     continue
-                record(name, "dense", call, gqa=how)
-                ref = call() if ref is None else ref
-                del call            # frees expanded K/V, if any
-            record("ours", "contiguous", lambda: decode(q, k, v, seqlens), ref)
-            if args.sweep_splits:
-                for s in SWEEP_SPLITS:
-                    if s * 64 <= L:
-                        record(f"ours-splits{s}", "contiguous", lambda s=s: decode(q, k, v, seqlens, num_splits=s), ref)
-            for bs in block_sizes:
-                # The pool is built beside the dense cache: its size plus one tensor's temporary.
-                if not _fits(device, 3 * kv_bytes // 2 + (1 << 30), args.mem_fraction, f"B={B} L={L} paged{bs}"):
-                    rows.append(dict(base, impl="ours", layout=f"paged{bs}", note="skipped: memory"))
+                kv_bytes = 2 * B * hkv * L * dim * elem
+                if not _fits(device, kv_bytes + (1 << 30), args.mem_fraction, f"B={B} L={L}"):
                     continue
-                kp, vp, table = _paged_copy(k, v, bs)
-                record("ours", f"paged{bs}", lambda: decode(q, kp, vp, seqlens, block_table=table), ref)
-                del kp, vp, table
-            del q, k, v
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    _print(rows, block_sizes, args.sweep_splits)
-    if getattr(args, "out", None):
-        path = write_json(args.out, "decode", rows, config=dict(heads=hq, kv_heads=hkv, head_dim=dim,
-                                                                dtype=str(dtype), block_sizes=block_sizes))
-        print(f"wrote {path}")
-    return rows
+                g = torch.Generator(device=device).manual_seed(0)
+                q = torch.randn(B, hq, 1, dim, device=device, dtype=dtype, generator=g)
+                k = torch.randn(B, hkv, L, dim, device=device, dtype=dtype, generator=g)
+                v = torch.randn(B, hkv, L, dim, device=device, dtype=dtype, generator=g)
+                seqlens = torch.full((B,), L, dtype=torch.int32, device=device)
+                base = dict(B=B, L=L, Hq=hq, Hkv=hkv, D=dim, dtype=str(dtype).replace("torch.", ""), kv_bytes=kv_bytes)
+
+                def record(impl, layout, fn, ref=None, **extra):
+                    warmup_s = common.warm_up(fn, f"{impl} {layout} B={B} L={L}")
+                    ms = time_ms(fn)
+                    row = dict(base, impl=impl, layout=layout, ms=ms, kv_tbps=kv_bytes / (ms * 1e-3) / 1e12,
+                               warmup_s=warmup_s, **extra)
+                    if ref is not None:
+                        row["max_abs_diff"] = (fn().float() - ref.float()).abs().max().item()
+                    writer.add(row)
+                    return row
+
+                ref = None
+                for name, backend in _sdpa_peers(device):
+                    call, how = _sdpa_call(q, k, v, backend)
+                    if call is None:
+                        writer.add(dict(base, impl=name, layout="dense", note=how))
+                        continue
+                    record(name, "dense", call, gqa=how)
+                    ref = call() if ref is None else ref
+                    del call            # frees expanded K/V, if any
+                record("ours", "contiguous", lambda: decode(q, k, v, seqlens), ref)
+                if args.sweep_splits:
+                    for s in SWEEP_SPLITS:
+                        if s * 64 <= L:
+                            record(f"ours-splits{s}", "contiguous", lambda s=s: decode(q, k, v, seqlens, num_splits=s),
+                                   ref)
+                for bs in block_sizes:
+                    # The pool is built beside the dense cache: its size plus one tensor's temporary.
+                    if not _fits(device, 3 * kv_bytes // 2 + (1 << 30), args.mem_fraction, f"B={B} L={L} paged{bs}"):
+                        writer.add(dict(base, impl="ours", layout=f"paged{bs}", note="skipped: memory"))
+                        continue
+                    kp, vp, table = _paged_copy(k, v, bs)
+                    record("ours", f"paged{bs}", lambda: decode(q, kp, vp, seqlens, block_table=table), ref)
+                    del kp, vp, table
+                del q, k, v
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    _print(writer.rows, block_sizes, args.sweep_splits)
+    paths = writer.finish()
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return writer.rows
 
 
 def _print(rows, block_sizes, sweep):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import sys
 import time
@@ -37,11 +38,31 @@ MODES = ("fwd", "fwd+bwd")
 MIB = 2 ** 20
 SDPA_FLASH_LIKE = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # Defaults per device. GPU: the issue's long-sequence problem; CPU: small enough for a minute.
-GPU_DEFAULTS = dict(batch=1, heads=16, head_dim=128, dtype="bf16", min_n=1024, max_n=512 * 1024, methods="all")
-CPU_DEFAULTS = dict(batch=1, heads=4, head_dim=64, dtype="fp32", min_n=256, max_n=4096,
-                    methods="naive,sdpa-math,sdpa-flash,ours")
-# Methods whose first call at a new shape compiles or autotunes (and may allocate for it).
-_PER_SHAPE_WARMUP = {"ours", "flex", "sdpa-cudnn"}
+DEFAULTS = {
+    "cuda": dict(batch=1, heads=16, head_dim=128, dtype="bf16", min_n=1024, max_n=512 * 1024, methods="all",
+                 modes="fwd,fwd+bwd"),
+    "cpu": dict(batch=1, heads=4, head_dim=64, dtype="fp32", min_n=256, max_n=4096,
+                methods="naive,sdpa-math,sdpa-flash,ours", modes="fwd,fwd+bwd"),
+}
+# --quick: the issue's questions (ours to 512k with fwd+bwd, within 5% of the leanest SDPA backend;
+# where naive and math run out of memory), about two minutes on an H100.
+QUICK = {
+    "cuda": dict(methods="ours,sdpa-flash,sdpa-cudnn,naive,sdpa-math", modes="fwd+bwd"),
+    "cpu": dict(methods="naive,sdpa-flash,ours", modes="fwd+bwd", max_n=1024),
+}
+
+
+def _warmup_key(name: str, problem: Problem):
+    """What a method's compiled / autotuned state depends on: a new value means one unmeasured call
+    first, so one-time allocations (autotuning buffers, plans) are not charged to the point. Ours
+    autotunes per length bucket (capped at 8192), so above it no warm-up is needed (at 512k that
+    saves a 20-second call); flex and cuDNN build per shape; the others need one warm-up only."""
+    if name == "ours":
+        from ..ops.attention_fwd import length_bucket
+        return length_bucket(problem.seqlen, problem.seqlen)
+    if name in ("flex", "sdpa-cudnn"):
+        return problem.seqlen
+    return "once"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-n", type=common.parse_size, help="last sequence length (e.g. 512k, 1M)")
     s = p.add_argument_group("sweep")
     s.add_argument("--methods", help=f"comma-separated from {', '.join(PEERS)}, or 'all'")
-    s.add_argument("--modes", default="fwd,fwd+bwd", help="comma-separated from fwd, fwd+bwd (default both)")
+    s.add_argument("--modes", help="comma-separated from fwd, fwd+bwd (default both)")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="where to run (default: cuda when available)")
     s.add_argument("--max-point-seconds", type=float, default=60.0, metavar="S",
@@ -68,6 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="FlexAttention compiled once with a symbolic N (dynamic, default) or once per N (static)")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    common.add_run_arguments(s)
 
 
 def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
@@ -77,8 +99,7 @@ def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise common.BenchArgumentError("--device cuda: no CUDA device is available")
-    d = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
-    val = {k: getattr(args, k) if getattr(args, k, None) is not None else d[k] for k in d}
+    val = common.settings(args, DEFAULTS[device], QUICK[device])
     for k in ("batch", "heads", "head_dim"):
         if val[k] <= 0:
             raise common.BenchArgumentError(f"--{k.replace('_', '-')} must be positive, got {val[k]}")
@@ -91,7 +112,7 @@ def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
     try:
         dtype = parse_dtype(val["dtype"])
         methods = parse_methods(val["methods"])
-        modes = common.split_list(args.modes, MODES, "--modes")
+        modes = common.split_list(val["modes"], MODES, "--modes")
     except ValueError as e:
         raise common.BenchArgumentError(str(e)) from None
     problem = Problem(val["batch"], val["heads"], val["heads"] // args.gqa, val["min_n"], val["head_dim"], dtype,
@@ -129,7 +150,8 @@ def _cuda_point(peer, way: str, problem: Problem, mode: str, warm: bool) -> dict
         if warm:
             runner = peer.build(problem, way)
             with runner.context():
-                run_once(runner, q, k, v, do, mode)
+                common.warm_up(lambda: run_once(runner, q, k, v, do, mode),
+                               f"{peer.name} {mode} N={common.format_size(problem.seqlen)}")
             runner = None
         _free_cuda()
         base = torch.cuda.memory_allocated()
@@ -303,7 +325,12 @@ def _available_ram() -> int | None:
 # ------------------------------------------------------------------------------------------ sweep
 
 def run(args) -> list[dict]:
-    """Run the sweep, print the table, write JSON + CSV (+ PNG) under ``args.out``; return the rows."""
+    """Run the sweep, streaming each point (a line on stdout, JSON + CSV rewritten under ``args.out``),
+    then print the tables and plot; return the rows.
+
+    Order: ascending N, and at each N every mode and method (ours first in the defaults), so a run
+    cut short by ``--time-budget`` (or killed) still holds complete comparisons up to its last N.
+    """
     problem0, methods, modes, lengths, device = _resolve(args)
     from . import peers
     peers.FLEX_COMPILE["dynamic"] = getattr(args, "flex_compile", "dynamic") == "dynamic"
@@ -315,52 +342,63 @@ def run(args) -> list[dict]:
     avail = {}
     for name in methods:
         explicit = getattr(args, "methods", None) not in (None, "all")
-        reason, way = PEERS[name].check(problem0, explicit=explicit)
-        avail[name] = (reason, way)
+        avail[name] = PEERS[name].check(problem0, explicit=explicit)
 
-    rows: list[dict] = []
-    total = sum(len(lengths) for _ in modes for n in methods if avail[n][0] is None)
-    bar = common.Progress(total, "memory", enabled=not args.no_progress)
+    p = problem0
+    meta = dict(problem=dict(batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
+                             dtype=dtype_name(p.dtype), causal=p.causal, device=device),
+                lengths=lengths, methods=methods, modes=modes,
+                peers={n: {"summary": PEERS[n].summary, "memory_formula": PEERS[n].memory_formula} for n in methods},
+                flex_compile=getattr(args, "flex_compile", "dynamic"))
+    total = len(lengths) * len(modes) * sum(avail[n][0] is None for n in methods)
+    writer = common.ResultWriter(out, "memory", meta=meta, budget_s=args.time_budget, total=total,
+                                 progress=not args.no_progress,
+                                 columns=["method", "mode", "N", "status", "peak_mib", "theory_mib", "time_ms", "note"])
     fatal = None
-    try:
-        for mode in modes:
-            for name in methods:
-                reason, way = avail[name]
-                peer = PEERS[name]
-                if reason is not None:
-                    rows.append(_row(peer, problem0, mode, way, {"status": "unavailable", "note": reason}, device))
-                    continue
-                stop, last = None, None
-                for i, n in enumerate(lengths):
-                    problem = problem0.with_seqlen(n)
+    with writer:
+        for name in methods:
+            reason, way = avail[name]
+            if reason is not None:
+                for mode in modes:
+                    writer.add(_row(PEERS[name], problem0, mode, way, {"status": "unavailable", "note": reason}, device))
+        # Per (method, mode): why it stopped (OOM, skipped), its last (N, ms), its last warm-up key.
+        stop, last, warmed = {}, {}, {}
+        for n in lengths:
+            problem = problem0.with_seqlen(n)
+            for mode in modes:
+                for name in methods:
+                    reason, way = avail[name]
+                    key = (name, mode)
+                    if reason is not None or key in stop:
+                        continue
+                    if not writer.start(method=name, mode=mode, N=n):
+                        continue
                     if fatal:
                         result = {"status": "skipped", "note": "CUDA context lost earlier in the run"}
-                    elif stop:
-                        bar.update(f"{name} {mode} N={common.format_size(n)} skipped")
-                        continue
                     else:
-                        result = _measure(peer, way, problem, mode, device, first=i == 0, last=last,
-                                          max_seconds=args.max_point_seconds)
-                    rows.append(_row(peer, problem, mode, way, result, device))
-                    bar.update(f"{name} {mode} N={common.format_size(n)} {result['status']}")
+                        warm = _warmup_key(name, problem)
+                        limit = min(args.max_point_seconds or math.inf, writer.time_left())
+                        result = _measure(PEERS[name], way, problem, mode, device, warm=warmed.get(key) != warm,
+                                          last=last.get(key), max_seconds=limit)
+                        warmed[key] = warm
+                    writer.add(_row(PEERS[name], problem, mode, way, result, device))
                     if result["status"] == "ok":
-                        last = (n, result["time_ms"])
+                        last[key] = (n, result["time_ms"])
                     elif result["status"] in ("OOM", "skipped"):
-                        stop = result["status"]
+                        stop[key] = result["status"]
                     if result.get("fatal"):
                         fatal = result["note"]
-    finally:
-        bar.close()
-        _report(rows, problem0, methods, modes, lengths, device, out, args, fatal)
-    return rows
+    _report(writer, problem0, device, args, fatal)
+    return writer.rows
 
 
-def _measure(peer, way, problem: Problem, mode: str, device: str, *, first: bool, last, max_seconds: float) -> dict:
-    if last is not None and max_seconds:
+def _measure(peer, way, problem: Problem, mode: str, device: str, *, warm: bool, last, max_seconds: float) -> dict:
+    if last is not None and max_seconds < math.inf:
         n0, ms0 = last
         predicted = ms0 * (problem.seqlen / n0) ** 2 / 1e3
         if predicted > max_seconds:
-            return {"status": "skipped", "note": f"predicted {predicted:.0f} s > --max-point-seconds {max_seconds:g}"}
+            return {"status": "skipped", "note": f"predicted {predicted:.0f} s > {max_seconds:.0f} s "
+                                                 "(--max-point-seconds, or what is left of --time-budget)"}
     theory = peer.theory_bytes(problem, mode, way)
     if device == "cpu":
         ram = _available_ram()
@@ -368,8 +406,7 @@ def _measure(peer, way, problem: Problem, mode: str, device: str, *, first: bool
         if ram is not None and need > 0.8 * ram:
             return {"status": "skipped",
                     "note": f"needs ≈{need / 2 ** 30:.1f} GiB, {ram / 2 ** 30:.1f} GiB of RAM available"}
-        return _cpu_point(peer.name, way, problem, mode, timeout_s=max(120.0, 4 * max_seconds))
-    warm = first or peer.name in _PER_SHAPE_WARMUP
+        return _cpu_point(peer.name, way, problem, mode, timeout_s=max(120.0, 4 * min(max_seconds, 3600)))
     return _cuda_point(peer, way, problem, mode, warm)
 
 
@@ -420,7 +457,8 @@ def comparison(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _report(rows, problem0, methods, modes, lengths, device, out, args, fatal) -> None:
+def _report(writer, problem0, device, args, fatal) -> None:
+    rows = writer.rows
     table_rows = [dict(r, N=common.format_size(r["N"]) if r["status"] != "unavailable" else "-") for r in rows]
     cols = ["method", "mode", "N", "status", "peak_mib", "theory_mib", "peak_over_theory", "time_ms", "tflops", "gqa",
             "note"]
@@ -437,18 +475,10 @@ def _report(rows, problem0, methods, modes, lengths, device, out, args, fatal) -
         print(f"\nThe sweep stopped early: {fatal}")
     if device == "cpu":
         print("\nCPU numbers show the shape of the curves only; GPU numbers (the ones to publish) need a GPU.")
-    stem = common.result_stem(out, "memory")
-    meta = dict(problem=dict(batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
-                             dtype=dtype_name(p.dtype), causal=p.causal, device=device),
-                lengths=lengths, methods=methods, modes=modes,
-                peers={n: {"summary": PEERS[n].summary, "memory_formula": PEERS[n].memory_formula} for n in methods},
-                comparison=comp, command=" ".join(sys.argv), stopped_early=fatal,
-                flex_compile=getattr(args, "flex_compile", "dynamic"))
-    paths = [common.write_json(stem.with_suffix(".json"), "memory", rows, **meta),
-             common.write_csv(stem.with_suffix(".csv"), rows)]
+    paths = writer.finish(comparison=comp, stopped_early=fatal)
     if not args.no_plot:
         if common.have_matplotlib():
-            paths.append(plot(rows, stem.with_suffix(".png"), title=_title(p, device)))
+            paths.append(plot(rows, writer.path(".png"), title=_title(p, device)))
         else:
             print("(no PNG: matplotlib is not installed; pip install 'flashattn-lite[bench]')")
     print("\nwrote " + ", ".join(str(x) for x in paths))

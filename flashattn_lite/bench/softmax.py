@@ -15,22 +15,53 @@ import torch
 
 from .._runtime import runs_triton
 from ..ops import softmax as sm
-from .common import device_copy_bandwidth, format_table, time_ms, write_json
+from . import common
+from .common import device_copy_bandwidth, time_ms
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _OPS = {"softmax": sm.SOFTMAX, "log_softmax": sm.LOG_SOFTMAX, "logsumexp": sm.LOGSUMEXP}
+DEFAULTS = {"cuda": dict(dtypes="fp32,bf16", directions="fwd,bwd", min_log2n=10, max_log2n=22, log2n=None,
+                         total_mib=1024.0),
+            "cpu": dict(dtypes="fp32,bf16", directions="fwd,bwd", min_log2n=10, max_log2n=14, log2n=None,
+                        total_mib=0.25)}
+# --quick: one row length per strategy regime (short rows, rows on chip, long rows chunked / split).
+# Each N and dtype autotunes ours on its first call (printed when slow).
+QUICK = {"cuda": dict(log2n="10,14,16,20,22", total_mib=512.0),
+         "cpu": dict(log2n="10,14", dtypes="fp32")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    gpu = torch.cuda.is_available()
     parser.add_argument("--op", choices=list(_OPS), default="softmax")
-    parser.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16")
-    parser.add_argument("--directions", default="fwd,bwd", help="comma-separated: fwd, bwd")
-    parser.add_argument("--min-log2n", type=int, default=10)
-    parser.add_argument("--max-log2n", type=int, default=22 if gpu else 14)
-    parser.add_argument("--total-mib", type=float, default=1024 if gpu else 0.25,
-                        help="size of x per measurement (1 GiB on the GPU, tiny on the CPU)")
+    parser.add_argument("--dtypes", help="comma-separated: fp32, bf16, fp16 (default fp32,bf16)")
+    parser.add_argument("--directions", help="comma-separated: fwd, bwd (default both)")
+    parser.add_argument("--min-log2n", type=int, help="shortest row length 2^k (default 10)")
+    parser.add_argument("--max-log2n", type=int, help="longest row length 2^k (default 22 on a GPU, 14 on CPU)")
+    parser.add_argument("--log2n", metavar="K,K,...", help="comma-separated exponents (e.g. 10,14,20), instead "
+                                                           "of every one from --min-log2n to --max-log2n")
+    parser.add_argument("--total-mib", type=float,
+                        help="size of x per measurement (default 1 GiB on the GPU, tiny on the CPU)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    common.add_run_arguments(parser)
+
+
+def _resolve(args, device: str):
+    val = common.settings(args, DEFAULTS[device], QUICK[device])
+    if args.min_log2n is not None or args.max_log2n is not None:  # an explicit range beats a preset's list
+        val["log2n"] = args.log2n
+    try:
+        dtypes = common.split_list(val["dtypes"], _DTYPES, "--dtypes")
+        directions = common.split_list(val["directions"], ("fwd", "bwd"), "--directions")
+        exps = ([int(k) for k in str(val["log2n"]).split(",") if k.strip()] if val["log2n"]
+                else list(range(val["min_log2n"], val["max_log2n"] + 1)))
+    except ValueError as e:
+        raise common.BenchArgumentError(str(e)) from None
+    if not exps or any(not 0 <= k <= 30 for k in exps):
+        raise common.BenchArgumentError(f"row lengths 2^k need 0 <= k <= 30 and at least one k, got {exps}")
+    if val["total_mib"] <= 0:
+        raise common.BenchArgumentError(f"--total-mib must be positive, got {val['total_mib']}")
+    if args.op == "logsumexp":
+        directions = [d for d in directions if d == "fwd"]
+    return dtypes, directions, exps, int(val["total_mib"] * 2 ** 20)
 
 
 def _torch_fwd(op):
@@ -54,13 +85,13 @@ def _measure(op: str, direction: str, dtype: torch.dtype, n: int, total_bytes: i
         ours = lambda: sm._backward(code, y, dy, dtype, "auto")
         fn = torch._softmax_backward_data if op == "softmax" else torch._log_softmax_backward_data
         theirs = lambda: fn(dy, y, -1, dtype)
-    ours()  # compile and autotune outside the timing
+    warmup_s = common.warm_up(ours, f"ours {op} {direction} {str(dtype).replace('torch.', '')} N=2^{n.bit_length() - 1}")
     t_ours, t_torch = time_ms(ours), time_ms(theirs)
     return {"op": op, "direction": direction, "dtype": str(dtype).replace("torch.", ""), "N": n, "rows": rows,
             "strategy": sm._choose("auto", rows, n, x) if runs_triton(x) else "cpu-twin", "bytes": moved,
             "ours_ms": t_ours, "torch_ms": t_torch,
             "ours_gbps": moved / t_ours * 1e-6, "torch_gbps": moved / t_torch * 1e-6,
-            "speedup": t_torch / t_ours}
+            "speedup": t_torch / t_ours, "warmup_s": warmup_s}
 
 
 def _plot(rows: list[dict], copy_gbps: float, path: Path) -> Path | None:
@@ -90,28 +121,34 @@ def _plot(rows: list[dict], copy_gbps: float, path: Path) -> Path | None:
 
 
 def run(args) -> list[dict]:
+    """Sweep, streaming each point (a line on stdout, JSON + CSV rewritten under ``args.out``), then
+    print the table and plot."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    total = int(args.total_mib * 2 ** 20)
+    dtypes, directions, exps, total = _resolve(args, device)
     copy_gbps = device_copy_bandwidth(min(total, 2 ** 30)) * 1e-9
-    directions = [d for d in args.directions.split(",") if d]
-    if args.op == "logsumexp":
-        directions = [d for d in directions if d == "fwd"]
-    rows = []
-    for dtype_name in args.dtypes.split(","):
-        dtype = _DTYPES[dtype_name]
-        for direction in directions:
-            for k in range(args.min_log2n, args.max_log2n + 1):
-                r = _measure(args.op, direction, dtype, 2 ** k, total, device)
-                r["ours_frac_copy"] = r["ours_gbps"] / copy_gbps
-                r["torch_frac_copy"] = r["torch_gbps"] / copy_gbps
-                rows.append(r)
-    out = Path(getattr(args, "out", None) or "benchmarks/results")
-    path = write_json(out, f"{args.op}_bandwidth", rows, copy_gbps=copy_gbps, total_bytes=total)
-    plot = None if args.no_plot else _plot(rows, copy_gbps, out / f"{args.op}_bandwidth.png")
-    print(f"device copy bandwidth: {copy_gbps:.0f} GB/s (read + written)")
-    print(format_table(rows, ["direction", "dtype", "N", "rows", "strategy", "ours_gbps", "torch_gbps",
-                              "ours_frac_copy", "torch_frac_copy", "speedup"]))
-    print(f"wrote {path}" + (f" and {plot}" if plot else ""))
+    print(f"device copy bandwidth: {copy_gbps:.0f} GB/s (read + written)", flush=True)
+    out = getattr(args, "out", None) or "benchmarks/results"
+    writer = common.ResultWriter(out, f"{args.op}_bandwidth", meta=dict(copy_gbps=copy_gbps, total_bytes=total),
+                                 budget_s=args.time_budget,
+                                 columns=["direction", "dtype", "N", "strategy", "ours_gbps", "torch_gbps", "speedup"])
+    with writer:
+        for dtype_name in dtypes:
+            for direction in directions:
+                for k in exps:
+                    if not writer.start(direction=direction, dtype=dtype_name, N=2 ** k):
+                        continue
+                    r = _measure(args.op, direction, _DTYPES[dtype_name], 2 ** k, total, device)
+                    r["ours_frac_copy"] = r["ours_gbps"] / copy_gbps
+                    r["torch_frac_copy"] = r["torch_gbps"] / copy_gbps
+                    writer.add(r)
+    rows = writer.rows
+    print(common.format_table(rows, ["direction", "dtype", "N", "rows", "strategy", "ours_gbps", "torch_gbps",
+                                     "ours_frac_copy", "torch_frac_copy", "speedup"]))
+    paths = writer.finish()
+    if not args.no_plot and rows:
+        plot = _plot(rows, copy_gbps, writer.path(".png"))
+        paths += [plot] if plot else []
+    print("wrote " + ", ".join(str(p) for p in paths))
     return rows
 
 
