@@ -5,15 +5,13 @@
 A thin script over ``flashattn_lite.bench.attention`` (also ``flashattn-lite speed``); results
 go to ``benchmarks/results/`` unless ``--out`` says otherwise.
 """
+
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashattn_lite.cli import main  # noqa: E402
+from flashattn_lite.cli import run_script  # noqa: E402
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if "--out" not in argv and not any(a.startswith("--out=") for a in argv):
-        argv += ["--out", str(Path(__file__).resolve().parent / "results")]
-    sys.exit(main(["speed", *argv]))
+    sys.exit(run_script("speed", Path(__file__).resolve().parent / "results"))

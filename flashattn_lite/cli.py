@@ -139,5 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def run_script(command: str, default_out) -> int:
+    """Entry point of the thin scripts in ``benchmarks/``: ``command`` with the script's arguments,
+    results in ``default_out`` unless ``--out`` is given."""
+    argv = sys.argv[1:]
+    if "--out" not in argv and not any(a.startswith("--out=") for a in argv):
+        argv += ["--out", str(default_out)]
+    return main([command, *argv])
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,6 @@ Nothing here is fast. Everything here is obviously right, computed in float64 wh
 """
 from __future__ import annotations
 
-import math
 
 import torch
 

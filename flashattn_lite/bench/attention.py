@@ -62,11 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _resolve(args):
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise common.BenchArgumentError("--device cuda: no CUDA device is available")
+    device = common.resolve_device(args.device)
     val = common.settings(args, DEFAULTS[device], QUICK[device])
     if args.min_n is not None or args.max_n is not None:  # an explicit range beats a preset's list
         val["lengths"] = args.lengths
@@ -218,7 +214,7 @@ def plot(rows: list[dict], path, dtype: str = ""):
                 ax.set_ylabel("TFLOP/s")
             if i == len(modes) - 1:
                 ax.set_xlabel("sequence length N")
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)

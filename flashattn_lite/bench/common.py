@@ -54,6 +54,15 @@ def environment() -> dict:
     return env
 
 
+def resolve_device(device: str) -> str:
+    """``--device`` as given ("auto", "cuda", "cpu") to the device a sweep runs on."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchArgumentError("--device cuda: no CUDA device is available")
+    return device
+
+
 class BenchArgumentError(ValueError):
     """A benchmark option that is invalid (alone or with the others); the CLI reports it as a usage
     error (exit status 2) instead of a traceback."""

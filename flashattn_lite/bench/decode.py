@@ -231,11 +231,4 @@ def _print(rows, block_sizes, sweep):
         print(format_table(sweep_rows, cols))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    parser.add_argument("--out", default="benchmarks/results/", help="JSON file or folder")
-    return run(parser.parse_args(argv))
-
-
-__all__ = ["add_arguments", "run", "main"]
+__all__ = ["add_arguments", "run"]

@@ -94,11 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
     """Fill device-dependent defaults and check the options together."""
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise common.BenchArgumentError("--device cuda: no CUDA device is available")
+    device = common.resolve_device(args.device)
     val = common.settings(args, DEFAULTS[device], QUICK[device])
     for k in ("batch", "heads", "head_dim"):
         if val[k] <= 0:

@@ -152,11 +152,4 @@ def run(args) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    parser.add_argument("--out", default="benchmarks/results")
-    return run(parser.parse_args(argv))
-
-
-__all__ = ["add_arguments", "run", "main"]
+__all__ = ["add_arguments", "run"]

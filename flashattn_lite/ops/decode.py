@@ -348,7 +348,7 @@ def _check_values(cache_seqlens, block_table, capacity: int, num_blocks: int, bl
     if flags[0]:
         b = int(bad_len.nonzero()[0, 0])
         where = (f"block_table width {block_table.shape[1]} × block_size {block_size}" if block_table is not None
-                 else f"k_cache dim 2")
+                 else "k_cache dim 2")
         raise ValueError(f"cache_seqlens[{b}] = {int(cache_seqlens[b])} is outside [0, {capacity}] "
                          f"(the cache holds {capacity} positions per sequence: {where})")
     if len(flags) > 1 and flags[1]:
