@@ -11,6 +11,18 @@ import os
 
 import torch
 import triton
+import triton.language as tl
+
+
+@triton.jit
+def tile_and_slab(n_tiles):
+    """Split a 1-D launch's program id into (tile, slab), tiles of one slab consecutive.
+
+    Kernels launch ``n_tiles · n_slabs`` programs on grid axis 0 instead of a 2-D grid: CUDA caps
+    axes 1 and 2 at 65,535 (B·H or a row count can exceed that), and consecutive programs still
+    work on the same slab (e.g. one head, whose K/V they then share in L2)."""
+    pid = tl.program_id(0)
+    return pid % n_tiles, pid // n_tiles
 
 
 def interpreter_active() -> bool:

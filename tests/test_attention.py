@@ -266,3 +266,52 @@ def test_float64_is_refused_by_the_kernels():
     x = torch.randn(1, 1, 4, 16, dtype=torch.float64, device=DEVICE)
     with pytest.raises(TypeError, match="q must have dtype"):
         attention(x, x, x)
+
+
+def _huge_row_stride_view(n_rows, row_len, dtype, stride=2 ** 21):
+    """(1, 1, n_rows, row_len) view whose rows lie ``stride`` elements apart, so row · stride passes
+    2³¹ from row 1024 on. Only the touched pages of the (virtual) buffer are ever committed."""
+    buf = torch.empty(n_rows * stride, dtype=dtype, device=DEVICE)
+    return buf.as_strided((1, 1, n_rows, row_len), (0, 0, stride, 1))
+
+
+def test_key_row_offsets_beyond_int32():
+    # e.g. a (B, N, H, D) cache with H·D = 4096 read in place past N = 512k.
+    nk, d = 1056, 16
+    k = _huge_row_stride_view(nk, d, torch.float16)
+    v = _huge_row_stride_view(nk, d, torch.float16)
+    g = torch.Generator().manual_seed(0)
+    k.copy_(torch.randn(1, 1, nk, d, generator=g).to(DEVICE, torch.float16))
+    v.copy_(torch.randn(1, 1, nk, d, generator=g).to(DEVICE, torch.float16))
+    q = torch.randn(1, 1, 3, d, generator=g).to(DEVICE, torch.float16)
+    o = attention(q, k, v)
+    o_ref, _ = attention_reference(q, k, v)
+    assert (o.double() - o_ref).abs().max() < 1e-2
+
+
+def test_mask_row_offsets_beyond_int32():
+    # A dense (Nq, Nk) mask passes 2³¹ elements from Nq·Nk ≈ 46k² on; here via a wide row stride.
+    nq, nk = 1100, 16
+    mask = _huge_row_stride_view(nq, nk, torch.bool)
+    keep = torch.rand(1, 1, nq, nk, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[..., 0] = True
+    mask.copy_(keep.to(DEVICE))
+    q, k, v = make_qkv((1, 1, 1, nq, nk, 16, 16), torch.float32, requires_grad=True, seed=9)
+    o = attention_core(q, k, v, attn_mask=mask)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o_ref, _ = attention_reference(*leaves, attn_mask=keep.to(DEVICE))
+    assert (o.double() - o_ref).abs().max() < 2e-3
+    do = torch.randn_like(o)
+    for a, r in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(o_ref, leaves, do.double())):
+        assert (a.double() - r).abs().max() < 5e-3
+
+
+@pytest.mark.skipif(not ON_GPU, reason="65,536+ programs per launch: too slow for the interpreter")
+def test_more_than_65535_heads_times_batch():
+    # CUDA caps grid axes 1 and 2 at 65,535; every attention launch puts (tile, B·H) on axis 0.
+    q, k, v = make_qkv((4100, 16, 16, 17, 17, 16, 16), torch.float16, requires_grad=True)
+    o = attention(q, k, v, causal=True)
+    o_ref, _ = attention_reference(q.detach(), k.detach(), v.detach(), causal=True)
+    assert (o.double() - o_ref).abs().max() < 1e-2
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    assert all(torch.isfinite(t).all() for t in (dq, dk, dv))

@@ -303,3 +303,14 @@ def test_gpu_split_is_deterministic_and_repeatable():
     a, b = fl.softmax(x), fl.softmax(x)
     assert torch.equal(a, b)
     torch.testing.assert_close(a.sum(-1), torch.ones(5, device="cuda"), atol=1e-4, rtol=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="65,536+ row tiles: too slow for the interpreter")
+def test_gpu_logsumexp_backward_over_more_than_65535_rows():
+    # One row tile per program at N ≥ 4096: the row tiles must not sit on a capped grid axis.
+    x = torch.randn(70_000, 4096, device=DEVICE).requires_grad_()
+    lse = fl.logsumexp(x, dim=-1)
+    dy = torch.randn_like(lse)
+    (dx,) = torch.autograd.grad(lse, x, dy)
+    expected = dy[:, None] * torch.softmax(x.detach(), dim=-1)
+    assert torch.allclose(dx, expected, atol=1e-6, rtol=1e-4)

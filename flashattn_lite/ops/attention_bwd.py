@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreter_active, tuned
+from .._runtime import interpreter_active, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
 from .attention_fwd import MASK_BOOL, _fits, length_bucket, mask_kind, precision_for
@@ -30,10 +30,10 @@ def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
                     stride_dob, stride_doh, stride_dom, stride_dod,
                     n_heads, n_q, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
                     HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr):
-    bh = tl.program_id(1)
+    tile, bh = tile_and_slab(tl.cdiv(n_q, BLOCK_M))
     b = bh // n_heads
     h = bh % n_heads
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DV)
     io_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM_V)
     o_t = tl.load(o + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -67,7 +67,8 @@ def _scores_T(k_t, q_base, do_base, mask_base, lse2_row, start_m, offs_n, offs_m
     l2 = tl.load(lse2_row + offs_m, mask=row_ok, other=float("inf"))
     st = tl.dot(k_t, q_t, input_precision=PRECISION) * qk_scale
     if MASK_KIND != 0:
-        mptrs = mask_base + offs_m[None, :] * stride_mask_m + offs_n[:, None] * stride_mask_n
+        mptrs = (mask_base + offs_m[None, :].to(tl.int64) * stride_mask_m
+                 + offs_n[:, None].to(tl.int64) * stride_mask_n)
         in_bounds = row_ok[None, :] & (offs_n[:, None] < n_k)
         if MASK_KIND == 1:
             st = tl.where(tl.load(mptrs, mask=in_bounds, other=0) != 0, st, float("-inf"))
@@ -142,8 +143,8 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
                      PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_n = tl.program_id(0) * BLOCK_N
-    bh_kv = tl.program_id(1)
+    tile, bh_kv = tile_and_slab(tl.cdiv(n_k, BLOCK_N))
+    start_n = tile * BLOCK_N
     b = bh_kv // n_kv_heads
     h_kv = bh_kv % n_kv_heads
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -215,7 +216,8 @@ def _dq_tile(dq, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, o
                   mask=col_ok[None, :] & (offs_dv[:, None] < HEAD_DIM_V), other=0.0)
     s = tl.dot(q_t, tl.trans(k_t), input_precision=PRECISION) * qk_scale
     if MASK_KIND != 0:
-        mptrs = mask_base + offs_m[:, None] * stride_mask_m + cols[None, :] * stride_mask_n
+        mptrs = (mask_base + offs_m[:, None].to(tl.int64) * stride_mask_m
+                 + cols[None, :].to(tl.int64) * stride_mask_n)
         in_bounds = (offs_m[:, None] < n_q) & col_ok[None, :]
         if MASK_KIND == 1:
             s = tl.where(tl.load(mptrs, mask=in_bounds, other=0) != 0, s, float("-inf"))
@@ -251,8 +253,9 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m = (tl.cdiv(n_q, BLOCK_M) - 1 - tl.program_id(0)) * BLOCK_M
-    bh = tl.program_id(1)
+    n_tiles = tl.cdiv(n_q, BLOCK_M)
+    tile, bh = tile_and_slab(n_tiles)
+    start_m = (n_tiles - 1 - tile) * BLOCK_M
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // GROUP
@@ -312,7 +315,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     lse2 = torch.empty_like(delta)
     block_dv = max(16, triton.next_power_of_2(Dv))
     pre_m = 16 if interpreter_active() else 64
-    _bwd_preprocess[(triton.cdiv(Nq, pre_m), B * Hq)](
+    _bwd_preprocess[(triton.cdiv(Nq, pre_m) * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(),
         Hq, Nq, HEAD_DIM_V=Dv, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
 
@@ -324,11 +327,11 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
                   PRECISION=precision_for(q.dtype))
     drop = (seed, keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0)
     n_bucket = length_bucket(Nq, Nk)
-    _bwd_dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
+    _bwd_dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
         q, k, v, do, dk, dv, lse2, delta, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *mask_strides,
         Hq, Hkv, Nq, Nk, causal_offset, scale * LOG2E, scale, *drop, n_bucket, **common)
-    _bwd_dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
+    _bwd_dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, do, dq, lse2, delta, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *mask_strides,
         Hq, Nq, Nk, causal_offset, scale * LOG2E, scale, *drop, n_bucket, **common)

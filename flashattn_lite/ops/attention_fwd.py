@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreter_active, tuned
+from .._runtime import interpreter_active, tile_and_slab, tuned
 from ..dropout import dropout_keep
 from ..merge import LOG2E, finalize, online_softmax_update_scaled
 
@@ -34,8 +34,9 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
     """One key/value tile folded into the running state. BOUNDARY switches on the causal and
     sequence-end masks; the unmasked body is what long sequences spend their time in."""
     cols = start_n + offs_n
-    k_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = v_base + cols[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+    # The tile's first row in 64-bit (row · stride passes 2³¹ at long N), offsets inside it in 32-bit.
+    k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vn + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
     if BOUNDARY:
         k = tl.load(k_ptrs, mask=(cols[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
     elif EVEN_D:
@@ -46,7 +47,8 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
     if MASK_KIND == 2 or not POS_SCALE:
         s = s * qk_scale  # scale applied up front; otherwise it is folded into the exponent below
     if MASK_KIND != 0:
-        mptrs = mask_base + offs_m[:, None] * stride_mask_m + cols[None, :] * stride_mask_n
+        mptrs = (mask_base + offs_m[:, None].to(tl.int64) * stride_mask_m
+                 + cols[None, :].to(tl.int64) * stride_mask_n)
         in_bounds = (offs_m[:, None] < n_q) & (cols[None, :] < n_k)
         if MASK_KIND == 1:
             allowed = tl.load(mptrs, mask=in_bounds, other=0) != 0
@@ -118,8 +120,9 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
                      PRECISION: tl.constexpr, POS_SCALE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Heaviest causal tiles (the last query rows) are scheduled first.
-    start_m = (tl.cdiv(n_q, BLOCK_M) - 1 - tl.program_id(0)) * BLOCK_M
-    bh = tl.program_id(1)
+    n_tiles = tl.cdiv(n_q, BLOCK_M)
+    tile, bh = tile_and_slab(n_tiles)
+    start_m = (n_tiles - 1 - tile) * BLOCK_M
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // GROUP
@@ -211,7 +214,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     if mask_arg is None:
         mask_arg = q  # never read: MASK_KIND == 0 removes every access
-    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)
+    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,

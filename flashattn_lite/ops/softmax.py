@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from .._runtime import device_sm_count, interpreter_active, runs_triton, tuned
+from .._runtime import device_sm_count, interpreter_active, runs_triton, tile_and_slab, tuned
 from ..merge import lse_of_ln, merge_ml_ln, online_softmax_update_ln
 
 # Ops, as the kernels' OP constexpr: forward 0-2, backward 3-4 (logsumexp's backward has its own
@@ -300,8 +300,9 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
 @triton.jit
 def _lse_bwd_kernel(x_ptr, dy_ptr, lse_ptr, dx_ptr, R, N, D1, D2, sx0, sx1, sx2,
                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    col_tile, row_tile = tile_and_slab(tl.cdiv(N, BLOCK_N))
+    cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = row_tile * ROWS + tl.arange(0, ROWS)
     row_ok = rows < R
     mask = row_ok[:, None] & (cols[None, :] < N)
     x = tl.load(x_ptr + _row_offsets(rows, D1, D2, sx0, sx1, sx2)[:, None] + cols[None, :], mask=mask,
@@ -450,7 +451,7 @@ def _lse_backward(x: torch.Tensor, lse: torch.Tensor, dy: torch.Tensor) -> torch
     dy = dy.contiguous()
     block_n = min(triton.next_power_of_2(N), 4096)
     rows = max(1, 4096 // block_n) if not interpreter_active() else 2
-    grid = (triton.cdiv(N, block_n), triton.cdiv(R, rows))
+    grid = (triton.cdiv(N, block_n) * triton.cdiv(R, rows),)
     _lse_bwd_kernel[grid](x, dy, lse, dx, R, N, d1, d2, *sx, ROWS=rows, BLOCK_N=block_n,
                           num_warps=4 if interpreter_active() else 8)
     return dx
