@@ -102,6 +102,8 @@ class PagedKVCache:
         seq_ids = [int(s) for s in seq_ids]
         if num_new < 1 or not seq_ids or len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"need num_new ≥ 1 and distinct seq_ids, got num_new={num_new}, seq_ids={seq_ids}")
+        if any(not 0 <= s < len(self._lens) for s in seq_ids):
+            raise ValueError(f"seq_ids must be in [0, {len(self._lens)}), got {seq_ids}")
         bs = self.block_size
         need = [-(-(self._lens[s] + num_new) // bs) - len(self._blocks[s]) for s in seq_ids]
         if any(len(self._blocks[s]) + n > self.max_blocks for s, n in zip(seq_ids, need)):
