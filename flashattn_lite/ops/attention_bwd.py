@@ -21,7 +21,8 @@ import triton.language as tl
 from .._runtime import interpreter_active, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
-from .attention_fwd import MASK_BOOL, _fits, length_bucket, mask_kind, precision_for
+from .attention_fwd import (MASK_BOOL, _fits, head_base, key_range, length_bucket, load_tile, mask_kind,
+                            mask_scores, precision_for, query_tile)
 
 
 @triton.jit
@@ -35,11 +36,10 @@ def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
     h = bh % n_heads
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DV)
-    io_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM_V)
-    o_t = tl.load(o + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-                  + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od, mask=io_mask, other=0.0)
-    do_t = tl.load(do + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-                   + offs_m[:, None].to(tl.int64) * stride_dom + offs_d[None, :] * stride_dod, mask=io_mask, other=0.0)
+    o_t = load_tile(head_base(o, b, h, stride_ob, stride_oh), offs_m[:, None], stride_om, n_q,
+                    offs_d[None, :], stride_od, HEAD_DIM_V)
+    do_t = load_tile(head_base(do, b, h, stride_dob, stride_doh), offs_m[:, None], stride_dom, n_q,
+                     offs_d[None, :], stride_dod, HEAD_DIM_V)
     d = tl.sum(o_t.to(tl.float32) * do_t.to(tl.float32), 1)
     row = bh.to(tl.int64) * n_q + offs_m
     row_ok = offs_m < n_q
@@ -60,22 +60,12 @@ def _scores_T(k_t, q_base, do_base, mask_base, lse2_row, start_m, offs_n, offs_m
     probabilities Pᵀ [BLOCK_N, BLOCK_M] from the saved lse (masks applied, no dropout yet)."""
     offs_m = start_m + offs_m0
     row_ok = offs_m < n_q
-    q_t = tl.load(q_base + offs_m[None, :].to(tl.int64) * stride_qm + offs_d[:, None] * stride_qd,
-                  mask=row_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-    do_t = tl.load(do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :] * stride_dod,
-                   mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    q_t = load_tile(q_base, offs_m[None, :], stride_qm, n_q, offs_d[:, None], stride_qd, HEAD_DIM)
+    do_t = load_tile(do_base, offs_m[:, None], stride_dom, n_q, offs_dv[None, :], stride_dod, HEAD_DIM_V)
     l2 = tl.load(lse2_row + offs_m, mask=row_ok, other=float("inf"))
     st = tl.dot(k_t, q_t, input_precision=PRECISION) * qk_scale
-    if MASK_KIND != 0:
-        mptrs = (mask_base + offs_m[None, :].to(tl.int64) * stride_mask_m
-                 + offs_n[:, None].to(tl.int64) * stride_mask_n)
-        in_bounds = row_ok[None, :] & (offs_n[:, None] < n_k)
-        if MASK_KIND == 1:
-            st = tl.where(tl.load(mptrs, mask=in_bounds, other=0) != 0, st, float("-inf"))
-        else:
-            st += tl.load(mptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
-    if BOUNDARY:
-        st = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, st, float("-inf"))
+    st = mask_scores(st, offs_m[None, :], offs_n[:, None], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
+                     causal_offset, BOUNDARY, True, MASK_KIND)
     pt = tl.math.exp2(st - l2[None, :])
     return q_t, do_t, pt, offs_m
 
@@ -152,12 +142,10 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     col_ok = offs_n < n_k
-    k_t = tl.load(k + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-                  + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :] * stride_kd,
-                  mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_t = tl.load(v + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-                  + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :] * stride_vd,
-                  mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    k_t = load_tile(head_base(k, b, h_kv, stride_kb, stride_kh), offs_n[:, None], stride_kn, n_k,
+                    offs_d[None, :], stride_kd, HEAD_DIM)
+    v_t = load_tile(head_base(v, b, h_kv, stride_vb, stride_vh), offs_n[:, None], stride_vn, n_k,
+                    offs_dv[None, :], stride_vd, HEAD_DIM_V)
     dk_acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
@@ -173,9 +161,9 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask,
     for g in range(GROUP):
         h = h_kv * GROUP + g
         bh = b * n_heads + h
-        q_base = q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-        do_base = do + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-        mask_base = mask + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
+        q_base = head_base(q, b, h, stride_qb, stride_qh)
+        do_base = head_base(do, b, h, stride_dob, stride_doh)
+        mask_base = head_base(mask, b, h, stride_mask_b, stride_mask_h)
         lse2_row = lse2 + bh.to(tl.int64) * n_q
         delta_row = delta + bh.to(tl.int64) * n_q
         drop_base = bh.to(tl.int64) * n_q * n_k
@@ -193,10 +181,10 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask,
                                 False, IS_CAUSAL, MASK_KIND, DROPOUT, HEAD_DIM, HEAD_DIM_V, PRECISION)
 
     store_n = col_ok[:, None]
-    tl.store(dk + b.to(tl.int64) * stride_dkb + h_kv.to(tl.int64) * stride_dkh
+    tl.store(head_base(dk, b, h_kv, stride_dkb, stride_dkh)
              + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkd,
              (dk_acc * sm_scale).to(dk.dtype.element_ty), mask=store_n & (offs_d[None, :] < HEAD_DIM))
-    tl.store(dv + b.to(tl.int64) * stride_dvb + h_kv.to(tl.int64) * stride_dvh
+    tl.store(head_base(dv, b, h_kv, stride_dvb, stride_dvh)
              + offs_n[:, None].to(tl.int64) * stride_dvn + offs_dv[None, :] * stride_dvd,
              dv_acc.to(dv.dtype.element_ty), mask=store_n & (offs_dv[None, :] < HEAD_DIM_V))
 
@@ -209,25 +197,11 @@ def _dq_tile(dq, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, o
              DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
              PRECISION: tl.constexpr):
     cols = start_n + offs_n0
-    col_ok = cols < n_k
-    k_t = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kn + offs_d[None, :] * stride_kd,
-                  mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_t = tl.load(v_base + cols[None, :].to(tl.int64) * stride_vn + offs_dv[:, None] * stride_vd,
-                  mask=col_ok[None, :] & (offs_dv[:, None] < HEAD_DIM_V), other=0.0)
+    k_t = load_tile(k_base, cols[:, None], stride_kn, n_k, offs_d[None, :], stride_kd, HEAD_DIM)
+    v_t = load_tile(v_base, cols[None, :], stride_vn, n_k, offs_dv[:, None], stride_vd, HEAD_DIM_V)
     s = tl.dot(q_t, tl.trans(k_t), input_precision=PRECISION) * qk_scale
-    if MASK_KIND != 0:
-        mptrs = (mask_base + offs_m[:, None].to(tl.int64) * stride_mask_m
-                 + cols[None, :].to(tl.int64) * stride_mask_n)
-        in_bounds = (offs_m[:, None] < n_q) & col_ok[None, :]
-        if MASK_KIND == 1:
-            s = tl.where(tl.load(mptrs, mask=in_bounds, other=0) != 0, s, float("-inf"))
-        else:
-            s += tl.load(mptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
-    if BOUNDARY:
-        visible = col_ok[None, :]
-        if IS_CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-        s = tl.where(visible, s, float("-inf"))
+    s = mask_scores(s, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
+                    causal_offset, BOUNDARY, IS_CAUSAL, MASK_KIND)
     p = tl.math.exp2(s - l2[:, None])
     dp = tl.dot(do_t, v_t, input_precision=PRECISION)
     if DROPOUT:
@@ -253,39 +227,26 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    n_tiles = tl.cdiv(n_q, BLOCK_M)
-    tile, bh = tile_and_slab(n_tiles)
-    start_m = (n_tiles - 1 - tile) * BLOCK_M
-    b = bh // n_heads
-    h = bh % n_heads
-    h_kv = h // GROUP
+    start_m, bh, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < n_q
-    q_t = tl.load(q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                  + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :] * stride_qd,
-                  mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    do_t = tl.load(do + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-                   + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :] * stride_dod,
-                   mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    q_t = load_tile(head_base(q, b, h, stride_qb, stride_qh), offs_m[:, None], stride_qm, n_q,
+                    offs_d[None, :], stride_qd, HEAD_DIM)
+    do_t = load_tile(head_base(do, b, h, stride_dob, stride_doh), offs_m[:, None], stride_dom, n_q,
+                     offs_dv[None, :], stride_dod, HEAD_DIM_V)
     row = bh.to(tl.int64) * n_q + offs_m
     l2 = tl.load(lse2 + row, mask=row_ok, other=float("inf"))
     d = tl.load(delta + row, mask=row_ok, other=0.0)
-    k_base = k + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    mask_base = mask + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
+    k_base = head_base(k, b, h_kv, stride_kb, stride_kh)
+    v_base = head_base(v, b, h_kv, stride_vb, stride_vh)
+    mask_base = head_base(mask, b, h, stride_mask_b, stride_mask_h)
     drop_base = bh.to(tl.int64) * n_q * n_k
     dq_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    if IS_CAUSAL:
-        hi = tl.minimum(n_k, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
-        full = tl.minimum(hi, tl.maximum(start_m + causal_offset + 1, 0))
-    else:
-        hi = n_k
-        full = n_k
-    full = (full // BLOCK_N) * BLOCK_N
+    full, hi = key_range(start_m, n_k, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in tl.range(0, full, BLOCK_N):
         dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d, offs_dv,
                       n_q, n_k, causal_offset, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -296,7 +257,7 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask,
                       n_q, n_k, causal_offset, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
                       stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
                       True, IS_CAUSAL, MASK_KIND, DROPOUT, HEAD_DIM, HEAD_DIM_V, PRECISION)
-    tl.store(dq + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    tl.store(head_base(dq, b, h, stride_dqb, stride_dqh)
              + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqd,
              (dq_acc * sm_scale).to(dq.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 

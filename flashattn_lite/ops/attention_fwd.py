@@ -23,6 +23,68 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
 @triton.jit
+def head_base(ptr, b, h, stride_b, stride_h):
+    """Start of (batch b, head h) of a 4-D tensor, in 64-bit: B·H·N·D can pass 2³¹."""
+    return ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+
+
+@triton.jit
+def load_tile(base, rows, stride_r, n_rows, cols, stride_c, n_cols):
+    """base[rows, cols] with zeros outside [0, n_rows) × [0, n_cols); 64-bit row offsets.
+    ``rows``/``cols`` broadcast to the tile ([R, 1] and [1, C], or the other way for a transposed
+    tile)."""
+    return tl.load(base + rows.to(tl.int64) * stride_r + cols * stride_c,
+                   mask=(rows < n_rows) & (cols < n_cols), other=0.0)
+
+
+@triton.jit
+def mask_scores(s, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k, causal_offset,
+                BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """Every mask of a score tile, forward and backward alike. ``rows``/``cols`` are query/key
+    indices broadcast to ``s`` ([M, 1] and [1, N], or transposed). The user mask: bool → −inf where
+    False; additive → + bias·log2 e (``s`` must already be scaled then). On BOUNDARY tiles: keys
+    past the end, and causal (key j hidden from query i when j > i + causal_offset)."""
+    if MASK_KIND != 0:
+        mptrs = mask_base + rows.to(tl.int64) * stride_mask_m + cols.to(tl.int64) * stride_mask_n
+        in_bounds = (rows < n_q) & (cols < n_k)
+        if MASK_KIND == 1:
+            s = tl.where(tl.load(mptrs, mask=in_bounds, other=0) != 0, s, float("-inf"))
+        else:
+            s += tl.load(mptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
+    if BOUNDARY:
+        visible = cols < n_k
+        if IS_CAUSAL:
+            visible = visible & (cols <= rows + causal_offset)
+        s = tl.where(visible, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def key_range(start_m, n_k, causal_offset, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """For the query tile starting at ``start_m``: keys [0, full) are visible to every row (full a
+    multiple of BLOCK_N: the unmasked stage), keys [full, hi) to some row (the masked stage);
+    keys from ``hi`` on to none, and are never visited."""
+    if IS_CAUSAL:
+        hi = tl.minimum(n_k, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        full = tl.minimum(hi, tl.maximum(start_m + causal_offset + 1, 0))
+    else:
+        hi = n_k
+        full = n_k
+    return (full // BLOCK_N) * BLOCK_N, hi
+
+
+@triton.jit
+def query_tile(n_q, n_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's query tile: (start_m, bh, b, h, h_kv). Tiles of the last query rows, the
+    heaviest under causal masking, are scheduled first."""
+    n_tiles = tl.cdiv(n_q, BLOCK_M)
+    tile, bh = tile_and_slab(n_tiles)
+    h = bh % n_heads
+    return (n_tiles - 1 - tile) * BLOCK_M, bh, bh // n_heads, h, h // GROUP
+
+
+@triton.jit
 def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
               offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
               stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
@@ -46,20 +108,8 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
     s = tl.dot(q, k, input_precision=PRECISION)
     if MASK_KIND == 2 or not POS_SCALE:
         s = s * qk_scale  # scale applied up front; otherwise it is folded into the exponent below
-    if MASK_KIND != 0:
-        mptrs = (mask_base + offs_m[:, None].to(tl.int64) * stride_mask_m
-                 + cols[None, :].to(tl.int64) * stride_mask_n)
-        in_bounds = (offs_m[:, None] < n_q) & (cols[None, :] < n_k)
-        if MASK_KIND == 1:
-            allowed = tl.load(mptrs, mask=in_bounds, other=0) != 0
-            s = tl.where(allowed, s, float("-inf"))
-        else:
-            s += tl.load(mptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
-    if BOUNDARY:
-        visible = cols[None, :] < n_k
-        if IS_CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-        s = tl.where(visible, s, float("-inf"))
+    s = mask_scores(s, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
+                    causal_offset, BOUNDARY, IS_CAUSAL, MASK_KIND)
     if MASK_KIND == 2 or not POS_SCALE:
         m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, 1.0)
     else:
@@ -119,13 +169,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
                      IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
                      PRECISION: tl.constexpr, POS_SCALE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Heaviest causal tiles (the last query rows) are scheduled first.
-    n_tiles = tl.cdiv(n_q, BLOCK_M)
-    tile, bh = tile_and_slab(n_tiles)
-    start_m = (n_tiles - 1 - tile) * BLOCK_M
-    b = bh // n_heads
-    h = bh % n_heads
-    h_kv = h // GROUP
+    start_m, bh, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -134,26 +178,18 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     EVEN_DV: tl.constexpr = HEAD_DIM_V == BLOCK_DV
 
-    q_base = q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = k + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    mask_base = mask + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
-    q_tile = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :] * stride_qd,
-                     mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_base = head_base(k, b, h_kv, stride_kb, stride_kh)
+    v_base = head_base(v, b, h_kv, stride_vb, stride_vh)
+    mask_base = head_base(mask, b, h, stride_mask_b, stride_mask_h)
+    q_tile = load_tile(head_base(q, b, h, stride_qb, stride_qh), offs_m[:, None], stride_qm, n_q,
+                       offs_d[None, :], stride_qd, HEAD_DIM)
     drop_base = bh.to(tl.int64) * n_q * n_k
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    # Keys [0, hi) can be visible to some row of this tile; keys [0, full) to every row.
-    if IS_CAUSAL:
-        hi = tl.minimum(n_k, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
-        full = tl.minimum(hi, tl.maximum(start_m + causal_offset + 1, 0))
-    else:
-        hi = n_k
-        full = n_k
-    full = (full // BLOCK_N) * BLOCK_N
+    full, hi = key_range(start_m, n_k, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in tl.range(0, full, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
                                   offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
@@ -173,7 +209,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
     if DROPOUT:
         out = out * drop_scale  # kept probabilities are divided by 1 − p
     row_ok = offs_m < n_q
-    o_ptrs = (o + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    o_ptrs = (head_base(o, b, h, stride_ob, stride_oh)
               + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od)
     tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
     tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=row_ok)
