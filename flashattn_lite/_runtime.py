@@ -25,6 +25,17 @@ def tile_and_slab(n_tiles):
     return pid % n_tiles, pid // n_tiles
 
 
+def cdiv(a: int, b: int) -> int:
+    """Host-side ceil(a / b). ``triton.cdiv`` is a constexpr-function wrapper costing microseconds
+    per call, which adds up on the launch path of small problems."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Host-side smallest power of two ≥ n (1 for n ≤ 1); see :func:`cdiv` for why not Triton's."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def interpreter_active() -> bool:
     """True when Triton kernels execute in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

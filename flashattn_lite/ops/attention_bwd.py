@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreter_active, tile_and_slab, tuned
+from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
 from .attention_fwd import (MASK_BOOL, _fits, head_base, key_range, length_bucket, load_tile, mask_kind,
@@ -104,8 +104,8 @@ def _bwd_configs():
 
 def _prune_bwd(configs, named_args):
     # dK/dV (or dQ) accumulators and the K/V (or Q/dO) tiles live in registers for the whole loop.
-    d = triton.next_power_of_2(named_args["HEAD_DIM"])
-    dv = triton.next_power_of_2(named_args["HEAD_DIM_V"])
+    d = next_pow2(named_args["HEAD_DIM"])
+    dv = next_pow2(named_args["HEAD_DIM_V"])
     itemsize = named_args["q"].element_size()
     return [c for c in configs
             if _fits(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages, d, dv, itemsize)
@@ -274,25 +274,25 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     dv = torch.empty_like(v)
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
-    block_dv = max(16, triton.next_power_of_2(Dv))
+    block_dv = max(16, next_pow2(Dv))
     pre_m = 16 if interpreter_active() else 64
-    _bwd_preprocess[(triton.cdiv(Nq, pre_m) * B * Hq,)](
+    _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(),
         Hq, Nq, HEAD_DIM_V=Dv, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
 
     kind = mask_kind(mask)
     mask_arg = (mask.view(torch.uint8) if kind == MASK_BOOL else mask) if mask is not None else q
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
-    common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=max(16, triton.next_power_of_2(D)),
+    common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=max(16, next_pow2(D)),
                   BLOCK_DV=block_dv, IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0,
                   PRECISION=precision_for(q.dtype))
     drop = (seed, keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0)
     n_bucket = length_bucket(Nq, Nk)
-    _bwd_dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
+    _bwd_dkdv_kernel[lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
         q, k, v, do, dk, dv, lse2, delta, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *mask_strides,
         Hq, Hkv, Nq, Nk, causal_offset, scale * LOG2E, scale, *drop, n_bucket, **common)
-    _bwd_dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
+    _bwd_dq_kernel[lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, do, dq, lse2, delta, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *mask_strides,
         Hq, Nq, Nk, causal_offset, scale * LOG2E, scale, *drop, n_bucket, **common)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreter_active, tile_and_slab, tuned
+from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep
 from ..merge import LOG2E, finalize, online_softmax_update_scaled
 
@@ -146,8 +146,8 @@ def _fits(bm: int, bn: int, warps: int, stages: int, d: int, dv: int, itemsize: 
 
 
 def _prune_configs(configs, named_args):
-    d = triton.next_power_of_2(named_args["HEAD_DIM"])
-    dv = triton.next_power_of_2(named_args["HEAD_DIM_V"])
+    d = next_pow2(named_args["HEAD_DIM"])
+    dv = next_pow2(named_args["HEAD_DIM_V"])
     itemsize = named_args["q"].element_size()
     return [c for c in configs if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
                                         d, dv, itemsize)]
@@ -219,7 +219,7 @@ def length_bucket(n_q: int, n_k: int) -> int:
     """Autotuning key for sequence length: powers of two up to 8192, one bucket beyond. The best
     tiles stop changing once the grid fills the GPU, and re-tuning at every length of a 1M-token
     sweep would cost minutes of timing runs at each new size."""
-    return 0 if interpreter_active() else min(triton.next_power_of_2(max(n_q, n_k)), 8192)
+    return 0 if interpreter_active() else min(next_pow2(max(n_q, n_k)), 8192)
 
 
 def precision_for(dtype: torch.dtype) -> str:
@@ -250,7 +250,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     if mask_arg is None:
         mask_arg = q  # never read: MASK_KIND == 0 removes every access
-    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
+    grid = lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, mask_arg,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
@@ -258,7 +258,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         1.0 / (1.0 - dropout_p),
         length_bucket(Nq, Nk),
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
+        BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
         IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0, PRECISION=precision_for(q.dtype),
         POS_SCALE=scale > 0)
     return o, lse

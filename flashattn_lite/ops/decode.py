@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from .._runtime import device_sm_count, interpreter_active, runs_triton, tuned
+from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tuned
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
 from .attention_fwd import precision_for
 from .merge_states import (merge_attention_states, merge_attention_states_stacked, merge_stacked_launch,
@@ -198,7 +198,7 @@ def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, max_len: int, 
     merge stage).
     """
     programs = batch * kv_heads * row_blocks
-    cap = max(1, min(MAX_SPLITS, triton.cdiv(max_len, MIN_SPLIT_LEN)))
+    cap = max(1, min(MAX_SPLITS, cdiv(max_len, MIN_SPLIT_LEN)))
     ideal = WAVES * sm_count / programs
     lo, hi = max(1, int(0.75 * ideal)), min(cap, math.ceil(1.25 * ideal))
     if cap < lo:
@@ -211,7 +211,7 @@ def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, max_len: int, 
 
 
 def _block_m(rows: int) -> int:
-    return max(16, min(MAX_BLOCK_M, triton.next_power_of_2(rows)))
+    return max(16, min(MAX_BLOCK_M, next_pow2(rows)))
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None):
@@ -221,7 +221,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
     block_m = _block_m((Hq // Hkv) * Nq)
-    row_blocks = triton.cdiv((Hq // Hkv) * Nq, block_m)
+    row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
     if num_splits is None:
         splits = choose_num_splits(B, Hkv, row_blocks, capacity, device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
@@ -237,13 +237,13 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
         lse_part = torch.empty((B, Hq, Nq, splits), device=q.device, dtype=torch.float32).permute(3, 0, 1, 2)
     bt = block_table if paged else cache_seqlens        # never read when not paged
     bt_strides = block_table.stride() if paged else (0, 0)
-    len_bucket = 0 if interpreter_active() else triton.next_power_of_2(max(1, triton.cdiv(capacity, splits)))
+    len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
     _decode_split_kernel[(splits, Hkv * row_blocks, B)](
         q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part.stride(), *lse_part.stride(), *bt_strides,
         Nq, splits, min_chunk, scale * LOG2E, len_bucket,
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
+        BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
         BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
         PRECISION=precision_for(q.dtype))
     if splits > 1:
@@ -261,7 +261,7 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
     G = Hq // Hkv
     capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
     if num_splits is None:
-        splits = choose_num_splits(B, Hkv, triton.cdiv(G * Nq, _block_m(G * Nq)), capacity, device_sm_count(q))
+        splits = choose_num_splits(B, Hkv, cdiv(G * Nq, _block_m(G * Nq)), capacity, device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
     else:
         splits, min_chunk = num_splits, 1
@@ -271,14 +271,14 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
         if L == 0:
             continue
         if block_table is not None:
-            pages = block_table[b, :triton.cdiv(L, k_cache.shape[2])].long()
+            pages = block_table[b, :cdiv(L, k_cache.shape[2])].long()
             k = k_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
             v = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, Dv)[:, :L]
         else:
             k, v = k_cache[b, :, :L], v_cache[b, :, :L]
         qg = q[b].float().reshape(Hkv, G, Nq, D)
         k, v = k.float().unsqueeze(1), v.float().unsqueeze(1)
-        chunk = triton.cdiv(max(triton.cdiv(L, splits), min_chunk), 64) * 64
+        chunk = cdiv(max(cdiv(L, splits), min_chunk), 64) * 64
         last_key = (L - Nq + torch.arange(Nq))[:, None]
         parts_o, parts_lse = [], []
         for lo in range(0, L, chunk):

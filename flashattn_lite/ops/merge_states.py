@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from .._runtime import device_sm_count, interpreter_active, runs_triton
+from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton
 from ..merge import (finalize, lse_of_torch, merge_states, merge_states_torch,
                      online_softmax_update, online_softmax_update_torch)
 
@@ -108,14 +108,14 @@ def _merge_stacked_kernel(o_parts, lse_parts, o, lse,
 def _tiles(n_rows: int, d: int, per_row_elems: int, t: torch.Tensor):
     """(BLOCK_R, BLOCK_D): about 4k fp32 values per program, but enough programs to fill the GPU
     (small merges, e.g. decode at B=1, split D across programs rather than leave SMs idle)."""
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, next_pow2(d))
     if interpreter_active():
         return 4, block_d
-    block_r = max(2, min(64, triton.next_power_of_2(max(1, 4096 // (per_row_elems * block_d)))))
+    block_r = max(2, min(64, next_pow2(max(1, 4096 // (per_row_elems * block_d)))))
     sms = device_sm_count(t)
-    while block_r > 2 and triton.cdiv(n_rows, block_r) < 2 * sms:
+    while block_r > 2 and cdiv(n_rows, block_r) < 2 * sms:
         block_r //= 2
-    while block_d > 32 and triton.cdiv(n_rows, block_r) * triton.cdiv(d, block_d) < 2 * sms:
+    while block_d > 32 and cdiv(n_rows, block_r) * cdiv(d, block_d) < 2 * sms:
         block_d //= 2
     return block_r, block_d
 
@@ -126,7 +126,7 @@ def merge_pair_launch(o_a, lse_a, o_b, lse_b, o, lse):
     B, H, N, D = o_a.shape
     rows = B * H * N
     block_r, block_d = _tiles(rows, D, 2, o)
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(D, block_d))
+    grid = (cdiv(rows, block_r), cdiv(D, block_d))
     _merge_pair_kernel[grid](o_a, lse_a, o_b, lse_b, o, lse,
                              *o_a.stride(), *lse_a.stride(), *o_b.stride(), *lse_b.stride(),
                              *o.stride(), *lse.stride(), H, N, rows,
@@ -139,9 +139,9 @@ def merge_stacked_launch(o_parts, lse_parts, o, lse):
     Used by ``decode`` as its second stage."""
     S, B, H, N, D = o_parts.shape
     rows = B * H * N
-    block_s = min(32, triton.next_power_of_2(S))
+    block_s = min(32, next_pow2(S))
     block_r, block_d = _tiles(rows, D, block_s, o)
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(D, block_d))
+    grid = (cdiv(rows, block_r), cdiv(D, block_d))
     _merge_stacked_kernel[grid](o_parts, lse_parts, o, lse,
                                 *o_parts.stride(), *lse_parts.stride(), *o.stride(), *lse.stride(),
                                 H, N, rows, S,

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from .._runtime import device_sm_count, interpreter_active, runs_triton, tile_and_slab, tuned
+from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tile_and_slab, tuned
 from ..merge import lse_of_ln, merge_ml_ln, online_softmax_update_ln
 
 # Ops, as the kernels' OP constexpr: forward 0-2, backward 3-4 (logsumexp's backward has its own
@@ -371,8 +371,8 @@ def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strate
     geo = (d1, d2, *sa, *sb)
     kind = _choose(strategy, R, N, a)
     if kind == "row":
-        block_n = triton.next_power_of_2(N)
-        grid = lambda meta: (triton.cdiv(R, meta["ROWS"]),)
+        block_n = next_pow2(N)
+        grid = lambda meta: (cdiv(R, meta["ROWS"]),)
         _row_kernel[grid](a, b, out, R, N, *geo, OP=op, BLOCK_N=block_n)
     elif kind == "two_pass":
         _two_pass_kernel[(R,)](a, b, out, N, *geo, OP=op, BLOCK=_chunk("two_pass"), num_warps=_WARPS["two_pass"])
@@ -383,11 +383,11 @@ def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strate
 def _launch_split(op, a, b, out, R, N, geo):
     block = _chunk("split")
     cap = device_sm_count(a)
-    chunks = triton.cdiv(triton.cdiv(N, block), cap)
+    chunks = cdiv(cdiv(N, block), cap)
     seg = chunks * block
-    S = triton.cdiv(N, seg)
+    S = cdiv(N, seg)
     ws = torch.empty((2, R * S), device=a.device, dtype=torch.float32)
-    common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=triton.next_power_of_2(S),
+    common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S),
                   num_warps=_WARPS["split"])
     if _spin_allowed(a):
         sync = torch.zeros(1 + R, device=a.device, dtype=torch.int32)
@@ -449,9 +449,9 @@ def _lse_backward(x: torch.Tensor, lse: torch.Tensor, dy: torch.Tensor) -> torch
         return dx.copy_(dy.float().unsqueeze(-1) * torch.exp(x.float() - lse.unsqueeze(-1)))
     (x,), d1, d2, (sx,) = _prepare(x)
     dy = dy.contiguous()
-    block_n = min(triton.next_power_of_2(N), 4096)
+    block_n = min(next_pow2(N), 4096)
     rows = max(1, 4096 // block_n) if not interpreter_active() else 2
-    grid = (triton.cdiv(N, block_n) * triton.cdiv(R, rows),)
+    grid = (cdiv(N, block_n) * cdiv(R, rows),)
     _lse_bwd_kernel[grid](x, dy, lse, dx, R, N, d1, d2, *sx, ROWS=rows, BLOCK_N=block_n,
                           num_warps=4 if interpreter_active() else 8)
     return dx
