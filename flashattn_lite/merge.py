@@ -112,8 +112,7 @@ def finalize(acc, m_i, l_i):
     """
     empty = l_i == 0.0
     inv_l = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i))
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    return acc * inv_l[:, None], lse
+    return acc * inv_l[:, None], lse_of(m_i, l_i)
 
 
 @triton.jit
