@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launcher import Launcher
+
 
 @triton.jit
 def tile_and_slab(n_tiles):
@@ -53,21 +55,23 @@ def autotune_enabled() -> bool:
 
 
 def tuned(configs: list[triton.Config], key: list[str], interpreter_config: triton.Config, prune=None):
-    """``triton.autotune`` on the GPU; a single small config under the interpreter.
+    """``triton.autotune`` on the GPU; a single small config under the interpreter. Launched
+    through :class:`~flashattn_lite._launcher.Launcher` (microseconds per launch once tuned).
 
     ``prune(configs, named_args)`` drops configs that cannot fit the call (head dim, dtype); the
     first survivor is the default when autotuning is off. Autotuning in the interpreter would run
     every config on the CPU, which is slow and pointless.
     """
     if interpreter_active():
-        return triton.autotune(configs=[interpreter_config], key=key)
+        return lambda fn: Launcher(triton.autotune(configs=[interpreter_config], key=key)(fn))
 
     def early_prune(configs, named_args, **kwargs):
         # Triton passes positional arguments as named_args and keyword ones (constexprs) apart.
         kept = (prune(configs, {**named_args, **kwargs}) if prune else configs) or configs[-1:]
         return kept if autotune_enabled() else kept[:1]
 
-    return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": early_prune})
+    autotune = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": early_prune})
+    return lambda fn: Launcher(autotune(fn), tune_key=key)
 
 
 @functools.lru_cache(maxsize=None)

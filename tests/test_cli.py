@@ -12,9 +12,10 @@ from flashattn_lite import cli
 from flashattn_lite.bench import common, memory
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_MEMORY = ["memory", "--methods", "naive,ours", "--min-n", "128", "--max-n", "256", "--heads", "2",
-               "--head-dim", "16", "--no-progress"]
-TINY_SPEED = ["speed", "--methods", "ours,sdpa-math", "--modes", "fwd,bwd", "--head-dims", "16", "--hidden", "32",
+# The CLI's CPU sweep (what these tests check) also on a machine with a GPU.
+TINY_MEMORY = ["memory", "--device", "cpu", "--methods", "naive,ours", "--min-n", "128", "--max-n", "256",
+               "--heads", "2", "--head-dim", "16", "--no-progress"]
+TINY_SPEED = ["speed", "--device", "cpu", "--methods", "ours,sdpa-math", "--modes", "fwd,bwd", "--head-dims", "16", "--hidden", "32",
               "--min-n", "64", "--max-n", "128", "--tokens", "128", "--causal", "yes", "--rep-ms", "5",
               "--no-progress"]
 

@@ -47,7 +47,7 @@ DEFAULTS = {
 # --quick: the questions (ours to 512k with fwd+bwd, within 5% of the leanest SDPA backend;
 # where naive and math run out of memory), about two minutes on an H100.
 QUICK = {
-    "cuda": dict(methods="ours,sdpa-flash,sdpa-cudnn,naive,sdpa-math", modes="fwd+bwd"),
+    "cuda": dict(methods="ours,sdpa-flash,sdpa-cudnn,sdpa-efficient,naive,sdpa-math", modes="fwd+bwd"),
     "cpu": dict(methods="naive,sdpa-flash,ours", modes="fwd+bwd", max_n=1024),
 }
 

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launcher import launcher
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
@@ -25,6 +26,7 @@ from .attention_fwd import (MASK_BOOL, _fits, head_base, key_range, length_bucke
                             mask_scores, precision_for, query_tile)
 
 
+@launcher
 @triton.jit
 def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
                     stride_ob, stride_oh, stride_om, stride_od,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
+from .._launcher import launcher
 from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton
 from ..merge import (finalize, lse_of_torch, merge_states, merge_states_torch,
                      online_softmax_update, online_softmax_update_torch)
@@ -42,6 +43,7 @@ def _row_offsets(rows, n_h, n_n, stride_b, stride_h, stride_n):
     return b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + n.to(tl.int64) * stride_n
 
 
+@launcher
 @triton.jit
 def _merge_pair_kernel(o_a, lse_a, o_b, lse_b, o, lse,
                        s_oab, s_oah, s_oan, s_oad, s_lab, s_lah, s_lan,
@@ -69,6 +71,7 @@ def _merge_pair_kernel(o_a, lse_a, o_b, lse_b, o, lse,
         tl.store(lse + _row_offsets(rows, n_h, n_n, s_lb, s_lh, s_ln), lse_out, mask=row_ok)
 
 
+@launcher
 @triton.jit
 def _merge_stacked_kernel(o_parts, lse_parts, o, lse,
                           s_ps, s_pb, s_ph, s_pn, s_pd, s_qs, s_qb, s_qh, s_qn,

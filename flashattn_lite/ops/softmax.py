@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
+from .._launcher import launcher
 from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tile_and_slab, tuned
 from ..merge import lse_of_ln, merge_ml_ln, online_softmax_update_ln
 
@@ -183,6 +184,7 @@ def _row_kernel(a_ptr, b_ptr, out_ptr, R, N, D1, D2, sa0, sa1, sa2, sb0, sb1, sb
 
 # ------------------------------------------------------------------ strategy 2: two passes per row
 
+@launcher
 @triton.jit
 def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
                      OP: tl.constexpr, BLOCK: tl.constexpr):
@@ -208,6 +210,7 @@ def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, 
 
 # ------------------------------------------------------------------ strategy 3: a row split across programs
 
+@launcher
 @triton.jit
 def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                   N, SEG, S, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
@@ -297,6 +300,7 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
 
 # ------------------------------------------------------------------ logsumexp backward (no reduction)
 
+@launcher
 @triton.jit
 def _lse_bwd_kernel(x_ptr, dy_ptr, lse_ptr, dx_ptr, R, N, D1, D2, sx0, sx1, sx2,
                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr):

@@ -1,0 +1,107 @@
+"""The fast launch path's cache: which calls reuse a compiled kernel and with which arguments.
+
+The real path needs a GPU (it runs in every GPU test); these tests drive ``Launcher`` with a fake
+kernel so the key logic is checked on CPU: a launch may skip Triton's own path only when
+everything Triton specializes on is unchanged."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from flashattn_lite import _launcher
+
+
+class _Param:
+    def __init__(self, name, default=None, has_default=False):
+        self.name, self.default, self.has_default = name, default, has_default
+
+
+class _Compiled:
+    def __init__(self, log):
+        self.log = log
+        self.function, self.packed_metadata = "fn", "meta"
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, g0, g1, g2, stream, function, packed, metadata, enter, exit_, *args):
+        self.log.append(("fast", (g0, g1, g2), args))
+
+
+class _FakeJit:
+    """A kernel (x, n, scale, BLOCK: constexpr, FLAG: constexpr = True) compiled on first sight."""
+
+    def __init__(self):
+        self.params = [_Param("x"), _Param("n"), _Param("scale"), _Param("BLOCK"), _Param("FLAG", True, True)]
+        self.arg_names = [p.name for p in self.params]
+        self.log = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("slow", args, kwargs))
+            return _Compiled(self.log)
+        return run
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(_launcher, "fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(_launcher, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_launcher, "_knobs", SimpleNamespace(
+        runtime=SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)))
+    jit = _FakeJit()
+    return jit, _launcher.Launcher(jit, tune_key=["n"])
+
+
+def test_second_launch_reuses_the_compiled_kernel_with_args_in_signature_order(fake):
+    jit, kern = fake
+    x = torch.randn(64)
+    kern[lambda meta: (meta["BLOCK"] * 2,)](x, 32, 0.5, BLOCK=4)
+    kern[lambda meta: (meta["BLOCK"] * 2,)](x, 32, 0.25, BLOCK=4)
+    assert [e[0] for e in jit.log] == ["slow", "fast"]
+    assert jit.log[1][1] == (8, 1, 1)
+    assert jit.log[1][2] == (x, 32, 0.25, 4, True)  # the default of FLAG filled in
+
+
+@pytest.mark.parametrize("change", ["misaligned", "dtype", "int_is_one", "int_divisibility", "int64",
+                                    "constexpr", "tune_value"])
+def test_a_change_triton_specializes_on_takes_the_slow_path(fake, change):
+    jit, kern = fake
+    x = torch.randn(64)
+    base = dict(x=x, n=32, BLOCK=4)
+    kern[(1,)](base["x"], base["n"], 1.0, BLOCK=base["BLOCK"])
+    new = dict(base)
+    if change == "misaligned":
+        new["x"] = x[1:]  # 4 bytes past a 16-byte boundary
+    elif change == "dtype":
+        new["x"] = x.double()
+    elif change == "int_is_one":
+        new["n"] = 1
+    elif change == "int_divisibility":
+        new["n"] = 33
+    elif change == "int64":
+        new["n"] = 2 ** 40
+    elif change == "constexpr":
+        new["BLOCK"] = 8
+    kern[(1,)](new["x"], new["n"] if change != "tune_value" else 48, 1.0, BLOCK=new["BLOCK"])
+    assert [e[0] for e in jit.log] == ["slow", "slow"]
+
+
+def test_values_outside_the_specialization_still_hit_the_cache(fake):
+    jit, kern = fake
+    x = torch.randn(64)
+    kern[(1,)](x, 32, 1.0, BLOCK=4)
+    kern[(1,)](torch.randn(128), 32, 3.0, BLOCK=4)  # another aligned tensor, another float
+    assert [e[0] for e in jit.log] == ["slow", "fast"]
+
+
+def test_disabled_launcher_always_takes_triton_path(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_LITE_FAST_LAUNCH", "0")
+    jit = _FakeJit()
+    kern = _launcher.Launcher(jit)
+    for _ in range(2):
+        kern[(1,)](torch.randn(4), 2, 1.0, BLOCK=4)
+    assert [e[0] for e in jit.log] == ["slow", "slow"]
