@@ -219,7 +219,8 @@ def test_quick_preset_and_explicit_options():
     assert softmax._resolve(_parsed(["softmax", "--quick"]), "cpu")[2] == [10, 14]
     assert softmax._resolve(_parsed(["softmax", "--quick", "--max-log2n", "11"]), "cpu")[2] == [10, 11]
     # The GPU presets are what the issue asks (and parse).
-    assert parse_methods(memory.QUICK["cuda"]["methods"]) == ["ours", "sdpa-flash", "sdpa-cudnn", "naive", "sdpa-math"]
+    assert parse_methods(memory.QUICK["cuda"]["methods"]) == ["ours", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient",
+                                                              "naive", "sdpa-math"]
     assert [common.parse_size(n) for n in attention.QUICK["cuda"]["lengths"].split(",")] == [2048, 8192, 16384]
     assert softmax.QUICK["cuda"]["log2n"] == "10,14,16,20,22"
     assert decode.QUICK["cuda"] == dict(batch=[1, 8], lengths=[4096, 32768, 131072], block_sizes=[16])

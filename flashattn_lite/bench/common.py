@@ -35,6 +35,29 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
     return times[len(times) // 2]
 
 
+def time_ms_graph(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float | None:
+    """Median device time of ``fn`` replayed from a CUDA graph, or None where it cannot be captured.
+
+    What a serving engine sees: decode steps run as captured graphs, so the host's launch path
+    (Python, argument binding) is not on the timeline and only the kernels' own time counts.
+    ``fn`` must have run once already (compiled, autotuned) outside the capture."""
+    if not torch.cuda.is_available():
+        return None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):  # capture-safe warm-up, as torch.cuda.graphs documents
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # a peer that cannot be captured keeps its eager time only
+        torch.cuda.synchronize()
+        return None
+    return time_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
+
+
 def environment() -> dict:
     """What a reader needs to reproduce a number: device, versions, date."""
     env = {

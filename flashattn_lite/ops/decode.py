@@ -25,6 +25,7 @@ B·Hq·Nq·num_splits·(Dv + 1) floats.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -189,6 +190,7 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
 
 # ------------------------------------------------------------------ launcher
 
+@functools.lru_cache(maxsize=4096)  # pure, and on every decode step's host path
 def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, max_len: int, sm_count: int) -> int:
     """Splits per sequence for stage 1: about WAVES waves of programs (one program per SM at a
     time), choosing within ±25% of that the count whose last wave is fullest (a part-empty last
@@ -297,6 +299,32 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
 # ------------------------------------------------------------------ validation and public API
 
 def _validate(q, k_cache, v_cache, cache_seqlens, block_table, num_splits):
+    """Every check below, as one compound test for the valid call (this runs on every decode step,
+    where host time is most of the step at short caches); a failing call walks the detailed
+    checks, which name the culprit."""
+    if not _looks_valid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits):
+        _explain_invalid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+
+
+def _looks_valid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits) -> bool:
+    try:
+        qs, ks, vs = q.shape, k_cache.shape, v_cache.shape
+        dev = q.device
+        return (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and q.dtype in _checks.FLOAT_DTYPES
+                and k_cache.dtype == q.dtype and v_cache.dtype == q.dtype
+                and k_cache.device == dev and v_cache.device == dev and cache_seqlens.device == dev
+                and min(qs) > 0 and min(ks[:3]) > 0 and ks[:3] == vs[:3] and ks[3] == qs[3] <= 256
+                and 0 < vs[3] <= 256 and qs[1] % ks[1] == 0
+                and cache_seqlens.dim() == 1 and cache_seqlens.dtype == torch.int32 and len(cache_seqlens) == qs[0]
+                and (ks[0] == qs[0] if block_table is None else
+                     (block_table.dim() == 2 and block_table.dtype == torch.int32 and block_table.shape[0] == qs[0]
+                      and block_table.shape[1] > 0 and block_table.device == dev))
+                and (num_splits is None or (type(num_splits) is int and num_splits >= 1)))
+    except (AttributeError, TypeError):
+        return False
+
+
+def _explain_invalid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits):
     _checks.check_tensor("q", q, ndim=4)
     _checks.check_tensor("k_cache", k_cache, ndim=4)
     _checks.check_tensor("v_cache", v_cache, ndim=4)
