@@ -14,10 +14,14 @@
 #   45 s for start-up and the point in flight; `timeout` kills it at its share. Each prints a line per
 #   point and rewrites its JSON + CSV in $OUT after every point, so a cut-off run keeps what it
 #   measured. BENCH_ARGS are added to every script (options all of them take).
+# - The device tool brings back at most 8 files: everything is written to a work folder and packed
+#   into $OUT/results.tgz when the script exits (also when a step was cut short).
 set -uo pipefail
-OUT=${OUT:-gpu_out}
+FINAL_OUT=${OUT:-gpu_out}
 TOTAL=${TOTAL:-540}
-mkdir -p "$OUT"
+OUT=$(mktemp -d)
+mkdir -p "$FINAL_OUT"
+trap 'tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . && rm -rf "$OUT"' EXIT
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"

@@ -4,13 +4,17 @@
 
 Rows: torch's SDPA (flash backend on CUDA), flashattn_lite.scaled_dot_product_attention, and the
 same through the custom-op dispatcher (the torch.compile path, called eagerly), forward and
-forward+backward, B=1, H=8, N=16, d=64, all in one process. ``--mock`` replaces our kernels by
+forward+backward, B=1, H=8, N=16, d=64, all in one process. Two clocks: ``*_us`` is do_bench's
+median (device events around one call after an L2 flush, which hides up to ~0.1 ms of host time
+behind the flush), ``*_host_us`` the host wall clock per call over 300 calls back to back (what a
+loop of tiny calls actually costs: the host's launch path is all there is). ``--mock`` replaces our kernels by
 output allocation only, isolating the Python wrapper on a machine without a GPU.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -61,19 +65,37 @@ def main():
     def ours_dispatcher():
         return torch.ops.flashattn_lite.attention_fwd(q, k, v, None, D ** -0.5, True, 0, 0.0, None)[0]
 
+    def host_us(fn, n=300):
+        for _ in range(20):
+            fn()
+        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        return (time.perf_counter() - t0) / n * 1e6
+
     rows = []
     for name, fn in [("torch_sdpa", torch_sdpa), ("flashattn_lite", ours), ("custom_op_dispatcher", ours_dispatcher)]:
         with torch.no_grad():
             fwd = time_ms(fn)
         fwd_bwd = time_ms(lambda: torch.autograd.grad(fn(), (q, k, v), do))
-        rows.append(dict(impl=name, fwd_us=fwd * 1e3, fwd_bwd_us=fwd_bwd * 1e3))
+        with torch.no_grad():
+            fwd_host = host_us(fn)
+        fwd_bwd_host = host_us(lambda: torch.autograd.grad(fn(), (q, k, v), do))
+        rows.append(dict(impl=name, fwd_us=fwd * 1e3, fwd_bwd_us=fwd_bwd * 1e3, fwd_host_us=fwd_host,
+                         fwd_bwd_host_us=fwd_bwd_host))
     base = rows[0]
     for r in rows:
         r["fwd_vs_torch"] = r["fwd_us"] / base["fwd_us"]
         r["fwd_bwd_vs_torch"] = r["fwd_bwd_us"] / base["fwd_bwd_us"]
+        r["fwd_host_vs_torch"] = r["fwd_host_us"] / base["fwd_host_us"]
+        r["fwd_bwd_host_vs_torch"] = r["fwd_bwd_host_us"] / base["fwd_bwd_host_us"]
     path = write_json(args.out, "sdpa_overhead", rows, shape=dict(B=B, H=H, N=N, D=D, causal=True),
                       dtype=str(dtype), mock=args.mock)
-    print(format_table(rows, ["impl", "fwd_us", "fwd_bwd_us", "fwd_vs_torch", "fwd_bwd_vs_torch"]))
+    print(format_table(rows, ["impl", "fwd_us", "fwd_bwd_us", "fwd_vs_torch", "fwd_bwd_vs_torch", "fwd_host_us",
+                              "fwd_bwd_host_us", "fwd_host_vs_torch", "fwd_bwd_host_vs_torch"]))
     print(f"wrote {path}")
 
 
