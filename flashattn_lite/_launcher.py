@@ -31,9 +31,11 @@ _SLOW = object()  # cache entry: this specialization always takes Triton's own p
 
 
 def _int_spec(a: int) -> int:
+    """Triton's int specialization: 1 becomes a constant; otherwise i32 / i64 / u64 by range,
+    and whether it is divisible by 16."""
     if a == 1:
         return 1
-    return 2 + (a % 16 == 0) + 2 * (_INT32_MIN <= a <= _INT32_MAX)
+    return 2 + (a % 16 == 0) + 2 * (_INT32_MIN <= a <= _INT32_MAX) + 4 * (a >= 2 ** 63)
 
 
 _SPEC = {int: _int_spec, bool: lambda a: "b", float: lambda a: "f", type(None): lambda a: "n"}

@@ -66,12 +66,12 @@ def test_second_launch_reuses_the_compiled_kernel_with_args_in_signature_order(f
     assert jit.log[1][2] == (x, 32, 0.25, 4, True)  # the default of FLAG filled in
 
 
-@pytest.mark.parametrize("change", ["misaligned", "dtype", "int_is_one", "int_divisibility", "int64",
+@pytest.mark.parametrize("change", ["misaligned", "dtype", "int_is_one", "int_divisibility", "int64", "uint64",
                                     "constexpr", "tune_value"])
 def test_a_change_triton_specializes_on_takes_the_slow_path(fake, change):
     jit, kern = fake
     x = torch.randn(64)
-    base = dict(x=x, n=32, BLOCK=4)
+    base = dict(x=x, n=2 ** 40 + 32 if change == "uint64" else 32, BLOCK=4)
     kern[(1,)](base["x"], base["n"], 1.0, BLOCK=base["BLOCK"])
     new = dict(base)
     if change == "misaligned":
@@ -84,6 +84,8 @@ def test_a_change_triton_specializes_on_takes_the_slow_path(fake, change):
         new["n"] = 33
     elif change == "int64":
         new["n"] = 2 ** 40
+    elif change == "uint64":
+        new["n"] = 2 ** 63 + 32
     elif change == "constexpr":
         new["BLOCK"] = 8
     kern[(1,)](new["x"], new["n"] if change != "tune_value" else 48, 1.0, BLOCK=new["BLOCK"])
@@ -109,41 +111,41 @@ def test_disabled_launcher_always_takes_triton_path(monkeypatch):
 
 # ---------------------------------------------------------------- on the GPU: the real fast path
 
-def _ops():
+def _ops(dev="cuda"):
     """(name, run(seed) → (ours, float64 reference)) for each kernel family; repeated calls with
     fresh data reuse one specialization, so every call after the first takes the fast path."""
     import flashattn_lite as fa
     from flashattn_lite.reference import attention_reference
 
     def attn(seed, causal=True):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        q, k, v = (torch.randn(2, 4, 100, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
-        return fa.attention(q, k, v, causal=causal), attention_reference(q, k, v, causal=causal)
+        g = torch.Generator(device=dev).manual_seed(seed)
+        q, k, v = (torch.randn(2, 4, 100, 64, device=dev, dtype=torch.float16, generator=g) for _ in range(3))
+        return fa.attention(q, k, v, causal=causal), attention_reference(q, k, v, causal=causal)[0]
 
     def attn_bwd(seed):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        q, k, v = (torch.randn(1, 4, 80, 64, device="cuda", dtype=torch.float16, generator=g).requires_grad_()
+        g = torch.Generator(device=dev).manual_seed(seed)
+        q, k, v = (torch.randn(1, 4, 80, 64, device=dev, dtype=torch.float16, generator=g).requires_grad_()
                    for _ in range(3))
-        do = torch.randn(1, 4, 80, 64, device="cuda", dtype=torch.float16, generator=g)
+        do = torch.randn(1, 4, 80, 64, device=dev, dtype=torch.float16, generator=g)
         ours = torch.autograd.grad(fa.attention(q, k, v, causal=True), (q, k, v), do)
         qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-        ref = torch.autograd.grad(attention_reference(qd, kd, vd, causal=True), (qd, kd, vd), do.double())
+        ref = torch.autograd.grad(attention_reference(qd, kd, vd, causal=True)[0], (qd, kd, vd), do.double())
         return torch.cat([t.flatten() for t in ours]), torch.cat([t.flatten() for t in ref])
 
     def softmax(seed, n=5000):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        x = torch.randn(8, n, device="cuda", generator=g)
+        g = torch.Generator(device=dev).manual_seed(seed)
+        x = torch.randn(8, n, device=dev, generator=g)
         return fa.softmax(x), torch.softmax(x.double(), -1)
 
     def long_softmax(seed):
         return softmax(seed, n=1 << 20)
 
     def decode(seed):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        q = torch.randn(2, 8, 1, 64, device="cuda", dtype=torch.float16, generator=g)
-        k, v = (torch.randn(2, 2, 3000, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(2))
-        lens = torch.tensor([3000, 1234], device="cuda", dtype=torch.int32)
-        ref = torch.cat([attention_reference(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n])
+        g = torch.Generator(device=dev).manual_seed(seed)
+        q = torch.randn(2, 8, 1, 64, device=dev, dtype=torch.float16, generator=g)
+        k, v = (torch.randn(2, 2, 3000, 64, device=dev, dtype=torch.float16, generator=g) for _ in range(2))
+        lens = torch.tensor([3000, 1234], device=dev, dtype=torch.int32)
+        ref = torch.cat([attention_reference(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n])[0]
                          for i, n in enumerate(lens.tolist())])
         return fa.decode(q, k, v, lens, num_splits=4), ref
 
@@ -160,3 +162,20 @@ def test_repeated_calls_on_the_fast_path_match_the_reference(op):
         ours, ref = run(seed)
         err = ((ours.double() - ref).norm() / ref.norm()).item()
         assert err < 2e-3, f"call {seed}: rel err {err:.2e}"
+
+
+def test_the_key_separates_whatever_the_installed_triton_specializes_apart():
+    """Our per-argument key is at least as fine as Triton's own specialization (checked against
+    the installed Triton's specializer where it exposes one)."""
+    specialize = pytest.importorskip("triton._C.libtriton").__dict__.get("native_specialize_impl")
+    if specialize is None:
+        pytest.skip("this Triton has no native specializer to compare with")
+    from triton.backends.compiler import BaseBackend
+    base = torch.empty(64)
+    values = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 16, 2 ** 40, 2 ** 63, 2 ** 63 + 16,
+              True, False, 0.5, 1.0, None, base, base[1:], base[4:], base.half(), base.double()]
+    for a in values:
+        for b in values:
+            theirs = [specialize(BaseBackend, x, False, True, True) for x in (a, b)]
+            if str(theirs[0]) != str(theirs[1]):
+                assert _launcher._spec(a) != _launcher._spec(b), (a, b, theirs)
