@@ -17,6 +17,7 @@ the interpreter, whose kernels are not compiled.
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 from triton.runtime.autotuner import Autotuner
@@ -65,8 +66,11 @@ class Launcher:
 
     ``inner`` is a ``triton.jit`` function or a ``triton.autotune`` wrapper of one; ``tune_key``
     names the autotuning key's arguments (their values, not just their specialization, pick the
-    config). Runtime arguments go positionally and constexprs by keyword, as at every call site
-    here; the first launch of a specialization goes through ``inner`` (tuning, compiling)."""
+    config). The fast path needs runtime arguments positionally and constexprs by keyword, as at
+    every call site here (a call passing a constexpr positionally always takes Triton's path); a
+    callable grid sees the constexprs and the config (``meta["BLOCK_M"]``), not the runtime
+    arguments. The first launch of a specialization goes through ``inner`` (tuning, compiling),
+    under a lock: the autotuner reports its choice in a shared attribute."""
 
     def __init__(self, inner, tune_key=()):
         self.inner = inner
@@ -74,21 +78,33 @@ class Launcher:
         self.enabled = fast_launch_enabled()
         if self.enabled:
             self.jit = inner.fn if isinstance(inner, Autotuner) else inner
-            self.tune_pos = tuple(i for i, n in enumerate(self.jit.arg_names) if n in tune_key)
+            self.n_runtime = min((p.num for p in self.jit.params if p.is_constexpr), default=len(self.jit.params))
+            # Key arguments among the runtime ones (constexpr key arguments are in the kwargs key).
+            self.tune_pos = tuple(i for i, n in enumerate(self.jit.arg_names[:self.n_runtime]) if n in tune_key)
+            self.lock = threading.Lock()
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args, kwargs):
-        if not self.enabled:
+        if not self.enabled or len(args) > self.n_runtime:
             return self.inner[grid](*args, **kwargs)
         device = torch.cuda.current_device()
-        key = (device, tuple(kwargs.items()), tuple(map(_spec, args)),
-               tuple(args[i] for i in self.tune_pos if i < len(args)))
+        try:
+            # Triton keys constexprs by str(value) (True, 1 and 1.0 differ), and the compile options
+            # it reads from knobs at every launch (debug, instrumentation) are in its cache key.
+            key = (device, tuple(kwargs.items()), tuple(map(type, kwargs.values())), tuple(map(_spec, args)),
+                   tuple(args[i] for i in self.tune_pos), _knobs.runtime.debug,
+                   _knobs.compilation.instrumentation_mode)
+        except AttributeError:  # a Triton whose knobs differ: its own launch path from now on
+            self.enabled = False
+            return self.inner[grid](*args, **kwargs)
         entry = self.entries.get(key)
         if entry is None or entry is _SLOW:
-            kernel = self.inner[grid](*args, **kwargs)
-            if entry is None:
+            if entry is _SLOW:
+                return self.inner[grid](*args, **kwargs)
+            with self.lock:
+                kernel = self.inner[grid](*args, **kwargs)
                 self.entries[key] = self._entry(kernel, len(args), kwargs)
             return kernel
         kernel, tail, meta = entry
@@ -107,10 +123,14 @@ class Launcher:
         config = getattr(self.inner, "best_config", None)
         if config is not None and config.pre_hook is not None:
             return _SLOW
+        if kernel is None:  # a cache hook made Triton skip the launch
+            return _SLOW
         if hasattr(kernel, "result"):  # asynchronous compilation hands back a future
             kernel = kernel.result()
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
             return _SLOW
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            return _SLOW  # keyed by identity: would never hit
         meta = {**kwargs, **(config.kwargs if config is not None else {})}
         tail = []
         for param in self.jit.params[n_args:]:

@@ -14,8 +14,9 @@ from flashattn_lite import _launcher
 
 
 class _Param:
-    def __init__(self, name, default=None, has_default=False):
-        self.name, self.default, self.has_default = name, default, has_default
+    def __init__(self, num, name, constexpr=False, default=None, has_default=False):
+        self.num, self.name, self.is_constexpr = num, name, constexpr
+        self.default, self.has_default = default, has_default
 
 
 class _Compiled:
@@ -34,7 +35,8 @@ class _FakeJit:
     """A kernel (x, n, scale, BLOCK: constexpr, FLAG: constexpr = True) compiled on first sight."""
 
     def __init__(self):
-        self.params = [_Param("x"), _Param("n"), _Param("scale"), _Param("BLOCK"), _Param("FLAG", True, True)]
+        self.params = [_Param(0, "x"), _Param(1, "n"), _Param(2, "scale"), _Param(3, "BLOCK", True),
+                       _Param(4, "FLAG", True, True, True)]
         self.arg_names = [p.name for p in self.params]
         self.log = []
 
@@ -51,9 +53,10 @@ def fake(monkeypatch):
     monkeypatch.setattr(_launcher, "_raw_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(_launcher, "_knobs", SimpleNamespace(
-        runtime=SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)))
+        runtime=SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None, debug=False),
+        compilation=SimpleNamespace(instrumentation_mode="")))
     jit = _FakeJit()
-    return jit, _launcher.Launcher(jit, tune_key=["n"])
+    return jit, _launcher.Launcher(jit, tune_key=["n", "BLOCK"])  # BLOCK: a constexpr key argument
 
 
 def test_second_launch_reuses_the_compiled_kernel_with_args_in_signature_order(fake):
@@ -89,6 +92,25 @@ def test_a_change_triton_specializes_on_takes_the_slow_path(fake, change):
     elif change == "constexpr":
         new["BLOCK"] = 8
     kern[(1,)](new["x"], new["n"] if change != "tune_value" else 48, 1.0, BLOCK=new["BLOCK"])
+    assert [e[0] for e in jit.log] == ["slow", "slow"]
+
+
+def test_constexpr_values_are_keyed_by_type_and_positional_constexprs_take_the_slow_path(fake):
+    jit, kern = fake
+    x = torch.randn(64)
+    kern[(1,)](x, 32, 1.0, BLOCK=4, FLAG=True)
+    kern[(1,)](x, 32, 1.0, BLOCK=4, FLAG=1)  # equal to True, but Triton keys str(value)
+    kern[(1,)](x, 32, 1.0, 4)
+    kern[(1,)](x, 32, 1.0, 4)
+    assert [e[0] for e in jit.log] == ["slow", "slow", "slow", "slow"]
+
+
+def test_a_debug_knob_set_after_warm_up_takes_the_slow_path(fake):
+    jit, kern = fake
+    x = torch.randn(64)
+    kern[(1,)](x, 32, 1.0, BLOCK=4)
+    _launcher._knobs.runtime.debug = True
+    kern[(1,)](x, 32, 1.0, BLOCK=4)
     assert [e[0] for e in jit.log] == ["slow", "slow"]
 
 
