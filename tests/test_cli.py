@@ -235,3 +235,10 @@ def test_quick_preset_and_explicit_options():
 def test_bad_run_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
     status, _, err = run_cli(argv + ["--out", str(tmp_path)], capsys)
     assert status == 2 and needle in err and "Traceback" not in err
+
+
+def test_results_record_the_output_folder_as_a_placeholder():
+    argv = ["benchmarks/memory.py", "--out", "/some/machine/dir", "--quick"]
+    assert common.recorded_command(argv, "/some/machine/dir") == "benchmarks/memory.py --out $OUT --quick"
+    assert common.recorded_command(["x.py", "--out=/a/b"], "/a/b") == "x.py --out=$OUT"
+    assert common.recorded_command(["bench.py", "--out", "."], ".") == "bench.py --out $OUT"

@@ -282,6 +282,13 @@ def warm_up(fn: Callable[[], object], what: str) -> float:
     return seconds
 
 
+def recorded_command(argv: list[str], out) -> str:
+    """The command line as results record it: the output folder written as $OUT (it is a path of
+    the machine that ran it, which says nothing to a reader and should not end up in the repo)."""
+    out_s = str(out)
+    return " ".join("$OUT" if a == out_s else "--out=$OUT" if a.startswith("--out=") else a for a in argv)
+
+
 class ResultWriter:
     """A sweep's results as they come. Each point is printed as one line the moment it is measured,
     and ``<stem>.json`` + ``<stem>.csv`` are rewritten after every point (atomically), so a run that
@@ -302,7 +309,7 @@ class ResultWriter:
         out = Path(out)
         self.stem = out.with_suffix("") if out.suffix == ".json" else result_stem(out, name)
         self.name, self.columns, self.budget_s = name, columns, budget_s
-        self.meta = dict(meta or {}, command=" ".join(sys.argv), time_budget_s=budget_s)
+        self.meta = dict(meta or {}, command=recorded_command(sys.argv, out), time_budget_s=budget_s)
         self.rows: list[dict] = []
         self.skipped: list[dict] = []
         self._env = environment()
