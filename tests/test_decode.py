@@ -212,6 +212,11 @@ def test_bad_input_names_the_argument():
         (ValueError, r"block_table\[1, 2\] = 99", dict(k_cache=kp, v_cache=vp, block_table=_poke(table, 1, 2, 99))),
         (ValueError, r"block_table\[0, 0\] = -1", dict(k_cache=kp, v_cache=vp, block_table=_poke(table, 0, 0, -1))),
         (TypeError, "scale", dict(scale="big")),
+        # Edges of the one-test fast check in decode's validation: each must still reach its error.
+        (ValueError, "num_splits", dict(num_splits=True)),
+        (TypeError, "q must be a torch.Tensor", dict(q=q.tolist())),
+        (ValueError, "at least one column", dict(k_cache=kp, v_cache=vp, block_table=table[:, :0])),
+        (ValueError, "v_cache dim 0", dict(v_cache=vc[:1])),
     ]
     base = dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=seqlens)
     for exc, match, change in cases:
