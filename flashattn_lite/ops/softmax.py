@@ -215,7 +215,8 @@ def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, 
 def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                   N, SEG, S, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
                   OP: tl.constexpr, PHASE: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr, S_POW2: tl.constexpr):
+                  BLOCK: tl.constexpr, S_POW2: tl.constexpr, STORE_CS: tl.constexpr = False,
+                  SPIN_VOLATILE: tl.constexpr = False):
     """PHASE 0: write each segment's partial state. PHASE 1: merge a row's partials and map its
     segment (re-reading it). PHASE 2: both in one launch, the programs of a row waiting for each
     other; ONE_CHUNK keeps the segment in registers across the wait."""
@@ -264,9 +265,15 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
             writes_lse = (tl.atomic_add(counter, 1, sem="acq_rel") + one) == S - 1
         else:
             tl.atomic_add(counter, 1, sem="release")
-            arrived = tl.atomic_add(counter, 0, sem="acquire")
-            while arrived < S:
+            if SPIN_VOLATILE:
+                arrived = tl.load(counter, volatile=True)
+                while arrived < S:
+                    arrived = tl.load(counter, volatile=True)
                 arrived = tl.atomic_add(counter, 0, sem="acquire")
+            else:
+                arrived = tl.atomic_add(counter, 0, sem="acquire")
+                while arrived < S:
+                    arrived = tl.atomic_add(counter, 0, sem="acquire")
 
     offs = tl.arange(0, S_POW2)
     part = row.to(tl.int64) * S + offs
@@ -289,7 +296,10 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                 y = p * (tl.math.exp2((m - m_row) * 1.4426950408889634) * (1.0 / l_row))[:, None]
             else:
                 y = _map(a, b, m_row, l_row, OP)
-            tl.store(out_row + lo + cols, y.to(out_ptr.dtype.element_ty), mask=lo + cols < hi)
+            if STORE_CS:
+                tl.store(out_row + lo + cols, y.to(out_ptr.dtype.element_ty), mask=lo + cols < hi, cache_modifier=".cs")
+            else:
+                tl.store(out_row + lo + cols, y.to(out_ptr.dtype.element_ty), mask=lo + cols < hi)
         else:
             for start in range(lo, hi, BLOCK):
                 mask = start + cols < hi
@@ -384,15 +394,23 @@ def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strate
         _launch_split(op, a, b, out, R, N, geo)
 
 
+_SPLIT_TUNING: dict = {}  # experiment override: block, warps, store_cs, spin_volatile
+
+
 def _launch_split(op, a, b, out, R, N, geo):
-    block = _chunk("split")
+    t = _SPLIT_TUNING
+    block = t.get("block", _chunk("split"))
     cap = device_sm_count(a)
     chunks = cdiv(cdiv(N, block), cap)
     seg = chunks * block
     S = cdiv(N, seg)
     ws = torch.empty((2, R * S), device=a.device, dtype=torch.float32)
     common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S),
-                  num_warps=_WARPS["split"])
+                  num_warps=t.get("warps", _WARPS["split"]))
+    if t.get("store_cs"):
+        common["STORE_CS"] = True
+    if t.get("spin_volatile"):
+        common["SPIN_VOLATILE"] = True
     if _spin_allowed(a):
         sync = torch.zeros(1 + R, device=a.device, dtype=torch.int32)
         _split_kernel[(R * S,)](a, b, out, ws[0], ws[1], sync, N, seg, S, *geo, PHASE=2, **common)
