@@ -1,9 +1,10 @@
 """Tuning data for the split softmax kernel: achieved bandwidth of each kernel variant, long rows.
 
 The split strategy (``ops/softmax.py``) cuts each row into segments, one program each, that wait
-for each other's partial (m, ℓ). Its knobs: elements per segment held on chip (``block``),
-``num_warps``, streaming stores for the output (``store_cs``: the written row should not evict the
-input), and how a waiting program polls (``spin_volatile``: plain volatile loads instead of atomics).
+for each other's partial (m, ℓ). Its knobs (``softmax._SPLIT_TUNING``): elements per chunk
+(``block``), ``num_warps``, a back-off between polls of the row's counter (``spin_sleep`` ns) and
+placement by program id instead of atomic tickets (``pid_order``). Session 3's first sweep (block
+and warps, streaming stores, volatile polling) chose ``_split_shape``; this one times the waits.
 This times each variant on the same inputs as ``softmax_speed.py`` (R = total / (N · itemsize) rows,
 forward = softmax, backward = its backward) and prints GB/s and the fraction of the device copy
 bandwidth, with each variant's registers and spills. JSON under ``--out``.
@@ -28,13 +29,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def variants(n: int, itemsize: int, sms: int) -> dict[str, dict]:
-    """Fixed blocks, and the rule under test: segments of ≥ 32 KB of input, held on chip up to
-    32K elements (one segment per SM at most), 16 warps from 16K elements."""
-    block = min(max(next_pow2(cdiv(n, sms)), 32768 // itemsize), 32768)
-    rule = dict(block=block, warps=16 if block >= 16384 else 8)
-    return {"base": {}, "b16k_w8": dict(block=16384, warps=8), "b16k_w16": dict(block=16384, warps=16),
-            "b32k_w16": dict(block=32768, warps=16), "b32k_w32": dict(block=32768, warps=32), "rule": rule,
-            "rule_cs": dict(rule, store_cs=True), "rule_vol": dict(rule, spin_volatile=True)}
+    """The shapes ``_split_shape`` chooses, then the waits under test: a ``nanosleep`` back-off
+    between polls (less atomic traffic on the row's counter) and programs placed by program id
+    instead of an atomic ticket (one atomic fewer per program, trusting in-order dispatch)."""
+    return {"chosen": {}, "sleep64": dict(spin_sleep=64), "sleep256": dict(spin_sleep=256),
+            "pid": dict(pid_order=True), "pid_sleep256": dict(pid_order=True, spin_sleep=256)}
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ from .merge_states import (merge_attention_states, merge_attention_states_stacke
 # Split heuristic (see ``choose_num_splits``).
 MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the merge than it saves
 MAX_SPLITS = 128
-WAVES = 2               # target programs ≈ WAVES × SMs
+WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep, NOTES.md session 3)
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
 
 
@@ -192,12 +192,12 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
 
 @functools.lru_cache(maxsize=4096)  # pure, and on every decode step's host path
 def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, max_len: int, sm_count: int) -> int:
-    """Splits per sequence for stage 1: about WAVES waves of programs (one program per SM at a
-    time), choosing within ±25% of that the count whose last wave is fullest (a part-empty last
-    wave leaves SMs idle while the rest of the machine waits), preferring fewer splits on ties;
-    never splits shorter than MIN_SPLIT_LEN keys (of the longest possible sequence), at most
-    MAX_SPLITS. On 132 SMs with Hkv = 8: B=1 → 33, B=2 → 16, B=4 → 8, B=8 → 4, B ≥ 16 → 1 (no
-    merge stage).
+    """Splits per sequence for stage 1: about WAVES waves of programs (one per SM), choosing within
+    ±25% of that the count whose last wave is fullest (a part-empty last wave leaves SMs idle while
+    the rest of the machine waits), preferring fewer splits on ties; never splits shorter than
+    MIN_SPLIT_LEN keys (of the longest possible sequence), at most MAX_SPLITS. One wave, not two:
+    on the H100 (B 1, Hkv 8) 16 splits beat 33 by 9% at 32k and tie at 4k. On 132 SMs with
+    Hkv = 8: B=1 → 16, B=2 → 8, B=4 → 4, B=8 → 2, B ≥ 16 → 1 (no merge stage).
     """
     programs = batch * kv_heads * row_blocks
     cap = max(1, min(MAX_SPLITS, cdiv(max_len, MIN_SPLIT_LEN)))

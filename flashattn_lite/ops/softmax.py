@@ -68,9 +68,6 @@ def _chunk(kind: str) -> int:
     return {"two_pass": 4096, "split": 8192}[kind]
 
 
-_WARPS = {"two_pass": 8, "split": 8}
-
-
 # ------------------------------------------------------------------ shared kernel pieces
 
 @triton.jit
@@ -215,12 +212,12 @@ def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, 
 def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                   N, SEG, S, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
                   OP: tl.constexpr, PHASE: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr, S_POW2: tl.constexpr, STORE_CS: tl.constexpr = False,
-                  SPIN_VOLATILE: tl.constexpr = False):
+                  BLOCK: tl.constexpr, S_POW2: tl.constexpr, SPIN_SLEEP: tl.constexpr = 0,
+                  PID_ORDER: tl.constexpr = False):
     """PHASE 0: write each segment's partial state. PHASE 1: merge a row's partials and map its
     segment (re-reading it). PHASE 2: both in one launch, the programs of a row waiting for each
     other; ONE_CHUNK keeps the segment in registers across the wait."""
-    if PHASE == 2:
+    if PHASE == 2 and not PID_ORDER:
         # Tickets hand out (row, segment) in the order programs actually start, so every segment
         # a program waits for belongs to a program that is running or will start once an earlier
         # row finishes: with S ≤ resident programs this cannot deadlock.
@@ -265,15 +262,13 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
             writes_lse = (tl.atomic_add(counter, 1, sem="acq_rel") + one) == S - 1
         else:
             tl.atomic_add(counter, 1, sem="release")
-            if SPIN_VOLATILE:
-                arrived = tl.load(counter, volatile=True)
-                while arrived < S:
-                    arrived = tl.load(counter, volatile=True)
+            arrived = tl.atomic_add(counter, 0, sem="acquire")
+            while arrived < S:
+                if SPIN_SLEEP > 0:
+                    arrived = tl.inline_asm_elementwise("nanosleep.u32 $2; mov.u32 $0, $1;", "=r,r,r",
+                                                        [arrived, tl.full([1], SPIN_SLEEP, tl.int32)],
+                                                        dtype=tl.int32, is_pure=False, pack=1)
                 arrived = tl.atomic_add(counter, 0, sem="acquire")
-            else:
-                arrived = tl.atomic_add(counter, 0, sem="acquire")
-                while arrived < S:
-                    arrived = tl.atomic_add(counter, 0, sem="acquire")
 
     offs = tl.arange(0, S_POW2)
     part = row.to(tl.int64) * S + offs
@@ -296,16 +291,14 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                 y = p * (tl.math.exp2((m - m_row) * 1.4426950408889634) * (1.0 / l_row))[:, None]
             else:
                 y = _map(a, b, m_row, l_row, OP)
-            if STORE_CS:
-                tl.store(out_row + lo + cols, y.to(out_ptr.dtype.element_ty), mask=lo + cols < hi, cache_modifier=".cs")
-            else:
-                tl.store(out_row + lo + cols, y.to(out_ptr.dtype.element_ty), mask=lo + cols < hi)
+            # Streaming stores: the written row should not evict inputs still to be read.
+            tl.store(out_row + lo + cols, y.to(out_ptr.dtype.element_ty), mask=lo + cols < hi, cache_modifier=".cs")
         else:
             for start in range(lo, hi, BLOCK):
                 mask = start + cols < hi
                 a, b = _load(a_row + start + cols, b_row + start + cols, mask, OP, "evict_first")
                 y = _map(a, b, m_row, l_row, OP)
-                tl.store(out_row + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.store(out_row + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask, cache_modifier=".cs")
 
 
 # ------------------------------------------------------------------ logsumexp backward (no reduction)
@@ -389,28 +382,44 @@ def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strate
         grid = lambda meta: (cdiv(R, meta["ROWS"]),)
         _row_kernel[grid](a, b, out, R, N, *geo, OP=op, BLOCK_N=block_n)
     elif kind == "two_pass":
-        _two_pass_kernel[(R,)](a, b, out, N, *geo, OP=op, BLOCK=_chunk("two_pass"), num_warps=_WARPS["two_pass"])
+        _two_pass_kernel[(R,)](a, b, out, N, *geo, OP=op, BLOCK=_chunk("two_pass"), num_warps=8)
     else:
         _launch_split(op, a, b, out, R, N, geo)
 
 
-_SPLIT_TUNING: dict = {}  # experiment override: block, warps, store_cs, spin_volatile
+_SPLIT_TUNING: dict = {}  # experiment override: block, warps, spin_sleep, pid_order
+
+
+def _split_shape(op: int, N: int, itemsize: int, sms: int) -> tuple[int, int]:
+    """(elements per chunk, num_warps) of the split kernel, measured on the H100
+    (``benchmarks/softmax_split_sweep.py``; NOTES.md, session 3). Forward: 8K-element chunks on
+    8 warps (two programs per SM), 16K past 8K × SMs elements (a segment spans several chunks
+    there, and fewer, longer chunks re-read less). Backward holds y and dy: the same 8K chunks for
+    fp32 rows that fit them in one chunk per SM, else 32K chunks on 16 warps (one program per SM;
+    2-byte rows from 64K elements), the fastest there by 5-35%."""
+    if interpreter_active():
+        return _chunk("split"), 4
+    if op < 3:
+        return (8192, 8) if cdiv(N, 8192) <= sms else (16384, 8)
+    if (itemsize == 4 and cdiv(N, 8192) <= sms) or (itemsize < 4 and N < 65536):
+        return 8192, 8
+    return 32768, 16
 
 
 def _launch_split(op, a, b, out, R, N, geo):
     t = _SPLIT_TUNING
-    block = t.get("block", _chunk("split"))
     cap = device_sm_count(a)
+    block, warps = _split_shape(op, N, a.element_size(), cap)
+    block, warps = t.get("block", block), t.get("warps", warps)
     chunks = cdiv(cdiv(N, block), cap)
     seg = chunks * block
     S = cdiv(N, seg)
     ws = torch.empty((2, R * S), device=a.device, dtype=torch.float32)
-    common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S),
-                  num_warps=t.get("warps", _WARPS["split"]))
-    if t.get("store_cs"):
-        common["STORE_CS"] = True
-    if t.get("spin_volatile"):
-        common["SPIN_VOLATILE"] = True
+    common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S), num_warps=warps)
+    if t.get("spin_sleep"):
+        common["SPIN_SLEEP"] = t["spin_sleep"]
+    if t.get("pid_order"):
+        common["PID_ORDER"] = True
     if _spin_allowed(a):
         sync = torch.zeros(1 + R, device=a.device, dtype=torch.int32)
         _split_kernel[(R * S,)](a, b, out, ws[0], ws[1], sync, N, seg, S, *geo, PHASE=2, **common)
