@@ -184,7 +184,8 @@ def test_split_heuristic():
                 if s * MIN_SPLIT_LEN < L and s < MAX_SPLITS:      # not capped by length
                     assert 0.75 * WAVES - b * hkv / sms <= waves or s == 1, (b, hkv, L, s)
                     assert waves <= 1.25 * WAVES + b * hkv / sms or s == 1   # ±25% of the ideal count, rounded
-                    assert waves / -(-waves // 1) >= 0.85, f"last wave mostly empty: {(b, hkv, L, s)}"
+                    # (a sequence's heads alone fill over half the GPU: the count cannot be finer)
+                    assert waves / -(-waves // 1) >= 0.85 or b * hkv > sms / 2, f"last wave mostly empty: {(b, hkv, L, s)}"
     # Llama-style GQA on an H100: the batch fills the GPU from B = 16 on (no merge stage).
     assert [choose_num_splits(b, 8, 1, 1 << 15, sms) for b in (1, 2, 4, 8, 16, 64)] == [16, 8, 4, 2, 1, 1]
     assert choose_num_splits(1, 8, 1, 4096, sms) == 4096 // MIN_SPLIT_LEN
