@@ -212,12 +212,14 @@ def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, 
 def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                   N, SEG, S, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
                   OP: tl.constexpr, PHASE: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr, S_POW2: tl.constexpr, SPIN_SLEEP: tl.constexpr = 0,
-                  PID_ORDER: tl.constexpr = False):
+                  BLOCK: tl.constexpr, S_POW2: tl.constexpr, PID_ORDER: tl.constexpr = False):
     """PHASE 0: write each segment's partial state. PHASE 1: merge a row's partials and map its
     segment (re-reading it). PHASE 2: both in one launch, the programs of a row waiting for each
     other; ONE_CHUNK keeps the segment in registers across the wait."""
-    if PHASE == 2 and not PID_ORDER:
+    if PHASE == 2 and PID_ORDER:  # experiment: placement by program id, trusting in-order dispatch
+        row = tl.program_id(0) // S
+        seg = tl.program_id(0) % S
+    elif PHASE == 2:
         # Tickets hand out (row, segment) in the order programs actually start, so every segment
         # a program waits for belongs to a program that is running or will start once an earlier
         # row finishes: with S ≤ resident programs this cannot deadlock.
@@ -264,10 +266,6 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
             tl.atomic_add(counter, 1, sem="release")
             arrived = tl.atomic_add(counter, 0, sem="acquire")
             while arrived < S:
-                if SPIN_SLEEP > 0:
-                    arrived = tl.inline_asm_elementwise("nanosleep.u32 $2; mov.u32 $0, $1;", "=r,r,r",
-                                                        [arrived, tl.full([1], SPIN_SLEEP, tl.int32)],
-                                                        dtype=tl.int32, is_pure=False, pack=1)
                 arrived = tl.atomic_add(counter, 0, sem="acquire")
 
     offs = tl.arange(0, S_POW2)
@@ -387,7 +385,7 @@ def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strate
         _launch_split(op, a, b, out, R, N, geo)
 
 
-_SPLIT_TUNING: dict = {}  # experiment override: block, warps, spin_sleep, pid_order
+_SPLIT_TUNING: dict = {}  # experiment override (benchmarks/softmax_split_sweep.py): block, warps, pid_order
 
 
 def _split_shape(op: int, N: int, itemsize: int, sms: int) -> tuple[int, int]:
@@ -416,8 +414,6 @@ def _launch_split(op, a, b, out, R, N, geo):
     S = cdiv(N, seg)
     ws = torch.empty((2, R * S), device=a.device, dtype=torch.float32)
     common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S), num_warps=warps)
-    if t.get("spin_sleep"):
-        common["SPIN_SLEEP"] = t["spin_sleep"]
     if t.get("pid_order"):
         common["PID_ORDER"] = True
     if _spin_allowed(a):
