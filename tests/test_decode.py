@@ -149,6 +149,38 @@ def test_paged_equals_contiguous_and_splits_agree():
             torch.testing.assert_close(out, base, atol=2e-3, rtol=0)
 
 
+def test_repeated_calls_reuse_the_merge_counters():
+    """The split merge is fused into the decode kernel through per-group arrival counters that the
+    merging program resets: back-to-back calls with other batches and split counts (so other
+    counter slots, and a grown buffer) must reproduce every result exactly."""
+    from flashattn_lite.ops import decode as decode_module
+    calls = [((1, 4, 2, 1, [70]), 3), ((3, 4, 2, 2, [70, 1, 37]), 4), ((1, 4, 2, 1, [70]), 12),
+             ((5, 8, 2, 1, [9, 64, 0, 33, 50]), None), ((3, 4, 2, 2, [70, 1, 37]), 2)]
+    runs = []
+    for seed, ((B, Hq, Hkv, Nq, lengths), splits) in enumerate(calls):
+        q, kc, vc, seqlens, _, dk, dv = make_cache(B, Hq, Hkv, Nq, 32, 32, lengths, seed=20 + seed)
+        runs.append(((q, kc, vc, seqlens, splits), decode(q, kc, vc, seqlens, num_splits=splits, return_lse=True)))
+        check(*runs[-1][1], q, dk, dv)
+    for (q, kc, vc, seqlens, splits), (o, lse) in runs[::-1] + runs:
+        o2, lse2 = decode(q, kc, vc, seqlens, num_splits=splits, return_lse=True)
+        assert torch.equal(o2, o) and torch.equal(lse2, lse)
+    assert all((c == 0).all() for c in decode_module._COUNTERS.values()), "every launch leaves its counters at 0"
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+def test_empty_sequences_give_zero_and_neg_inf(paged):
+    """Length-0 sequences make every split of theirs empty: the merged row is o = 0, lse = −inf,
+    next to non-empty sequences and in an all-empty batch."""
+    for lengths in ([0, 45, 0], [0, 0]):
+        q, kc, vc, seqlens, table, dk, dv = make_cache(len(lengths), 4, 2, 2, 16, 16, lengths, capacity=48,
+                                                       block_size=16 if paged else None, seed=8)
+        for splits in (1, 4, None):
+            o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=splits, return_lse=True)
+            check(o, lse, q, dk, dv)
+            empty = seqlens == 0
+            assert (o[empty] == 0).all() and (lse[empty] == NEG_INF).all()
+
+
 def test_strided_cache_and_query_read_in_place():
     """A (B, N, H, D) cache and query passed as (B, H, N, D) views; paged (blocks, bs, H, D) too."""
     q, kc, vc, seqlens, table, dk, dv = make_cache(2, 4, 2, 2, 32, 32, [30, 47], seed=4)
