@@ -149,11 +149,9 @@ def test_paged_equals_contiguous_and_splits_agree():
             torch.testing.assert_close(out, base, atol=2e-3, rtol=0)
 
 
-def test_repeated_calls_reuse_the_merge_counters():
-    """The split merge is fused into the decode kernel through per-group arrival counters that the
-    merging program resets: back-to-back calls with other batches and split counts (so other
-    counter slots, and a grown buffer) must reproduce every result exactly."""
-    from flashattn_lite.ops import decode as decode_module
+def test_repeated_calls_with_other_shapes_reproduce_every_result():
+    """Back-to-back calls with other batches and split counts (other workspace shapes, other
+    compiled specializations on the launch fast path) reproduce every result bit for bit."""
     calls = [((1, 4, 2, 1, [70]), 3), ((3, 4, 2, 2, [70, 1, 37]), 4), ((1, 4, 2, 1, [70]), 12),
              ((5, 8, 2, 1, [9, 64, 0, 33, 50]), None), ((3, 4, 2, 2, [70, 1, 37]), 2)]
     runs = []
@@ -164,7 +162,6 @@ def test_repeated_calls_reuse_the_merge_counters():
     for (q, kc, vc, seqlens, splits), (o, lse) in runs[::-1] + runs:
         o2, lse2 = decode(q, kc, vc, seqlens, num_splits=splits, return_lse=True)
         assert torch.equal(o2, o) and torch.equal(lse2, lse)
-    assert all((c == 0).all() for c in decode_module._COUNTERS.values()), "every launch leaves its counters at 0"
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])

@@ -34,11 +34,10 @@ import triton.language as tl
 
 from .. import _checks
 from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tuned
-from .._launcher import _raw_stream
-from ..merge import (LOG2E, finalize, lse_of_torch, merge_states, online_softmax_update,
-                     online_softmax_update_torch)
+from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
 from .attention_fwd import precision_for
-from .merge_states import merge_attention_states, merge_attention_states_stacked, merge_stacked_torch
+from .merge_states import (merge_attention_states, merge_attention_states_stacked, merge_stacked_launch,
+                           merge_stacked_torch)
 
 # Split heuristic (see ``choose_num_splits``).
 MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the merge than it saves
@@ -104,27 +103,6 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, stride_bt, b, start_n
     return acc, m_i, l_i
 
 
-@triton.jit
-def _merge_splits(o_ptrs, l_ptrs, o_mask, row_ok, n_splits, stride_os, stride_ls,
-                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, UNROLL: tl.constexpr):
-    """(o, lse) of a tile of rows merged over their n_splits partial planes: the partial lse's are
-    the scores of a softmax over the partials (as in ``merge_attention_states_stacked``). Every
-    partial was written (an empty one as o = 0, lse = −inf), so no load waits on an lse, and
-    UNROLL planes' loads can be in flight together. Loads go to L2 (.cg): other SMs wrote them."""
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s0 in range(0, n_splits, UNROLL):
-        for i in tl.static_range(UNROLL):
-            ok = s0 + i < n_splits
-            part_lse = tl.load(l_ptrs + (s0 + i) * stride_ls, mask=row_ok & ok, other=float("-inf"),
-                               cache_modifier=".cg")
-            part_o = tl.load(o_ptrs + (s0 + i) * stride_os, mask=o_mask & ok, other=0.0, cache_modifier=".cg")
-            m_i, l_i, p, alpha = online_softmax_update(m_i, l_i, part_lse[:, None] * 1.4426950408889634)
-            acc = acc * alpha[:, None] + p * part_o
-    return finalize(acc, m_i, l_i)
-
-
 def _configs():
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bn, w, s in [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 4, 3),
@@ -142,23 +120,18 @@ def _prune(configs, named_args):
        interpreter_config=triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1),
        prune=_prune)
 @triton.jit
-def _decode_split_kernel(q, k, v, o, lse, o_part, lse_part, counters, seqlens, block_table,
+def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
                          stride_qb, stride_qh, stride_qn, stride_qd,
                          stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd,
-                         stride_ob, stride_oh, stride_on, stride_od, stride_os,
-                         stride_lb, stride_lh, stride_ln, stride_ls,
+                         stride_os, stride_ob, stride_oh, stride_on, stride_od,
+                         stride_ls, stride_lb, stride_lh, stride_ln,
                          stride_btb, stride_bt,
                          n_q, n_splits, min_chunk, qk_scale, len_bucket,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                          PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
-                         MERGE: tl.constexpr, MERGE_UNROLL: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One (split, KV head × row block, batch) program: a partial (o, lse) of its rows over its
-    split, written to plane ``split`` of (o_part, lse_part) — which are (o, lse) themselves when
-    not MERGE (one split). MERGE: the last program of the (batch, KV head × row block) group to
-    finish also merges the group's n_splits partials into (o, lse). o_part's planes have o's
-    strides, lse_part's lse's."""
+                         BLOCK_N: tl.constexpr):
     split = tl.program_id(0)
     n_rows = GROUP * n_q
     row_blocks = tl.cdiv(n_rows, BLOCK_M)
@@ -206,23 +179,13 @@ def _decode_split_kernel(q, k, v, o, lse, o_part, lse_part, counters, seqlens, b
                                      HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, PRECISION)
 
     out, lse_row = finalize(acc, m_i, l_i)
-    o_rows = (b.to(tl.int64) * stride_ob + head[:, None].to(tl.int64) * stride_oh
-              + tok[:, None].to(tl.int64) * stride_on + offs_dv[None, :] * stride_od)
-    l_rows = b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + tok.to(tl.int64) * stride_ln
-    o_mask = row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
-    tl.store(o_part + split.to(tl.int64) * stride_os + o_rows, out.to(o_part.dtype.element_ty), mask=o_mask)
-    tl.store(lse_part + split.to(tl.int64) * stride_ls + l_rows, lse_row, mask=row_ok)
-    if MERGE:
-        # Arrival ticket, released after every thread's partial is written: the last of the
-        # group's programs (empty splits too) merges. Nobody waits, so any launch order works.
-        tl.debug_barrier()
-        group = counters + b * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(group, 1, sem="acq_rel") == n_splits - 1:
-            tl.atomic_xchg(group, 0, sem="relaxed")      # all arrived: zero for the next launch
-            out, lse_row = _merge_splits(o_part + o_rows, lse_part + l_rows, o_mask, row_ok, n_splits,
-                                         stride_os, stride_ls, BLOCK_M, BLOCK_DV, MERGE_UNROLL)
-            tl.store(o + o_rows, out.to(o.dtype.element_ty), mask=o_mask)
-            tl.store(lse + l_rows, lse_row, mask=row_ok)
+    o_ptrs = (o + split.to(tl.int64) * stride_os + b.to(tl.int64) * stride_ob
+              + head[:, None].to(tl.int64) * stride_oh + tok[:, None].to(tl.int64) * stride_on
+              + offs_dv[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    l_ptrs = (lse + split.to(tl.int64) * stride_ls + b.to(tl.int64) * stride_lb
+              + head.to(tl.int64) * stride_lh + tok.to(tl.int64) * stride_ln)
+    tl.store(l_ptrs, lse_row, mask=row_ok)
 
 
 # ------------------------------------------------------------------ launcher
@@ -253,42 +216,8 @@ def _block_m(rows: int) -> int:
     return max(16, min(MAX_BLOCK_M, next_pow2(rows)))
 
 
-# Arrival counters of the fused merge: int32, zero between launches (the merging program resets
-# its group's entry), so they are zeroed once, at allocation. Eager calls get one buffer per
-# (device, stream): decodes running concurrently on different streams never share a counter (two
-# launches sharing one buffer must not overlap in time). CUDA-graph captures share one buffer per
-# device, zeroed by the eager calls that precede the capture (a capture stream runs no eager work,
-# and zeros made inside the capture would add a memset to every replay); so decode graphs must
-# not be replayed concurrently on different streams. Outgrown buffers stay alive: captured graphs
-# hold their addresses.
-_COUNTERS: dict = {}
-_OUTGROWN: list = []
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 buffer of at least n counters for the current stream of ``device``."""
-    if device.type != "cuda":
-        keys = [(device, None)]
-    elif torch.cuda.is_current_stream_capturing():
-        buf = _COUNTERS.get((device, "graph"))
-        if buf is None or buf.numel() < n:
-            # No eager call made one this large: this graph gets its own, zeroed at each replay.
-            return torch.zeros(n, dtype=torch.int32, device=device)
-        return buf
-    else:
-        keys = [(device, _raw_stream(device.index)), (device, "graph")]
-    for key in keys:
-        buf = _COUNTERS.get(key)
-        if buf is None or buf.numel() < n:
-            if buf is not None:
-                _OUTGROWN.append(buf)
-            _COUNTERS[key] = torch.zeros(max(n, 1024, 2 * (buf.numel() if buf is not None else 0)),
-                                         dtype=torch.int32, device=device)
-    return _COUNTERS[keys[0]]
-
-
 def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None):
-    """Launch the decode kernel (one launch, split or not). Inputs already validated. Returns (o, lse)."""
+    """Launch stage 1 (and stage 2 when split). Inputs already validated. Returns (o, lse)."""
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
@@ -303,25 +232,24 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
     o = torch.empty((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     if splits == 1:
-        o_part, lse_part, counters = o.unsqueeze(0), lse.unsqueeze(0), cache_seqlens    # counters never read
+        o_part, lse_part = o.unsqueeze(0), lse.unsqueeze(0)
     else:
-        # Split-major float32 partials: each plane has o's (lse's) strides, so one set of row offsets
-        # addresses a partial and the output.
-        o_part = torch.empty((splits, B, Hq, Nq, Dv), device=q.device, dtype=torch.float32)
-        lse_part = torch.empty((splits, B, Hq, Nq), device=q.device, dtype=torch.float32)
-        counters = _arrival_counters(q.device, B * Hkv * row_blocks)
+        # Row-major over (B, Hq, Nq, S): each output row's partials are contiguous for stage 2.
+        o_part = torch.empty((B, Hq, Nq, splits, Dv), device=q.device, dtype=torch.float32).permute(3, 0, 1, 2, 4)
+        lse_part = torch.empty((B, Hq, Nq, splits), device=q.device, dtype=torch.float32).permute(3, 0, 1, 2)
     bt = block_table if paged else cache_seqlens        # never read when not paged
     bt_strides = block_table.stride() if paged else (0, 0)
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
     _decode_split_kernel[(splits, Hkv * row_blocks, B)](
-        q, k_cache, v_cache, o, lse, o_part, lse_part, counters, cache_seqlens, bt,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o.stride(), o_part.stride(0),
-        *lse.stride(), lse_part.stride(0), *bt_strides,
+        q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part.stride(), *lse_part.stride(), *bt_strides,
         Nq, splits, min_chunk, scale * LOG2E, len_bucket,
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
         BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
         BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
-        PRECISION=precision_for(q.dtype), MERGE=splits > 1, MERGE_UNROLL=4)
+        PRECISION=precision_for(q.dtype))
+    if splits > 1:
+        merge_stacked_launch(o_part, lse_part, o, lse)
     return o, lse
 
 
