@@ -242,3 +242,6 @@ def test_results_record_the_output_folder_as_a_placeholder():
     assert common.recorded_command(argv, "/some/machine/dir") == "benchmarks/memory.py --out $OUT --quick"
     assert common.recorded_command(["x.py", "--out=/a/b"], "/a/b") == "x.py --out=$OUT"
     assert common.recorded_command(["bench.py", "--out", "."], ".") == "bench.py --out $OUT"
+    entry = ["/some/env/site-packages/flashattn_lite/__main__.py", "memory", "--out", "/d"]
+    assert common.recorded_command(entry, "/d") == "flashattn-lite memory --out $OUT"
+    assert common.recorded_command(["/usr/local/bin/flashattn-lite", "speed"], "x") == "flashattn-lite speed"
