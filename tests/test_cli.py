@@ -237,6 +237,11 @@ def test_bad_run_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
     assert status == 2 and needle in err and "Traceback" not in err
 
 
+def test_time_ms_names_a_bad_l2_mode():
+    with pytest.raises(ValueError, match="l2 must be 'clean' or 'dirty'"):
+        common.time_ms(lambda: None, l2="warm")
+
+
 def test_results_record_the_output_folder_as_a_placeholder():
     argv = ["benchmarks/memory.py", "--out", "/some/machine/dir", "--quick"]
     assert common.recorded_command(argv, "/some/machine/dir") == "benchmarks/memory.py --out $OUT --quick"

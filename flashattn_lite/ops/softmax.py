@@ -16,8 +16,9 @@ Three strategies, each a kernel, chosen by row length N and row count R (``_choo
               O(chunk) registers whatever N is, but x is read twice (3N bytes instead of 2N; the
               first pass asks L2 to keep the row). Chosen for long rows when programs may not
               wait on each other (the interpreter) and there are enough rows to fill the GPU.
-``split``     each row is cut into S segments of up to 8192·k elements, one program each, so a
-              single 16M row uses every SM. Each program folds its segment to a partial (m, ℓ);
+``split``     each row is cut into S ≤ SM-count segments of k chunks (8K–32K elements each, by
+              direction and row length: ``_split_shape``), one program each, so a single 16M row
+              uses every SM. Each program folds its segment to a partial (m, ℓ);
               partials merge with ``merge_ml_ln`` (a ``tl.reduce`` over the row's S partials).
               On the GPU this is one kernel: programs take tickets from an atomic counter (so the
               programs of a row are always resident together: S ≤ SM count keeps this
