@@ -392,10 +392,11 @@ _SPLIT_TUNING: dict = {}  # experiment override (benchmarks/softmax_split_sweep.
 def _split_shape(op: int, N: int, itemsize: int, sms: int) -> tuple[int, int]:
     """(elements per chunk, num_warps) of the split kernel, measured on the H100
     (``benchmarks/softmax_split_sweep.py``; NOTES.md, session 3). Forward: 8K-element chunks on
-    8 warps (two programs per SM), 16K past 8K × SMs elements (a segment spans several chunks
-    there, and fewer, longer chunks re-read less). Backward holds y and dy: the same 8K chunks for
-    fp32 rows that fit them in one chunk per SM, else 32K chunks on 16 warps (one program per SM;
-    2-byte rows from 64K elements), the fastest there by 5-35%."""
+    8 warps (≈ 55 registers: four programs per SM), 16K past 8K × SMs elements (a segment then
+    spans several chunks, and fewer, longer chunks re-read less). Backward holds y and dy: the same
+    8K chunks (three programs per SM) for fp32 rows that fit one chunk per SM, else 32K chunks on
+    16 warps (one program per SM, 52 bytes of spills; 2-byte rows from 64K elements), the fastest
+    there by 5-35%."""
     if interpreter_active():
         return _chunk("split"), 4
     if op < 3:
