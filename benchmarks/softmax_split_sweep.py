@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=240)
     parser.add_argument("--quick", action="store_true", help="accepted for gpu_check.sh (same as default)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "softmax_split_sweep.py times the GPU split kernel: it needs a CUDA device\n")
     t0 = time.perf_counter()
     total = int(args.total_mib * 2 ** 20)
     copy = common.device_copy_bandwidth(total) * 1e-9
