@@ -21,17 +21,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flashattn_lite._runtime import cdiv, device_sm_count, next_pow2  # noqa: E402
 from flashattn_lite.bench import common  # noqa: E402
 from flashattn_lite.ops import softmax as sm  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def variants(n: int, itemsize: int, sms: int) -> dict[str, dict]:
-    """The shapes ``_split_shape`` chooses, and the same with programs placed by program id instead
-    of an atomic ticket (one atomic fewer per program, trusting in-order dispatch)."""
-    return {"chosen": {}, "pid": dict(pid_order=True)}
+# The shapes ``_split_shape`` chooses, and the same with programs placed by program id instead of
+# an atomic ticket (one atomic fewer per program, trusting in-order dispatch).
+VARIANTS = {"chosen": {}, "pid": dict(pid_order=True)}
 
 
 def main() -> None:
@@ -44,13 +42,16 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=240)
     parser.add_argument("--quick", action="store_true", help="accepted for gpu_check.sh (same as default)")
     args = parser.parse_args()
+    bad = [d for d in args.dtypes.split(",") if d not in DTYPES]
+    if bad or any(d not in ("fwd", "bwd") for d in args.directions.split(",")):
+        parser.error(f"--dtypes (from {', '.join(DTYPES)}) / --directions (fwd, bwd): got {args.dtypes!r} / "
+                     f"{args.directions!r}")
     if not torch.cuda.is_available():
         parser.exit(2, "softmax_split_sweep.py times the GPU split kernel: it needs a CUDA device\n")
     t0 = time.perf_counter()
     total = int(args.total_mib * 2 ** 20)
     copy = common.device_copy_bandwidth(total) * 1e-9
     print(f"device copy bandwidth {copy:.0f} GB/s", flush=True)
-    sms = device_sm_count(torch.empty(1, device="cuda"))
     rows_out = []
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
@@ -64,7 +65,7 @@ def main() -> None:
             ref_f = y.float()
             ref_b = torch._softmax_backward_data(dy.float(), ref_f, -1, torch.float32)
             for direction in args.directions.split(","):
-                for name, tuning in variants(n, item, sms).items():
+                for name, tuning in VARIANTS.items():
                     if time.perf_counter() - t0 > args.time_budget:
                         print("time budget spent", flush=True)
                         break

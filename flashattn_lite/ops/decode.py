@@ -406,7 +406,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
             ceil(L_b / block_size) are never read (pad with anything, e.g. −1).
         scale: multiplies q·k; defaults to D ** -0.5.
         num_splits: splits of each sequence's keys across programs (flash-decoding). None chooses
-            (``choose_num_splits``: about two waves of programs, ≥ 256 keys per split, each
+            (``choose_num_splits``: about one program per SM, ≥ 256 keys per split, each
             sequence splitting its own length). 1 = no split, no merge kernel. n > 1 cuts each
             sequence into n parts of ⌈L_b / n⌉ keys rounded up to whole key tiles (so a short
             sequence may fill fewer than n; the rest are empty partials the merge ignores).
