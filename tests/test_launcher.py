@@ -122,6 +122,59 @@ def test_values_outside_the_specialization_still_hit_the_cache(fake):
     assert [e[0] for e in jit.log] == ["slow", "fast"]
 
 
+def test_the_exact_value_table_is_bounded_and_misaligned_tensors_use_the_specialization_key(fake, monkeypatch):
+    jit, kern = fake
+    monkeypatch.setattr(_launcher, "_EXACT_ENTRIES", 2)
+    x = torch.randn(64)
+    for scale in (1.0, 2.0, 3.0, 4.0):  # one specialization, four exact keys
+        kern[(1,)](x, 32, scale, BLOCK=4)
+    assert [e[0] for e in jit.log] == ["slow", "fast", "fast", "fast"]
+    assert len(kern.exact) <= 2
+    kern[(1,)](x[1:], 32, 1.0, BLOCK=4)  # a new specialization: Triton's path once …
+    kern[(1,)](x[1:], 32, 1.0, BLOCK=4)  # … then the fast path without an exact key
+    assert [e[0] for e in jit.log[4:]] == ["slow", "fast"]
+    assert jit.log[-1][2][0].data_ptr() == x[1:].data_ptr()
+
+
+def test_equal_values_of_different_types_are_different_exact_keys(fake):
+    jit, kern = fake
+    x = torch.randn(64)
+    kern[(1,)](x, 32, 1.0, BLOCK=4)
+    kern[(1,)](x, 32, 1.0, BLOCK=4)
+    kern[(1,)](x, 32, 1, BLOCK=4)  # int 1 is specialized as a constant, 1.0 is not
+    assert [e[0] for e in jit.log] == ["slow", "fast", "slow"]
+
+
+def test_a_bound_launch_reuses_grid_scalars_and_tail_with_new_tensors(fake):
+    jit, kern = fake
+    x = torch.randn(64)
+    grid = lambda meta: (meta["BLOCK"] * 3,)
+    assert kern.bind(grid, (x, 32, 0.5), dict(BLOCK=4), 1) is None  # nothing compiled yet
+    kern[grid](x, 32, 0.5, BLOCK=4)
+    launch = kern.bind(grid, (x, 32, 0.5), dict(BLOCK=4), 1)
+    y = torch.randn(64)
+    assert launch(y) is True
+    assert jit.log[-1] == ("fast", (12, 1, 1), (y.data_ptr(), 32, 0.5, 4, True))  # the address, as an int
+    assert launch(y[1:]) is False  # not 16-byte aligned: the caller takes the full path
+    _launcher._knobs.runtime.debug = True
+    assert launch(y) is False
+    assert len(jit.log) == 2
+
+
+@pytest.mark.parametrize("hook", ["empty_chain", "chain", "function"])
+def test_launch_hooks_get_metadata_only_when_one_would_run(fake, hook, monkeypatch):
+    jit, kern = fake
+    chain = SimpleNamespace(calls=[] if hook == "empty_chain" else [print])  # Triton's HookChain shape
+    _launcher._knobs.runtime.launch_enter_hook = print if hook == "function" else chain
+    seen = []
+    monkeypatch.setattr(_Compiled, "launch_metadata", lambda self, grid, stream, *args: seen.append(grid) or "meta")
+    x = torch.randn(64)
+    kern[(1,)](x, 32, 1.0, BLOCK=4)
+    kern[(1,)](x, 32, 1.0, BLOCK=4)
+    assert jit.log[1][0] == "fast"
+    assert seen == ([] if hook == "empty_chain" else [(1,)])
+
+
 def test_disabled_launcher_always_takes_triton_path(monkeypatch):
     monkeypatch.setenv("FLASHATTN_LITE_FAST_LAUNCH", "0")
     jit = _FakeJit()

@@ -128,14 +128,17 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
 def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: float):
     """Validated arguments in, (o, lse) out. ``mask`` is None or 4-D broadcastable to (B, Hq, Nq, Nk).
 
-    Plain eager calls go straight to ``_AttentionFn``; anything traced (Dynamo, export, FX,
-    fake/functional tensors, subclasses) goes through the registered custom op, which those
-    systems understand. The op takes the dropout seed as a CPU int64 tensor drawn in the graph:
+    Plain eager calls go straight to ``_AttentionFn`` (or to the kernels when no input needs a
+    gradient); anything traced (Dynamo, export, FX, fake/functional tensors, subclasses) goes
+    through the registered custom op, which those systems understand. The op takes the dropout seed as a CPU int64 tensor drawn in the graph:
     Dynamo cannot turn a fresh random number into a Python int without a graph break
     (``.item()`` breaks; values from ``random`` become 0-d tensors too)."""
     if type(q) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None:
         seed = draw_seed() if dropout_p > 0.0 else 0
-        return _AttentionFn.apply(q, k, v, mask, scale, causal, offset, dropout_p, seed)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _AttentionFn.apply(q, k, v, mask, scale, causal, offset, dropout_p, seed)
+        # Nothing to differentiate: autograd.Function.apply would only cost time (≈ 20% of a tiny call).
+        return _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed)
     seed_t = torch.randint(0, _SEED_BOUND, (), dtype=torch.int64) if dropout_p > 0.0 else None
     return torch.ops.flashattn_lite.attention_fwd(q, k, v, mask, scale, causal, offset, dropout_p, seed_t)
 

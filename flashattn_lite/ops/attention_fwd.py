@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
-from ..dropout import dropout_keep
+from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E, finalize, online_softmax_update_scaled
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -235,30 +235,57 @@ def mask_kind(mask: torch.Tensor | None) -> int:
     return MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
 
 
+# Bound launches of the forward kernel for mask-free, dropout-free calls, keyed by what their
+# arguments depend on (``_plain_signature``): a repeated call skips the argument walk.
+_BOUND: dict = {}
+_BOUND_ENTRIES = 256
+
+
+def _plain_signature(q, k, v, causal, causal_offset, scale):
+    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal,
+            causal_offset, scale, tf32)
+
+
 def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int,
                       mask: torch.Tensor | None, dropout_p: float, seed: int):
     """Launch the forward kernel. Inputs already validated; mask is (B, Hq, Nq, Nk)-shaped
-    (broadcast dims with stride 0). Returns o (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32."""
-    from ..dropout import keep_threshold
+    (broadcast dims with stride 0). Returns o (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32.
 
+    This runs on every call: at small shapes its host time is the call's time, so it stays lean
+    (no per-call imports or environment reads, and a bound launch for repeated plain calls)."""
     B, Hq, Nq, D = q.shape
-    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    Dv = v.shape[3]
     o = torch.empty((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    kind = mask_kind(mask)
-    mask_arg = mask.view(torch.uint8) if kind == MASK_BOOL else mask
-    mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
-    if mask_arg is None:
-        mask_arg = q  # never read: MASK_KIND == 0 removes every access
+    plain = mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
+    if plain:
+        signature = _plain_signature(q, k, v, causal, causal_offset, scale)
+        bound = _BOUND.get(signature)
+        if bound is not None and bound(q, k, v, o, lse, q):
+            return o, lse
+    _, Hkv, Nk, _ = k.shape
+    if mask is None:
+        kind, mask_arg, mask_strides = MASK_NONE, q, (0, 0, 0, 0)  # q is never read: MASK_KIND == 0
+    else:
+        kind = mask_kind(mask)
+        mask_arg = mask.view(torch.uint8) if kind == MASK_BOOL else mask
+        mask_strides = mask.stride()
+    dropout = dropout_p > 0.0
+    args = (q, k, v, o, lse, mask_arg,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
+            Hq, Nq, Nk, causal_offset, scale * LOG2E, seed, keep_threshold(dropout_p) if dropout else 0,
+            1.0 / (1.0 - dropout_p), length_bucket(Nq, Nk))
+    constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
+                      BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
+                      IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout, PRECISION=precision_for(q.dtype),
+                      POS_SCALE=scale > 0)
     grid = lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
-    _attn_fwd_kernel[grid](
-        q, k, v, o, lse, mask_arg,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
-        Hq, Nq, Nk, causal_offset, scale * LOG2E, seed, keep_threshold(dropout_p),
-        1.0 / (1.0 - dropout_p),
-        length_bucket(Nq, Nk),
-        GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
-        BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
-        IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0, PRECISION=precision_for(q.dtype),
-        POS_SCALE=scale > 0)
+    _attn_fwd_kernel[grid](*args, **constexprs)
+    if plain:
+        if len(_BOUND) >= _BOUND_ENTRIES:
+            _BOUND.clear()
+        bound = _attn_fwd_kernel.bind(grid, args, constexprs, 6)
+        if bound is not None:
+            _BOUND[signature] = bound
     return o, lse
