@@ -5,6 +5,7 @@ import torch
 
 from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref
 from flashattn_lite import attention, decode
+from flashattn_lite.ops import decode as decode_module
 from flashattn_lite.ops.decode import MAX_SPLITS, MIN_SPLIT_LEN, WAVES, choose_num_splits
 from flashattn_lite.reference import attention_reference
 
@@ -147,6 +148,24 @@ def test_paged_equals_contiguous_and_splits_agree():
         for out in (decode(q, kc, vc, seqlens, num_splits=splits), decode(q, kp, vp, seqlens, block_table=table,
                                                                           num_splits=splits)):
             torch.testing.assert_close(out, base, atol=2e-3, rtol=0)
+
+
+# The fixed configs ``benchmarks/decode_sweep.py`` times (``decode._TUNING``) are exact too.
+TUNING_VARIANTS = {
+    "bn16-stages1": dict(config=(16, 4, 1)),
+    "bn32-stages2": dict(config=(32, 4, 2)),
+}
+VARIANT_PARAMS = [(v, name, s) for v in TUNING_VARIANTS for name in CPU_CASES for s in (None, 3)]
+
+
+@pytest.mark.parametrize("variant,name,num_splits", VARIANT_PARAMS,
+                         ids=[f"{v}-{n}-splits{s}" for v, n, s in VARIANT_PARAMS])
+def test_tuning_variants_match_attention(monkeypatch, variant, name, num_splits):
+    monkeypatch.setattr(decode_module, "_TUNING", TUNING_VARIANTS[variant])
+    B, Hq, Hkv, Nq, D, Dv, lengths, bs, cap = CPU_CASES[name]
+    q, kc, vc, seqlens, table, dk, dv = make_cache(B, Hq, Hkv, Nq, D, Dv, lengths, block_size=bs, capacity=cap)
+    o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)
+    check(o, lse, q, dk, dv)
 
 
 def test_repeated_calls_with_other_shapes_reproduce_every_result():

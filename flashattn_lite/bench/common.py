@@ -107,6 +107,64 @@ def time_ms_graph(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: fl
     return time_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms, l2=l2)
 
 
+H100_L2_BYTES = 50 * 2 ** 20
+
+
+def l2_cache_bytes() -> int:
+    """The current CUDA device's L2 size in bytes (the H100's without CUDA or where torch does not say)."""
+    if torch.cuda.is_available():
+        size = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+        if size:
+            return int(size)
+    return H100_L2_BYTES
+
+
+def steady_state_copies(step_bytes: int, *, l2_bytes: int = H100_L2_BYTES, l2_multiple: float = 2.5,
+                        min_copies: int = 2, max_copies: int = 64) -> int:
+    """How many steps ``time_ms_graph_steady`` should capture: enough that the steps together touch
+    ``l2_multiple`` × the L2 (no step finds another's data there, even without a flush), at least
+    ``min_copies`` (which also divides the per-replay launch and event cost among the steps), at most
+    ``max_copies``. The caller lowers it further when memory is short."""
+    if step_bytes <= 0:
+        raise ValueError(f"step_bytes must be positive, got {step_bytes}")
+    if not 1 <= min_copies <= max_copies:
+        raise ValueError(f"expected 1 <= min_copies <= max_copies, got {min_copies}, {max_copies}")
+    return max(min_copies, min(max_copies, math.ceil(l2_multiple * l2_bytes / step_bytes)))
+
+
+def time_ms_graph_steady(make_step: Callable[[int], Callable[[], object]], copies: int, *, warmup_ms: float = 25,
+                         rep_ms: float = 100, l2: str = "clean") -> float | None:
+    """Device time per step of ``copies`` steps captured back to back in ONE CUDA graph, or None
+    without CUDA or where the steps cannot be captured.
+
+    ``make_step(i)`` returns step i, which must work on its own inputs (step i's KV cache distinct
+    from step j's), so each step reads its bytes from DRAM as consecutive decode steps (layers) of a
+    serving loop do. Whole-graph replays are timed as ``time_ms_graph`` times one step (cold L2
+    before each, median over replays) and divided by ``copies``: the per-replay launch and event
+    cost is spread over the steps, while the gaps between the steps' kernels count, as in a serving
+    engine's graph. Each step is warmed up once on a side stream before the capture."""
+    if copies < 1:
+        raise ValueError(f"copies must be >= 1, got {copies}")
+    if not torch.cuda.is_available():
+        return None
+    steps = [make_step(i) for i in range(copies)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):  # capture-safe warm-up, as torch.cuda.graphs documents
+            for step in steps:
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for step in steps:
+                step()
+    except Exception:  # a peer that cannot be captured has no steady-state time
+        torch.cuda.synchronize()
+        return None
+    return time_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms, l2=l2) / copies
+
+
 def environment() -> dict:
     """What a reader needs to reproduce a number: device, versions, date."""
     env = {

@@ -17,6 +17,13 @@ cold L2 evicted by a read (``common.time_ms``); ``dirty_l2_ms`` / ``dirty_l2_kv_
 graph timing after triton.testing.do_bench's write flush, whose up to 50 MB of dirty lines the
 kernel must write back (the method behind the numbers quoted in issue 7).
 
+Steady state (``steady_ms``, ``steady_kv_tbps``, ``steady_copies``): ``ms`` carries the graph launch
+and the events around a single replay, a cost of the measurement, not of decoding. A serving loop
+runs its decode steps back to back inside one graph, each layer reading its own cache, so each
+implementation is also timed as ``steady_copies`` steps in one graph over as many distinct caches
+(``common.time_ms_graph_steady``: together ≥ 2.5 × L2, so every step reads from DRAM; at least
+STEADY_MIN_COPIES when memory allows), per step; both numbers are kept.
+
 ``--sweep-splits`` also times ours (contiguous) at fixed num_splits values, the data behind the
 ``num_splits=None`` heuristic.
 """
@@ -42,6 +49,10 @@ DEFAULTS = {"cuda": dict(batch=[1, 8, 64], lengths=[1 << i for i in range(10, 19
 QUICK = {"cuda": dict(batch=[1, 8], lengths=[4096, 32768, 131072], block_sizes=[16]),
          "cpu": dict(batch=[1], lengths=[64, 256], block_sizes=[16])}
 SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64, 128]
+# Steps per steady-state graph when memory allows, even for caches that alone exceed the L2: the
+# per-replay launch and events (a few µs) then add under 1 µs to a step.
+STEADY_MIN_COPIES = 8
+_HEADROOM = 1 << 30     # outputs, split partials, graph pools, SDPA workspaces
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +116,20 @@ def _fits(device, nbytes: int, fraction: float, what: str) -> bool:
     return True
 
 
+def _steady_copies(device, step_bytes: int, fraction: float, what: str) -> int | None:
+    """Steps for the steady-state timing: ``common.steady_state_copies``, lowered to what fits in
+    memory beside what is allocated now (at least 2). None on CPU, or where two steps do not fit."""
+    if device.type != "cuda":
+        return None
+    want = common.steady_state_copies(step_bytes, l2_bytes=common.l2_cache_bytes(), min_copies=STEADY_MIN_COPIES)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    copies = max(2, min(want, int((fraction * free - _HEADROOM) // step_bytes)))
+    if not _fits(device, copies * step_bytes + _HEADROOM, fraction, f"{what} steady-state ({copies} steps)"):
+        return None
+    return copies
+
+
 def _paged_copy(k, v, block_size: int):
     """The dense cache rewritten as a paged pool with shuffled blocks, and its block table."""
     B, H, L, D = k.shape
@@ -139,7 +164,8 @@ def run(args) -> list[dict]:
                                  meta=dict(config=dict(heads=hq, kv_heads=hkv, head_dim=dim, dtype=str(dtype),
                                                        block_sizes=block_sizes)),
                                  columns=["B", "L", "impl", "layout", "timing", "ms", "kv_tbps", "eager_ms",
-                                          "eager_kv_tbps", "dirty_l2_kv_tbps", "max_abs_diff", "note"])
+                                          "eager_kv_tbps", "dirty_l2_kv_tbps", "steady_kv_tbps", "steady_copies",
+                                          "max_abs_diff", "note"])
     with writer:
         for B in val["batch"]:
             for L in val["lengths"]:
@@ -155,13 +181,22 @@ def run(args) -> list[dict]:
                 seqlens = torch.full((B,), L, dtype=torch.int32, device=device)
                 base = dict(B=B, L=L, Hq=hq, Hkv=hkv, D=dim, dtype=str(dtype).replace("torch.", ""), kv_bytes=kv_bytes)
 
-                def record(impl, layout, fn, ref=None, **extra):
+                def record(impl, layout, fn, ref=None, steady=None, **extra):
+                    """Time ``fn`` every way; ``steady`` = (make_step, copies) for the steady-state
+                    graph (None: not measured, e.g. on CPU)."""
                     warmup_s = common.warm_up(fn, f"{impl} {layout} B={B} L={L}")
                     eager_ms = time_ms(fn)
                     graph_ms = common.time_ms_graph(fn)
                     dirty_ms = common.time_ms_graph(fn, l2="dirty")
                     if dirty_ms is not None:
                         extra = dict(extra, dirty_l2_ms=dirty_ms, dirty_l2_kv_tbps=kv_bytes / (dirty_ms * 1e-3) / 1e12)
+                    if steady is not None:
+                        steady_ms = common.time_ms_graph_steady(*steady)
+                        extra = dict(extra, steady_copies=steady[1])
+                        if steady_ms is None:
+                            extra["steady_note"] = "could not be captured"
+                        else:
+                            extra.update(steady_ms=steady_ms, steady_kv_tbps=kv_bytes / (steady_ms * 1e-3) / 1e12)
                     ms = graph_ms if graph_ms is not None else eager_ms
                     row = dict(base, impl=impl, layout=layout, ms=ms, kv_tbps=kv_bytes / (ms * 1e-3) / 1e12,
                                timing="cuda-graph" if graph_ms is not None else "eager", eager_ms=eager_ms,
@@ -171,29 +206,61 @@ def run(args) -> list[dict]:
                     writer.add(row)
                     return row
 
+                # Steady state, contiguous: step i reads slice i of one (copies, B, Hkv, L, D) cache,
+                # each slice laid out as k and v are (the same strides as the one-step timing).
+                copies = _steady_copies(device, kv_bytes, args.mem_fraction, f"B={B} L={L}")
+                if copies:
+                    ks = torch.randn(copies, B, hkv, L, dim, device=device, dtype=dtype, generator=g)
+                    vs = torch.randn(copies, B, hkv, L, dim, device=device, dtype=dtype, generator=g)
+                    qs = torch.randn(copies, B, hq, 1, dim, device=device, dtype=dtype, generator=g)
+
                 ref = None
                 for name, backend in _sdpa_peers(device):
                     call, how = _sdpa_call(q, k, v, backend)
                     if call is None:
                         writer.add(dict(base, impl=name, layout="dense", note=how))
                         continue
-                    record(name, "dense", call, gqa=how)
+                    # A backend that expands GQA would need copies × Hq/Hkv caches: one-step timing only.
+                    steady = ((lambda i, backend=backend: _sdpa_call(qs[i], ks[i], vs[i], backend)[0], copies)
+                              if copies and how == "native" else None)
+                    record(name, "dense", call, steady=steady, gqa=how)
                     ref = call() if ref is None else ref
                     del call            # frees expanded K/V, if any
-                record("ours", "contiguous", lambda: decode(q, k, v, seqlens), ref)
+                record("ours", "contiguous", lambda: decode(q, k, v, seqlens), ref,
+                       steady=(lambda i: lambda: decode(qs[i], ks[i], vs[i], seqlens), copies) if copies else None)
                 if args.sweep_splits:
                     for s in SWEEP_SPLITS:
                         if s * 64 <= L:
+                            steady = ((lambda i, s=s: lambda: decode(qs[i], ks[i], vs[i], seqlens, num_splits=s),
+                                       copies) if copies else None)
                             record(f"ours-splits{s}", "contiguous", lambda s=s: decode(q, k, v, seqlens, num_splits=s),
-                                   ref)
+                                   ref, steady=steady)
+                if copies:
+                    del ks, vs, qs
                 for bs in block_sizes:
                     # The pool is built beside the dense cache: its size plus one tensor's temporary.
                     if not _fits(device, 3 * kv_bytes // 2 + (1 << 30), args.mem_fraction, f"B={B} L={L} paged{bs}"):
                         writer.add(dict(base, impl="ours", layout=f"paged{bs}", note="skipped: memory"))
                         continue
                     kp, vp, table = _paged_copy(k, v, bs)
-                    record("ours", f"paged{bs}", lambda: decode(q, kp, vp, seqlens, block_table=table), ref)
-                    del kp, vp, table
+                    # Steady state, paged: one pool of copies × the blocks, step i through its own
+                    # block table (a random permutation of the whole pool: fragmented, as above).
+                    blocks = table.numel()
+                    copies = _steady_copies(device, 2 * blocks * hkv * bs * dim * elem, args.mem_fraction,
+                                            f"B={B} L={L} paged{bs}")
+                    steady = None
+                    if copies:
+                        pool_k = torch.randn(copies * blocks, hkv, bs, dim, device=device, dtype=dtype, generator=g)
+                        pool_v = torch.randn(copies * blocks, hkv, bs, dim, device=device, dtype=dtype, generator=g)
+                        tables = torch.randperm(copies * blocks, device=device).view(copies, *table.shape).int()
+                        qs = torch.randn(copies, B, hq, 1, dim, device=device, dtype=dtype, generator=g)
+                        steady = (lambda i: lambda: decode(qs[i], pool_k, pool_v, seqlens, block_table=tables[i]),
+                                  copies)
+                    record("ours", f"paged{bs}", lambda: decode(q, kp, vp, seqlens, block_table=table), ref,
+                           steady=steady)
+                    del kp, vp, table, steady
+                    if copies:
+                        del pool_k, pool_v, tables, qs
                 del q, k, v
                 gc.collect()
                 if device.type == "cuda":
@@ -205,7 +272,8 @@ def run(args) -> list[dict]:
 
 
 def _print(rows, block_sizes, sweep):
-    """One line per (B, L): KV TB/s of every implementation, and ours over SDPA flash."""
+    """One line per (B, L): KV TB/s of every implementation (one-step graph, eager, dirty L2, steady
+    state), ours over SDPA flash, and ours' µs per step (one-step graph, steady state)."""
     keyed = {}
     for r in rows:
         if "kv_tbps" in r:
@@ -220,12 +288,15 @@ def _print(rows, block_sizes, sweep):
             line[col + " TB/s"] = r["kv_tbps"]
             line[col + " eager"] = r.get("eager_kv_tbps")
             line[col + " dirtyL2"] = r.get("dirty_l2_kv_tbps")
+            line[col + " steady"] = r.get("steady_kv_tbps")
         ours = got.get(("ours", "contiguous"))
         flash = got.get(("sdpa-flash", "dense")) or got.get(("sdpa", "dense"))
         if ours and flash:
             line["ours/sdpa"] = flash["ms"] / ours["ms"]
         if ours:
             line["us"] = ours["ms"] * 1e3
+            if ours.get("steady_ms") is not None:
+                line["steady us"] = ours["steady_ms"] * 1e3
             line["max_diff"] = ours.get("max_abs_diff")
         table.append(line)
     columns = []

@@ -44,6 +44,9 @@ MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the
 MAX_SPLITS = 128
 WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep, NOTES.md session 3)
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
+# Experiment override for benchmarks/decode_sweep.py: {"config": (BLOCK_N, num_warps, num_stages)}
+# launches that config instead of autotuning (empty: the autotuned default).
+_TUNING: dict = {}
 
 
 # ------------------------------------------------------------------ kernel
@@ -240,14 +243,18 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
     bt = block_table if paged else cache_seqlens        # never read when not paged
     bt_strides = block_table.stride() if paged else (0, 0)
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
-    _decode_split_kernel[(splits, Hkv * row_blocks, B)](
+    kernel, config = _decode_split_kernel, {}
+    if "config" in _TUNING:  # an experiment: one fixed config, no autotuning
+        kernel = _decode_split_kernel.inner.fn
+        config = dict(zip(("BLOCK_N", "num_warps", "num_stages"), _TUNING["config"]))
+    kernel[(splits, Hkv * row_blocks, B)](
         q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part.stride(), *lse_part.stride(), *bt_strides,
         Nq, splits, min_chunk, scale * LOG2E, len_bucket,
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
         BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
         BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
-        PRECISION=precision_for(q.dtype))
+        PRECISION=precision_for(q.dtype), **config)
     if splits > 1:
         merge_stacked_launch(o_part, lse_part, o, lse)
     return o, lse
