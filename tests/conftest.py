@@ -44,3 +44,14 @@ def device():
 def torch_cpu_path(monkeypatch):
     """Run ops through their PyTorch CPU twins instead of the interpreted Triton kernels."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def run_cli(argv, capsys):
+    """The CLI's main(argv) → (exit status, stdout, stderr); argparse's SystemExit becomes a status."""
+    from flashattn_lite import cli
+    try:
+        status = cli.main(argv)
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from flashattn_lite import cli
+from conftest import run_cli
 from flashattn_lite.bench import common
 from flashattn_lite.bench import decode as decode_bench
 
@@ -47,19 +47,10 @@ def test_steady_timing_is_none_without_cuda():
         common.time_ms_graph_steady(lambda i: lambda: None, 0)
 
 
-def _run(argv, capsys):
-    try:
-        status = cli.main(argv)
-    except SystemExit as e:
-        status = e.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
 def test_decode_without_cuda_has_no_steady_columns(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("checks the CPU run")
-    status, out, err = _run(TINY_DECODE + ["--out", str(tmp_path)], capsys)
+    status, out, err = run_cli(TINY_DECODE + ["--out", str(tmp_path)], capsys)
     assert status == 0, err
     rows = json.loads(next(tmp_path.glob("decode-*.json")).read_text())["results"]
     assert {(r["impl"], r["layout"]) for r in rows} == {("sdpa", "dense"), ("ours", "contiguous"),
@@ -83,7 +74,7 @@ def test_decode_steady_steps_get_distinct_inputs(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(decode_bench, "_steady_copies", lambda device, step_bytes, fraction, what: 3)
     monkeypatch.setattr(common, "time_ms_graph_steady", eager_steps)
-    status, out, err = _run(TINY_DECODE + ["--out", str(tmp_path)], capsys)
+    status, out, err = run_cli(TINY_DECODE + ["--out", str(tmp_path)], capsys)
     assert status == 0, err
     rows = json.loads(next(tmp_path.glob("decode-*.json")).read_text())["results"]
     assert len(rows) == len(calls) == 4

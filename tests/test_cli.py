@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
 from flashattn_lite import cli
 from flashattn_lite.bench import common, memory
 
@@ -18,16 +19,6 @@ TINY_MEMORY = ["memory", "--device", "cpu", "--methods", "naive,ours", "--min-n"
 TINY_SPEED = ["speed", "--device", "cpu", "--methods", "ours,sdpa-math", "--modes", "fwd,bwd", "--head-dims", "16", "--hidden", "32",
               "--min-n", "64", "--max-n", "128", "--tokens", "128", "--causal", "yes", "--rep-ms", "5",
               "--no-progress"]
-
-
-def run_cli(argv, capsys):
-    """main(argv) → (exit status, stdout, stderr); argparse's SystemExit becomes a status."""
-    try:
-        status = cli.main(argv)
-    except SystemExit as e:
-        status = e.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def one(folder: Path, pattern: str) -> Path:
