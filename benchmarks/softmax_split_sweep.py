@@ -1,13 +1,20 @@
 """Tuning data for the split softmax kernel: achieved bandwidth of each kernel variant, long rows.
 
 The split strategy (``ops/softmax.py``) cuts each row into segments, one program each, that wait
-for each other's partial (m, ℓ). Its knobs (``softmax._SPLIT_TUNING``): elements per chunk
-(``block``), ``num_warps`` and placement by program id instead of atomic tickets (``pid_order``).
-Session 3's sweeps (block and warps, streaming stores, volatile polling, a nanosleep back-off;
-NOTES.md) chose ``_split_shape``. Each variant's output is checked on memory poisoned with NaN.
-This times each variant on the same inputs as ``softmax_speed.py`` (R = total / (N · itemsize) rows,
-forward = softmax, backward = its backward) and prints GB/s and the fraction of the device copy
-bandwidth, with each variant's registers and spills. JSON under ``--out``.
+for each other's partial (m, ℓ). ``softmax._split_config`` chooses its settings per direction,
+dtype and N: elements per chunk (``block``), ``warps``, the ticket's memory order (``ticket``),
+how a row's programs meet (``sync``: fenced ``counter`` or ``counter_flags``, self-validating
+64-bit partials behind a relaxed counter), what a one-chunk segment holds across the wait (``hold``:
+float32 or the ``raw`` loaded values), the counters' spacing (``pad``) and programs per SM
+(``resident``: a register cap). A variant replaces some of them (``softmax._SPLIT_TUNING``).
+Session 4's sweep (``results/softmax_split_sweep-20261123-155816.json``, NOTES.md) chose the
+current settings; the variants that lost there or relied on in-order dispatch went with their
+kernel code. Each variant's output is checked on memory poisoned with NaN. This times each variant
+on the same inputs as ``softmax_speed.py`` (R = total / (N · itemsize) rows, forward = softmax,
+backward = its backward) and prints GB/s and the fraction of the device copy bandwidth, with each
+variant's registers and spills. JSON under ``--out``, rewritten after every point (a cut run keeps
+its points); points run in ``--log2n`` order, so the first N listed is measured first. A variant
+equal to the chosen settings at a point is skipped there.
 
     python benchmarks/softmax_split_sweep.py --out benchmarks/results
 """
@@ -27,36 +34,70 @@ from flashattn_lite.ops import softmax as sm  # noqa: E402
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-# The shapes ``_split_shape`` chooses, and the same with programs placed by program id instead of
-# an atomic ticket (one atomic fewer per program, trusting in-order dispatch).
-VARIANTS = {"chosen": {}, "pid": dict(pid_order=True)}
+def _previous(op, itemsize, n, sms):
+    """Session 3's kernel: acq_rel ticket, fenced counter, float32 hold, no register cap, and
+    2-byte backward rows of 64K elements and more on 32K chunks of 16 warps."""
+    t = dict(ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0)
+    if op >= 3 and itemsize < 4 and n >= 65536:
+        t.update(block=32768, warps=16)
+    return t
+
+
+# name → a ``_SPLIT_TUNING`` override, or a function (op, itemsize, N, SM count) → one.
+VARIANTS = {
+    "chosen": {},
+    "previous": _previous,
+    # The relaxed ticket where the chosen kernel keeps acq_rel (forward 2-byte, backward fp32): on
+    # its own it gained 3-4% forward bf16, but it was never measured with counter_flags there.
+    "relaxed": dict(ticket="relaxed"),
+    # The fenced counter under the other chosen settings: counter_flags' share of each gain.
+    "counter": dict(sync="counter", pad=1),
+}
+
+
+def tuning_at(name, op, itemsize, n, sms):
+    """The override variant ``name`` applies at one point, or None where it is the chosen kernel."""
+    spec = VARIANTS[name]
+    t = spec(op, itemsize, n, sms) if callable(spec) else dict(spec)
+    chosen = sm._split_config(op, n, itemsize, sms)
+    if name != "chosen" and {**chosen, **t} == chosen:
+        return None
+    return t
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log2n", default="20")
+    parser.add_argument("--log2n", default="20,22,16")
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--directions", default="fwd")
-    parser.add_argument("--total-mib", type=float, default=512)
+    parser.add_argument("--directions", default="fwd,bwd")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--total-mib", type=float, default=1024)
     parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--time-budget", type=float, default=240)
+    parser.add_argument("--time-budget", type=float, default=140)
     parser.add_argument("--quick", action="store_true", help="accepted for gpu_check.sh (same as default)")
     args = parser.parse_args()
-    bad = [d for d in args.dtypes.split(",") if d not in DTYPES]
+    variants = args.variants.split(",")
+    bad = [d for d in args.dtypes.split(",") if d not in DTYPES] + [v for v in variants if v not in VARIANTS]
     if bad or any(d not in ("fwd", "bwd") for d in args.directions.split(",")):
-        parser.error(f"--dtypes (from {', '.join(DTYPES)}) / --directions (fwd, bwd): got {args.dtypes!r} / "
-                     f"{args.directions!r}")
+        parser.error(f"--dtypes (from {', '.join(DTYPES)}) / --directions (fwd, bwd) / --variants (from "
+                     f"{', '.join(VARIANTS)}): got {args.dtypes!r} / {args.directions!r} / {args.variants!r}")
     if not torch.cuda.is_available():
         parser.exit(2, "softmax_split_sweep.py times the GPU split kernel: it needs a CUDA device\n")
     t0 = time.perf_counter()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     total = int(args.total_mib * 2 ** 20)
     copy = common.device_copy_bandwidth(total) * 1e-9
     print(f"device copy bandwidth {copy:.0f} GB/s", flush=True)
+    env = common.environment()
+    path = common.result_stem(args.out, "softmax_split_sweep").with_suffix(".json")
     rows_out = []
-    for dname in args.dtypes.split(","):
-        dtype = DTYPES[dname]
-        item = torch.empty((), dtype=dtype).element_size()
-        for k in (int(x) for x in args.log2n.split(",")):
+    out_of_time = False
+    for k in (int(x) for x in args.log2n.split(",")):
+        for dname in args.dtypes.split(","):
+            if out_of_time:
+                break
+            dtype = DTYPES[dname]
+            item = torch.empty((), dtype=dtype).element_size()
             n = 2 ** k
             r = total // (n * item)
             x = torch.randn(r, n, device="cuda", dtype=dtype)
@@ -65,10 +106,14 @@ def main() -> None:
             ref_f = y.float()
             ref_b = torch._softmax_backward_data(dy.float(), ref_f, -1, torch.float32)
             for direction in args.directions.split(","):
-                for name, tuning in VARIANTS.items():
+                for name in variants:
                     if time.perf_counter() - t0 > args.time_budget:
-                        print("time budget spent", flush=True)
+                        out_of_time = True
                         break
+                    op = sm.SOFTMAX if direction == "fwd" else sm.SOFTMAX_BWD
+                    tuning = tuning_at(name, op, item, n, sms)
+                    if tuning is None:
+                        continue
                     sm._SPLIT_TUNING.clear()
                     sm._SPLIT_TUNING.update(tuning)
                     sm._split_kernel.entries.clear()
@@ -78,23 +123,37 @@ def main() -> None:
                     else:
                         fn = lambda: sm._backward(sm.SOFTMAX, y, dy, dtype, "split")
                         ref, moved = ref_b, 3 * r * n * item
-                    poison = torch.full_like(y, float("nan"))  # the allocator hands this block to fn()
-                    del poison
-                    err = ((fn().float() - ref).norm() / ref.norm()).item()
-                    ms = common.time_ms(fn)
-                    kern = next(iter(sm._split_kernel.entries.values()))[0]
-                    row = dict(dtype=dname, N=n, rows=r, direction=direction, variant=name, **tuning,
-                               gbps=moved / ms * 1e-6, frac_copy=moved / ms * 1e-6 / copy, rel_err=err,
+                    row = dict(dtype=dname, N=n, rows=r, direction=direction, variant=name,
+                               tuning={**sm._split_config(op, n, item, sms), **tuning})
+                    try:
+                        poison = torch.full_like(y, float("nan"))  # the allocator hands this block to fn()
+                        del poison
+                        res = fn()
+                        finite = bool(torch.isfinite(res).all())
+                        err = ((res.float() - ref).norm() / ref.norm()).item()
+                        del res
+                        ms = common.time_ms(fn, warmup_ms=10, rep_ms=50)
+                    except Exception as e:  # a variant this Triton cannot build: recorded, not fatal
+                        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                        print(f"{dname} 2^{k} {direction:3s} {name:9s} ERROR {row['error']}", flush=True)
+                        rows_out.append(row)
+                        continue
+                    entry = next(iter(sm._split_kernel.entries.values()), None)
+                    kern = entry[0] if isinstance(entry, tuple) else None
+                    ok = finite and err < (1e-5 if dtype == torch.float32 else 1e-2)
+                    row.update(gbps=moved / ms * 1e-6, frac_copy=moved / ms * 1e-6 / copy, rel_err=err, ok=ok,
                                n_regs=getattr(kern, "n_regs", None), n_spills=getattr(kern, "n_spills", None))
                     rows_out.append(row)
-                    print(f"{dname} 2^{k} {direction:3s} {name:12s} {row['gbps']:6.0f} GB/s {row['frac_copy']:.3f} "
-                          f"regs {row['n_regs']} spills {row['n_spills']} err {err:.1e}", flush=True)
+                    common.write_json(path, "softmax_split_sweep", rows_out, copy_gbps=copy, environment=env)
+                    print(f"{dname} 2^{k} {direction:3s} {name:9s} {row['gbps']:6.0f} GB/s {row['frac_copy']:.3f} "
+                          f"regs {row['n_regs']} spills {row['n_spills']} err {err:.1e}{'' if ok else ' WRONG'} "
+                          f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             del x, y, dy, ref_f, ref_b
             torch.cuda.empty_cache()
+    if out_of_time:
+        print("time budget spent", flush=True)
     sm._SPLIT_TUNING.clear()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print("wrote", common.write_json(out, "softmax_split_sweep", rows_out, copy_gbps=copy))
+    print("wrote", common.write_json(path, "softmax_split_sweep", rows_out, copy_gbps=copy, environment=env))
 
 
 if __name__ == "__main__":

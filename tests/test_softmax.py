@@ -3,6 +3,10 @@
 Without CUDA the kernels run in the Triton interpreter (shapes kept small); bf16 and long rows run
 on the GPU only. Tolerances: err(ours) ≤ 2·err(torch, same dtype) + eps, both against float64.
 """
+import importlib.util
+from pathlib import Path
+from unittest import mock
+
 import pytest
 import torch
 
@@ -93,6 +97,119 @@ def test_long_single_row_cpu_sized(op):
     """N = 70000 in one row: split into segments of several chunks each (auto picks split)."""
     x = hard_rows(1, 70000, torch.float32)
     check_forward(op, x)
+
+
+# ------------------------------------------------------------------ the split kernel's settings
+
+# Forced through ``_SPLIT_TUNING`` on top of the chosen chunk sizes (under the interpreter 256
+# elements on 4 warps): every value of every switch in both directions, and every (ticket, sync),
+# (sync, pad) and (sync, hold) pair. "chosen" runs each direction's and dtype's own default.
+# ``resident`` only caps registers on the GPU (see test_split_layout).
+SPLIT_SETTINGS = {
+    "chosen": {},
+    "relaxed-cflags-pad32-raw": dict(ticket="relaxed", sync="counter_flags", pad=32, hold="raw", resident=5),
+    "acq_rel-counter-pad1-f32": dict(ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0),
+    "acq_rel-cflags-pad1-f32": dict(ticket="acq_rel", sync="counter_flags", pad=1, hold="f32", resident=0),
+    "relaxed-counter-pad32-raw": dict(ticket="relaxed", sync="counter", pad=32, hold="raw", resident=5),
+}
+
+
+@pytest.mark.parametrize("N", [601, 1301], ids=["N601-one-chunk", "N1301-two-chunks"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=DT.get)
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
+@pytest.mark.parametrize("name", list(SPLIT_SETTINGS))
+def test_split_settings(name, fused, dtype, N, monkeypatch):
+    """Each setting of the split kernel is exact: forward (softmax, log_softmax, logsumexp) and
+    backward, rows of several segments, −inf entries, an all −inf row, odd N. The one-launch form
+    runs under the interpreter with its partials and counters filled beforehand
+    (``_EMULATE_WAIT``): all of its code but the waiting; the two-launch form reads the partials
+    each setting writes."""
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", SPLIT_SETTINGS[name])
+    monkeypatch.setattr(sm, "_EMULATE_WAIT", fused)
+    monkeypatch.setattr(sm, "_ALLOW_SPIN", fused)
+    x = torch.cat([hard_rows(4, N, dtype), torch.full((1, N), float("-inf"), device=DEVICE, dtype=dtype)])
+    eps = dtype_eps(dtype)
+    for op in OPS:
+        y, ref, same = ours(op, x, strategy="split"), OPS[op][1](x.double(), -1), OPS[op][1](x, -1)
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
+        fin = torch.isfinite(ref)
+        assert_close_to_ref(y[fin], same[fin], ref[fin], eps=eps, what=f"{op} forward")
+    g = torch.Generator().manual_seed(1)
+    dy = torch.randn(4, N, generator=g).to(DEVICE, dtype)
+    for op, code in (("softmax", sm.SOFTMAX), ("log_softmax", sm.LOG_SOFTMAX)):
+        y64 = OPS[op][1](x[:4].double(), -1)
+        y = y64.to(dtype)
+        dx = sm._backward(code, y, dy, dtype, "split")
+        ref = torch._softmax_backward_data if op == "softmax" else torch._log_softmax_backward_data
+        assert_close_to_ref(dx, ref(dy, y, -1, dtype), ref(dy.double(), y.double(), -1, torch.float64),
+                            eps=eps, what=f"{op} backward")
+
+
+def _on_gpu(fn, *args):
+    """``fn`` as it decides on the GPU (not the interpreter's small chunks)."""
+    with mock.patch.object(sm, "interpreter_active", lambda: False):
+        return fn(*args)
+
+
+_FWD_FP32 = dict(ticket="relaxed", sync="counter_flags", pad=32, hold="raw", resident=5)
+_FWD_HALF = dict(ticket="acq_rel", sync="counter_flags", pad=32, hold="f32", resident=0)
+_BWD_FP32 = dict(ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0)
+_BWD_HALF = dict(ticket="relaxed", sync="counter_flags", pad=32, hold="raw", resident=5)
+# (forward, itemsize) → N → (block, warps, switches), on a 132-SM H100.
+SPLIT_DEFAULTS = {
+    (True, 4): {2 ** 16: (8192, 8, _FWD_FP32), 2 ** 20: (8192, 8, _FWD_FP32),
+                2 ** 22: (16384, 8, dict(_FWD_FP32, hold="f32", resident=0))},
+    (True, 2): {2 ** 16: (8192, 8, _FWD_HALF), 2 ** 20: (8192, 8, _FWD_HALF), 2 ** 22: (16384, 8, _FWD_HALF)},
+    (False, 4): {2 ** 16: (8192, 8, _BWD_FP32), 2 ** 20: (8192, 8, _BWD_FP32), 2 ** 22: (32768, 16, _BWD_FP32)},
+    (False, 2): {2 ** 16: (8192, 8, _BWD_HALF), 2 ** 20: (8192, 8, _BWD_HALF),
+                 2 ** 20 + 1: (32768, 16, dict(_BWD_HALF, hold="f32", resident=0)),
+                 2 ** 22: (32768, 16, dict(_BWD_HALF, hold="f32", resident=0))},
+}
+
+
+@pytest.mark.parametrize("itemsize", [4, 2])
+@pytest.mark.parametrize("op", [sm.SOFTMAX, sm.LOG_SOFTMAX, sm.LOGSUMEXP, sm.SOFTMAX_BWD, sm.LOG_SOFTMAX_BWD],
+                         ids=["softmax", "log_softmax", "logsumexp", "softmax_bwd", "log_softmax_bwd"])
+def test_split_defaults(op, itemsize):
+    """The chosen settings depend on the direction, itemsize and N only: the same for every op of
+    a direction."""
+    for N, (block, warps, switches) in SPLIT_DEFAULTS[(op < 3, itemsize)].items():
+        assert _on_gpu(sm._split_config, op, N, itemsize, 132) == dict(block=block, warps=warps, **switches), N
+
+
+def test_split_layout(monkeypatch):
+    """Segments, chunks and the register cap; the override replaces only the keys it names."""
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)[1:] == (1, 128, 48)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX_BWD, 2 ** 20, 2, 132)[1:] == (1, 128, 48)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (2, 128, None)  # streams: no cap
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(resident=2, sync="counter"))
+    t, chunks, S, cap = _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)
+    assert (t["sync"], t["ticket"], cap) == ("counter", "relaxed", 128)
+    monkeypatch.setattr(sm, "_MAXNREG", False)  # a Triton without maxnreg: no cap, same kernel
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)[1:] == (1, 128, None)
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(per_sm=2))
+    with pytest.raises(ValueError, match="per_sm"):
+        sm._split_layout(sm.SOFTMAX, 2 ** 20, 4, 132)
+
+
+def test_split_sweep_variants_are_valid_overrides(monkeypatch):
+    """benchmarks/softmax_split_sweep.py's variants name only settings the kernel has (a variant is
+    skipped where it equals the chosen kernel); "previous" is session 3's kernel."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "softmax_split_sweep.py"
+    spec = importlib.util.spec_from_file_location("softmax_split_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for name in sweep.VARIANTS:
+        for op in (sm.SOFTMAX, sm.SOFTMAX_BWD):
+            for itemsize in (4, 2):
+                for N in (2 ** 16, 2 ** 20, 2 ** 22):
+                    t = _on_gpu(sweep.tuning_at, name, op, itemsize, N, 132)
+                    assert t is not None or name != "chosen"
+                    monkeypatch.setattr(sm, "_SPLIT_TUNING", t or {})
+                    _on_gpu(sm._split_layout, op, N, itemsize, 132)
+    assert _on_gpu(sweep.tuning_at, "previous", sm.SOFTMAX_BWD, 2, 2 ** 20, 132)["block"] == 32768
+    assert _on_gpu(sweep.tuning_at, "previous", sm.SOFTMAX_BWD, 4, 2 ** 20, 132) is None
+    assert _on_gpu(sweep.tuning_at, "relaxed", sm.SOFTMAX, 4, 2 ** 20, 132) is None
 
 
 # ------------------------------------------------------------------ torch's semantics at the edges

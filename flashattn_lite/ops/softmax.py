@@ -17,16 +17,18 @@ Three strategies, each a kernel, chosen by row length N and row count R (``_choo
               first pass asks L2 to keep the row). Chosen for long rows when programs may not
               wait on each other (the interpreter) and there are enough rows to fill the GPU.
 ``split``     each row is cut into S ≤ SM-count segments of k chunks (8K–32K elements each, by
-              direction and row length: ``_split_shape``), one program each, so a single 16M row
-              uses every SM. Each program folds its segment to a partial (m, ℓ);
-              partials merge with ``merge_ml_ln`` (a ``tl.reduce`` over the row's S partials).
+              direction, dtype and row length: ``_split_config``, which also picks the kernel's
+              synchronisation), one program each, so a single 16M row uses every SM. Each
+              program folds its segment to a partial (m, ℓ); partials merge with
+              ``merge_ml_ln`` (a ``tl.reduce`` over the row's S partials).
               On the GPU this is one kernel: programs take tickets from an atomic counter (so the
               programs of a row are always resident together: S ≤ SM count keeps this
               deadlock-free), publish their partial, wait for the row's other segments, and
               normalise the segment they still hold in registers (or re-read from L2 when a
-              segment spans several chunks) — 2N bytes at any N. Under the interpreter, which
-              runs programs one at a time, the same kernel runs as two launches (partials, then
-              merge + normalise with a re-read).
+              segment spans several chunks) — 2N bytes at any N (on the H100, 0.71–0.98 × copy
+              bandwidth for rows of 2^16–2^22 elements: ``_split_config``). Under the
+              interpreter, which runs programs one at a time, the same kernel runs as two launches
+              (partials, then merge + normalise with a re-read).
 
 Layout: the reduced dim is moved last as a view. If its stride is not 1 the input is copied once
 (``.contiguous()``); other dims may have any strides (up to three non-mergeable leading dims are
@@ -48,7 +50,7 @@ import triton.language as tl
 from .. import _checks
 from .._launcher import launcher
 from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tile_and_slab, tuned
-from ..merge import lse_of_ln, merge_ml_ln, online_softmax_update_ln
+from ..merge import _finite_or_zero, lse_of_ln, merge_ml_ln, online_softmax_update_ln
 
 # Ops, as the kernels' OP constexpr: forward 0-2, backward 3-4 (logsumexp's backward has its own
 # elementwise kernel).
@@ -208,23 +210,101 @@ def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, 
 
 # ------------------------------------------------------------------ strategy 3: a row split across programs
 
+# A packed partial: m's float32 bits in the high word, ℓ's in the low word. Workspace words start as
+# _EMPTY (both words all ones); a published ℓ is never all ones (NaN is stored canonical), so a
+# word ≠ _EMPTY is a published partial, and one 64-bit store publishes both values at once.
+_EMPTY = tl.constexpr(-1)
+_NEUTRAL = tl.constexpr(-36028797018963968)  # (m, ℓ) = (−inf, 0): what padding lanes of the vector read
+
+
+@triton.jit
+def _pack(m, l):
+    l = tl.where(l == l, l, float("nan"))
+    return (m.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (l.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _unpack(w):
+    return (w >> 32).to(tl.int32).to(tl.float32, bitcast=True), w.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_raw(a_ptrs, b_ptrs, mask, OP: tl.constexpr):
+    """``_load`` without the float32 conversion (segments held across the wait in their own dtype)."""
+    if OP < 3:
+        a = tl.load(a_ptrs, mask=mask, other=float("-inf"), eviction_policy="evict_first")
+        b = a
+    else:
+        a = tl.load(a_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+        b = tl.load(b_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    return a, b
+
+
+@triton.jit
+def _convert_again(raw, zero):
+    """raw as float32, converted anew: ``zero`` is 0 at run time but unknown to the compiler, so the
+    conversion made before the wait cannot be reused, and only the raw (2-byte) values stay live
+    across it."""
+    if raw.dtype == tl.float32:
+        return (raw.to(tl.int32, bitcast=True) | zero).to(tl.float32, bitcast=True)
+    else:
+        return (raw.to(tl.int16, bitcast=True) | zero.to(tl.int16)).to(raw.dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _fold_raw(a_raw, b_raw, OP: tl.constexpr):
+    """``_fold`` of one chunk from the empty state, for a chunk held raw: the exp pass converts the
+    values again (``zero`` from the max pass: 0 unless the max is NaN, when ℓ is NaN anyway), so no
+    float32 copy of the chunk outlives the block-wide max."""
+    m = tl.full([1], float("-inf"), tl.float32)
+    if OP < 3:
+        m = tl.max(a_raw.to(tl.float32), 1)
+        m_ref = _finite_or_zero(m)
+        x = _convert_again(a_raw, (m != m).to(tl.int32)[:, None])
+        l = tl.sum(tl.math.exp2((x - m_ref[:, None]) * 1.4426950408889634), 1)
+    elif OP == 3:
+        l = tl.sum(a_raw.to(tl.float32) * b_raw.to(tl.float32), 1)
+    else:
+        l = tl.sum(b_raw.to(tl.float32), 1)
+    return m, l
+
+
 @launcher
 @triton.jit
 def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                   N, SEG, S, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
                   OP: tl.constexpr, PHASE: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr, S_POW2: tl.constexpr, PID_ORDER: tl.constexpr = False):
+                  BLOCK: tl.constexpr, S_POW2: tl.constexpr, TICKET: tl.constexpr,
+                  SYNC: tl.constexpr, HOLD: tl.constexpr, PAD: tl.constexpr):
     """PHASE 0: write each segment's partial state. PHASE 1: merge a row's partials and map its
     segment (re-reading it). PHASE 2: both in one launch, the programs of a row waiting for each
-    other; ONE_CHUNK keeps the segment in registers across the wait."""
-    if PHASE == 2 and PID_ORDER:  # experiment: placement by program id, trusting in-order dispatch
-        row = tl.program_id(0) // S
-        seg = tl.program_id(0) % S
-    elif PHASE == 2:
-        # Tickets hand out (row, segment) in the order programs actually start, so every segment
-        # a program waits for belongs to a program that is running or will start once an earlier
-        # row finishes: with S ≤ resident programs this cannot deadlock.
-        ticket = tl.atomic_add(sync_ptr, 1)
+    other; ONE_CHUNK keeps the segment in registers across the wait.
+
+    Switches (``_split_config`` picks them per direction, dtype and N):
+    TICKET  the memory order of the atomic ticket, "acq_rel" or "relaxed" (it only numbers the
+            programs, so either is correct).
+    SYNC    "counter": partials as two float32 planes, an arrival counter bumped after a barrier
+            with release order and polled with acquire loads, which make the partials visible;
+            "counter_flags": each partial one 64-bit word that is its own validity flag, so the
+            counter needs no fence: bumped and polled relaxed, then the row's words read (again
+            while any is still empty).
+    HOLD    "f32": ONE_CHUNK holds the float32 values (forward p = exp(x − m)) across the wait;
+            "raw": holds the loaded values in their own dtype (half the registers for 2-byte
+            inputs, fewer live values for fp32) and converts them again afterwards (one more exp
+            per element forward).
+    PAD     ints between the counters in ``sync_ptr`` (the ticket, then one per row): 32 puts each
+            on its own 128-byte line, so a row's polls do not queue behind other rows' polls and
+            the tickets at one L2 slice."""
+    if PHASE == 2:
+        # Tickets hand out (row, segment) in the order programs actually start, and a program waits
+        # only for its own row. Rows before the oldest unfinished one are done, and no ticket of a
+        # later row is taken before all of its tickets are: so if every resident program were
+        # waiting, all would hold tickets of that one row, fewer than its S, leaving a slot free
+        # for the next program, which takes its next ticket. S ≤ the SM count and one program fits
+        # on an SM whatever its register count (a ``resident`` cap only lets more fit), so this
+        # cannot deadlock, whatever the order or the number of programs the hardware makes
+        # resident, and whatever the ticket's memory order.
+        ticket = tl.atomic_add(sync_ptr, 1, sem=TICKET)
         row = ticket // S
         seg = ticket % S
     else:
@@ -237,12 +317,16 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     lo = seg * SEG
     hi = tl.minimum(lo + SEG, N)
     slot = row.to(tl.int64) * S + seg + tl.zeros([1], tl.int64)
-    counter = sync_ptr + 1 + row
+    counter = sync_ptr + PAD + PAD * row
 
     if PHASE != 1:
         m = tl.full([1], float("-inf"), tl.float32)
         l = tl.zeros([1], tl.float32)
-        if ONE_CHUNK:
+        if ONE_CHUNK and HOLD == "raw":
+            mask = lo + cols < hi
+            a_raw, b_raw = _load_raw(a_row + lo + cols, b_row + lo + cols, mask, OP)
+            m, l = _fold_raw(a_raw, b_raw, OP)
+        elif ONE_CHUNK:
             mask = lo + cols < hi
             a, b = _load(a_row + lo + cols, b_row + lo + cols, mask, OP, "evict_first")
             m, l, p = _fold(m, l, a, b, OP)
@@ -251,33 +335,52 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                 mask = start + cols < hi
                 a, b = _load(a_row + start + cols, b_row + start + cols, mask, OP, "evict_last")
                 m, l, _p = _fold(m, l, a, b, OP)
-        tl.store(ws_m_ptr + slot, m)
-        tl.store(ws_l_ptr + slot, l)
+        if SYNC == "counter":
+            tl.store(ws_m_ptr + slot, m)
+            tl.store(ws_l_ptr + slot, l)
+        else:
+            tl.atomic_xchg(ws_m_ptr + slot, _pack(m, l), sem="relaxed")
     if PHASE == 0:
         return
 
     one = tl.zeros([1], tl.int32)
     writes_lse = (seg + one) == 0
     if PHASE == 2:
-        tl.debug_barrier()
         if OP == 2:
             # logsumexp maps nothing: the last segment to arrive merges, nobody waits.
+            tl.debug_barrier()
             writes_lse = (tl.atomic_add(counter, 1, sem="acq_rel") + one) == S - 1
-        else:
+        elif SYNC == "counter":
+            tl.debug_barrier()
             tl.atomic_add(counter, 1, sem="release")
             arrived = tl.atomic_add(counter, 0, sem="acquire")
             while arrived < S:
                 arrived = tl.atomic_add(counter, 0, sem="acquire")
+        else:
+            # The words carry their own validity: the arrival needs no fence, and the words are
+            # read again below until all are there.
+            tl.atomic_add(counter, 1, sem="relaxed")
+            arrived = tl.atomic_add(counter, 0, sem="relaxed")
+            while arrived < S:
+                arrived = tl.atomic_add(counter, 0, sem="relaxed")
 
     offs = tl.arange(0, S_POW2)
     part = row.to(tl.int64) * S + offs
-    if OP < 3:
-        pm = tl.load(ws_m_ptr + part, mask=offs < S, other=float("-inf"), volatile=True)
+    if SYNC == "counter":
         pl = tl.load(ws_l_ptr + part, mask=offs < S, other=0.0, volatile=True)
+        if OP < 3:
+            pm = tl.load(ws_m_ptr + part, mask=offs < S, other=float("-inf"), volatile=True)
+    else:
+        w = tl.load(ws_m_ptr + part, mask=offs < S, other=_NEUTRAL, volatile=True)
+        if OP != 2:  # logsumexp's last arrival sees every word through the counter's acquire
+            while tl.sum((w == _EMPTY).to(tl.int32), 0) > 0:
+                w = tl.load(ws_m_ptr + part, mask=offs < S, other=_NEUTRAL, volatile=True)
+        pm, pl = _unpack(w)
+    if OP < 3:
         m_row, l_row = tl.reduce((pm, pl), 0, merge_ml_ln)
     else:
         m_row = 0.0
-        l_row = tl.sum(tl.load(ws_l_ptr + part, mask=offs < S, other=0.0, volatile=True), 0)
+        l_row = tl.sum(pl, 0)
     m_row = m_row + tl.zeros([1], tl.float32)
     l_row = l_row + tl.zeros([1], tl.float32)
 
@@ -286,7 +389,11 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     else:
         out_row = out_ptr + rows.to(tl.int64)[:, None] * N
         if ONE_CHUNK and PHASE == 2:
-            if OP == 0:
+            if HOLD == "raw":
+                # 0 unless ℓ is NaN, and then every output of the row is NaN whatever the bits.
+                zero = (l_row != l_row).to(tl.int32)[:, None]
+                y = _map(_convert_again(a_raw, zero), _convert_again(b_raw, zero), m_row, l_row, OP)
+            elif OP == 0:
                 y = p * (tl.math.exp2((m - m_row) * 1.4426950408889634) * (1.0 / l_row))[:, None]
             else:
                 y = _map(a, b, m_row, l_row, OP)
@@ -386,44 +493,108 @@ def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strate
         _launch_split(op, a, b, out, R, N, geo)
 
 
-_SPLIT_TUNING: dict = {}  # experiment override (benchmarks/softmax_split_sweep.py): block, warps, pid_order
+# Experiment override of the split kernel (benchmarks/softmax_split_sweep.py): keys of
+# ``_split_config`` replacing the chosen values, empty = the chosen kernel.
+_SPLIT_TUNING: dict = {}
+_EMULATE_WAIT = False  # tests: run the one-launch split under the interpreter (``_launch_split``)
 
 
-def _split_shape(op: int, N: int, itemsize: int, sms: int) -> tuple[int, int]:
-    """(elements per chunk, num_warps) of the split kernel, measured on the H100
-    (``benchmarks/softmax_split_sweep.py``; NOTES.md, session 3). Forward: 8K-element chunks on
-    8 warps (≈ 55 registers: four programs per SM), 16K past 8K × SMs elements (a segment then
-    spans several chunks, and fewer, longer chunks re-read less). Backward holds y and dy: the same
-    8K chunks (three programs per SM) for fp32 rows that fit one chunk per SM, else 32K chunks on
-    16 warps (one program per SM, 52 bytes of spills; 2-byte rows from 64K elements), the fastest
-    there by 5-35%."""
+# A Triton whose CUDA backend takes no register cap rejects ``maxnreg`` at launch: ``resident`` is
+# then dropped and the compiler's register count decides how many programs share an SM.
+try:
+    from triton.backends.nvidia.compiler import CUDAOptions as _CUDAOptions
+    _MAXNREG = "maxnreg" in getattr(_CUDAOptions, "__dataclass_fields__", {})
+except ImportError:
+    _MAXNREG = False
+
+
+def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
+    """The split kernel's settings for ``op``'s direction (forward: softmax, log_softmax, logsumexp;
+    backward: softmax, log_softmax), the input's itemsize and the row length N: ``block`` and
+    ``warps`` (elements per chunk, num_warps), the kernel's switches ``ticket``, ``sync``, ``hold``,
+    ``pad`` (see ``_split_kernel``), and ``resident`` (programs per SM that a register cap makes
+    room for, on one-chunk segments; 0 = no cap).
+
+    Measured on the H100 (``benchmarks/softmax_split_sweep.py``; benchmarks/NOTES.md, sessions 3
+    and 4), × copy bandwidth at N = 2^16 / 2^20 / 2^22, against session 3's kernel (acq_rel ticket,
+    fenced counter, float32 hold, no cap):
+      forward fp32    .979 / .931 / .911 (was .954 / .892 / .777): relaxed, counter_flags, raw, 5 per SM
+      forward 2-byte  .921 / .811 / .843 (was .877 / .711 / .813): counter_flags
+      backward fp32   .974 / .891 / .824: session 3's kernel (counter_flags lost up to 15% at 2^20)
+      backward 2-byte .980 / .934 / .706 (was .865 / .807 / .676): relaxed, counter_flags, and up
+                      to 2^20 8K chunks on 8 warps held raw at 5 per SM instead of 32K on 16 warps
+    Shapes: forward 8K chunks on 8 warps, 16K past 8K × SMs elements (a segment then spans several
+    chunks, and fewer, longer chunks re-read less); backward holds y and dy: 8K chunks for fp32
+    rows that fit one chunk per SM and 2-byte rows up to 2^20, else 32K on 16 warps (one program
+    per SM). The raw hold and the 5-per-SM cap (48 registers) were measured on 8K chunks only:
+    larger chunks keep float32 and no cap."""
+    fwd = op < 3
+    if fwd:
+        block, warps = (8192, 8) if cdiv(N, 8192) <= sms else (16384, 8)
+    elif (itemsize == 4 and cdiv(N, 8192) <= sms) or (itemsize < 4 and N <= 2 ** 20):
+        block, warps = 8192, 8
+    else:
+        block, warps = 32768, 16
+    t = dict(block=block, warps=warps, ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0)
+    if fwd or itemsize < 4:
+        t.update(sync="counter_flags", pad=32)
+    if (fwd and itemsize == 4) or (not fwd and itemsize < 4):
+        t.update(ticket="relaxed")
+        if block == 8192:
+            t.update(hold="raw", resident=5)
     if interpreter_active():
-        return _chunk("split"), 4
-    if op < 3:
-        return (8192, 8) if cdiv(N, 8192) <= sms else (16384, 8)
-    if (itemsize == 4 and cdiv(N, 8192) <= sms) or (itemsize < 4 and N < 65536):
-        return 8192, 8
-    return 32768, 16
+        t.update(block=_chunk("split"), warps=4)
+    return t
+
+
+def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, int, int | None]:
+    """(settings, chunks per segment, segments S, register cap or None) of the split kernel:
+    ``_split_config`` under the ``_SPLIT_TUNING`` override.
+
+    A row's S programs wait for each other, so all S must be able to be resident at once (the
+    tickets then guarantee progress: see the kernel): S ≤ SM count, one program per SM always fits.
+    The cap applies to one-chunk segments only (longer segments stream, holding nothing)."""
+    t = _split_config(op, N, itemsize, sms)
+    if _SPLIT_TUNING:
+        unknown = set(_SPLIT_TUNING) - set(t)
+        if unknown:
+            raise ValueError(f"_SPLIT_TUNING keys must be among {sorted(t)}, got {sorted(unknown)}")
+        t.update(_SPLIT_TUNING)
+    chunks = cdiv(cdiv(N, t["block"]), sms)
+    cap = None
+    if t["resident"] and chunks == 1 and _MAXNREG:
+        # 64K registers per SM, allocated in multiples of 8 a thread (ptxas spills past the cap).
+        cap = min(255, 65536 // (t["resident"] * t["warps"] * 32) // 8 * 8)
+    return t, chunks, cdiv(N, chunks * t["block"]), cap
 
 
 def _launch_split(op, a, b, out, R, N, geo):
-    t = _SPLIT_TUNING
-    cap = device_sm_count(a)
-    block, warps = _split_shape(op, N, a.element_size(), cap)
-    block, warps = t.get("block", block), t.get("warps", warps)
-    chunks = cdiv(cdiv(N, block), cap)
+    t, chunks, S, cap = _split_layout(op, N, a.element_size(), device_sm_count(a))
+    block, pad = t["block"], t["pad"]
     seg = chunks * block
-    S = cdiv(N, seg)
-    ws = torch.empty((2, R * S), device=a.device, dtype=torch.float32)
-    common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S), num_warps=warps)
-    if t.get("pid_order"):
-        common["PID_ORDER"] = True
-    if _spin_allowed(a):
-        sync = torch.zeros(1 + R, device=a.device, dtype=torch.int32)
-        _split_kernel[(R * S,)](a, b, out, ws[0], ws[1], sync, N, seg, S, *geo, PHASE=2, **common)
+    common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S), TICKET=t["ticket"],
+                  SYNC=t["sync"], HOLD=t["hold"], PAD=pad, num_warps=t["warps"])
+    if cap is not None:
+        common["maxnreg"] = cap
+    if t["sync"] == "counter":
+        ws = torch.empty((2, R * S), device=a.device, dtype=torch.float32)
+        ws_m, ws_l = ws[0], ws[1]
     else:
-        _split_kernel[(S, R)](a, b, out, ws[0], ws[1], ws, N, seg, S, *geo, PHASE=0, **common)
-        _split_kernel[(1 if op == LOGSUMEXP else S, R)](a, b, out, ws[0], ws[1], ws, N, seg, S, *geo,
+        ws_m = ws_l = torch.full((R * S,), _EMPTY.value, device=a.device, dtype=torch.int64)
+    emulate = _EMULATE_WAIT and interpreter_active()
+    if _spin_allowed(a) or emulate:
+        sync = torch.zeros(pad * (1 + R), device=a.device, dtype=torch.int32)
+        if emulate:
+            # The interpreter runs programs one after another, so none may wait for a later one:
+            # the partials are written first and every counter starts as if the row had arrived.
+            # The one-launch kernel then runs all of its code but the waiting itself.
+            _split_kernel[(S, R)](a, b, out, ws_m, ws_l, sync, N, seg, S, *geo, PHASE=0, **common)
+            if op != LOGSUMEXP:
+                sync[pad::pad] = S
+        _split_kernel[(R * S,)](a, b, out, ws_m, ws_l, sync, N, seg, S, *geo, PHASE=2, **common)
+    else:
+        _split_kernel[(S, R)](a, b, out, ws_m, ws_l, ws_m, N, seg, S, *geo, PHASE=0, **common)
+        _split_kernel[(1 if op == LOGSUMEXP else S, R)](a, b, out, ws_m, ws_l, ws_m, N, seg, S, *geo,
                                                          PHASE=1, **common)
 
 
