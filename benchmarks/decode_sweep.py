@@ -48,6 +48,7 @@ PROBE_STEADY_COPIES = 64  # the probes read no cache: as many steps as common.st
 # flight per program in brackets (a 64-key tile of K + V is 32 KB; a B 1 4k split is 256 keys, 128 KB).
 VARIANTS = {
     "default": ({}, None),                                              # autotuned, as shipped
+    "no-pdl": (dict(no_pdl=True), None),                                # merge launched after stage 1 ends
     "bn64-s2": (dict(config=(64, 4, 2)), None),                         # [1 tile]
     "bn64-s3": (dict(config=(64, 4, 3)), None),                         # [2]
     "bn64-s4": (dict(config=(64, 4, 4)), None),                         # [3]

@@ -36,8 +36,8 @@ from .. import _checks
 from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tuned
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
 from .attention_fwd import precision_for
-from .merge_states import (merge_attention_states, merge_attention_states_stacked, merge_stacked_launch,
-                           merge_stacked_torch)
+from .merge_states import (dependent_launch_supported, merge_attention_states, merge_attention_states_stacked,
+                           merge_stacked_launch, merge_stacked_torch)
 
 # Split heuristic (see ``choose_num_splits``).
 MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the merge than it saves
@@ -45,7 +45,8 @@ MAX_SPLITS = 128
 WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep, NOTES.md session 3)
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
 # Experiment override for benchmarks/decode_sweep.py: {"config": (BLOCK_N, num_warps, num_stages)}
-# launches that config instead of autotuning (empty: the autotuned default).
+# launches that config instead of autotuning; {"no_pdl": True} launches the merge after stage 1
+# the ordinary way (empty: the autotuned default).
 _TUNING: dict = {}
 
 
@@ -134,7 +135,10 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                          PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
+                         LAUNCH_MERGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    if LAUNCH_MERGE:
+        # The merge kernel may be scheduled now: it waits for this grid's writes before reading.
+        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     n_rows = GROUP * n_q
     row_blocks = tl.cdiv(n_rows, BLOCK_M)
@@ -243,6 +247,9 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
     bt = block_table if paged else cache_seqlens        # never read when not paged
     bt_strides = block_table.stride() if paged else (0, 0)
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
+    # The merge launched as a programmatic dependent of stage 1 (Hopper+): its launch and start
+    # overlap stage 1's tail instead of following it.
+    pdl = splits > 1 and dependent_launch_supported(q) and not _TUNING.get("no_pdl", False)
     kernel, config = _decode_split_kernel, {}
     if "config" in _TUNING:  # an experiment: one fixed config, no autotuning
         kernel = _decode_split_kernel.inner.fn
@@ -254,9 +261,9 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
         BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
         BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
-        PRECISION=precision_for(q.dtype), **config)
+        PRECISION=precision_for(q.dtype), LAUNCH_MERGE=pdl, **config)
     if splits > 1:
-        merge_stacked_launch(o_part, lse_part, o, lse)
+        merge_stacked_launch(o_part, lse_part, o, lse, after_producer=pdl)
     return o, lse
 
 

@@ -19,6 +19,7 @@ dO_s = w_s·dO, dlse_s = w_s·(dlse + ⟨dO, O_s − O⟩) with w_s = exp(lse_s 
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -30,6 +31,8 @@ from .._launcher import launcher
 from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton
 from ..merge import (finalize, lse_of_torch, merge_states, merge_states_torch,
                      online_softmax_update, online_softmax_update_torch)
+# Programmatic dependent launch (Triton ≥ 3.4); without it the two decode stages simply queue.
+_HAS_GDC = hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
 
 
 # ------------------------------------------------------------------ kernels
@@ -78,7 +81,11 @@ def _merge_stacked_kernel(o_parts, lse_parts, o, lse,
                           s_ob, s_oh, s_on, s_od, s_lb, s_lh, s_ln,
                           n_h, n_n, n_rows, n_splits,
                           HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
+                          BLOCK_D: tl.constexpr, AFTER_PRODUCER: tl.constexpr = False):
+    if AFTER_PRODUCER:
+        # Launched as a programmatic dependent of the kernel that wrote the partials: this
+        # program may start before that kernel ends, and waits here until its writes are visible.
+        tl.extra.cuda.gdc_wait()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     row_ok = rows < n_rows
@@ -136,10 +143,12 @@ def merge_pair_launch(o_a, lse_a, o_b, lse_b, o, lse):
                              HEAD_DIM=D, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
 
 
-def merge_stacked_launch(o_parts, lse_parts, o, lse):
+def merge_stacked_launch(o_parts, lse_parts, o, lse, after_producer: bool = False):
     """Kernel launch for the stacked merge: o_parts (S, B, H, N, D) any strides (fp32 or the
     output dtype), lse_parts (S, B, H, N) fp32; writes o (its own dtype) and lse (B, H, N).
-    Used by ``decode`` as its second stage."""
+    Used by ``decode`` as its second stage: ``after_producer`` launches it as a programmatic
+    dependent of the kernel just launched (which must call ``gdc_launch_dependents``) where the
+    GPU supports it, so its launch and start overlap that kernel's end."""
     S, B, H, N, D = o_parts.shape
     rows = B * H * N
     block_s = min(32, next_pow2(S))
@@ -148,7 +157,19 @@ def merge_stacked_launch(o_parts, lse_parts, o, lse):
     _merge_stacked_kernel[grid](o_parts, lse_parts, o, lse,
                                 *o_parts.stride(), *lse_parts.stride(), *o.stride(), *lse.stride(),
                                 H, N, rows, S,
-                                HEAD_DIM=D, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4)
+                                HEAD_DIM=D, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
+                                **(dict(AFTER_PRODUCER=True, launch_pdl=True) if after_producer else {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_device(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def dependent_launch_supported(t: torch.Tensor) -> bool:
+    """Programmatic dependent launch: Hopper or newer, compiled kernels (not the interpreter), and
+    a Triton that has it."""
+    return t.is_cuda and _HAS_GDC and not interpreter_active() and _pdl_device(t.device.index or 0)
 
 
 # ------------------------------------------------------------------ PyTorch twins
