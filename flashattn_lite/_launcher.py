@@ -63,6 +63,16 @@ def _spec(a):
     return type(a), a  # anything else: keyed by value (hashable or the launch fails loudly)
 
 
+def _knob_state() -> tuple:
+    """The knobs Triton's JIT puts in its kernel cache key at every launch (debug, instrumentation,
+    fp sanitizer casts, a stages inspection hook): a change of any of them must not reuse a kernel
+    compiled before it. Knobs this Triton does not have read as None."""
+    runtime, compilation = _knobs.runtime, _knobs.compilation
+    return (runtime.debug, getattr(compilation, "instrumentation_mode", None),
+            getattr(compilation, "fpsan_homomorphic_casts", None),
+            getattr(runtime, "add_stages_inspection_hook", None))
+
+
 def _hook_active(hook) -> bool:
     """Whether a launch hook would do anything: Triton ≥ 3.5 keeps an always-present chain of hooks
     (``HookChain``, empty unless a profiler registered one); older versions keep None or a function.
@@ -111,9 +121,7 @@ class Launcher:
             return self.inner[grid](*args, **kwargs)
         device = torch.cuda.current_device()
         try:
-            # The compile options Triton reads from knobs at every launch (debug, instrumentation)
-            # are in its cache key.
-            knobs = (_knobs.runtime.debug, _knobs.compilation.instrumentation_mode)
+            knobs = _knob_state()
         except AttributeError:  # a Triton whose knobs differ: its own launch path from now on
             self.enabled = False
             return self.inner[grid](*args, **kwargs)
@@ -158,7 +166,7 @@ class Launcher:
             return None
         device = torch.cuda.current_device()
         try:
-            knobs = (_knobs.runtime.debug, _knobs.compilation.instrumentation_mode)
+            knobs = _knob_state()
         except AttributeError:
             return None
         constexprs = (tuple(kwargs.items()), tuple(map(type, kwargs.values())))
@@ -171,7 +179,7 @@ class Launcher:
         g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
         rest = (*args[n_tensors:], *tail)
         run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
-        runtime, compilation = _knobs.runtime, _knobs.compilation
+        runtime = _knobs.runtime
 
         def launch(*tensors):
             # Addresses as ints: Triton's C launcher then skips its per-tensor data_ptr() call and
@@ -179,7 +187,7 @@ class Launcher:
             ptrs = tuple(map(_data_ptr, tensors))
             if (reduce(or_, ptrs, 0) & 15 or torch.cuda.current_device() != device
                     or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook)
-                    or (runtime.debug, compilation.instrumentation_mode) != knobs):
+                    or _knob_state() != knobs):
                 return False
             run(g0, g1, g2, _raw_stream(device), function, packed, None, None, None, *ptrs, *rest)
             return True

@@ -87,5 +87,10 @@ def device_sm_count(t: torch.Tensor) -> int:
 
 
 def allow_tf32() -> bool:
-    """fp32 matmuls use TF32 only where torch itself is allowed to."""
-    return torch.backends.cuda.matmul.allow_tf32
+    """fp32 matmuls use TF32 only where torch's own CUDA matmuls may: ``allow_tf32``, or the
+    newer ``fp32_precision == "tf32"`` (once that is set, torch ≥ 2.9 refuses to read the old flag)."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        return bool(matmul.allow_tf32)
+    except RuntimeError:
+        return getattr(matmul, "fp32_precision", None) == "tf32"

@@ -315,3 +315,30 @@ def test_more_than_65535_heads_times_batch():
     assert (o.double() - o_ref).abs().max() < 1e-2
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
     assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
+
+
+def test_forward_mode_ad_is_refused_not_silently_dropped():
+    """Dual tensors do not set requires_grad: the no-gradient shortcut must not take them (it
+    would return o without its tangent); autograd.Function refuses them (no jvp rule)."""
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = make_qkv((1, 2, 2, 5, 7, 16, 16), torch.float32)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(q, torch.randn_like(q))
+        with pytest.raises(RuntimeError, match="jvp"):
+            attention(dual, k, v)
+
+
+def test_tf32_follows_torchs_new_precision_setting_too():
+    from flashattn_lite.ops.attention_fwd import precision_for
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip("this torch has only allow_tf32")
+    before = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "tf32"  # torch then refuses to read allow_tf32
+        assert precision_for(torch.float32) == "tf32"
+        matmul.fp32_precision = "ieee"
+        assert precision_for(torch.float32) == "ieee"
+    finally:
+        matmul.fp32_precision = before
+    assert precision_for(torch.float16) == "tf32"  # the tl.dot input precision knob only matters for fp32

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _checks
@@ -135,12 +136,18 @@ def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: floa
     (``.item()`` breaks; values from ``random`` become 0-d tensors too)."""
     if type(q) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None:
         seed = draw_seed() if dropout_p > 0.0 else 0
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) or _transformed():
             return _AttentionFn.apply(q, k, v, mask, scale, causal, offset, dropout_p, seed)
         # Nothing to differentiate: autograd.Function.apply would only cost time (≈ 20% of a tiny call).
         return _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed)
     seed_t = torch.randint(0, _SEED_BOUND, (), dtype=torch.int64) if dropout_p > 0.0 else None
     return torch.ops.flashattn_lite.attention_fwd(q, k, v, mask, scale, causal, offset, dropout_p, seed_t)
+
+
+def _transformed() -> bool:
+    """Forward-mode AD or a functorch transform is active: its tangents do not set requires_grad,
+    so only ``autograd.Function`` (which refuses what it cannot differentiate) may see the call."""
+    return fwAD._current_level >= 0 or torch._C._are_functorch_transforms_active()
 
 
 # ------------------------------------------------------------------ implementations
@@ -261,8 +268,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         o (B, Hq, Nq, Dv) in the input dtype (and lse). A query row whose keys are all masked
         gives o = 0 and lse = −inf.
 
-    Arithmetic is float32 (fp32 inputs use TF32 only where ``torch.backends.cuda.matmul.allow_tf32``
-    allows it). The backward is deterministic: the same inputs give bit-identical gradients.
+    Arithmetic is float32 (fp32 inputs use TF32 only where torch's CUDA matmuls may:
+    ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``). The backward is deterministic: the same inputs give bit-identical gradients.
     CUDA tensors run Triton kernels; CPU tensors run the same tiled algorithm in PyTorch (or the
     Triton kernels in the interpreter when ``TRITON_INTERPRET=1``).
     """

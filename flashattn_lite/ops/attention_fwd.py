@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
+from .._runtime import allow_tf32, cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E, finalize, online_softmax_update_scaled
 
@@ -224,7 +224,7 @@ def length_bucket(n_q: int, n_k: int) -> int:
 
 def precision_for(dtype: torch.dtype) -> str:
     """tl.dot precision: fp32 inputs use TF32 only where torch allows it."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and not allow_tf32():
         return "ieee"
     return "tf32"
 
@@ -242,7 +242,7 @@ _BOUND_ENTRIES = 256
 
 
 def _plain_signature(q, k, v, causal, causal_offset, scale):
-    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    tf32 = q.dtype == torch.float32 and allow_tf32()
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal,
             causal_offset, scale, tf32)
 
@@ -253,7 +253,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     (broadcast dims with stride 0). Returns o (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32.
 
     This runs on every call: at small shapes its host time is the call's time, so it stays lean
-    (no per-call imports or environment reads, and a bound launch for repeated plain calls)."""
+    (no per-call imports, and a bound launch for repeated plain calls)."""
     B, Hq, Nq, D = q.shape
     Dv = v.shape[3]
     o = torch.empty((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)

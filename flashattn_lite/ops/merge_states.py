@@ -146,9 +146,10 @@ def merge_pair_launch(o_a, lse_a, o_b, lse_b, o, lse):
 def merge_stacked_launch(o_parts, lse_parts, o, lse, after_producer: bool = False):
     """Kernel launch for the stacked merge: o_parts (S, B, H, N, D) any strides (fp32 or the
     output dtype), lse_parts (S, B, H, N) fp32; writes o (its own dtype) and lse (B, H, N).
-    Used by ``decode`` as its second stage: ``after_producer`` launches it as a programmatic
-    dependent of the kernel just launched (which must call ``gdc_launch_dependents``) where the
-    GPU supports it, so its launch and start overlap that kernel's end."""
+    Used by ``decode`` as its second stage: ``after_producer`` (only where
+    ``dependent_launch_supported``) launches it as a programmatic dependent of the kernel just
+    launched, so its launch and start overlap that kernel's end (from the point where that kernel
+    calls ``gdc_launch_dependents``, or from its end)."""
     S, B, H, N, D = o_parts.shape
     rows = B * H * N
     block_s = min(32, next_pow2(S))
@@ -167,9 +168,10 @@ def _pdl_device(index: int) -> bool:
 
 
 def dependent_launch_supported(t: torch.Tensor) -> bool:
-    """Programmatic dependent launch: Hopper or newer, compiled kernels (not the interpreter), and
-    a Triton that has it."""
-    return t.is_cuda and _HAS_GDC and not interpreter_active() and _pdl_device(t.device.index or 0)
+    """Programmatic dependent launch: NVIDIA Hopper or newer, compiled kernels (not the
+    interpreter), and a Triton that has it."""
+    return (t.is_cuda and _HAS_GDC and torch.version.hip is None and not interpreter_active()
+            and _pdl_device(t.device.index or 0))
 
 
 # ------------------------------------------------------------------ PyTorch twins

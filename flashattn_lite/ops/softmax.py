@@ -41,6 +41,7 @@ CPU tensors run float32 PyTorch ops with the same semantics, or the Triton kerne
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import torch
@@ -60,7 +61,9 @@ _BWD_OF = {SOFTMAX: SOFTMAX_BWD, LOG_SOFTMAX: LOG_SOFTMAX_BWD}
 STRATEGIES = ("auto", "row", "two_pass", "split")
 ROW_MAX = 16384          # longest row the auto choice keeps in registers
 ROW_LIMIT = 65536        # longest row a forced "row" strategy accepts
-_ALLOW_SPIN = True       # tests may turn the fused (waiting) split off to run its two-launch form
+# The one-launch split (its programs wait for each other) or the two-launch form that never waits;
+# tests turn it off too.
+_ALLOW_SPIN = os.environ.get("FLASHATTN_LITE_SPLIT_WAIT", "1") != "0"
 
 
 def _chunk(kind: str) -> int:
@@ -303,7 +306,9 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
         # for the next program, which takes its next ticket. S ≤ the SM count and one program fits
         # on an SM whatever its register count (a ``resident`` cap only lets more fit), so this
         # cannot deadlock, whatever the order or the number of programs the hardware makes
-        # resident, and whatever the ticket's memory order.
+        # resident, and whatever the ticket's memory order. The argument assumes the SMs are this
+        # kernel's: two waiting kernels running at once could each hold SMs the other needs
+        # (``FLASHATTN_LITE_SPLIT_WAIT=0`` selects the two-launch form for such setups).
         ticket = tl.atomic_add(sync_ptr, 1, sem=TICKET)
         row = ticket // S
         seg = ticket % S
@@ -741,6 +746,9 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None)
     gives NaN; empty tensors give empty results. Reading and writing each element once for rows of
     up to 16K elements, and at any length on CUDA (longer rows are split across programs that
     merge their (m, ℓ) states); 2N bytes of traffic per row in the best case, O(chunk) memory.
+    A split row's programs wait for each other on the GPU, which assumes the SMs are the kernel's
+    own: where such kernels may run concurrently (several streams, MPS, green contexts), set
+    ``FLASHATTN_LITE_SPLIT_WAIT=0`` before import to use the two-launch form, which never waits.
     If ``dim`` is not the innermost-stride dim, x is copied once to make it so and the result is a
     non-contiguous view (the reduced dim is stored innermost).
     """
