@@ -131,9 +131,10 @@ def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: floa
 
     Plain eager calls go straight to ``_AttentionFn`` (or to the kernels when no input needs a
     gradient); anything traced (Dynamo, export, FX, fake/functional tensors, subclasses) goes
-    through the registered custom op, which those systems understand. The op takes the dropout seed as a CPU int64 tensor drawn in the graph:
-    Dynamo cannot turn a fresh random number into a Python int without a graph break
-    (``.item()`` breaks; values from ``random`` become 0-d tensors too)."""
+    through the registered custom op, which those systems understand. The op takes the dropout
+    seed as a CPU int64 tensor drawn in the graph: Dynamo cannot turn a fresh random number into a
+    Python int without a graph break (``.item()`` breaks; values from ``random`` become 0-d tensors
+    too)."""
     if type(q) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None:
         seed = draw_seed() if dropout_p > 0.0 else 0
         if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) or _transformed():
@@ -269,7 +270,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         gives o = 0 and lse = −inf.
 
     Arithmetic is float32 (fp32 inputs use TF32 only where torch's CUDA matmuls may:
-    ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``). The backward is deterministic: the same inputs give bit-identical gradients.
+    ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``). The backward is
+    deterministic: the same inputs give bit-identical gradients.
     CUDA tensors run Triton kernels; CPU tensors run the same tiled algorithm in PyTorch (or the
     Triton kernels in the interpreter when ``TRITON_INTERPRET=1``).
     """
