@@ -55,6 +55,10 @@ VARIANTS = {
     "bn128-s3": (dict(config=(128, 4, 3)), None),                       # [2 × 64 keys: a 4k split at once]
     "s32-bn64-s2": (dict(config=(64, 4, 2)), 32),                       # [~2 programs per SM]
     "s64-bn64-s2": (dict(config=(64, 4, 2)), 64),                       # [~4 programs per SM]
+    # Session 5: more bytes in flight per SM at B 1 32k without losing pipeline depth.
+    "s32-bn64-s3": (dict(config=(64, 4, 3)), 32),                       # [2 per program, 2 programs per SM]
+    "bn64-s3-w8": (dict(config=(64, 8, 3)), None),                      # [2, twice the warps issuing]
+    "bn32-s6": (dict(config=(32, 4, 6)), None),                         # [5 half tiles]
 }
 
 

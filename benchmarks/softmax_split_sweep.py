@@ -34,24 +34,49 @@ from flashattn_lite.ops import softmax as sm  # noqa: E402
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _previous(op, itemsize, n, sms):
-    """Session 3's kernel: acq_rel ticket, fenced counter, float32 hold, no register cap, and
-    2-byte backward rows of 64K elements and more on 32K chunks of 16 warps."""
-    t = dict(ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0)
-    if op >= 3 and itemsize < 4 and n >= 65536:
-        t.update(block=32768, warps=16)
+def _session4(op, itemsize, n, sms):
+    """Session 4's settings (the defaults before session 5)."""
+    fwd = op < 3
+    if fwd:
+        block, warps = (8192, 8) if -(-n // 8192) <= sms else (16384, 8)
+    elif (itemsize == 4 and -(-n // 8192) <= sms) or (itemsize < 4 and n <= 2 ** 20):
+        block, warps = 8192, 8
+    else:
+        block, warps = 32768, 16
+    t = dict(block=block, warps=warps, ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0)
+    if fwd or itemsize < 4:
+        t.update(sync="counter_flags", pad=32)
+    if (fwd and itemsize == 4) or (not fwd and itemsize < 4):
+        t.update(ticket="relaxed")
+        if block == 8192:
+            t.update(hold="raw", resident=5)
     return t
 
 
+_FAST = dict(ticket="relaxed", sync="counter_flags", pad=32)  # the fp32 forward's switches
+
+
+def _only(direction, itemsize=None, **t):
+    """An override applied to one direction (and itemsize) only; elsewhere the chosen kernel."""
+    def spec(op, item, n, sms):
+        return t if (op < 3) == (direction == "fwd") and itemsize in (None, item) else {}
+    return spec
+
+
 # name → a ``_SPLIT_TUNING`` override, or a function (op, itemsize, N, SM count) → one.
+# Session 5: a register cap lets one-chunk rows use up to resident × SMs segments (was SMs); the
+# backward may hold y alone ("first"), reading dy again from L2; ``segments`` caps the segments
+# of a row, so that they stream several chunks (read twice, the second time from L2).
 VARIANTS = {
     "chosen": {},
-    "previous": _previous,
-    # The relaxed ticket where the chosen kernel keeps acq_rel (forward 2-byte, backward fp32): on
-    # its own it gained 3-4% forward bf16, but it was never measured with counter_flags there.
-    "relaxed": dict(ticket="relaxed"),
-    # The fenced counter under the other chosen settings: counter_flags' share of each gain.
-    "counter": dict(sync="counter", pad=1),
+    "session4": _session4,
+    # Segments that stream instead of holding: 2-byte forward at 2^20 (16K, 2 chunks of 8K, or 8K
+    # in 2 chunks of 4K) as the 2^22 forward does (.92 × copy in session 5's call 1).
+    "fwd-seg64": _only("fwd", 2, block=8192, warps=8, hold="f32", resident=0, segments=64),
+    "fwd-4k": _only("fwd", 2, block=4096, warps=4, hold="f32", resident=0),
+    # The same for the backward past 2^20: 4 chunks of 8K per segment, or 2 of 16K.
+    "bwd-stream8k": _only("bwd", None, block=8192, warps=8, hold="f32", resident=0, **_FAST),
+    "bwd-stream16k": _only("bwd", None, block=16384, warps=8, hold="f32", resident=0, segments=128, **_FAST),
 }
 
 

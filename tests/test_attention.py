@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref
+import flashattn_lite.ops.attention as attn_ops
+import flashattn_lite.ops.attention_fwd as fwd_mod
 from flashattn_lite import attention
 from flashattn_lite.ops.attention import attention_core
 from flashattn_lite.reference import attention_reference
@@ -162,6 +164,45 @@ def test_gradient_of_lse_alone_arrives_broadcast():
     ref = torch.autograd.grad(attention_reference(*leaves, causal=True)[1].sum(), leaves[:2])
     for a, r in zip(ours, ref):
         assert torch.allclose(a.double(), r, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_no_grad_call_skips_lse_unless_asked(dtype, causal, monkeypatch):
+    # Without a backward only return_lse=True needs the lse: otherwise none is allocated or stored
+    # (STORE_LSE=False), and o is bitwise the same. Each call twice: on the GPU the second takes the
+    # bound launch (_BOUND), whose key must tell the two apart.
+    returned, stored = [], []
+    forward, kernel = attn_ops.attention_forward, fwd_mod._attn_fwd_kernel
+    launch = kernel.launch
+
+    def spy_forward(*a, **kw):
+        o, lse = forward(*a, **kw)
+        returned.append((kw["need_lse"], lse is None))
+        return o, lse
+
+    def spy_launch(grid, args, kw):
+        stored.append(kw["STORE_LSE"])
+        return launch(grid, args, kw)
+
+    monkeypatch.setattr(attn_ops, "attention_forward", spy_forward)
+    monkeypatch.setattr(kernel, "launch", spy_launch)
+    monkeypatch.setattr(fwd_mod, "_BOUND", {})  # a fresh cache: the first call of each kind launches
+    q, k, v = make_qkv((1, 2, 1, 17, 33, 32, 32), dtype, seed=12)
+    with torch.no_grad():
+        plain = [attention(q, k, v, causal=causal) for _ in range(2)]
+        with_lse = [attention(q, k, v, causal=causal, return_lse=True) for _ in range(2)]
+    assert returned == [(False, True)] * 2 + [(True, False)] * 2
+    assert stored[0] is False and stored[-1] is True
+    (o_ref, lse_ref), (o_same, _) = reference_pair(q, k, v, causal=causal)
+    assert_close_to_ref(plain[0], o_same, o_ref, eps=EPS[dtype])
+    finite = torch.isfinite(lse_ref)
+    for o in plain:
+        assert torch.equal(o, with_lse[0][0])
+    for o, lse in with_lse:
+        assert torch.equal(o, plain[0])
+        assert torch.equal(torch.isfinite(lse), finite)
+        assert torch.allclose(lse.double()[finite], lse_ref[finite], atol=1e-3 if dtype == torch.float32 else 2e-2)
 
 
 def test_backward_is_deterministic():

@@ -103,6 +103,25 @@ def test_fully_masked_rows_are_zero_like_torch_math():
     assert torch.isfinite(ours).all()
 
 
+def test_lse_is_computed_only_for_the_backward(monkeypatch):
+    # The drop-in never returns lse: a no-grad call skips it, a call with a backward still needs it.
+    asked = []
+    forward = attn_ops.attention_forward
+    monkeypatch.setattr(attn_ops, "attention_forward",
+                        lambda *a, **kw: asked.append(kw["need_lse"]) or forward(*a, **kw))
+    q, k, v = (torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    with torch.no_grad():
+        o_no_grad = scaled_dot_product_attention(q, k, v, is_causal=True)
+    o = scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert asked == [False, True]
+    assert torch.equal(o_no_grad, o.detach())
+    do = torch.randn_like(o)
+    ours = torch.autograd.grad(o, (q, k, v), do)
+    ref = torch.autograd.grad(torch_math(q, k, v, is_causal=True), (q, k, v), do)
+    for a, r in zip(ours, ref):
+        assert torch.allclose(a, r, atol=1e-3)
+
+
 def _seed_after(s):
     torch.manual_seed(s)
     return attn_ops.draw_seed()

@@ -111,6 +111,8 @@ SPLIT_SETTINGS = {
     "acq_rel-counter-pad1-f32": dict(ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0),
     "acq_rel-cflags-pad1-f32": dict(ticket="acq_rel", sync="counter_flags", pad=1, hold="f32", resident=0),
     "relaxed-counter-pad32-raw": dict(ticket="relaxed", sync="counter", pad=32, hold="raw", resident=5),
+    "relaxed-cflags-pad32-first": dict(ticket="relaxed", sync="counter_flags", pad=32, hold="first", resident=5),
+    "acq_rel-counter-pad1-first": dict(ticket="acq_rel", sync="counter", pad=1, hold="first", resident=2),
 }
 
 
@@ -151,19 +153,21 @@ def _on_gpu(fn, *args):
         return fn(*args)
 
 
-_FWD_FP32 = dict(ticket="relaxed", sync="counter_flags", pad=32, hold="raw", resident=5)
-_FWD_HALF = dict(ticket="acq_rel", sync="counter_flags", pad=32, hold="f32", resident=0)
-_BWD_FP32 = dict(ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0)
-_BWD_HALF = dict(ticket="relaxed", sync="counter_flags", pad=32, hold="raw", resident=5)
+_FAST = dict(ticket="relaxed", sync="counter_flags", pad=32, segments=0)
+_FWD_FP32 = dict(_FAST, hold="raw", resident=5)
+_STREAM = dict(_FAST, hold="f32", resident=0)
+_BWD_FP32 = dict(_FAST, hold="first", resident=2)
+_BWD_HALF = dict(_FAST, hold="first", resident=6)
 # (forward, itemsize) → N → (block, warps, switches), on a 132-SM H100.
 SPLIT_DEFAULTS = {
-    (True, 4): {2 ** 16: (8192, 8, _FWD_FP32), 2 ** 20: (8192, 8, _FWD_FP32),
-                2 ** 22: (16384, 8, dict(_FWD_FP32, hold="f32", resident=0))},
-    (True, 2): {2 ** 16: (8192, 8, _FWD_HALF), 2 ** 20: (8192, 8, _FWD_HALF), 2 ** 22: (16384, 8, _FWD_HALF)},
-    (False, 4): {2 ** 16: (8192, 8, _BWD_FP32), 2 ** 20: (8192, 8, _BWD_FP32), 2 ** 22: (32768, 16, _BWD_FP32)},
+    (True, 4): {2 ** 16: (8192, 8, _FWD_FP32), 2 ** 20: (8192, 8, _FWD_FP32), 2 ** 22: (16384, 8, _STREAM)},
+    (True, 2): {2 ** 16: (8192, 8, _STREAM), 2 ** 19: (8192, 8, _STREAM),
+                2 ** 20: (8192, 8, dict(_STREAM, segments=64)), 2 ** 22: (16384, 8, dict(_STREAM, segments=128))},
+    (False, 4): {2 ** 16: (16384, 8, _BWD_FP32), 2 ** 20: (16384, 8, _BWD_FP32), 2 ** 22: (16384, 8, _BWD_FP32),
+                 2 ** 22 + 2 ** 18: (32768, 16, dict(_STREAM, ticket="acq_rel", sync="counter", pad=1))},
     (False, 2): {2 ** 16: (8192, 8, _BWD_HALF), 2 ** 20: (8192, 8, _BWD_HALF),
-                 2 ** 20 + 1: (32768, 16, dict(_BWD_HALF, hold="f32", resident=0)),
-                 2 ** 22: (32768, 16, dict(_BWD_HALF, hold="f32", resident=0))},
+                 2 ** 20 + 1: (16384, 8, dict(_STREAM, segments=33)),
+                 2 ** 22: (16384, 8, dict(_STREAM, segments=128))},
 }
 
 
@@ -180,13 +184,20 @@ def test_split_defaults(op, itemsize):
 def test_split_layout(monkeypatch):
     """Segments, chunks and the register cap; the override replaces only the keys it names."""
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)[1:] == (1, 128, 48)
-    assert _on_gpu(sm._split_layout, sm.SOFTMAX_BWD, 2 ** 20, 2, 132)[1:] == (1, 128, 48)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX_BWD, 2 ** 20, 2, 132)[1:] == (1, 128, 40)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (2, 128, None)  # streams: no cap
+    # A cap of r per SM lets one-chunk segments number up to r × SMs; past that they stream.
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5))
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (1, 512, 48)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192, 4, 132)[1:] == (1, 660, 48)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192 + 1, 4, 132)[1:] == (6, 111, None)
     monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(resident=2, sync="counter"))
     t, chunks, S, cap = _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)
     assert (t["sync"], t["ticket"], cap) == ("counter", "relaxed", 128)
     monkeypatch.setattr(sm, "_MAXNREG", False)  # a Triton without maxnreg: no cap, same kernel
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)[1:] == (1, 128, None)
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5))  # nor more segments than SMs
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (4, 128, None)
     monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(per_sm=2))
     with pytest.raises(ValueError, match="per_sm"):
         sm._split_layout(sm.SOFTMAX, 2 ** 20, 4, 132)
@@ -194,7 +205,7 @@ def test_split_layout(monkeypatch):
 
 def test_split_sweep_variants_are_valid_overrides(monkeypatch):
     """benchmarks/softmax_split_sweep.py's variants name only settings the kernel has (a variant is
-    skipped where it equals the chosen kernel); "previous" is session 3's kernel."""
+    skipped where it equals the chosen kernel); "session4" is the settings before session 5."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "softmax_split_sweep.py"
     spec = importlib.util.spec_from_file_location("softmax_split_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
@@ -207,9 +218,12 @@ def test_split_sweep_variants_are_valid_overrides(monkeypatch):
                     assert t is not None or name != "chosen"
                     monkeypatch.setattr(sm, "_SPLIT_TUNING", t or {})
                     _on_gpu(sm._split_layout, op, N, itemsize, 132)
-    assert _on_gpu(sweep.tuning_at, "previous", sm.SOFTMAX_BWD, 2, 2 ** 20, 132)["block"] == 32768
-    assert _on_gpu(sweep.tuning_at, "previous", sm.SOFTMAX_BWD, 4, 2 ** 20, 132) is None
-    assert _on_gpu(sweep.tuning_at, "relaxed", sm.SOFTMAX, 4, 2 ** 20, 132) is None
+    assert _on_gpu(sweep.tuning_at, "session4", sm.SOFTMAX_BWD, 4, 2 ** 20, 132)["block"] == 8192
+    assert _on_gpu(sweep.tuning_at, "session4", sm.SOFTMAX, 4, 2 ** 20, 132) is None
+    assert _on_gpu(sweep.tuning_at, "fwd-4k", sm.SOFTMAX_BWD, 2, 2 ** 20, 132) is None
+    # ``segments`` makes a row's segments stream: 2^20 in 64 segments of 2 chunks.
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", _on_gpu(sweep.tuning_at, "fwd-seg64", sm.SOFTMAX, 2, 2 ** 20, 132))
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 2, 132)[1:] == (2, 64, None)
 
 
 # ------------------------------------------------------------------ torch's semantics at the edges

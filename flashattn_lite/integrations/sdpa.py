@@ -69,7 +69,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if scale is None:
         scale = query.shape[-1] ** -0.5
     p = float(dropout_p)
-    o, _ = _run(q, k, v, mask, scale, bool(is_causal), 0, 0.0 if p == 1.0 else p)
+    o, _ = _run(q, k, v, mask, scale, bool(is_causal), 0, 0.0 if p == 1.0 else p, need_lse=False)
     if p == 1.0:
         o = o * 0.0
     return o if out_shape is None else o.reshape(out_shape)

@@ -122,12 +122,15 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     offset = k.shape[2] - q.shape[2] if causal_offset is None else int(causal_offset)
-    o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p))
+    return_lse = bool(return_lse)
+    o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p), need_lse=return_lse)
     return (o, lse) if return_lse else o
 
 
-def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: float):
+def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: float, need_lse: bool = True):
     """Validated arguments in, (o, lse) out. ``mask`` is None or 4-D broadcastable to (B, Hq, Nq, Nk).
+    With ``need_lse=False`` the caller discards lse, and a call with nothing to differentiate skips
+    computing it (lse is then None).
 
     Plain eager calls go straight to ``_AttentionFn`` (or to the kernels when no input needs a
     gradient); anything traced (Dynamo, export, FX, fake/functional tensors, subclasses) goes
@@ -139,8 +142,9 @@ def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: floa
         seed = draw_seed() if dropout_p > 0.0 else 0
         if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) or _transformed():
             return _AttentionFn.apply(q, k, v, mask, scale, causal, offset, dropout_p, seed)
-        # Nothing to differentiate: autograd.Function.apply would only cost time (≈ 20% of a tiny call).
-        return _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed)
+        # Nothing to differentiate: autograd.Function.apply would only cost time (≈ 20% of a tiny call),
+        # and without a backward only the caller may want lse (allocating it costs µs at tiny shapes).
+        return _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse)
     seed_t = torch.randint(0, _SEED_BOUND, (), dtype=torch.int64) if dropout_p > 0.0 else None
     return torch.ops.flashattn_lite.attention_fwd(q, k, v, mask, scale, causal, offset, dropout_p, seed_t)
 
@@ -153,12 +157,13 @@ def _transformed() -> bool:
 
 # ------------------------------------------------------------------ implementations
 
-def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed):
+def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse=True):
+    """(o, lse); lse is None when ``need_lse`` is False."""
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     fwd = attention_forward if runs_triton(q) else _cpu_forward
     return fwd(q, k, v, scale=scale, causal=causal, causal_offset=offset, mask=mask,
-               dropout_p=dropout_p, seed=seed)
+               dropout_p=dropout_p, seed=seed, need_lse=need_lse)
 
 
 def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropout_p, seed):
@@ -312,7 +317,7 @@ def _chunk_scores(qg, kg, j0, j1, scale, causal, offset, mask, dropout_p, seed):
     return s, keep
 
 
-def _cpu_forward(q, k, v, *, scale, causal, causal_offset, mask, dropout_p, seed):
+def _cpu_forward(q, k, v, *, scale, causal, causal_offset, mask, dropout_p, seed, need_lse=True):
     w = _work_dtype(q)
     qg, kg, vg = _grouped(q.to(w), k.to(w), v.to(w))
     B, Hkv, G, Nq, _ = qg.shape
@@ -329,10 +334,11 @@ def _cpu_forward(q, k, v, *, scale, causal, causal_offset, mask, dropout_p, seed
         acc = acc * alpha.unsqueeze(-1) + torch.matmul(p, vg[:, :, :, j0:j1])
     if dropout_p > 0:
         acc = acc / (1.0 - dropout_p)
-    lse = lse_of_torch(m, l)
     o = acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1)
     Hq = Hkv * G
-    return o.reshape(B, Hq, Nq, Dv).to(q.dtype), lse.reshape(B, Hq, Nq)
+    # None as from the kernels' launcher, so a path that drops lse behaves alike on both.
+    lse = lse_of_torch(m, l).reshape(B, Hq, Nq) if need_lse else None
+    return o.reshape(B, Hq, Nq, Dv).to(q.dtype), lse
 
 
 def _cpu_backward(do, q, k, v, o, lse, dlse, *, scale, causal, causal_offset, mask, dropout_p, seed):

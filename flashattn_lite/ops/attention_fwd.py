@@ -167,7 +167,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-                     PRECISION: tl.constexpr, POS_SCALE: tl.constexpr,
+                     PRECISION: tl.constexpr, POS_SCALE: tl.constexpr, STORE_LSE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m, bh, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
 
@@ -212,7 +212,8 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
     o_ptrs = (head_base(o, b, h, stride_ob, stride_oh)
               + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od)
     tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
-    tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=row_ok)
+    if STORE_LSE:  # False when nothing reads it (no backward, no return_lse): ``lse`` is then a placeholder
+        tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=row_ok)
 
 
 def length_bucket(n_q: int, n_k: int) -> int:
@@ -241,28 +242,37 @@ _BOUND: dict = {}
 _BOUND_ENTRIES = 256
 
 
-def _plain_signature(q, k, v, causal, causal_offset, scale):
+def _plain_signature(q, k, v, causal, causal_offset, scale, need_lse):
     tf32 = q.dtype == torch.float32 and allow_tf32()
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal,
-            causal_offset, scale, tf32)
+            causal_offset, scale, tf32, need_lse)
 
 
 def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int,
-                      mask: torch.Tensor | None, dropout_p: float, seed: int):
+                      mask: torch.Tensor | None, dropout_p: float, seed: int, need_lse: bool = True):
     """Launch the forward kernel. Inputs already validated; mask is (B, Hq, Nq, Nk)-shaped
-    (broadcast dims with stride 0). Returns o (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32.
+    (broadcast dims with stride 0). Returns o (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32,
+    or None for lse with ``need_lse=False`` (nothing allocated or stored: no-grad inference).
 
     This runs on every call: at small shapes its host time is the call's time, so it stays lean
     (no per-call imports, and a bound launch for repeated plain calls)."""
     B, Hq, Nq, D = q.shape
     Dv = v.shape[3]
-    o = torch.empty((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    # Contiguous outputs (the fake implementation's strides); empty_like and empty_strided parse
+    # fewer arguments than torch.empty (3.4 / 3.9 µs against 5.7 µs a call on the H100's host).
+    if Dv == D:
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        o = torch.empty_strided((B, Hq, Nq, Dv), (Hq * Nq * Dv, Nq * Dv, Dv, 1), device=q.device, dtype=q.dtype)
+    if need_lse:
+        lse = lse_arg = torch.empty_strided((B, Hq, Nq), (Hq * Nq, Nq, 1), device=q.device, dtype=torch.float32)
+    else:
+        lse, lse_arg = None, q  # never written: STORE_LSE is False
     plain = mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
     if plain:
-        signature = _plain_signature(q, k, v, causal, causal_offset, scale)
+        signature = _plain_signature(q, k, v, causal, causal_offset, scale, need_lse)
         bound = _BOUND.get(signature)
-        if bound is not None and bound(q, k, v, o, lse, q):
+        if bound is not None and bound(q, k, v, o, lse_arg, q):
             return o, lse
     _, Hkv, Nk, _ = k.shape
     if mask is None:
@@ -272,14 +282,14 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         mask_arg = mask.view(torch.uint8) if kind == MASK_BOOL else mask
         mask_strides = mask.stride()
     dropout = dropout_p > 0.0
-    args = (q, k, v, o, lse, mask_arg,
+    args = (q, k, v, o, lse_arg, mask_arg,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
             Hq, Nq, Nk, causal_offset, scale * LOG2E, seed, keep_threshold(dropout_p) if dropout else 0,
             1.0 / (1.0 - dropout_p), length_bucket(Nq, Nk))
     constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
                       BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
                       IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout, PRECISION=precision_for(q.dtype),
-                      POS_SCALE=scale > 0)
+                      POS_SCALE=scale > 0, STORE_LSE=need_lse)
     grid = lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
     _attn_fwd_kernel[grid](*args, **constexprs)
     if plain:

@@ -16,19 +16,19 @@ Three strategies, each a kernel, chosen by row length N and row count R (``_choo
               O(chunk) registers whatever N is, but x is read twice (3N bytes instead of 2N; the
               first pass asks L2 to keep the row). Chosen for long rows when programs may not
               wait on each other (the interpreter) and there are enough rows to fill the GPU.
-``split``     each row is cut into S ≤ SM-count segments of k chunks (8K–32K elements each, by
+``split``     each row is cut into S segments of k chunks (8K–32K elements each, by
               direction, dtype and row length: ``_split_config``, which also picks the kernel's
               synchronisation), one program each, so a single 16M row uses every SM. Each
               program folds its segment to a partial (m, ℓ); partials merge with
               ``merge_ml_ln`` (a ``tl.reduce`` over the row's S partials).
               On the GPU this is one kernel: programs take tickets from an atomic counter (so the
-              programs of a row are always resident together: S ≤ SM count keeps this
-              deadlock-free), publish their partial, wait for the row's other segments, and
-              normalise the segment they still hold in registers (or re-read from L2 when a
-              segment spans several chunks) — 2N bytes at any N (on the H100, 0.71–0.98 × copy
-              bandwidth for rows of 2^16–2^22 elements: ``_split_config``). Under the
-              interpreter, which runs programs one at a time, the same kernel runs as two launches
-              (partials, then merge + normalise with a re-read).
+              programs of a row are always resident together: S no more than the programs sure
+              to fit at once keeps this deadlock-free), publish their partial, wait for the row's
+              other segments, and normalise the segment they still hold in registers (or re-read
+              from L2 when a segment spans several chunks) — 2N bytes at any N (on the H100,
+              0.75–1.0 × copy bandwidth for rows of 2^16–2^22 elements: ``_split_config``).
+              Under the interpreter, which runs programs one at a time, the same kernel runs as
+              two launches (partials, then merge + normalise with a re-read).
 
 Layout: the reduced dim is moved last as a view. If its stride is not 1 the input is copied once
 (``.contiguous()``); other dims may have any strides (up to three non-mergeable leading dims are
@@ -232,14 +232,14 @@ def _unpack(w):
 
 
 @triton.jit
-def _load_raw(a_ptrs, b_ptrs, mask, OP: tl.constexpr):
+def _load_raw(a_ptrs, b_ptrs, mask, OP: tl.constexpr, B_POLICY: tl.constexpr):
     """``_load`` without the float32 conversion (segments held across the wait in their own dtype)."""
     if OP < 3:
         a = tl.load(a_ptrs, mask=mask, other=float("-inf"), eviction_policy="evict_first")
         b = a
     else:
         a = tl.load(a_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-        b = tl.load(b_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+        b = tl.load(b_ptrs, mask=mask, other=0.0, eviction_policy=B_POLICY)
     return a, b
 
 
@@ -294,7 +294,9 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     HOLD    "f32": ONE_CHUNK holds the float32 values (forward p = exp(x − m)) across the wait;
             "raw": holds the loaded values in their own dtype (half the registers for 2-byte
             inputs, fewer live values for fp32) and converts them again afterwards (one more exp
-            per element forward).
+            per element forward); "first" (backward): holds y raw and reads dy again after the
+            wait, from L2 (it was loaded with evict_last moments before): half the registers of
+            "raw", so more programs fit on an SM, for no extra DRAM traffic.
     PAD     ints between the counters in ``sync_ptr`` (the ticket, then one per row): 32 puts each
             on its own 128-byte line, so a row's polls do not queue behind other rows' polls and
             the tickets at one L2 slice."""
@@ -303,10 +305,11 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
         # only for its own row. Rows before the oldest unfinished one are done, and no ticket of a
         # later row is taken before all of its tickets are: so if every resident program were
         # waiting, all would hold tickets of that one row, fewer than its S, leaving a slot free
-        # for the next program, which takes its next ticket. S ≤ the SM count and one program fits
-        # on an SM whatever its register count (a ``resident`` cap only lets more fit), so this
-        # cannot deadlock, whatever the order or the number of programs the hardware makes
-        # resident, and whatever the ticket's memory order. The argument assumes the SMs are this
+        # for the next program, which takes its next ticket. S is at most the programs that are
+        # sure to fit at once (``_split_layout``: one per SM whatever the register count, or
+        # ``resident`` per SM under that register cap), so this cannot deadlock, whatever the order
+        # or the number of programs the hardware makes resident, and whatever the ticket's memory
+        # order. The argument assumes the SMs are this
         # kernel's: two waiting kernels running at once could each hold SMs the other needs
         # (``FLASHATTN_LITE_SPLIT_WAIT=0`` selects the two-launch form for such setups).
         ticket = tl.atomic_add(sync_ptr, 1, sem=TICKET)
@@ -327,9 +330,10 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     if PHASE != 1:
         m = tl.full([1], float("-inf"), tl.float32)
         l = tl.zeros([1], tl.float32)
-        if ONE_CHUNK and HOLD == "raw":
+        if ONE_CHUNK and HOLD != "f32":
             mask = lo + cols < hi
-            a_raw, b_raw = _load_raw(a_row + lo + cols, b_row + lo + cols, mask, OP)
+            a_raw, b_raw = _load_raw(a_row + lo + cols, b_row + lo + cols, mask, OP,
+                                     "evict_last" if HOLD == "first" else "evict_first")
             m, l = _fold_raw(a_raw, b_raw, OP)
         elif ONE_CHUNK:
             mask = lo + cols < hi
@@ -398,6 +402,10 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
                 # 0 unless ℓ is NaN, and then every output of the row is NaN whatever the bits.
                 zero = (l_row != l_row).to(tl.int32)[:, None]
                 y = _map(_convert_again(a_raw, zero), _convert_again(b_raw, zero), m_row, l_row, OP)
+            elif HOLD == "first":
+                zero = (l_row != l_row).to(tl.int32)[:, None]
+                b = tl.load(b_row + lo + cols, mask=lo + cols < hi, other=0.0, eviction_policy="evict_first")
+                y = _map(_convert_again(a_raw, zero), b.to(tl.float32), m_row, l_row, OP)
             elif OP == 0:
                 y = p * (tl.math.exp2((m - m_row) * 1.4426950408889634) * (1.0 / l_row))[:, None]
             else:
@@ -517,36 +525,43 @@ def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
     """The split kernel's settings for ``op``'s direction (forward: softmax, log_softmax, logsumexp;
     backward: softmax, log_softmax), the input's itemsize and the row length N: ``block`` and
     ``warps`` (elements per chunk, num_warps), the kernel's switches ``ticket``, ``sync``, ``hold``,
-    ``pad`` (see ``_split_kernel``), and ``resident`` (programs per SM that a register cap makes
-    room for, on one-chunk segments; 0 = no cap).
+    ``pad`` (see ``_split_kernel``), ``resident`` (programs per SM that a register cap makes room
+    for, on one-chunk segments; 0 = no cap) and ``segments`` (at most this many segments a row,
+    so that each streams several chunks; 0 = as many as ``_split_layout`` allows).
 
     Measured on the H100 (``benchmarks/softmax_split_sweep.py``; benchmarks/NOTES.md, sessions 3
-    and 4), × copy bandwidth at N = 2^16 / 2^20 / 2^22, against session 3's kernel (acq_rel ticket,
-    fenced counter, float32 hold, no cap):
-      forward fp32    .979 / .931 / .911 (was .954 / .892 / .777): relaxed, counter_flags, raw, 5 per SM
-      forward 2-byte  .921 / .811 / .843 (was .877 / .711 / .813): counter_flags
-      backward fp32   .974 / .891 / .824: session 3's kernel (counter_flags lost up to 15% at 2^20)
-      backward 2-byte .980 / .934 / .706 (was .865 / .807 / .676): relaxed, counter_flags, and up
-                      to 2^20 8K chunks on 8 warps held raw at 5 per SM instead of 32K on 16 warps
-    Shapes: forward 8K chunks on 8 warps, 16K past 8K × SMs elements (a segment then spans several
-    chunks, and fewer, longer chunks re-read less); backward holds y and dy: 8K chunks for fp32
-    rows that fit one chunk per SM and 2-byte rows up to 2^20, else 32K on 16 warps (one program
-    per SM). The raw hold and the 5-per-SM cap (48 registers) were measured on 8K chunks only:
-    larger chunks keep float32 and no cap."""
+    to 5), × copy bandwidth at N = 2^16 / 2^20 / 2^22:
+      forward fp32    .981 / .934 / .912: 8K chunks held raw at 5 per SM; past 8K × SMs elements
+                      segments of several 16K chunks, read again from L2
+      forward 2-byte  .954 / .946 / .919: as fp32 but holding float32 without a cap, and past 64
+                      chunks two chunks a segment (a 2-byte chunk moves too few bytes per wait)
+      backward fp32   1.00 / .961 / .821: y held alone (dy read again from L2) on 16K chunks at 2
+                      per SM while that is ≤ 2 × SMs chunks, else 32K chunks of y and dy on 16
+                      warps, one per SM (the fenced counter: counter_flags lost up to 15% there)
+      backward 2-byte 1.01 / .983 / .748: y held alone on 8K chunks at 6 per SM up to 2^20, past
+                      it segments of two or more 16K chunks, y and dy read twice
+    Every switch but that fp32 backward uses the relaxed ticket and counter_flags on padded lines.
+    At 2^22 a row's y and dy (16 or 32 MB) is a large part of what the GPU can hold (registers
+    33 MB, L2 50 MB), so few rows wait at once and the backward there stays below .85."""
     fwd = op < 3
+    n8 = cdiv(N, 8192)
+    t = dict(block=8192, warps=8, ticket="relaxed", sync="counter_flags", pad=32, hold="f32", resident=0, segments=0)
     if fwd:
-        block, warps = (8192, 8) if cdiv(N, 8192) <= sms else (16384, 8)
-    elif (itemsize == 4 and cdiv(N, 8192) <= sms) or (itemsize < 4 and N <= 2 ** 20):
-        block, warps = 8192, 8
-    else:
-        block, warps = 32768, 16
-    t = dict(block=block, warps=warps, ticket="acq_rel", sync="counter", pad=1, hold="f32", resident=0)
-    if fwd or itemsize < 4:
-        t.update(sync="counter_flags", pad=32)
-    if (fwd and itemsize == 4) or (not fwd and itemsize < 4):
-        t.update(ticket="relaxed")
-        if block == 8192:
+        if n8 > sms:
+            t.update(block=16384)
+        elif itemsize == 4:
             t.update(hold="raw", resident=5)
+        if itemsize < 4 and n8 > 64:
+            t.update(segments=min(sms, cdiv(cdiv(N, t["block"]), 2)))
+    elif itemsize == 4:
+        if cdiv(N, 16384) <= 2 * sms:
+            t.update(block=16384, hold="first", resident=2)
+        else:
+            t.update(block=32768, warps=16, ticket="acq_rel", sync="counter", pad=1)
+    elif N <= 2 ** 20:
+        t.update(hold="first", resident=6)
+    else:
+        t.update(block=16384, segments=min(sms, cdiv(cdiv(N, 16384), 2)))
     if interpreter_active():
         t.update(block=_chunk("split"), warps=4)
     return t
@@ -557,17 +572,26 @@ def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, 
     ``_split_config`` under the ``_SPLIT_TUNING`` override.
 
     A row's S programs wait for each other, so all S must be able to be resident at once (the
-    tickets then guarantee progress: see the kernel): S ≤ SM count, one program per SM always fits.
-    The cap applies to one-chunk segments only (longer segments stream, holding nothing)."""
+    tickets then guarantee progress: see the kernel). One program per SM always fits, so S ≤ SM
+    count is always safe; a register cap of ``resident`` programs per SM makes room for that many
+    on every SM (registers are what limits these kernels: their shared memory is a few hundred
+    bytes and 5 × 8 warps is within an SM's 64), so one-chunk segments under a cap may number up
+    to ``resident`` × SMs. The cap applies to one-chunk segments only (longer segments stream,
+    holding nothing)."""
     t = _split_config(op, N, itemsize, sms)
     if _SPLIT_TUNING:
         unknown = set(_SPLIT_TUNING) - set(t)
         if unknown:
             raise ValueError(f"_SPLIT_TUNING keys must be among {sorted(t)}, got {sorted(unknown)}")
         t.update(_SPLIT_TUNING)
-    chunks = cdiv(cdiv(N, t["block"]), sms)
+    n_chunks = cdiv(N, t["block"])
+    capped = bool(t["resident"]) and _MAXNREG
+    room = t["resident"] * sms if capped else sms       # one-chunk segments that can wait together
+    if t["segments"]:
+        room = min(room, t["segments"])
+    chunks = 1 if n_chunks <= room else cdiv(n_chunks, min(room, sms))  # longer segments: ≤ 1 per SM
     cap = None
-    if t["resident"] and chunks == 1 and _MAXNREG:
+    if capped and chunks == 1:
         # 64K registers per SM, allocated in multiples of 8 a thread (ptxas spills past the cap).
         cap = min(255, 65536 // (t["resident"] * t["warps"] * 32) // 8 * 8)
     return t, chunks, cdiv(N, chunks * t["block"]), cap
