@@ -77,6 +77,9 @@ VARIANTS = {
     # The same for the backward past 2^20: 4 chunks of 8K per segment, or 2 of 16K.
     "bwd-stream8k": _only("bwd", None, block=8192, warps=8, hold="f32", resident=0, **_FAST),
     "bwd-stream16k": _only("bwd", None, block=16384, warps=8, hold="f32", resident=0, segments=128, **_FAST),
+    # y alone held on 8K chunks past 2^20 (2^21: 256 segments, about three rows waiting at once).
+    "first8k-r6": _only("bwd", None, block=8192, warps=8, hold="first", resident=6, **_FAST),
+    "first8k-r4": _only("bwd", 4, block=8192, warps=8, hold="first", resident=4, **_FAST),
 }
 
 

@@ -160,8 +160,9 @@ _BWD_FP32 = dict(_FAST, hold="first", resident=2)
 _BWD_HALF = dict(_FAST, hold="first", resident=6)
 # (forward, itemsize) → N → (block, warps, switches), on a 132-SM H100.
 SPLIT_DEFAULTS = {
-    (True, 4): {2 ** 16: (8192, 8, _FWD_FP32), 2 ** 20: (8192, 8, _FWD_FP32), 2 ** 22: (16384, 8, _STREAM)},
-    (True, 2): {2 ** 16: (8192, 8, _STREAM), 2 ** 19: (8192, 8, _STREAM),
+    (True, 4): {2 ** 16: (8192, 8, _FWD_FP32), 2 ** 20: (8192, 8, _FWD_FP32),
+                2 ** 21: (16384, 8, dict(_STREAM, segments=64)), 2 ** 22: (16384, 8, dict(_STREAM, segments=128))},
+    (True, 2): {2 ** 16: (8192, 8, _STREAM), 2 ** 18: (8192, 8, _STREAM), 2 ** 19: (8192, 8, dict(_STREAM, segments=32)),
                 2 ** 20: (8192, 8, dict(_STREAM, segments=64)), 2 ** 22: (16384, 8, dict(_STREAM, segments=128))},
     (False, 4): {2 ** 16: (16384, 8, _BWD_FP32), 2 ** 20: (16384, 8, _BWD_FP32), 2 ** 22: (16384, 8, _BWD_FP32),
                  2 ** 22 + 2 ** 18: (32768, 16, dict(_STREAM, ticket="acq_rel", sync="counter", pad=1))},
@@ -187,7 +188,7 @@ def test_split_layout(monkeypatch):
     assert _on_gpu(sm._split_layout, sm.SOFTMAX_BWD, 2 ** 20, 2, 132)[1:] == (1, 128, 40)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (2, 128, None)  # streams: no cap
     # A cap of r per SM lets one-chunk segments number up to r × SMs; past that they stream.
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5))
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5, segments=0))
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (1, 512, 48)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192, 4, 132)[1:] == (1, 660, 48)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192 + 1, 4, 132)[1:] == (6, 111, None)
@@ -196,7 +197,7 @@ def test_split_layout(monkeypatch):
     assert (t["sync"], t["ticket"], cap) == ("counter", "relaxed", 128)
     monkeypatch.setattr(sm, "_MAXNREG", False)  # a Triton without maxnreg: no cap, same kernel
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)[1:] == (1, 128, None)
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5))  # nor more segments than SMs
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5, segments=0))  # nor more than SMs
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (4, 128, None)
     monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(per_sm=2))
     with pytest.raises(ValueError, match="per_sm"):

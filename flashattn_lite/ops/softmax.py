@@ -548,11 +548,11 @@ def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
     t = dict(block=8192, warps=8, ticket="relaxed", sync="counter_flags", pad=32, hold="f32", resident=0, segments=0)
     if fwd:
         if n8 > sms:
-            t.update(block=16384)
+            t.update(block=16384, segments=min(sms, cdiv(cdiv(N, 16384), 2)))
         elif itemsize == 4:
             t.update(hold="raw", resident=5)
-        if itemsize < 4 and n8 > 64:
-            t.update(segments=min(sms, cdiv(cdiv(N, t["block"]), 2)))
+        elif n8 >= 64:
+            t.update(segments=cdiv(n8, 2))
     elif itemsize == 4:
         if cdiv(N, 16384) <= 2 * sms:
             t.update(block=16384, hold="first", resident=2)
