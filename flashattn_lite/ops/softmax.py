@@ -532,14 +532,15 @@ def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
     Measured on the H100 (``benchmarks/softmax_split_sweep.py``; benchmarks/NOTES.md, sessions 3
     to 5), × copy bandwidth at N = 2^16 / 2^20 / 2^22:
       forward fp32    .981 / .934 / .912: 8K chunks held raw at 5 per SM; past 8K × SMs elements
-                      segments of several 16K chunks, read again from L2
-      forward 2-byte  .954 / .946 / .919: as fp32 but holding float32 without a cap, and past 64
-                      chunks two chunks a segment (a 2-byte chunk moves too few bytes per wait)
+                      segments of two or more 16K chunks, read again from L2 (2^21: .939)
+      forward 2-byte  .954 / .946 / .919: as fp32 but holding float32 without a cap, and from 64
+                      chunks on two chunks a segment (a 2-byte chunk moves too few bytes per
+                      wait; 2^19: .975 against .890 with one)
       backward fp32   1.00 / .961 / .821: y held alone (dy read again from L2) on 16K chunks at 2
                       per SM while that is ≤ 2 × SMs chunks, else 32K chunks of y and dy on 16
                       warps, one per SM (the fenced counter: counter_flags lost up to 15% there)
       backward 2-byte 1.01 / .983 / .748: y held alone on 8K chunks at 6 per SM up to 2^20, past
-                      it segments of two or more 16K chunks, y and dy read twice
+                      it segments of two or more 16K chunks, y and dy read twice (2^21: .745)
     Every switch but that fp32 backward uses the relaxed ticket and counter_flags on padded lines.
     At 2^22 a row's y and dy (16 or 32 MB) is a large part of what the GPU can hold (registers
     33 MB, L2 50 MB), so few rows wait at once and the backward there stays below .85."""
