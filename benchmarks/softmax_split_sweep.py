@@ -7,7 +7,7 @@ how a row's programs meet (``sync``: fenced ``counter`` or ``counter_flags``, se
 64-bit partials behind a relaxed counter), what a one-chunk segment holds across the wait (``hold``:
 float32 or the ``raw`` loaded values), the counters' spacing (``pad``) and programs per SM
 (``resident``: a register cap). A variant replaces some of them (``softmax._SPLIT_TUNING``).
-Session 4's sweep (``results/softmax_split_sweep-20261123-155816.json``, NOTES.md) chose the
+Sessions 4 and 5's sweeps (``results/softmax_split_sweep-*.json``, NOTES.md) chose the
 current settings; the variants that lost there or relied on in-order dispatch went with their
 kernel code. Each variant's output is checked on memory poisoned with NaN. This times each variant
 on the same inputs as ``softmax_speed.py`` (R = total / (N · itemsize) rows, forward = softmax,

@@ -192,6 +192,9 @@ def test_split_layout(monkeypatch):
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (1, 512, 48)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192, 4, 132)[1:] == (1, 660, 48)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192 + 1, 4, 132)[1:] == (6, 111, None)
+    # 5 programs of 16 warps exceed an SM's 64 warps: the cap cannot make room for them.
+    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, warps=16, resident=5, segments=0))
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (4, 128, None)
     monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(resident=2, sync="counter"))
     t, chunks, S, cap = _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)
     assert (t["sync"], t["ticket"], cap) == ("counter", "relaxed", 128)

@@ -309,9 +309,9 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
         # sure to fit at once (``_split_layout``: one per SM whatever the register count, or
         # ``resident`` per SM under that register cap), so this cannot deadlock, whatever the order
         # or the number of programs the hardware makes resident, and whatever the ticket's memory
-        # order. The argument assumes the SMs are this
-        # kernel's: two waiting kernels running at once could each hold SMs the other needs
-        # (``FLASHATTN_LITE_SPLIT_WAIT=0`` selects the two-launch form for such setups).
+        # order. The argument assumes the SMs are this kernel's: two waiting kernels running at
+        # once could each hold SMs the other needs (``FLASHATTN_LITE_SPLIT_WAIT=0`` selects the
+        # two-launch form for such setups).
         ticket = tl.atomic_add(sync_ptr, 1, sem=TICKET)
         row = ticket // S
         seg = ticket % S
@@ -398,14 +398,15 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     else:
         out_row = out_ptr + rows.to(tl.int64)[:, None] * N
         if ONE_CHUNK and PHASE == 2:
-            if HOLD == "raw":
+            if HOLD != "f32":
                 # 0 unless ℓ is NaN, and then every output of the row is NaN whatever the bits.
                 zero = (l_row != l_row).to(tl.int32)[:, None]
-                y = _map(_convert_again(a_raw, zero), _convert_again(b_raw, zero), m_row, l_row, OP)
-            elif HOLD == "first":
-                zero = (l_row != l_row).to(tl.int32)[:, None]
-                b = tl.load(b_row + lo + cols, mask=lo + cols < hi, other=0.0, eviction_policy="evict_first")
-                y = _map(_convert_again(a_raw, zero), b.to(tl.float32), m_row, l_row, OP)
+                if HOLD == "raw":
+                    b = _convert_again(b_raw, zero)
+                else:  # "first": dy again, from L2
+                    b = tl.load(b_row + lo + cols, mask=lo + cols < hi, other=0.0,
+                                eviction_policy="evict_first").to(tl.float32)
+                y = _map(_convert_again(a_raw, zero), b, m_row, l_row, OP)
             elif OP == 0:
                 y = p * (tl.math.exp2((m - m_row) * 1.4426950408889634) * (1.0 / l_row))[:, None]
             else:
@@ -576,9 +577,9 @@ def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, 
     tickets then guarantee progress: see the kernel). One program per SM always fits, so S ≤ SM
     count is always safe; a register cap of ``resident`` programs per SM makes room for that many
     on every SM (registers are what limits these kernels: their shared memory is a few hundred
-    bytes and 5 × 8 warps is within an SM's 64), so one-chunk segments under a cap may number up
-    to ``resident`` × SMs. The cap applies to one-chunk segments only (longer segments stream,
-    holding nothing)."""
+    bytes), so one-chunk segments under a cap may number up to ``resident`` × SMs — provided that
+    many programs' warps fit an SM's 64 too; otherwise S stays ≤ SMs. The cap applies to one-chunk
+    segments only (longer segments stream, holding nothing)."""
     t = _split_config(op, N, itemsize, sms)
     if _SPLIT_TUNING:
         unknown = set(_SPLIT_TUNING) - set(t)
@@ -587,7 +588,8 @@ def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, 
         t.update(_SPLIT_TUNING)
     n_chunks = cdiv(N, t["block"])
     capped = bool(t["resident"]) and _MAXNREG
-    room = t["resident"] * sms if capped else sms       # one-chunk segments that can wait together
+    fits = capped and t["resident"] * t["warps"] <= 64  # the cap makes room only within the warp limit
+    room = t["resident"] * sms if fits else sms          # one-chunk segments that can wait together
     if t["segments"]:
         room = min(room, t["segments"])
     chunks = 1 if n_chunks <= room else cdiv(n_chunks, min(room, sms))  # longer segments: ≤ 1 per SM
