@@ -41,7 +41,7 @@ HQ, HKV, DIM, DTYPE = 32, 8, 128, torch.bfloat16
 # time budget cuts the tail). The paged case runs the variants that need no extra compile but one.
 CASES = [("B1-4k", 1, 4096, None, None), ("B1-32k", 1, 32768, None, None), ("B8-32k", 8, 32768, None, None),
          ("B1-128k", 1, 131072, None, None),
-         ("B1-32k-paged256", 1, 32768, 256, ("default", "bn64-s3", "bn128-s3"))]
+         ("B1-32k-paged256", 1, 32768, 256, ("default", "bn64-s3", "bn128-s3", "pf0"))]
 PROBE_CASE = "B1-4k"  # also times the fixed cost of a step (see _sweep_case)
 PROBE_STEADY_COPIES = 64  # the probes read no cache: as many steps as common.steady_state_copies allows
 # name: (decode._TUNING, num_splits (None: the heuristic's; others run at B 1 only)). K/V tiles in
@@ -59,6 +59,16 @@ VARIANTS = {
     "s32-bn64-s3": (dict(config=(64, 4, 3)), 32),                       # [2 per program, 2 programs per SM]
     "bn64-s3-w8": (dict(config=(64, 8, 3)), None),                      # [2, twice the warps issuing]
     "bn32-s6": (dict(config=(32, 4, 6)), None),                         # [5 half tiles]
+    # Session 6: the fixed cost of a step. The default launches stage 1 as a programmatic dependent
+    # of the previous kernel and the merge reads o beside lse; these restore session 5's ways.
+    "no-chain": (dict(no_chain=True), None),                            # stage 1 placed after the merge ends
+    "masked-parts": (dict(masked_parts=True), None),                    # merge reads o after lse
+    "session5": (dict(no_chain=True, masked_parts=True, prefetch_tiles=0), None),
+    # L2 prefetch of the split's first key tiles while stage 1 waits for the previous kernel
+    # (the default prefetches decode.PREFETCH_TILES = 1).
+    "pf0": (dict(prefetch_tiles=0), None),
+    "pf2": (dict(prefetch_tiles=2), None),
+    "pf4": (dict(prefetch_tiles=4), None),
 }
 
 

@@ -16,7 +16,12 @@ shared by the group. It walks its split of the cache in BLOCK_N tiles with
 (o, lse). Each sequence splits its *own* length L_b (ragged batches stay balanced), in chunks that
 are multiples of BLOCK_N. Stage 2 is ``merge_attention_states_stacked``'s kernel (the partial lse's
 are a softmax over the partials); with one split stage 1 writes the final output and stage 2 is
-skipped. The paged cache is addressed through the block table per tile when a page holds whole
+skipped. On Hopper stage 1 is launched as a programmatic dependent of the stream's previous kernel:
+its programs are placed while that kernel ends and ask the L2 for their first key tile (at
+addresses from a length read early: only a hint), then wait for its writes (``gdc_wait``) before
+any read whose value they use; the merge is in turn a dependent of stage 1
+and reads each partial o beside its lse (stage 1 writes every partial, an empty one as 0).
+The paged cache is addressed through the block table per tile when a page holds whole
 tiles (page size a multiple of BLOCK_N), per key row otherwise; the contiguous cache is the same
 code with "page" = sequence.
 
@@ -44,9 +49,14 @@ MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the
 MAX_SPLITS = 128
 WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep, NOTES.md session 3)
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
+# Key tiles of its split that stage 1 asks the L2 for while it waits for the previous kernel
+# (H100, B 1 steady state: 1 tile +6.7% at 4k and −0.6 µs at 32k; 2 and 4 tiles lost).
+PREFETCH_TILES = 1
 # Experiment override for benchmarks/decode_sweep.py: {"config": (BLOCK_N, num_warps, num_stages)}
 # launches that config instead of autotuning; {"no_pdl": True} launches the merge after stage 1
-# the ordinary way (empty: the autotuned default).
+# the ordinary way; {"no_chain": True} launches stage 1 the ordinary way after the stream's previous
+# kernel; {"masked_parts": True} has the merge read each partial o only after its lse;
+# {"prefetch_tiles": n} replaces PREFETCH_TILES (empty: the autotuned default).
 _TUNING: dict = {}
 
 
@@ -107,6 +117,38 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, stride_bt, b, start_n
     return acc, m_i, l_i
 
 
+@triton.jit
+def _l2_prefetch(ptrs):
+    """Ask the L2 for the 128-byte lines holding ``ptrs``: a hint, nothing comes back or waits."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_split_start(k, v, seqlens, block_table, stride_btb, stride_bt, b, h_kv, split, n_splits, min_chunk,
+                          stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+                          TILES: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          K_LINES: tl.constexpr, V_LINES: tl.constexpr, LINE: tl.constexpr):
+    """L2 prefetch of the first TILES key tiles of this program's split (K_LINES / V_LINES lines
+    of LINE elements a key row), computed as the kernel computes its split."""
+    seq_len = tl.load(seqlens + b, volatile=True)
+    chunk = tl.cdiv(tl.maximum(tl.cdiv(seq_len, n_splits), min_chunk), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+    cols = lo + tl.arange(0, TILES * BLOCK_N)
+    cols = tl.minimum(cols, tl.maximum(hi - 1, 0))
+    bt_row = block_table + b.to(tl.int64) * stride_btb
+    blk, row = _kv_location(bt_row, stride_bt, b, lo, cols, cols < hi, PAGED, PAGE_SIZE, TILES * BLOCK_N, True)
+    if K_LINES > 0:
+        offs = tl.arange(0, K_LINES) * LINE
+        _l2_prefetch(k + h_kv.to(tl.int64) * stride_kh + (blk * stride_kb + row * stride_kn)[:, None]
+                     + offs[None, :] * stride_kd)
+    if V_LINES > 0:
+        offs = tl.arange(0, V_LINES) * LINE
+        _l2_prefetch(v + h_kv.to(tl.int64) * stride_vh + (blk * stride_vb + row * stride_vn)[:, None]
+                     + offs[None, :] * stride_vd)
+
+
 def _configs():
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bn, w, s in [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 4, 3),
@@ -117,6 +159,10 @@ def _prune(configs, named_args):
     # K and V tiles of every pipeline stage must fit in shared memory (~227 KB on H100).
     per_row = (named_args["HEAD_DIM"] + named_args["HEAD_DIM_V"]) * named_args["k"].element_size()
     kept = [c for c in configs if c.num_stages * c.kwargs["BLOCK_N"] * per_row <= 200 * 1024]
+    # A 16-row tile gives 8 warps nothing to share but the syncs: at B 1 32k they lost 2% (2.610
+    # against 2.655 TB/s, NOTES session 5), yet near-ties let the autotuner pick them (session 6).
+    if named_args["BLOCK_M"] <= 16:
+        kept = [c for c in kept if c.num_warps == 4] or kept
     return kept or [min(configs, key=lambda c: c.num_stages * c.kwargs["BLOCK_N"])]
 
 
@@ -135,16 +181,29 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                          PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
-                         LAUNCH_MERGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    if LAUNCH_MERGE:
-        # The merge kernel may be scheduled now: it waits for this grid's writes before reading.
-        tl.extra.cuda.gdc_launch_dependents()
+                         WAIT_PRIOR: tl.constexpr, PREFETCH_TILES: tl.constexpr, K_LINES: tl.constexpr,
+                         V_LINES: tl.constexpr, LINE: tl.constexpr, LAUNCH_MERGE: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     split = tl.program_id(0)
     n_rows = GROUP * n_q
     row_blocks = tl.cdiv(n_rows, BLOCK_M)
     h_kv = tl.program_id(1) // row_blocks
     rows = (tl.program_id(1) % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     b = tl.program_id(2)
+    if WAIT_PRIOR:
+        # Launched as a programmatic dependent of whatever the stream ran before (the previous
+        # step's merge, in a decode loop): the programs are placed while that kernel ends. Until
+        # its writes are visible they only ask the L2 for their first key tiles, at addresses
+        # from a length that may be stale (a hint: nothing read here is used after the wait).
+        if PREFETCH_TILES > 0:
+            _prefetch_split_start(k, v, seqlens, block_table, stride_btb, stride_bt, b, h_kv, split, n_splits,
+                                  min_chunk, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh,
+                                  stride_vn, stride_vd, PREFETCH_TILES, PAGED, PAGE_SIZE, BLOCK_N,
+                                  K_LINES, V_LINES, LINE)
+        tl.extra.cuda.gdc_wait()
+    if LAUNCH_MERGE:
+        # The merge kernel may be scheduled now: it waits for this grid's writes before reading.
+        tl.extra.cuda.gdc_launch_dependents()
 
     # This sequence's split: a multiple of BLOCK_N, at least min_chunk keys.
     seq_len = tl.load(seqlens + b)
@@ -219,6 +278,12 @@ def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, max_len: int, 
     return max(range(lo, hi + 1), key=lambda s: (round(last_wave_fill(s), 2), -s))
 
 
+def _lines(d: int, t: torch.Tensor) -> int:
+    """Whole 128-byte lines in a row of d elements, rounded down to a power of two (0 if none)."""
+    n = d * t.element_size() // 128
+    return 1 << (n.bit_length() - 1) if n else 0
+
+
 def _block_m(rows: int) -> int:
     return max(16, min(MAX_BLOCK_M, next_pow2(rows)))
 
@@ -249,7 +314,10 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
     # The merge launched as a programmatic dependent of stage 1 (Hopper+): its launch and start
     # overlap stage 1's tail instead of following it.
-    pdl = splits > 1 and dependent_launch_supported(q) and not _TUNING.get("no_pdl", False)
+    dependent = dependent_launch_supported(q)
+    pdl = splits > 1 and dependent and not _TUNING.get("no_pdl", False)
+    wait_prior = dependent and not _TUNING.get("no_chain", False)
+    prefetch_tiles = _TUNING.get("prefetch_tiles", PREFETCH_TILES) if wait_prior else 0
     kernel, config = _decode_split_kernel, {}
     if "config" in _TUNING:  # an experiment: one fixed config, no autotuning
         kernel = _decode_split_kernel.inner.fn
@@ -261,9 +329,13 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
         GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
         BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
         BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
-        PRECISION=precision_for(q.dtype), LAUNCH_MERGE=pdl, **config)
+        PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
+        K_LINES=_lines(D, q), V_LINES=_lines(Dv, q), LINE=128 // q.element_size(), LAUNCH_MERGE=pdl,
+        **config, **({"launch_pdl": True} if wait_prior else {}))
     if splits > 1:
-        merge_stacked_launch(o_part, lse_part, o, lse, after_producer=pdl)
+        # Stage 1 writes every partial, an empty one as o = 0, lse = −inf.
+        merge_stacked_launch(o_part, lse_part, o, lse, after_producer=pdl,
+                             parts_finite=not _TUNING.get("masked_parts", False))
     return o, lse
 
 

@@ -81,11 +81,14 @@ def _merge_stacked_kernel(o_parts, lse_parts, o, lse,
                           s_ob, s_oh, s_on, s_od, s_lb, s_lh, s_ln,
                           n_h, n_n, n_rows, n_splits,
                           HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_D: tl.constexpr, AFTER_PRODUCER: tl.constexpr = False):
+                          BLOCK_D: tl.constexpr, AFTER_PRODUCER: tl.constexpr = False,
+                          PARTS_FINITE: tl.constexpr = False):
     if AFTER_PRODUCER:
         # Launched as a programmatic dependent of the kernel that wrote the partials: this
         # program may start before that kernel ends, and waits here until its writes are visible.
+        # Then the next kernel may be placed (a decode loop's next stage 1 waits in the same way).
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     row_ok = rows < n_rows
@@ -101,9 +104,12 @@ def _merge_stacked_kernel(o_parts, lse_parts, o, lse,
                            mask=rs_ok, other=float("-inf"))
         # The partial lse's are the scores of a softmax over the partials (base 2 for exp2).
         m_i, l_i, p, alpha = online_softmax_update(m_i, l_i, part_lse * 1.4426950408889634)
+        # An empty partial's o is read only from a producer known to write it finite (then its
+        # weight p = 0 cancels it, and the o loads need not wait for the lse's).
+        o_ok = rs_ok if PARTS_FINITE else part_lse > float("-inf")
         part_o = tl.load(o_parts + rp[:, None, None] + offs_s[None, :, None].to(tl.int64) * s_ps
                          + offs_d[None, None, :] * s_pd,
-                         mask=(part_lse > float("-inf"))[:, :, None] & (offs_d[None, None, :] < HEAD_DIM), other=0.0)
+                         mask=o_ok[:, :, None] & (offs_d[None, None, :] < HEAD_DIM), other=0.0)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * part_o.to(tl.float32), 1)
     out, lse_out = finalize(acc, m_i, l_i)
     ro = _row_offsets(rows, n_h, n_n, s_ob, s_oh, s_on)
@@ -143,13 +149,15 @@ def merge_pair_launch(o_a, lse_a, o_b, lse_b, o, lse):
                              HEAD_DIM=D, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
 
 
-def merge_stacked_launch(o_parts, lse_parts, o, lse, after_producer: bool = False):
+def merge_stacked_launch(o_parts, lse_parts, o, lse, after_producer: bool = False, parts_finite: bool = False):
     """Kernel launch for the stacked merge: o_parts (S, B, H, N, D) any strides (fp32 or the
     output dtype), lse_parts (S, B, H, N) fp32; writes o (its own dtype) and lse (B, H, N).
     Used by ``decode`` as its second stage: ``after_producer`` (only where
     ``dependent_launch_supported``) launches it as a programmatic dependent of the kernel just
     launched, so its launch and start overlap that kernel's end (from the point where that kernel
-    calls ``gdc_launch_dependents``, or from its end)."""
+    calls ``gdc_launch_dependents``, or from its end). ``parts_finite``: every partial's o is
+    finite, an empty one's too (as decode's stage 1 writes them), so o is read without waiting
+    for lse."""
     S, B, H, N, D = o_parts.shape
     rows = B * H * N
     block_s = min(32, next_pow2(S))
@@ -159,6 +167,7 @@ def merge_stacked_launch(o_parts, lse_parts, o, lse, after_producer: bool = Fals
                                 *o_parts.stride(), *lse_parts.stride(), *o.stride(), *lse.stride(),
                                 H, N, rows, S,
                                 HEAD_DIM=D, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
+                                PARTS_FINITE=parts_finite,
                                 **(dict(AFTER_PRODUCER=True, launch_pdl=True) if after_producer else {}))
 
 

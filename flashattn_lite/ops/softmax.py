@@ -272,13 +272,21 @@ def _fold_raw(a_raw, b_raw, OP: tl.constexpr):
     return m, l
 
 
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask the L2 for the 128-byte lines holding ``ptrs``: a hint, nothing comes back or waits."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 @launcher
 @triton.jit
 def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
-                  N, SEG, S, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
+                  N, SEG, S, R, ahead, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
                   OP: tl.constexpr, PHASE: tl.constexpr, ONE_CHUNK: tl.constexpr,
                   BLOCK: tl.constexpr, S_POW2: tl.constexpr, TICKET: tl.constexpr,
-                  SYNC: tl.constexpr, HOLD: tl.constexpr, PAD: tl.constexpr):
+                  SYNC: tl.constexpr, HOLD: tl.constexpr, PAD: tl.constexpr,
+                  PREFETCH: tl.constexpr, PREFETCH_AFTER: tl.constexpr, LINE: tl.constexpr):
     """PHASE 0: write each segment's partial state. PHASE 1: merge a row's partials and map its
     segment (re-reading it). PHASE 2: both in one launch, the programs of a row waiting for each
     other; ONE_CHUNK keeps the segment in registers across the wait.
@@ -299,7 +307,11 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
             "raw", so more programs fit on an SM, for no extra DRAM traffic.
     PAD     ints between the counters in ``sync_ptr`` (the ticket, then one per row): 32 puts each
             on its own 128-byte line, so a row's polls do not queue behind other rows' polls and
-            the tickets at one L2 slice."""
+            the tickets at one L2 slice.
+    PREFETCH lines (LINE elements each) of every input that a waiting program asks the L2 for, at
+            the start of the same segment ``ahead`` rows on: when a row fills the GPU, DRAM would
+            otherwise idle through the row's wait and the next row's start. PREFETCH_AFTER lines
+            more (the ones after those) once the wait is over."""
     if PHASE == 2:
         # Tickets hand out (row, segment) in the order programs actually start, and a program waits
         # only for its own row. Rows before the oldest unfinished one are done, and no ticket of a
@@ -351,6 +363,15 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
             tl.atomic_xchg(ws_m_ptr + slot, _pack(m, l), sem="relaxed")
     if PHASE == 0:
         return
+    # Clamped: past the last row or the segment's end these are lines already on chip.
+    ahead_rows = tl.minimum(rows + ahead, R - 1)
+    a_ahead = a_ptr + _row_offsets(ahead_rows, D1, D2, sa0, sa1, sa2)
+    b_ahead = b_ptr + _row_offsets(ahead_rows, D1, D2, sb0, sb1, sb2)
+    if PHASE == 2 and PREFETCH > 0:
+        lines = tl.minimum(lo + tl.arange(0, PREFETCH) * LINE, hi - 1)
+        _prefetch_l2(a_ahead + lines)
+        if OP >= 3:
+            _prefetch_l2(b_ahead + lines)
 
     one = tl.zeros([1], tl.int32)
     writes_lse = (seg + one) == 0
@@ -372,6 +393,12 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
             arrived = tl.atomic_add(counter, 0, sem="relaxed")
             while arrived < S:
                 arrived = tl.atomic_add(counter, 0, sem="relaxed")
+    if PHASE == 2 and PREFETCH_AFTER > 0:
+        # The row's loads are all done: more of the next row, while this one is mapped.
+        lines = tl.minimum(lo + (PREFETCH + tl.arange(0, PREFETCH_AFTER)) * LINE, hi - 1)
+        _prefetch_l2(a_ahead + lines)
+        if OP >= 3:
+            _prefetch_l2(b_ahead + lines)
 
     offs = tl.arange(0, S_POW2)
     part = row.to(tl.int64) * S + offs
@@ -527,43 +554,56 @@ def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
     backward: softmax, log_softmax), the input's itemsize and the row length N: ``block`` and
     ``warps`` (elements per chunk, num_warps), the kernel's switches ``ticket``, ``sync``, ``hold``,
     ``pad`` (see ``_split_kernel``), ``resident`` (programs per SM that a register cap makes room
-    for, on one-chunk segments; 0 = no cap) and ``segments`` (at most this many segments a row,
-    so that each streams several chunks; 0 = as many as ``_split_layout`` allows).
+    for, on one-chunk segments; 0 = no cap), ``segments`` (at most this many segments a row,
+    so that each streams several chunks; 0 = as many as ``_split_layout`` allows) and
+    ``prefetch`` / ``prefetch_after`` (L2 lines of each input of a later row asked for before /
+    after the wait; see PREFETCH in the kernel).
 
     Measured on the H100 (``benchmarks/softmax_split_sweep.py``; benchmarks/NOTES.md, sessions 3
-    to 5), × copy bandwidth at N = 2^16 / 2^20 / 2^22:
-      forward fp32    .981 / .934 / .912: 8K chunks held raw at 5 per SM; past 8K × SMs elements
-                      segments of two or more 16K chunks, read again from L2 (2^21: .939)
-      forward 2-byte  .954 / .946 / .919: as fp32 but holding float32 without a cap, and from 64
+    to 6), × copy bandwidth at N = 2^16 / 2^20 / 2^21 / 2^22:
+      forward fp32    .981 / .934 / .939 / .925: 8K chunks held raw at 5 per SM; past 8K × SMs
+                      elements segments of two or more 16K chunks, read again from L2, and 256
+                      lines prefetched
+      forward 2-byte  .954 / .946 / .974 / .949: as fp32 but holding float32 without a cap, from 64
                       chunks on two chunks a segment (a 2-byte chunk moves too few bytes per
-                      wait; 2^19: .975 against .890 with one)
-      backward fp32   1.00 / .961 / .821: y held alone (dy read again from L2) on 16K chunks at 2
-                      per SM while that is ≤ 2 × SMs chunks, else 32K chunks of y and dy on 16
-                      warps, one per SM (the fenced counter: counter_flags lost up to 15% there)
-      backward 2-byte 1.01 / .983 / .748: y held alone on 8K chunks at 6 per SM up to 2^20, past
-                      it segments of two or more 16K chunks, y and dy read twice (2^21: .745)
+                      wait; 2^19: .975 against .890 with one), 512 lines prefetched past 8K × SMs
+      backward fp32   1.00 / .961 / .928 / .853: y held alone (dy read again from L2) on 16K chunks
+                      at 2 per SM while that is ≤ 2 × SMs chunks, with 128 lines prefetched before
+                      the wait when two rows are in flight, 256 after it when one row fills the
+                      GPU; longer rows 32K chunks of y and dy on 16 warps, one per SM (the fenced
+                      counter: counter_flags lost up to 15% there)
+      backward 2-byte 1.01 / .983 / .919 / .902: y held alone on 8K chunks at 6 per SM up to 2^20,
+                      past it segments of two or more 16K chunks on 16 warps (2 per SM, not 3: the
+                      rows waiting at once, read twice, stay in L2) with 128 lines prefetched
     Every switch but that fp32 backward uses the relaxed ticket and counter_flags on padded lines.
-    At 2^22 a row's y and dy (16 or 32 MB) is a large part of what the GPU can hold (registers
-    33 MB, L2 50 MB), so few rows wait at once and the backward there stays below .85."""
+    Past 2^20 a row's y and dy (8–32 MB) is a large part of what the GPU holds (registers 33 MB, L2
+    50 MB), so one or two rows wait at once and DRAM would idle through each wait but for the
+    prefetch."""
     fwd = op < 3
     n8 = cdiv(N, 8192)
-    t = dict(block=8192, warps=8, ticket="relaxed", sync="counter_flags", pad=32, hold="f32", resident=0, segments=0)
+    t = dict(block=8192, warps=8, ticket="relaxed", sync="counter_flags", pad=32, hold="f32", resident=0, segments=0,
+             prefetch=0, prefetch_after=0)
     if fwd:
         if n8 > sms:
-            t.update(block=16384, segments=min(sms, cdiv(cdiv(N, 16384), 2)))
+            t.update(block=16384, segments=min(sms, cdiv(cdiv(N, 16384), 2)), prefetch=256 if itemsize == 4 else 512)
         elif itemsize == 4:
             t.update(hold="raw", resident=5)
         elif n8 >= 64:
             t.update(segments=cdiv(n8, 2))
     elif itemsize == 4:
-        if cdiv(N, 16384) <= 2 * sms:
+        n16 = cdiv(N, 16384)
+        if n16 <= 2 * sms:
             t.update(block=16384, hold="first", resident=2)
+            if n16 > sms:      # one row fills the GPU: prefetch once its own loads are done
+                t.update(prefetch_after=256)
+            elif 2 * n16 > sms:  # two rows in flight
+                t.update(prefetch=128)
         else:
             t.update(block=32768, warps=16, ticket="acq_rel", sync="counter", pad=1)
     elif N <= 2 ** 20:
         t.update(hold="first", resident=6)
     else:
-        t.update(block=16384, segments=min(sms, cdiv(cdiv(N, 16384), 2)))
+        t.update(block=16384, warps=16, segments=min(sms, cdiv(cdiv(N, 16384), 2)), prefetch=128)
     if interpreter_active():
         t.update(block=_chunk("split"), warps=4)
     return t
@@ -586,6 +626,8 @@ def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, 
         if unknown:
             raise ValueError(f"_SPLIT_TUNING keys must be among {sorted(t)}, got {sorted(unknown)}")
         t.update(_SPLIT_TUNING)
+    if interpreter_active():
+        t.update(prefetch=0, prefetch_after=0)  # the interpreter runs no inline asm
     n_chunks = cdiv(N, t["block"])
     capped = bool(t["resident"]) and _MAXNREG
     fits = capped and t["resident"] * t["warps"] <= 64  # the cap makes room only within the warp limit
@@ -605,7 +647,12 @@ def _launch_split(op, a, b, out, R, N, geo):
     block, pad = t["block"], t["pad"]
     seg = chunks * block
     common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S), TICKET=t["ticket"],
-                  SYNC=t["sync"], HOLD=t["hold"], PAD=pad, num_warps=t["warps"])
+                  SYNC=t["sync"], HOLD=t["hold"], PAD=pad, PREFETCH=t["prefetch"],
+                  PREFETCH_AFTER=t["prefetch_after"], LINE=128 // a.element_size(),
+                  num_warps=t["warps"])
+    # Rows that wait at once: the prefetch serves the first row whose programs are not yet resident.
+    per_sm = t["resident"] if cap is not None and t["resident"] * t["warps"] <= 64 else 1
+    ahead = max(1, per_sm * device_sm_count(a) // S)
     if cap is not None:
         common["maxnreg"] = cap
     if t["sync"] == "counter":
@@ -620,13 +667,13 @@ def _launch_split(op, a, b, out, R, N, geo):
             # The interpreter runs programs one after another, so none may wait for a later one:
             # the partials are written first and every counter starts as if the row had arrived.
             # The one-launch kernel then runs all of its code but the waiting itself.
-            _split_kernel[(S, R)](a, b, out, ws_m, ws_l, sync, N, seg, S, *geo, PHASE=0, **common)
+            _split_kernel[(S, R)](a, b, out, ws_m, ws_l, sync, N, seg, S, R, ahead, *geo, PHASE=0, **common)
             if op != LOGSUMEXP:
                 sync[pad::pad] = S
-        _split_kernel[(R * S,)](a, b, out, ws_m, ws_l, sync, N, seg, S, *geo, PHASE=2, **common)
+        _split_kernel[(R * S,)](a, b, out, ws_m, ws_l, sync, N, seg, S, R, ahead, *geo, PHASE=2, **common)
     else:
-        _split_kernel[(S, R)](a, b, out, ws_m, ws_l, ws_m, N, seg, S, *geo, PHASE=0, **common)
-        _split_kernel[(1 if op == LOGSUMEXP else S, R)](a, b, out, ws_m, ws_l, ws_m, N, seg, S, *geo,
+        _split_kernel[(S, R)](a, b, out, ws_m, ws_l, ws_m, N, seg, S, R, ahead, *geo, PHASE=0, **common)
+        _split_kernel[(1 if op == LOGSUMEXP else S, R)](a, b, out, ws_m, ws_l, ws_m, N, seg, S, R, ahead, *geo,
                                                          PHASE=1, **common)
 
 
