@@ -27,6 +27,14 @@ def tile_and_slab(n_tiles):
     return pid % n_tiles, pid // n_tiles
 
 
+@triton.jit
+def l2_prefetch(ptrs):
+    """Ask the L2 for the 128-byte lines holding ``ptrs`` (``prefetch.global.L2``): a hint, nothing
+    comes back and nothing waits. Compiled kernels only: the interpreter runs no inline asm."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 def cdiv(a: int, b: int) -> int:
     """Host-side ceil(a / b). ``triton.cdiv`` is a constexpr-function wrapper costing microseconds
     per call, which adds up on the launch path of small problems."""

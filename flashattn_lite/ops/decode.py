@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tuned
+from .._runtime import cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton, tuned
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
 from .attention_fwd import precision_for
 from .merge_states import (dependent_launch_supported, merge_attention_states, merge_attention_states_stacked,
@@ -118,13 +118,6 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, stride_bt, b, start_n
 
 
 @triton.jit
-def _l2_prefetch(ptrs):
-    """Ask the L2 for the 128-byte lines holding ``ptrs``: a hint, nothing comes back or waits."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _prefetch_split_start(k, v, seqlens, block_table, stride_btb, stride_bt, b, h_kv, split, n_splits, min_chunk,
                           stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                           TILES: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -141,11 +134,11 @@ def _prefetch_split_start(k, v, seqlens, block_table, stride_btb, stride_bt, b, 
     blk, row = _kv_location(bt_row, stride_bt, b, lo, cols, cols < hi, PAGED, PAGE_SIZE, TILES * BLOCK_N, True)
     if K_LINES > 0:
         offs = tl.arange(0, K_LINES) * LINE
-        _l2_prefetch(k + h_kv.to(tl.int64) * stride_kh + (blk * stride_kb + row * stride_kn)[:, None]
+        l2_prefetch(k + h_kv.to(tl.int64) * stride_kh + (blk * stride_kb + row * stride_kn)[:, None]
                      + offs[None, :] * stride_kd)
     if V_LINES > 0:
         offs = tl.arange(0, V_LINES) * LINE
-        _l2_prefetch(v + h_kv.to(tl.int64) * stride_vh + (blk * stride_vb + row * stride_vn)[:, None]
+        l2_prefetch(v + h_kv.to(tl.int64) * stride_vh + (blk * stride_vb + row * stride_vn)[:, None]
                      + offs[None, :] * stride_vd)
 
 

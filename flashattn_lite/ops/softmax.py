@@ -50,7 +50,8 @@ import triton.language as tl
 
 from .. import _checks
 from .._launcher import launcher
-from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton, tile_and_slab, tuned
+from .._runtime import (cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton,
+                        tile_and_slab, tuned)
 from ..merge import _finite_or_zero, lse_of_ln, merge_ml_ln, online_softmax_update_ln
 
 # Ops, as the kernels' OP constexpr: forward 0-2, backward 3-4 (logsumexp's backward has its own
@@ -272,13 +273,6 @@ def _fold_raw(a_raw, b_raw, OP: tl.constexpr):
     return m, l
 
 
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask the L2 for the 128-byte lines holding ``ptrs``: a hint, nothing comes back or waits."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
 @launcher
 @triton.jit
 def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
@@ -369,9 +363,9 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     b_ahead = b_ptr + _row_offsets(ahead_rows, D1, D2, sb0, sb1, sb2)
     if PHASE == 2 and PREFETCH > 0:
         lines = tl.minimum(lo + tl.arange(0, PREFETCH) * LINE, hi - 1)
-        _prefetch_l2(a_ahead + lines)
+        l2_prefetch(a_ahead + lines)
         if OP >= 3:
-            _prefetch_l2(b_ahead + lines)
+            l2_prefetch(b_ahead + lines)
 
     one = tl.zeros([1], tl.int32)
     writes_lse = (seg + one) == 0
@@ -396,9 +390,9 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     if PHASE == 2 and PREFETCH_AFTER > 0:
         # The row's loads are all done: more of the next row, while this one is mapped.
         lines = tl.minimum(lo + (PREFETCH + tl.arange(0, PREFETCH_AFTER)) * LINE, hi - 1)
-        _prefetch_l2(a_ahead + lines)
+        l2_prefetch(a_ahead + lines)
         if OP >= 3:
-            _prefetch_l2(b_ahead + lines)
+            l2_prefetch(b_ahead + lines)
 
     offs = tl.arange(0, S_POW2)
     part = row.to(tl.int64) * S + offs
