@@ -566,7 +566,7 @@ def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
                       the wait when two rows are in flight, 256 after it when one row fills the
                       GPU; longer rows 32K chunks of y and dy on 16 warps, one per SM (the fenced
                       counter: counter_flags lost up to 15% there)
-      backward 2-byte 1.01 / .983 / .919 / .902: y held alone on 8K chunks at 6 per SM up to 2^20,
+      backward 2-byte 1.01 / .983 / .919 / .88–.90: y held alone on 8K chunks at 6 per SM up to 2^20,
                       past it segments of two or more 16K chunks on 16 warps (2 per SM, not 3: the
                       rows waiting at once, read twice, stay in L2) with 128 lines prefetched
     Every switch but that fp32 backward uses the relaxed ticket and counter_flags on padded lines.
