@@ -7,7 +7,8 @@ tiles in flight), tile size, and more programs per SM (more splits). Fixed confi
 autotuner, so each variant measures what its name says; ``default`` is ``decode()`` as shipped
 (autotuned; its choice is recorded). Session 4 also timed unpipelined tiles with V loaded next to
 K, L2 prefetch ahead of the pipeline and loads issued before the sequence length arrives: none beat
-the default (``benchmarks/NOTES.md``), and that code is gone.
+the default (``benchmarks/NOTES.md``), and that code is gone. Session 6's prefetch differs: one
+tile, asked for while stage 1 still waits for the previous kernel (``decode.PREFETCH_TILES``).
 
 Problem: Hq 32, Hkv 8, d 128, bf16, one new token, every sequence full; B 1 at 4k / 32k / 128k,
 B 8 at 32k, contiguous, and B 1 32k paged by 256. Time: CUDA-graph replay, cold clean L2
@@ -67,8 +68,7 @@ VARIANTS = {
     # L2 prefetch of the split's first key tiles while stage 1 waits for the previous kernel
     # (the default prefetches decode.PREFETCH_TILES = 1).
     "pf0": (dict(prefetch_tiles=0), None),
-    "pf2": (dict(prefetch_tiles=2), None),
-    "pf4": (dict(prefetch_tiles=4), None),
+    "pf2": (dict(prefetch_tiles=2), None),                               # lost, as did 4 (NOTES, session 6)
 }
 
 

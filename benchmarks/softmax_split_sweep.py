@@ -80,26 +80,18 @@ VARIANTS = {
     # y alone held on 8K chunks past 2^20 (2^21: 256 segments, about three rows waiting at once).
     "first8k-r6": _only("bwd", None, block=8192, warps=8, hold="first", resident=6, **_FAST),
     "first8k-r4": _only("bwd", 4, block=8192, warps=8, hold="first", resident=4, **_FAST),
-    # Session 6: a waiting program asks the L2 for this many lines (128 B) of each input at the
-    # start of its segment of the next row not yet started (DRAM idles through a row's wait).
-    # Call 1: 128 lines helped most at fp32 2^21-2^22 backward, 512 the bf16 forward; more before
-    # the wait slows the row's own last loads. ``-aK``: K lines more once the wait is over.
-    "pf64": dict(prefetch=64),
-    "pf128": dict(prefetch=128),
-    "pf256": dict(prefetch=256),
-    "pf512": dict(prefetch=512),
-    "pf128-a128": dict(prefetch=128, prefetch_after=128),
-    "pf128-a256": dict(prefetch=128, prefetch_after=256),
-    "a256": dict(prefetch_after=256),
-    # 2-byte backward past 2^20: fewer rows in flight, so that those re-read from L2 stay there
-    # (16 warps: 2 streaming programs per SM instead of 3), or y held alone on 16K chunks (one
-    # row, 1.5 rows in flight), or y and dy held raw on 32K chunks, one program per SM.
-    "half-w16": _only("bwd", 2, block=16384, warps=16),
-    "half-w16-pf128": _only("bwd", 2, block=16384, warps=16, prefetch=128),
-    "half-first16k-r2": _only("bwd", 2, block=16384, warps=8, hold="first", resident=2, segments=0),
-    "half-first16k-r3": _only("bwd", 2, block=16384, warps=8, hold="first", resident=3, segments=0),
-    "half-raw32k": _only("bwd", 2, block=32768, warps=16, hold="raw", resident=1, segments=0),
-    "half-raw32k-pf128": _only("bwd", 2, block=32768, warps=16, hold="raw", resident=1, segments=0, prefetch=128),
+    # Session 6: a waiting program asks the L2 for lines (128 B) of each input at the start of its
+    # segment of a row not yet started (DRAM idles through a row's wait); ``aK``: K lines once the
+    # wait is over. The defaults use 128 before (fp32 backward, two rows in flight), 256 after (one
+    # row filling the GPU), 256 / 512 forward. Losers dropped: 256 backward, before + after
+    # together, bf16 holds of 16K and 32K chunks (NOTES, session 6).
+    "no-prefetch": dict(prefetch=0, prefetch_after=0),
+    "pf64": dict(prefetch=64, prefetch_after=0),
+    "pf128": dict(prefetch=128, prefetch_after=0),
+    "pf512": dict(prefetch=512, prefetch_after=0),
+    "a256": dict(prefetch=0, prefetch_after=256),
+    # 2-byte backward past 2^20 on 8 warps (3 streaming programs per SM, as in session 5).
+    "half-w8": _only("bwd", 2, warps=8),
 }
 
 

@@ -214,6 +214,10 @@ def test_split_layout(monkeypatch):
     monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(per_sm=2))
     with pytest.raises(ValueError, match="per_sm"):
         sm._split_layout(sm.SOFTMAX, 2 ** 20, 4, 132)
+    for bad in (dict(prefetch=96), dict(prefetch_after=-4), dict(prefetch=2.0)):  # tl.arange needs 2^k lines
+        monkeypatch.setattr(sm, "_SPLIT_TUNING", bad)
+        with pytest.raises(ValueError, match="power of two"):
+            sm._split_layout(sm.SOFTMAX_BWD, 2 ** 21, 4, 132)
 
 
 def test_split_sweep_variants_are_valid_overrides(monkeypatch):

@@ -271,9 +271,10 @@ def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, max_len: int, 
     return max(range(lo, hi + 1), key=lambda s: (round(last_wave_fill(s), 2), -s))
 
 
-def _lines(d: int, t: torch.Tensor) -> int:
+@functools.lru_cache(maxsize=64)  # on every decode step's host path
+def _lines(d: int, itemsize: int) -> int:
     """Whole 128-byte lines in a row of d elements, rounded down to a power of two (0 if none)."""
-    n = d * t.element_size() // 128
+    n = d * itemsize // 128
     return 1 << (n.bit_length() - 1) if n else 0
 
 
@@ -311,6 +312,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
     pdl = splits > 1 and dependent and not _TUNING.get("no_pdl", False)
     wait_prior = dependent and not _TUNING.get("no_chain", False)
     prefetch_tiles = _TUNING.get("prefetch_tiles", PREFETCH_TILES) if wait_prior else 0
+    itemsize = q.element_size()
     kernel, config = _decode_split_kernel, {}
     if "config" in _TUNING:  # an experiment: one fixed config, no autotuning
         kernel = _decode_split_kernel.inner.fn
@@ -323,7 +325,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
         BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
         BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
         PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
-        K_LINES=_lines(D, q), V_LINES=_lines(Dv, q), LINE=128 // q.element_size(), LAUNCH_MERGE=pdl,
+        K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize, LAUNCH_MERGE=pdl,
         **config, **({"launch_pdl": True} if wait_prior else {}))
     if splits > 1:
         # Stage 1 writes every partial, an empty one as o = 0, lse = −inf.

@@ -620,12 +620,15 @@ def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, 
         if unknown:
             raise ValueError(f"_SPLIT_TUNING keys must be among {sorted(t)}, got {sorted(unknown)}")
         t.update(_SPLIT_TUNING)
+    for key in ("prefetch", "prefetch_after"):
+        lines = t[key]
+        if type(lines) is not int or lines < 0 or lines & (lines - 1):
+            raise ValueError(f"_SPLIT_TUNING[{key!r}] must be 0 or a power of two (L2 lines), got {lines!r}")
     if interpreter_active():
         t.update(prefetch=0, prefetch_after=0)  # the interpreter runs no inline asm
     n_chunks = cdiv(N, t["block"])
     capped = bool(t["resident"]) and _MAXNREG
-    fits = capped and t["resident"] * t["warps"] <= 64  # the cap makes room only within the warp limit
-    room = t["resident"] * sms if fits else sms          # one-chunk segments that can wait together
+    room = _resident_per_sm(t) * sms  # one-chunk segments that can wait together
     if t["segments"]:
         room = min(room, t["segments"])
     chunks = 1 if n_chunks <= room else cdiv(n_chunks, min(room, sms))  # longer segments: ≤ 1 per SM
@@ -634,6 +637,12 @@ def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, 
         # 64K registers per SM, allocated in multiples of 8 a thread (ptxas spills past the cap).
         cap = min(255, 65536 // (t["resident"] * t["warps"] * 32) // 8 * 8)
     return t, chunks, cdiv(N, chunks * t["block"]), cap
+
+
+def _resident_per_sm(t: dict) -> int:
+    """Programs per SM that the register cap of settings ``t`` makes room for: ``resident`` when
+    there is a cap and that many programs' warps fit an SM's 64, else 1."""
+    return t["resident"] if t["resident"] and _MAXNREG and t["resident"] * t["warps"] <= 64 else 1
 
 
 def _launch_split(op, a, b, out, R, N, geo):
@@ -645,7 +654,7 @@ def _launch_split(op, a, b, out, R, N, geo):
                   PREFETCH_AFTER=t["prefetch_after"], LINE=128 // a.element_size(),
                   num_warps=t["warps"])
     # Rows that wait at once: the prefetch serves the first row whose programs are not yet resident.
-    per_sm = t["resident"] if cap is not None and t["resident"] * t["warps"] <= 64 else 1
+    per_sm = _resident_per_sm(t) if cap is not None else 1
     ahead = max(1, per_sm * device_sm_count(a) // S)
     if cap is not None:
         common["maxnreg"] = cap
