@@ -116,6 +116,16 @@ def finalize(acc, m_i, l_i):
 
 
 @triton.jit
+def add_sink(m_i, l_i, acc, sink):
+    """Fold a value-less term exp2(sink) into base-2 row states (m, ℓ) and their accumulator
+    ``acc`` [ROWS, D] (an attention sink: it takes probability mass and contributes nothing)."""
+    m_new = tl.maximum(m_i, sink)
+    m_ref = _finite_or_zero(m_new)
+    alpha = tl.math.exp2(m_i - m_ref)
+    return m_new, l_i * alpha + tl.math.exp2(sink - m_ref), acc * alpha[:, None]
+
+
+@triton.jit
 def lse_of(m_i, l_i):
     """Natural-log lse of a base-2 (m, ℓ) state; −inf for an empty one."""
     empty = l_i == 0.0
@@ -155,7 +165,17 @@ def online_softmax_update_torch(m_i: torch.Tensor, l_i: torch.Tensor, s: torch.T
 
 
 def merge_ml_torch(m_a, l_a, m_b, l_b):
-    """Twin of :func:`merge_ml` in natural units."""
+    """Twin of :func:`merge_ml` in natural units.
+
+    The state of a whole row is the merge of the states of its parts:
+
+    >>> import torch
+    >>> x = torch.tensor([1.0, 3.0, 2.0, 5.0], dtype=torch.float64)
+    >>> state = lambda part: (part.max(), torch.exp(part - part.max()).sum())
+    >>> m, l = merge_ml_torch(*state(x[:2]), *state(x[2:]))
+    >>> torch.allclose(lse_of_torch(m, l), torch.logsumexp(x, 0))
+    True
+    """
     m = torch.maximum(m_a, m_b)
     m_ref = _finite_or_zero_torch(m)
     return m, l_a * torch.exp(m_a - m_ref) + l_b * torch.exp(m_b - m_ref)

@@ -22,12 +22,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _checks
 from .._runtime import runs_triton
-from ..merge import lse_of_torch, online_softmax_update_torch
-from ..reference import causal_mask
 from .attention_bwd import attention_backward
-from .attention_fwd import attention_forward
+from .attention_cpu import CPU_CHUNK as _CPU_CHUNK, cpu_backward, cpu_forward, work_dtype
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, SEQ_VARLEN_SCAN, Variant,
+                            attention_forward)
 
-_CPU_CHUNK = 512
 _SEED_BOUND = 2 ** 62
 
 
@@ -106,14 +105,120 @@ def draw_seed() -> int:
     return int(torch.randint(0, _SEED_BOUND, (1,)).item())
 
 
-def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None = None, scale=None,
-                   attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, return_lse: bool = False):
-    """Everything the kernels can do, for wrappers to build on (``attention``, the SDPA drop-in).
+# ------------------------------------------------------------------ score options and layouts
 
-    ``causal_offset``: key j is visible to query i iff j ≤ i + causal_offset; default Nk − Nq
+def _window_side(value, side: str) -> int:
+    if value is None or (type(value) is int and value == -1):
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"window {side} side must be an int ≥ 0, −1 or None, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"window {side} side must be ≥ 0 (−1 or None: unbounded), got {value}")
+    return value
+
+
+def _check_window(window) -> tuple[int, int]:
+    """(left, right) in keys, −1 for an unbounded side."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be a (left, right) pair, got {window!r}")
+    return _window_side(window[0], "left"), _window_side(window[1], "right")
+
+
+def _check_softcap(softcap) -> float:
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float > 0 or None, got {type(softcap).__name__}")
+    if not (softcap >= 0.0 and softcap != float("inf")):
+        raise ValueError(f"softcap must be a finite float > 0 (0 or None: no softcap), got {softcap}")
+    return float(softcap)
+
+
+def _check_head_vector(name, t, q, shapes, dtypes):
+    _checks.check_tensor(name, t, dtypes=dtypes)
+    if tuple(t.shape) not in shapes:
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if t.device != q.device:
+        raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
+
+
+def _check_sinks(sinks, q, Hq: int):
+    if sinks is not None:
+        _check_head_vector("sinks", sinks, q, [(Hq,)], _checks.FLOAT_DTYPES + (torch.float64,))
+    return sinks
+
+
+def _check_alibi(alibi, q, B: int, Hq: int):
+    if alibi is None:
+        return None
+    _check_head_vector("alibi_slopes", alibi, q, [(Hq,), (B, Hq)], (torch.float32, torch.float64))
+    if alibi.requires_grad and torch.is_grad_enabled():
+        raise ValueError("alibi_slopes must not require grad: gradients with respect to the slopes are not supported")
+    return alibi
+
+
+def _check_bounds(name: str, t, q, rows: int | None, total: int | None, check: bool):
+    """Int32 sequence bounds on q's device: (B, 2) ranges [start, end) within [0, rows), or (B+1,)
+    cu_seqlens from 0 up to ``total``. Values are read only where that is free (CPU) or asked."""
+    _checks.check_tensor(name, t, dtypes=(torch.int32,))
+    if t.device != q.device:
+        raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
+    if rows is not None:
+        if t.dim() != 2 or t.shape[1] != 2 or t.shape[0] != q.shape[0]:
+            raise ValueError(f"{name} must have shape (B, 2) = ({q.shape[0]}, 2), got {tuple(t.shape)}")
+        if check:
+            lo, hi = t[:, 0], t[:, 1]
+            if bool(((lo < 0) | (hi < lo) | (hi > rows)).any()):
+                raise ValueError(f"{name} must hold [start, end) ranges with 0 ≤ start ≤ end ≤ {rows}, "
+                                 f"got {t.tolist()}")
+        return
+    if t.dim() != 1 or t.shape[0] < 2:
+        raise ValueError(f"{name} must have shape (B + 1,) with B ≥ 1, got {tuple(t.shape)}")
+    if check:
+        values = t.tolist()
+        if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])) or values[-1] != total:
+            raise ValueError(f"{name} must start at 0, never decrease and end at the total length ({total}), "
+                             f"got {values}")
+
+
+def _bounds_checked(check_seqlens, t) -> bool:
+    return (t.device.type == "cpu") if check_seqlens is None else bool(check_seqlens)
+
+
+def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None,
+             max_q=0, max_k=0) -> Variant:
+    left, right = _check_window(window)
+    cap = _check_softcap(softcap)
+    B, Hq = (q.shape[0], q.shape[1]) if seq <= SEQ_RANGES else (seq_q.shape[0] - 1, q.shape[1])
+    variant = Variant(left, right, cap, _check_alibi(alibi_slopes, q, B, Hq), _check_sinks(sinks, q, Hq),
+                      seq, seq_q, seq_k, max_q, max_k)
+    return PLAIN if variant == PLAIN else variant
+
+
+# ------------------------------------------------------------------ entry points
+
+def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None = None, scale=None,
+                   attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, return_lse: bool = False,
+                   window=None, softcap=None, sinks=None, alibi_slopes=None, q_ranges=None, k_ranges=None,
+                   check_seqlens=None):
+    """Everything the kernels can do on a dense batch, for wrappers to build on (``attention``, the
+    SDPA drop-in, the HF integration).
+
+    ``causal_offset``: the diagonal that causal, window and ALiBi positions are measured from (key
+    j is visible to query i iff j ≤ i + causal_offset under causal); default Nk − Nq
     (bottom-right). ``attn_mask`` broadcastable to (B, Hq, Nq, Nk), bool (True = take part) or
     float (added to the scaled scores); broadcast dims are read with stride 0, never copied.
-    Dropout seeds come from ``draw_seed``.
+    Dropout seeds come from ``draw_seed``. ``window``, ``softcap``, ``sinks``, ``alibi_slopes``: as
+    in :func:`attention`.
+
+    ``q_ranges``/``k_ranges``: int32 (B, 2) on q's device, [start, end) of each batch row's valid
+    positions in a padded batch (no (L, S) mask): keys outside are invisible, query rows outside
+    give o = 0 and lse = −inf, and positions are measured per sequence from the range starts,
+    bottom-right. Not combined with ``attn_mask``, dropout or ``causal_offset``. Range values are
+    checked where that costs no device sync (CPU tensors) or with ``check_seqlens=True``.
     """
     attn_mask = _validate(q, k, v, attn_mask, dropout_p)
     scale = _checks.check_scale(scale)
@@ -121,16 +226,29 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
         scale = q.shape[-1] ** -0.5
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    seq, seq_q, seq_k = SEQ_DENSE, None, None
+    if q_ranges is not None or k_ranges is not None:
+        if q_ranges is None or k_ranges is None:
+            raise ValueError("q_ranges and k_ranges must be given together")
+        if attn_mask is not None or dropout_p > 0 or causal_offset is not None:
+            raise ValueError("q_ranges/k_ranges cannot be combined with attn_mask, dropout_p or causal_offset")
+        _check_bounds("q_ranges", q_ranges, q, q.shape[2], None, _bounds_checked(check_seqlens, q_ranges))
+        _check_bounds("k_ranges", k_ranges, q, k.shape[2], None, _bounds_checked(check_seqlens, k_ranges))
+        seq, seq_q, seq_k = SEQ_RANGES, q_ranges, k_ranges
+    variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                       seq=seq, seq_q=seq_q, seq_k=seq_k)
     offset = k.shape[2] - q.shape[2] if causal_offset is None else int(causal_offset)
     return_lse = bool(return_lse)
-    o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p), need_lse=return_lse)
+    o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p), need_lse=return_lse,
+                  variant=variant)
     return (o, lse) if return_lse else o
 
 
-def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: float, need_lse: bool = True):
+def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: float, need_lse: bool = True,
+         variant: Variant = PLAIN):
     """Validated arguments in, (o, lse) out. ``mask`` is None or 4-D broadcastable to (B, Hq, Nq, Nk).
     With ``need_lse=False`` the caller discards lse, and a call with nothing to differentiate skips
-    computing it (lse is then None).
+    computing it (lse is then None). Varlen calls pass q/k/v packed (total, H, D).
 
     Plain eager calls go straight to ``_AttentionFn`` (or to the kernels when no input needs a
     gradient); anything traced (Dynamo, export, FX, fake/functional tensors, subclasses) goes
@@ -138,15 +256,27 @@ def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: floa
     seed as a CPU int64 tensor drawn in the graph: Dynamo cannot turn a fresh random number into a
     Python int without a graph break (``.item()`` breaks; values from ``random`` become 0-d tensors
     too)."""
+    sinks = variant.sinks
     if type(q) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None:
         seed = draw_seed() if dropout_p > 0.0 else 0
-        if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) or _transformed():
-            return _AttentionFn.apply(q, k, v, mask, scale, causal, offset, dropout_p, seed)
+        if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                         or (sinks is not None and sinks.requires_grad))) or _transformed():
+            return _AttentionFn.apply(q, k, v, sinks, mask, scale, causal, offset, dropout_p, seed, variant)
         # Nothing to differentiate: autograd.Function.apply would only cost time (≈ 20% of a tiny call),
         # and without a backward only the caller may want lse (allocating it costs µs at tiny shapes).
-        return _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse)
+        return _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse, variant)
     seed_t = torch.randint(0, _SEED_BOUND, (), dtype=torch.int64) if dropout_p > 0.0 else None
-    return torch.ops.flashattn_lite.attention_fwd(q, k, v, mask, scale, causal, offset, dropout_p, seed_t)
+    return torch.ops.flashattn_lite.attention_fwd(q, k, v, mask, sinks, variant.alibi, variant.seq_q, variant.seq_k,
+                                                  scale, causal, offset, *_scalars(variant), dropout_p, seed_t)
+
+
+def _scalars(variant: Variant):
+    return variant.left, variant.right, variant.softcap, variant.seq, variant.max_q, variant.max_k
+
+
+def _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq, max_q, max_k) -> Variant:
+    variant = Variant(left, right, softcap, alibi, sinks, seq, seq_q, seq_k, max_q, max_k)
+    return PLAIN if variant == PLAIN else variant
 
 
 def _transformed() -> bool:
@@ -157,25 +287,48 @@ def _transformed() -> bool:
 
 # ------------------------------------------------------------------ implementations
 
-def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse=True):
-    """(o, lse); lse is None when ``need_lse`` is False."""
-    if mask is not None:
-        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    fwd = attention_forward if runs_triton(q) else _cpu_forward
-    return fwd(q, k, v, scale=scale, causal=causal, causal_offset=offset, mask=mask,
-               dropout_p=dropout_p, seed=seed, need_lse=need_lse)
+def _packed_as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(total, H, D) → a (1, H, total, D) view: the kernels' layout for a packed batch."""
+    return t.transpose(0, 1).unsqueeze(0)
 
 
-def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropout_p, seed):
+def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse=True, variant=PLAIN):
+    """(o, lse); lse is None when ``need_lse`` is False. Varlen: o (total, Hq, Dv), lse (Hq, total)."""
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    varlen = variant.seq >= SEQ_VARLEN
+    if varlen:
+        q, k, v = _packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v)
+    fwd = attention_forward if runs_triton(q) else cpu_forward
+    o, lse = fwd(q, k, v, scale=scale, causal=causal, causal_offset=offset, mask=mask,
+                 dropout_p=dropout_p, seed=seed, need_lse=need_lse, variant=variant)
+    if varlen:  # contiguous (total, Hq, Dv), as the kernels write it (the CPU twin needs the copy)
+        o = o[0].transpose(0, 1).contiguous()
+        lse = None if lse is None else lse[0]
+    return o, lse
+
+
+def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropout_p, seed, variant=PLAIN):
+    """(dq, dk, dv, dsinks), each gradient laid out as ``torch.empty_like`` of its input (dsinks
+    None without sinks)."""
+    if mask is not None:
+        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    shapes = (q, k, v)
+    if variant.seq >= SEQ_VARLEN:
+        do, q, k, v, o = (_packed_as_4d(t) for t in (do, q, k, v, o))
+        lse = lse.unsqueeze(0)
+        dlse = None if dlse is None else dlse.unsqueeze(0)
+    kwargs = dict(scale=scale, causal=causal, causal_offset=offset, mask=mask, dropout_p=dropout_p, seed=seed,
+                  variant=variant)
     if runs_triton(q):
-        return attention_backward(do, q, k, v, o, lse, dlse, scale=scale, causal=causal, causal_offset=offset,
-                                  mask=mask, dropout_p=dropout_p, seed=seed)
-    grads = _cpu_backward(do, q, k, v, o, lse, dlse, scale=scale, causal=causal, causal_offset=offset,
-                          mask=mask, dropout_p=dropout_p, seed=seed)
-    # Same strides as the Triton launcher (and the fake kernel): empty_like of each input.
-    return tuple(torch.empty_like(x).copy_(g) for x, g in zip((q, k, v), grads))
+        dq, dk, dv, dsinks = attention_backward(do, q, k, v, o, lse, dlse, **kwargs)
+    else:
+        dq, dk, dv, dsinks = cpu_backward(do, q, k, v, o, lse, dlse, **kwargs)
+    if variant.seq >= SEQ_VARLEN:
+        dq, dk, dv = (g[0].transpose(0, 1) for g in (dq, dk, dv))
+    # Same strides as the inputs (and the fake kernel): empty_like of each input.
+    grads = tuple(g if g.stride() == x.stride() else torch.empty_like(x).copy_(g) for x, g in zip(shapes, (dq, dk, dv)))
+    return (*grads, dsinks)
 
 
 # ------------------------------------------------------------------ custom ops (torch.compile)
@@ -186,48 +339,64 @@ def _seed_int(seed: torch.Tensor | None) -> int:
 
 @torch.library.custom_op("flashattn_lite::attention_fwd", mutates_args=())
 def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                      scale: float, causal: bool, causal_offset: int, dropout_p: float,
+                      sinks: Optional[torch.Tensor], alibi: Optional[torch.Tensor], seq_q: Optional[torch.Tensor],
+                      seq_k: Optional[torch.Tensor], scale: float, causal: bool, causal_offset: int,
+                      left: int, right: int, softcap: float, seq: int, max_q: int, max_k: int, dropout_p: float,
                       seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse): o (B, Hq, Nq, Dv) contiguous in q's dtype, lse (B, Hq, Nq) float32.
-    ``seed``: CPU int64 scalar tensor (None without dropout)."""
-    return _forward_impl(q, k, v, mask, scale, causal, causal_offset, dropout_p, _seed_int(seed))
+    """(o, lse): o (B, Hq, Nq, Dv) contiguous in q's dtype, lse (B, Hq, Nq) float32; packed varlen
+    (``seq`` ≥ SEQ_VARLEN): o (total, Hq, Dv), lse (Hq, total). ``seed``: CPU int64 scalar tensor
+    (None without dropout)."""
+    variant = _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq, max_q, max_k)
+    return _forward_impl(q, k, v, mask, scale, causal, causal_offset, dropout_p, _seed_int(seed), True, variant)
 
 
 @_attention_fwd_op.register_fake
-def _(q, k, v, mask, scale, causal, causal_offset, dropout_p, seed):
+def _(q, k, v, mask, sinks, alibi, seq_q, seq_k, scale, causal, causal_offset, left, right, softcap, seq, max_q,
+      max_k, dropout_p, seed):
+    if seq >= SEQ_VARLEN:
+        total, Hq, _ = q.shape
+        return q.new_empty((total, Hq, v.shape[2])), q.new_empty((Hq, total), dtype=work_dtype(q))
     B, Hq, Nq, _ = q.shape
-    return q.new_empty((B, Hq, Nq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=_work_dtype(q))
+    return q.new_empty((B, Hq, Nq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=work_dtype(q))
 
 
 @torch.library.custom_op("flashattn_lite::attention_bwd", mutates_args=())
 def _attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                       lse: torch.Tensor, dlse: Optional[torch.Tensor], mask: Optional[torch.Tensor],
-                      scale: float, causal: bool, causal_offset: int, dropout_p: float,
-                      seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), each laid out as ``torch.empty_like`` of its input; dk, dv summed over GQA groups."""
-    return _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, causal_offset, dropout_p,
-                          _seed_int(seed))
+                      sinks: Optional[torch.Tensor], alibi: Optional[torch.Tensor], seq_q: Optional[torch.Tensor],
+                      seq_k: Optional[torch.Tensor], scale: float, causal: bool, causal_offset: int,
+                      left: int, right: int, softcap: float, seq: int, max_q: int, max_k: int, dropout_p: float,
+                      seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks), each gradient laid out as ``torch.empty_like`` of its input; dk, dv
+    summed over GQA groups; dsinks (Hq,) (empty without sinks)."""
+    variant = _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq, max_q, max_k)
+    dq, dk, dv, dsinks = _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, causal_offset, dropout_p,
+                                        _seed_int(seed), variant)
+    return dq, dk, dv, (dsinks if dsinks is not None else q.new_empty((0,)))
 
 
 @_attention_bwd_op.register_fake
-def _(do, q, k, v, o, lse, dlse, mask, scale, causal, causal_offset, dropout_p, seed):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(do, q, k, v, o, lse, dlse, mask, sinks, alibi, seq_q, seq_k, scale, causal, causal_offset, left, right,
+      softcap, seq, max_q, max_k, dropout_p, seed):
+    dsinks = torch.empty_like(sinks) if sinks is not None else q.new_empty((0,))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, scale, causal, offset, dropout_p, seed = inputs
+    q, k, v, mask, sinks, alibi, seq_q, seq_k, *args = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, mask)
-    ctx.args = (scale, causal, offset, dropout_p, seed)
+    ctx.save_for_backward(q, k, v, o, lse, mask, sinks, alibi, seq_q, seq_k)
+    ctx.args = tuple(args)
     ctx.set_materialize_grads(False)
 
 
 def _op_backward(ctx, do, dlse):
-    q, k, v, o, lse, mask = ctx.saved_tensors
+    q, k, v, o, lse, mask, sinks, alibi, seq_q, seq_k = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = torch.ops.flashattn_lite.attention_bwd(do, q, k, v, o, lse, dlse, mask, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    dq, dk, dv, dsinks = torch.ops.flashattn_lite.attention_bwd(do, q, k, v, o, lse, dlse, mask, sinks, alibi,
+                                                                seq_q, seq_k, *ctx.args)
+    return (dq, dk, dv, None, dsinks if sinks is not None else None) + (None,) * 14
 
 
 _attention_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -237,10 +406,10 @@ class _AttentionFn(torch.autograd.Function):
     """The eager twin of the custom op's autograd: same implementations, no dispatcher hop."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale, causal, offset, dropout_p, seed):
-        o, lse = _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed)
+    def forward(ctx, q, k, v, sinks, mask, scale, causal, offset, dropout_p, seed, variant):
+        o, lse = _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, True, variant)
         ctx.save_for_backward(q, k, v, o, lse, mask)
-        ctx.args = (scale, causal, offset, dropout_p, seed)
+        ctx.args = (scale, causal, offset, dropout_p, seed, variant)
         ctx.set_materialize_grads(False)
         return o, lse
 
@@ -249,12 +418,14 @@ class _AttentionFn(torch.autograd.Function):
         q, k, v, o, lse, mask = ctx.saved_tensors
         if do is None:
             do = torch.zeros_like(o)
-        dq, dk, dv = _backward_impl(do, q, k, v, o, lse, dlse, mask, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv, dsinks = _backward_impl(do, q, k, v, o, lse, dlse, mask, *ctx.args)
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: float | None = None, return_lse: bool = False):
+              scale: float | None = None, window: tuple | None = None, softcap: float | None = None,
+              sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+              return_lse: bool = False):
     """Exact softmax attention, memory O(N·D), forward and backward fused in Triton.
 
     Args:
@@ -265,8 +436,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         causal: mask key j for query i when j > i + (Nk − Nq) (bottom-right aligned, as in
             FlashAttention and KV-cache prefill; top-left is available through the SDPA drop-in).
         scale: multiplies q·k; defaults to D ** -0.5.
-        return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Nq) float32,
-            natural log. It is differentiable.
+        window: (left, right) local attention: key j is visible to query i iff
+            i + off − left ≤ j ≤ i + off + right, off = Nk − Nq; a side of None (or −1) is
+            unbounded; with ``causal`` the right side is capped at 0. Key tiles outside the band
+            are never visited: cost O(N·(left + right)). A sliding window of W tokens
+            (Mistral-style) is ``causal=True, window=(W - 1, 0)``.
+        softcap: c > 0: scores s ← c·tanh(s / c) before masking (Gemma 2); gradients flow
+            through the tanh.
+        sinks: (Hq,) per-head logits (gpt-oss attention sinks): one extra term exp(sink_h) in each
+            row's softmax denominator, with no value. Differentiable. A row with no visible key
+            gives o = 0 and lse = sink_h.
+        alibi_slopes: (Hq,) or (B, Hq) float32: s ← s − slope·|i + off − j| (after softcap).
+        return_lse: also return the log-sum-exp of the final scores, (B, Hq, Nq) float32, natural
+            log, including the sink term. It is differentiable.
 
     float64 inputs are accepted on the CPU twin only (``gradcheck``, references).
 
@@ -275,98 +457,79 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         gives o = 0 and lse = −inf.
 
     Arithmetic is float32 (fp32 inputs use TF32 only where torch's CUDA matmuls may:
-    ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``). The backward is
-    deterministic: the same inputs give bit-identical gradients.
+    ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``); the softcap's
+    tanh uses the hardware approximation for fp16/bf16 inputs (as FlashAttention does). The
+    backward is deterministic: the same inputs give bit-identical gradients.
     CUDA tensors run Triton kernels; CPU tensors run the same tiled algorithm in PyTorch (or the
     Triton kernels in the interpreter when ``TRITON_INTERPRET=1``).
     """
-    return attention_core(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    return attention_core(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                          alibi_slopes=alibi_slopes, return_lse=return_lse)
 
 
-# ------------------------------------------------------------------ CPU twin (PyTorch, tiled)
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                     *, causal: bool = False, scale: float | None = None, window: tuple | None = None,
+                     softcap: float | None = None, sinks: torch.Tensor | None = None,
+                     alibi_slopes: torch.Tensor | None = None, return_lse: bool = False,
+                     check_seqlens: bool | None = None):
+    """Attention over a packed batch of variable-length sequences (FlashAttention-2's
+    ``flash_attn_varlen_func`` layout): no padding, each sequence attends only to itself.
 
-def _work_dtype(q: torch.Tensor) -> torch.dtype:
-    """float32 arithmetic (and lse), float64 for float64 inputs."""
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
+    Args:
+        q: (total_q, Hq, D). k: (total_k, Hkv, D). v: (total_k, Hkv, Dv). Sequence b holds rows
+            [cu_seqlens[b], cu_seqlens[b + 1]).
+        cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) on q's device, starting at 0, non-decreasing,
+            ending at total_q / total_k.
+        max_seqlen_q, max_seqlen_k: the longest sequences, if known (they size the grid). Without
+            them the grid is sized from the totals and each program finds its sequence on the
+            device: no device→host sync either way, so the call is CUDA-graph and torch.compile
+            friendly and a new batch of lengths never recompiles. A max that is too small drops
+            rows: pass the true max or None.
+        causal, scale, window, softcap, sinks, alibi_slopes, return_lse: as in :func:`attention`,
+            per sequence (bottom-right aligned within each sequence; ``alibi_slopes`` may be
+            (B, Hq), one row per sequence).
+        check_seqlens: validate the cu_seqlens values (a device sync on GPU tensors). Default:
+            only where it is free, on CPU tensors.
+
+    Returns:
+        o (total_q, Hq, Dv) in q's dtype, and with ``return_lse`` lse (Hq, total_q) float32.
+        Forward and backward (dq, dk, dv and dsinks).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _checks.check_tensor(name, t, ndim=3, dtypes=_checks.FLOAT_DTYPES + (torch.float64,))
+    check = _bounds_checked(check_seqlens, cu_seqlens_q)
+    _check_bounds("cu_seqlens_q", cu_seqlens_q, q, None, q.shape[0], check)
+    _check_bounds("cu_seqlens_k", cu_seqlens_k, q, None, k.shape[0], check)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (B + 1), got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    max_q, max_k = (_check_max(name, m) for name, m in (("max_seqlen_q", max_seqlen_q),
+                                                           ("max_seqlen_k", max_seqlen_k)))
+    if check and (max_q or max_k):
+        lens_q, lens_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+        if (max_q and int(lens_q.max()) > max_q) or (max_k and int(lens_k.max()) > max_k):
+            raise ValueError(f"max_seqlen_q/max_seqlen_k ({max_q}, {max_k}) are below the longest sequences "
+                             f"({int(lens_q.max())}, {int(lens_k.max())})")
+    # The checks of a dense call on the (1, H, total, D) views the kernels read.
+    _validate(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), None, 0.0)
+    scale = _checks.check_scale(scale)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    seq = SEQ_VARLEN if (max_q and max_k) else SEQ_VARLEN_SCAN
+    variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, seq=seq,
+                       seq_q=cu_seqlens_q, seq_k=cu_seqlens_k, max_q=max_q, max_k=max_k)
+    o, lse = _run(q, k, v, None, float(scale), causal, 0, 0.0, need_lse=bool(return_lse), variant=variant)
+    return (o, lse) if return_lse else o
 
 
-def _grouped(q, k, v):
-    """Views with the GQA group as its own dim: q (B, Hkv, G, Nq, D), k/v (B, Hkv, 1, Nk, ·)."""
-    B, Hq, Nq, D = q.shape
-    Hkv = k.shape[1]
-    return q.reshape(B, Hkv, Hq // Hkv, Nq, D), k.unsqueeze(2), v.unsqueeze(2)
-
-
-def _chunk_scores(qg, kg, j0, j1, scale, causal, offset, mask, dropout_p, seed):
-    """Scaled scores for key chunk [j0, j1) with masks applied, and the dropout keep-mask (or None)."""
-    B, Hkv, G, Nq, _ = qg.shape
-    Nk = kg.shape[3]
-    s = torch.matmul(qg, kg[:, :, :, j0:j1].transpose(-1, -2)) * scale
-    if mask is not None:
-        m = mask[..., j0:j1].reshape(B, Hkv, G, Nq, j1 - j0)
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(s.dtype)
-    if causal:
-        visible = causal_mask(Nq, Nk, offset, s.device)[:, j0:j1]
-        s = s.masked_fill(~visible, float("-inf"))
-    keep = None
-    if dropout_p > 0:
-        rows = torch.arange(B * Hkv * G * Nq, dtype=torch.int64).view(B, Hkv, G, Nq, 1)
-        offsets = rows * Nk + torch.arange(j0, j1, dtype=torch.int64)
-        from ..dropout import keep_threshold, philox_randint_torch
-        keep = (philox_randint_torch(seed, offsets) & 0x7FFFFFFF) >= keep_threshold(dropout_p)
-    return s, keep
-
-
-def _cpu_forward(q, k, v, *, scale, causal, causal_offset, mask, dropout_p, seed, need_lse=True):
-    w = _work_dtype(q)
-    qg, kg, vg = _grouped(q.to(w), k.to(w), v.to(w))
-    B, Hkv, G, Nq, _ = qg.shape
-    Nk, Dv = k.shape[2], v.shape[3]
-    m = torch.full((B, Hkv, G, Nq), float("-inf"), dtype=w)
-    l = torch.zeros_like(m)
-    acc = torch.zeros((B, Hkv, G, Nq, Dv), dtype=w)
-    for j0 in range(0, Nk, _CPU_CHUNK):
-        j1 = min(Nk, j0 + _CPU_CHUNK)
-        s, keep = _chunk_scores(qg, kg, j0, j1, scale, causal, causal_offset, mask, dropout_p, seed)
-        m, l, p, alpha = online_softmax_update_torch(m, l, s)
-        if keep is not None:
-            p = p * keep
-        acc = acc * alpha.unsqueeze(-1) + torch.matmul(p, vg[:, :, :, j0:j1])
-    if dropout_p > 0:
-        acc = acc / (1.0 - dropout_p)
-    o = acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1)
-    Hq = Hkv * G
-    # None as from the kernels' launcher, so a path that drops lse behaves alike on both.
-    lse = lse_of_torch(m, l).reshape(B, Hq, Nq) if need_lse else None
-    return o.reshape(B, Hq, Nq, Dv).to(q.dtype), lse
-
-
-def _cpu_backward(do, q, k, v, o, lse, dlse, *, scale, causal, causal_offset, mask, dropout_p, seed):
-    w = _work_dtype(q)
-    qg, kg, vg = _grouped(q.to(w), k.to(w), v.to(w))
-    B, Hkv, G, Nq, D = qg.shape
-    Nk, Dv = k.shape[2], v.shape[3]
-    dog = do.to(w).reshape(B, Hkv, G, Nq, Dv)
-    delta = (dog * o.to(w).reshape(B, Hkv, G, Nq, Dv)).sum(-1)
-    if dlse is not None:
-        delta = delta - dlse.reshape(B, Hkv, G, Nq)
-    lse_g = lse.reshape(B, Hkv, G, Nq)
-    lse_g = torch.where(lse_g == float("-inf"), torch.full_like(lse_g, float("inf")), lse_g)
-    drop_scale = 1.0 / (1.0 - dropout_p)
-    dq = torch.zeros_like(qg)
-    dk = torch.zeros((B, Hkv, Nk, D), dtype=w)
-    dv = torch.zeros((B, Hkv, Nk, Dv), dtype=w)
-    for j0 in range(0, Nk, _CPU_CHUNK):
-        j1 = min(Nk, j0 + _CPU_CHUNK)
-        s, keep = _chunk_scores(qg, kg, j0, j1, scale, causal, causal_offset, mask, dropout_p, seed)
-        p = torch.exp(s - lse_g.unsqueeze(-1))
-        dp = torch.matmul(dog, vg[:, :, :, j0:j1].transpose(-1, -2))
-        p_used = p
-        if keep is not None:
-            p_used = p * keep * drop_scale
-            dp = dp * keep * drop_scale
-        dv[:, :, j0:j1] = torch.matmul(p_used.transpose(-1, -2), dog).sum(2)
-        ds = p * (dp - delta.unsqueeze(-1))
-        dq += torch.matmul(ds, kg[:, :, :, j0:j1]) * scale
-        dk[:, :, j0:j1] = torch.matmul(ds.transpose(-1, -2), qg).sum(2) * scale
-    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+def _check_max(name: str, m) -> int:
+    if m is None:
+        return 0
+    if isinstance(m, bool) or not isinstance(m, int):
+        raise TypeError(f"{name} must be an int or None, got {type(m).__name__}")
+    if m < 1:
+        raise ValueError(f"{name} must be ≥ 1, got {m}")
+    return m

@@ -22,8 +22,9 @@ from .._launcher import launcher
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
-from .attention_fwd import (MASK_BOOL, _fits, head_base, key_range, length_bucket, load_tile, mask_kind,
-                            mask_scores, precision_for, query_tile)
+from .attention_fwd import (MASK_BOOL, PLAIN, SEQ_RANGES, SEQ_VARLEN, SEQ_VARLEN_SCAN, Variant, _fits, causal_window, head_base,
+                            key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
+                            query_tile, score_args, score_tile, seq_args, sequence, varlen_tile)
 
 
 @launcher
@@ -53,38 +54,55 @@ def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
 
 
 @triton.jit
-def _scores_T(k_t, q_base, do_base, mask_base, lse2_row, start_m, offs_n, offs_m0, offs_d, offs_dv,
-              n_q, n_k, causal_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
-              stride_mask_m, stride_mask_n,
-              BOUNDARY: tl.constexpr, MASK_KIND: tl.constexpr, HEAD_DIM: tl.constexpr,
-              HEAD_DIM_V: tl.constexpr, PRECISION: tl.constexpr):
-    """One query tile against this program's key tile: loads qᵀ and dO and recomputes the
-    probabilities Pᵀ [BLOCK_N, BLOCK_M] from the saved lse (masks applied, no dropout yet)."""
+def query_range(start_n, n_q, off, win_left, win_right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the key tile starting at ``start_n``: (lo, mid_lo, mid_hi, hi) over query rows, the
+    transpose of ``key_range``. Rows [mid_lo, mid_hi) (whole tiles) see every key of the tile;
+    rows [lo, mid_lo) and [mid_hi, hi) some. Rows past n_q may run the unmasked body: their P is 0
+    (lse₂ = +inf), so without a left side the last partial tile needs no masking."""
+    last = start_n + BLOCK_N - 1
+    lo = 0
+    full_lo = 0
+    hi = n_q
+    full_hi = n_q
+    if HAS_RIGHT:  # rows i with i + off + right ≥ the tile's first key
+        lo = tl.maximum(start_n - off - win_right, 0)
+        full_lo = tl.maximum(last - off - win_right, 0)
+    if HAS_LEFT:   # rows i with i + off − left ≤ the tile's last key
+        hi = tl.minimum(tl.maximum(last - off + win_left + 1, 0), n_q)
+        full_hi = tl.minimum(tl.maximum(start_n - off + win_left + 1, 0), n_q)
+    lo = (tl.minimum(lo, hi) // BLOCK_M) * BLOCK_M
+    mid_lo = tl.minimum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, hi)
+    if HAS_LEFT:
+        mid_hi = tl.maximum((full_hi // BLOCK_M) * BLOCK_M, mid_lo)
+    else:
+        mid_hi = tl.maximum(hi, mid_lo)
+    return lo, mid_lo, mid_hi, hi
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row, start_m,
+               offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
+               softcap_scale, softcap2, slope2,
+               stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
+               seed, drop_base, drop_threshold, drop_scale,
+               BOUNDARY: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, FAST_TANH: tl.constexpr,
+               DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """One query tile against this program's key tile, transposed: recompute Pᵀ [BLOCK_N, BLOCK_M]
+    from the saved lse, fold it into dV and dSᵀ into dK."""
     offs_m = start_m + offs_m0
     row_ok = offs_m < n_q
     q_t = load_tile(q_base, offs_m[None, :], stride_qm, n_q, offs_d[:, None], stride_qd, HEAD_DIM)
     do_t = load_tile(do_base, offs_m[:, None], stride_dom, n_q, offs_dv[None, :], stride_dod, HEAD_DIM_V)
     l2 = tl.load(lse2_row + offs_m, mask=row_ok, other=float("inf"))
-    st = tl.dot(k_t, q_t, input_precision=PRECISION) * qk_scale
-    st = mask_scores(st, offs_m[None, :], offs_n[:, None], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
-                     causal_offset, BOUNDARY, True, MASK_KIND)
+    st, tt = score_tile(tl.dot(k_t, q_t, input_precision=PRECISION), offs_m[None, :], offs_n[:, None],
+                        mask_base, stride_mask_m, stride_mask_n, n_q, n_k, off, win_left, win_right,
+                        qk_scale, softcap_scale, softcap2, slope2,
+                        BOUNDARY, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH)
     pt = tl.math.exp2(st - l2[None, :])
-    return q_t, do_t, pt, offs_m
-
-
-@triton.jit
-def _dkdv_tile(dk, dv, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row, start_m,
-               offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
-               stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
-               seed, drop_base, drop_threshold, drop_scale,
-               BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-               DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-               PRECISION: tl.constexpr):
-    q_t, do_t, pt, offs_m = _scores_T(
-        k_t, q_base, do_base, mask_base, lse2_row, start_m, offs_n, offs_m0, offs_d, offs_dv,
-        n_q, n_k, causal_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
-        stride_mask_m, stride_mask_n, BOUNDARY, MASK_KIND, HEAD_DIM, HEAD_DIM_V, PRECISION)
-    d = tl.load(delta_row + offs_m, mask=offs_m < n_q, other=0.0)
+    d = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
     dpt = tl.dot(v_t, tl.trans(do_t), input_precision=PRECISION)
     if DROPOUT:
         keep = dropout_keep(seed, drop_base + offs_m[None, :].to(tl.int64) * n_k + offs_n[:, None], drop_threshold)
@@ -93,6 +111,8 @@ def _dkdv_tile(dk, dv, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row
     else:
         dv = tl.dot(pt.to(do_t.dtype), do_t, dv, input_precision=PRECISION)
     dst = pt * (dpt - d[None, :])
+    if SOFTCAP:  # d(c·tanh(x/c))/dx = 1 − tanh²
+        dst = dst * (1.0 - tt * tt)
     dk = tl.dot(dst.to(q_t.dtype), tl.trans(q_t), dk, input_precision=PRECISION)
     return dk, dv
 
@@ -115,13 +135,14 @@ def _prune_bwd(configs, named_args):
 
 
 _INTERP_CFG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)
-_BWD_KEY = ["HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "MASK_KIND", "DROPOUT", "GROUP", "n_bucket"]
+_BWD_KEY = ["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "MASK_KIND", "SOFTCAP", "ALIBI", "SEQ", "DROPOUT",
+            "GROUP", "n_bucket"]
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
        prune=_prune_bwd)
 @triton.jit
-def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask,
+def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_ends, k_starts, k_ends,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -129,173 +150,271 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                      stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
-                     n_heads, n_kv_heads, n_q, n_k, causal_offset, qk_scale, sm_scale,
-                     seed, drop_threshold, drop_scale, n_bucket,
+                     stride_lse_b, stride_lse_h, stride_alibi_b, stride_alibi_h, stride_seq,
+                     n_heads, n_kv_heads, n_q, n_k, n_seq, off, win_left, win_right, qk_scale, sm_scale,
+                     softcap_scale, softcap2, seed, drop_threshold, drop_scale, n_bucket,
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    tile, bh_kv = tile_and_slab(tl.cdiv(n_k, BLOCK_N))
-    start_n = tile * BLOCK_N
-    b = bh_kv // n_kv_heads
-    h_kv = bh_kv % n_kv_heads
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
+                     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEQ: tl.constexpr, FAST_TANH: tl.constexpr,
+                     DROPOUT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    if SEQ == 3:
+        pid = tl.program_id(0)
+        h_kv = pid % n_kv_heads
+        b, start_n = varlen_tile(k_starts, k_ends, n_seq, pid // n_kv_heads, BLOCK_N)
+        live = b < n_seq
+        b = tl.minimum(b, n_seq - 1)
+    else:
+        tile, bh_kv = tile_and_slab(tl.cdiv(n_k, BLOCK_N))
+        start_n = tile * BLOCK_N
+        b = bh_kv // n_kv_heads
+        h_kv = bh_kv % n_kv_heads
+    q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
+    if SEQ == 3:
+        n_k = tl.where(live, n_k, 0)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     col_ok = offs_n < n_k
-    k_t = load_tile(head_base(k, b, h_kv, stride_kb, stride_kh), offs_n[:, None], stride_kn, n_k,
-                    offs_d[None, :], stride_kd, HEAD_DIM)
-    v_t = load_tile(head_base(v, b, h_kv, stride_vb, stride_vh), offs_n[:, None], stride_vn, n_k,
-                    offs_dv[None, :], stride_vd, HEAD_DIM_V)
+    k_base = head_base(k, b, h_kv, stride_kb, stride_kh)
+    v_base = head_base(v, b, h_kv, stride_vb, stride_vh)
+    dk_base = head_base(dk, b, h_kv, stride_dkb, stride_dkh)
+    dv_base = head_base(dv, b, h_kv, stride_dvb, stride_dvh)
+    if SEQ != 0:
+        k_base += k0.to(tl.int64) * stride_kn
+        v_base += k0.to(tl.int64) * stride_vn
+        dk_base += k0.to(tl.int64) * stride_dkn
+        dv_base += k0.to(tl.int64) * stride_dvn
+    k_t = load_tile(k_base, offs_n[:, None], stride_kn, n_k, offs_d[None, :], stride_kd, HEAD_DIM)
+    v_t = load_tile(v_base, offs_n[:, None], stride_vn, n_k, offs_dv[None, :], stride_vd, HEAD_DIM_V)
     dk_acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    # Query rows [lo, n_q) can see some key of this tile; rows from `mid` on see all of them.
-    if IS_CAUSAL:
-        lo = tl.maximum(start_n - causal_offset, 0)
-        lo = tl.minimum((lo // BLOCK_M) * BLOCK_M, n_q)
-        mid = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, lo), n_q)
-        mid = lo + tl.cdiv(mid - lo, BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-        mid = 0
+    # A key tile past its sequence's end (ranges, varlen) visits no query.
+    n_q_visit = tl.where(start_n < n_k, n_q, 0)
+    lo, mid_lo, mid_hi, hi = query_range(start_n, n_q_visit, off, win_left, win_right, HAS_LEFT, HAS_RIGHT,
+                                         BLOCK_M, BLOCK_N)
     for g in range(GROUP):
         h = h_kv * GROUP + g
-        bh = b * n_heads + h
         q_base = head_base(q, b, h, stride_qb, stride_qh)
         do_base = head_base(do, b, h, stride_dob, stride_doh)
+        lse2_row = lse2 + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
+        delta_row = delta + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
+        if SEQ != 0:
+            q_base += q0.to(tl.int64) * stride_qm
+            do_base += q0.to(tl.int64) * stride_dom
+            lse2_row += q0
+            delta_row += q0
         mask_base = head_base(mask, b, h, stride_mask_b, stride_mask_h)
-        lse2_row = lse2 + bh.to(tl.int64) * n_q
-        delta_row = delta + bh.to(tl.int64) * n_q
-        drop_base = bh.to(tl.int64) * n_q * n_k
-        for start_m in tl.range(lo, mid, BLOCK_M):
-            dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row, start_m,
-                                offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
-                                stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
-                                seed, drop_base, drop_threshold, drop_scale,
-                                True, IS_CAUSAL, MASK_KIND, DROPOUT, HEAD_DIM, HEAD_DIM_V, PRECISION)
-        for start_m in tl.range(mid, n_q, BLOCK_M):
-            dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row, start_m,
-                                offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
-                                stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
-                                seed, drop_base, drop_threshold, drop_scale,
-                                False, IS_CAUSAL, MASK_KIND, DROPOUT, HEAD_DIM, HEAD_DIM_V, PRECISION)
+        drop_base = (b * n_heads + h).to(tl.int64) * n_q * n_k
+        slope2 = 0.0
+        if ALIBI:
+            slope2 = tl.load(alibi + b.to(tl.int64) * stride_alibi_b + h * stride_alibi_h).to(tl.float32) * 1.4426950408889634
+        for start_m in tl.range(lo, mid_lo, BLOCK_M):
+            dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
+                                        start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
+                                        qk_scale, softcap_scale, softcap2, slope2,
+                                        stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
+                                        seed, drop_base, drop_threshold, drop_scale,
+                                        True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                        HEAD_DIM, HEAD_DIM_V, PRECISION)
+        for start_m in tl.range(mid_lo, mid_hi, BLOCK_M):
+            dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
+                                        start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
+                                        qk_scale, softcap_scale, softcap2, slope2,
+                                        stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
+                                        seed, drop_base, drop_threshold, drop_scale,
+                                        False, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                        HEAD_DIM, HEAD_DIM_V, PRECISION)
+        for start_m in tl.range(mid_hi, hi, BLOCK_M):
+            dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
+                                        start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
+                                        qk_scale, softcap_scale, softcap2, slope2,
+                                        stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
+                                        seed, drop_base, drop_threshold, drop_scale,
+                                        True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                        HEAD_DIM, HEAD_DIM_V, PRECISION)
 
     store_n = col_ok[:, None]
-    tl.store(head_base(dk, b, h_kv, stride_dkb, stride_dkh)
-             + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkd,
+    tl.store(dk_base + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkd,
              (dk_acc * sm_scale).to(dk.dtype.element_ty), mask=store_n & (offs_d[None, :] < HEAD_DIM))
-    tl.store(head_base(dv, b, h_kv, stride_dvb, stride_dvh)
-             + offs_n[:, None].to(tl.int64) * stride_dvn + offs_dv[None, :] * stride_dvd,
+    tl.store(dv_base + offs_n[:, None].to(tl.int64) * stride_dvn + offs_dv[None, :] * stride_dvd,
              dv_acc.to(dv.dtype.element_ty), mask=store_n & (offs_dv[None, :] < HEAD_DIM_V))
 
 
 @triton.jit
 def _dq_tile(dq, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d, offs_dv,
-             n_q, n_k, causal_offset, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
+             n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+             stride_kn, stride_kd, stride_vn, stride_vd,
              stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
-             BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+             BOUNDARY: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
+             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, FAST_TANH: tl.constexpr,
              DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
              PRECISION: tl.constexpr):
     cols = start_n + offs_n0
     k_t = load_tile(k_base, cols[:, None], stride_kn, n_k, offs_d[None, :], stride_kd, HEAD_DIM)
     v_t = load_tile(v_base, cols[None, :], stride_vn, n_k, offs_dv[:, None], stride_vd, HEAD_DIM_V)
-    s = tl.dot(q_t, tl.trans(k_t), input_precision=PRECISION) * qk_scale
-    s = mask_scores(s, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
-                    causal_offset, BOUNDARY, IS_CAUSAL, MASK_KIND)
+    s, t = score_tile(tl.dot(q_t, tl.trans(k_t), input_precision=PRECISION), offs_m[:, None], cols[None, :],
+                      mask_base, stride_mask_m, stride_mask_n, n_q, n_k, off, win_left, win_right,
+                      qk_scale, softcap_scale, softcap2, slope2,
+                      BOUNDARY, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH)
     p = tl.math.exp2(s - l2[:, None])
     dp = tl.dot(do_t, v_t, input_precision=PRECISION)
     if DROPOUT:
         keep = dropout_keep(seed, drop_base + offs_m[:, None].to(tl.int64) * n_k + cols[None, :], drop_threshold)
         dp = tl.where(keep, dp * drop_scale, 0.0)
     ds = p * (dp - d[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
     return tl.dot(ds.to(k_t.dtype), k_t, dq, input_precision=PRECISION)
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
        prune=_prune_bwd)
 @triton.jit
-def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask,
+def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, k_starts, k_ends,
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_dob, stride_doh, stride_dom, stride_dod,
                    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                    stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
-                   n_heads, n_q, n_k, causal_offset, qk_scale, sm_scale,
-                   seed, drop_threshold, drop_scale, n_bucket,
+                   stride_lse_b, stride_lse_h, stride_alibi_b, stride_alibi_h, stride_seq,
+                   n_heads, n_q, n_k, n_seq, off, win_left, win_right, qk_scale, sm_scale,
+                   softcap_scale, softcap2, seed, drop_threshold, drop_scale, n_bucket,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-                   PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m, bh, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
+                   SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEQ: tl.constexpr, FAST_TANH: tl.constexpr,
+                   DROPOUT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    if SEQ == 3:
+        pid = tl.program_id(0)
+        h = pid % n_heads
+        b, start_m = varlen_tile(q_starts, q_ends, n_seq, pid // n_heads, BLOCK_M)
+        live = b < n_seq
+        b = tl.minimum(b, n_seq - 1)
+        h_kv = h // GROUP
+    else:
+        start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
+    q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
+    if SEQ == 3:
+        n_q = tl.where(live, n_q, 0)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < n_q
-    q_t = load_tile(head_base(q, b, h, stride_qb, stride_qh), offs_m[:, None], stride_qm, n_q,
-                    offs_d[None, :], stride_qd, HEAD_DIM)
-    do_t = load_tile(head_base(do, b, h, stride_dob, stride_doh), offs_m[:, None], stride_dom, n_q,
-                     offs_dv[None, :], stride_dod, HEAD_DIM_V)
-    row = bh.to(tl.int64) * n_q + offs_m
-    l2 = tl.load(lse2 + row, mask=row_ok, other=float("inf"))
-    d = tl.load(delta + row, mask=row_ok, other=0.0)
+    q_base = head_base(q, b, h, stride_qb, stride_qh)
+    do_base = head_base(do, b, h, stride_dob, stride_doh)
+    dq_base = head_base(dq, b, h, stride_dqb, stride_dqh)
     k_base = head_base(k, b, h_kv, stride_kb, stride_kh)
     v_base = head_base(v, b, h_kv, stride_vb, stride_vh)
+    row_base = b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
+    if SEQ != 0:
+        q_base += q0.to(tl.int64) * stride_qm
+        do_base += q0.to(tl.int64) * stride_dom
+        dq_base += q0.to(tl.int64) * stride_dqm
+        k_base += k0.to(tl.int64) * stride_kn
+        v_base += k0.to(tl.int64) * stride_vn
+        row_base += q0
+    q_t = load_tile(q_base, offs_m[:, None], stride_qm, n_q, offs_d[None, :], stride_qd, HEAD_DIM)
+    do_t = load_tile(do_base, offs_m[:, None], stride_dom, n_q, offs_dv[None, :], stride_dod, HEAD_DIM_V)
+    l2 = tl.load(lse2 + row_base + offs_m, mask=row_ok, other=float("inf"))
+    d = tl.load(delta + row_base + offs_m, mask=row_ok, other=0.0)
     mask_base = head_base(mask, b, h, stride_mask_b, stride_mask_h)
-    drop_base = bh.to(tl.int64) * n_q * n_k
+    drop_base = (b * n_heads + h).to(tl.int64) * n_q * n_k
+    slope2 = 0.0
+    if ALIBI:
+        slope2 = tl.load(alibi + b.to(tl.int64) * stride_alibi_b + h * stride_alibi_h).to(tl.float32) * 1.4426950408889634
     dq_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    full, hi = key_range(start_m, n_k, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
-    for start_n in tl.range(0, full, BLOCK_N):
-        dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d, offs_dv,
-                      n_q, n_k, causal_offset, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                      stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
-                      False, IS_CAUSAL, MASK_KIND, DROPOUT, HEAD_DIM, HEAD_DIM_V, PRECISION)
-    for start_n in tl.range(full, hi, BLOCK_N):
-        dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d, offs_dv,
-                      n_q, n_k, causal_offset, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd,
-                      stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
-                      True, IS_CAUSAL, MASK_KIND, DROPOUT, HEAD_DIM, HEAD_DIM_V, PRECISION)
-    tl.store(head_base(dq, b, h, stride_dqb, stride_dqh)
-             + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqd,
+    n_k_visit = tl.where(start_m < n_q, n_k, 0)
+    lo, mid_lo, mid_hi, hi = key_range(start_m, n_k_visit, off, win_left, win_right, HAS_LEFT, HAS_RIGHT,
+                                       BLOCK_M, BLOCK_N)
+    for start_n in tl.range(lo, mid_lo, BLOCK_N):
+        dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d,
+                          offs_dv, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                          stride_kn, stride_kd, stride_vn, stride_vd,
+                          stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
+                          True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                          HEAD_DIM, HEAD_DIM_V, PRECISION)
+    for start_n in tl.range(mid_lo, mid_hi, BLOCK_N):
+        dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d,
+                          offs_dv, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                          stride_kn, stride_kd, stride_vn, stride_vd,
+                          stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
+                          False, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                          HEAD_DIM, HEAD_DIM_V, PRECISION)
+    for start_n in tl.range(mid_hi, hi, BLOCK_N):
+        dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d,
+                          offs_dv, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                          stride_kn, stride_kd, stride_vn, stride_vd,
+                          stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
+                          True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                          HEAD_DIM, HEAD_DIM_V, PRECISION)
+    tl.store(dq_base + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqd,
              (dq_acc * sm_scale).to(dq.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool, causal_offset: int,
-                       mask: torch.Tensor | None, dropout_p: float, seed: int):
-    """Gradients (dq, dk, dv) in the inputs' dtypes; dk, dv summed over each GQA group."""
+                       mask: torch.Tensor | None, dropout_p: float, seed: int, variant: Variant = PLAIN):
+    """Gradients (dq, dk, dv, dsinks) in the inputs' dtypes; dk, dv summed over each GQA group;
+    dsinks (Hq,) float32, or None without sinks. Tensors laid out as for ``attention_forward``."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    variant = causal_window(variant, causal)
     if dlse is not None:
         dlse = dlse.float().contiguous()  # autograd hands over expanded (stride-0) grads, e.g. from lse.sum()
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    lse2 = torch.empty_like(delta)
+    # Rows outside every range of a padded batch are no program's: their gradients are 0.
+    alloc = torch.zeros_like if variant.seq == SEQ_RANGES else torch.empty_like
+    dq, dk, dv = alloc(q), alloc(k), alloc(v)
+    # δ and lse₂ in the forward's lse layout, seen by the preprocess as dense (B, Hq, Nq) rows.
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
     block_dv = max(16, next_pow2(Dv))
     pre_m = 16 if interpreter_active() else 64
     _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
-        o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(),
-        Hq, Nq, HEAD_DIM_V=Dv, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
+        o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq, HEAD_DIM_V=Dv, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
 
     kind = mask_kind(mask)
     mask_arg = (mask.view(torch.uint8) if kind == MASK_BOOL else mask) if mask is not None else q
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
+    *seq_ptrs, stride_seq, n_seq = seq_args(variant, q)
+    (_, alibi_arg), alibi_strides, score_scalars, score_constexprs = score_args(variant, q, scale)
+    score_constexprs.pop("SINKS")
     common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=max(16, next_pow2(D)),
-                  BLOCK_DV=block_dv, IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout_p > 0.0,
+                  BLOCK_DV=block_dv, MASK_KIND=kind, **score_constexprs, DROPOUT=dropout_p > 0.0,
                   PRECISION=precision_for(q.dtype))
     drop = (seed, keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0)
     n_bucket = length_bucket(Nq, Nk)
-    _bwd_dkdv_kernel[lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
-        q, k, v, do, dk, dv, lse2, delta, mask_arg,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *mask_strides,
-        Hq, Hkv, Nq, Nk, causal_offset, scale * LOG2E, scale, *drop, n_bucket, **common)
-    _bwd_dq_kernel[lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
-        q, k, v, do, dq, lse2, delta, mask_arg,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *mask_strides,
-        Hq, Nq, Nk, causal_offset, scale * LOG2E, scale, *drop, n_bucket, **common)
-    return dq, dk, dv
+    strides = [t.stride() for t in (q, k, v, do, dq, dk, dv)]
+    if variant.seq >= SEQ_VARLEN:
+        strides = [(0, *t[1:]) for t in strides]
+    sq, sk, sv, sdo, sdq, sdk, sdv = strides
+    n_q_arg = variant.max_q if variant.seq == SEQ_VARLEN else Nq
+    n_k_arg = variant.max_k if variant.seq == SEQ_VARLEN else Nk
+    tail = (*mask_strides, *lse_strides(variant, Hq, Nq), *alibi_strides, stride_seq)
+    window = (causal_offset, variant.left, variant.right, scale * LOG2E, scale, *score_scalars)
+    if variant.seq == SEQ_VARLEN_SCAN:
+        kv_grid = lambda meta: ((cdiv(Nk, meta["BLOCK_N"]) + n_seq) * Hkv,)
+    else:
+        kv_rows, kv_slabs = (variant.max_k, n_seq) if variant.seq == SEQ_VARLEN else (Nk, B)
+        kv_grid = lambda meta: (cdiv(kv_rows, meta["BLOCK_N"]) * kv_slabs * Hkv,)
+    _bwd_dkdv_kernel[kv_grid](
+        q, k, v, do, dk, dv, lse2, delta, mask_arg, alibi_arg, *seq_ptrs,
+        *sq, *sk, *sv, *sdo, *sdk, *sdv, *tail,
+        Hq, Hkv, n_q_arg, n_k_arg, n_seq, *window, *drop, n_bucket, **common)
+    _bwd_dq_kernel[query_grid(variant, Nq, B, Hq, n_seq)](
+        q, k, v, do, dq, lse2, delta, mask_arg, alibi_arg, *seq_ptrs,
+        *sq, *sk, *sv, *sdo, *sdq, *tail,
+        Hq, n_q_arg, n_k_arg, n_seq, *window, *drop, n_bucket, **common)
+    dsinks = None
+    if variant.sinks is not None:
+        # d lse/d sink = P_sink = exp(sink − lse), and ∂L/∂sink = −Σ_rows δ·P_sink (δ includes dlse).
+        lse3 = lse.view(-1, Hq, lse.shape[-1])
+        p_sink = torch.exp(variant.sinks.float().view(1, Hq, 1) - lse3)
+        contrib = torch.where(torch.isfinite(lse3), -delta.view_as(lse3) * p_sink, torch.zeros_like(p_sink))
+        dsinks = contrib.sum((0, 2)).to(variant.sinks.dtype)
+    return dq, dk, dv, dsinks
+

@@ -11,15 +11,21 @@ Tiles wholly hidden by causality are never visited.
 """
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .._runtime import allow_tf32, cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
-from ..merge import LOG2E, finalize, online_softmax_update_scaled
+from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+# How the batch is laid out: dense (B, H, N, D); padded dense with one valid [start, end) range per
+# batch row (``q_ranges``/``k_ranges``); packed varlen (1, H, total, D) with cu_seqlens, the grid sized
+# from a known max length (SEQ_VARLEN) or from the totals alone (SEQ_VARLEN_SCAN: no max needed).
+SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, SEQ_VARLEN_SCAN = 0, 1, 2, 3
 
 
 @triton.jit
@@ -38,12 +44,28 @@ def load_tile(base, rows, stride_r, n_rows, cols, stride_c, n_cols):
 
 
 @triton.jit
-def mask_scores(s, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k, causal_offset,
-                BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+def tanh(x, FAST: tl.constexpr):
+    """tanh in float32. FAST: the hardware approximation (``tanh.approx.f32``, one MUFU op, relative
+    error ~2⁻¹¹, what FlashAttention's softcap uses) for 16-bit inputs; otherwise exact to float32
+    rounding through exp2 (the interpreter runs no inline asm)."""
+    if FAST:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        e = tl.math.exp2(-2.8853900817779268 * tl.abs(x))  # exp(−2|x|)
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def mask_scores(s, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k, off, win_left, win_right,
+                BOUNDARY: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                MASK_KIND: tl.constexpr):
     """Every mask of a score tile, forward and backward alike. ``rows``/``cols`` are query/key
     indices broadcast to ``s`` ([M, 1] and [1, N], or transposed). The user mask: bool → −inf where
     False; additive → + bias·log2 e (``s`` must already be scaled then). On BOUNDARY tiles: keys
-    past the end, and causal (key j hidden from query i when j > i + causal_offset)."""
+    past the end, and the window: key j visible to query i iff
+    i + off − win_left ≤ j ≤ i + off + win_right (causal is the right side at 0)."""
     if MASK_KIND != 0:
         mptrs = mask_base + rows.to(tl.int64) * stride_mask_m + cols.to(tl.int64) * stride_mask_n
         in_bounds = (rows < n_q) & (cols < n_k)
@@ -53,25 +75,58 @@ def mask_scores(s, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k
             s += tl.load(mptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
     if BOUNDARY:
         visible = cols < n_k
-        if IS_CAUSAL:
-            visible = visible & (cols <= rows + causal_offset)
+        if HAS_LEFT:
+            visible = visible & (cols >= rows + off - win_left)
+        if HAS_RIGHT:
+            visible = visible & (cols <= rows + off + win_right)
         s = tl.where(visible, s, float("-inf"))
     return s
 
 
 @triton.jit
-def key_range(start_m, n_k, causal_offset, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr):
-    """For the query tile starting at ``start_m``: keys [0, full) are visible to every row (full a
-    multiple of BLOCK_N: the unmasked stage), keys [full, hi) to some row (the masked stage);
-    keys from ``hi`` on to none, and are never visited."""
-    if IS_CAUSAL:
-        hi = tl.minimum(n_k, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
-        full = tl.minimum(hi, tl.maximum(start_m + causal_offset + 1, 0))
+def score_tile(qk, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k, off, win_left, win_right,
+               qk_scale, softcap_scale, softcap2, slope2,
+               BOUNDARY: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, FAST_TANH: tl.constexpr):
+    """Base-2 scores of a tile from the raw products ``qk``, in the reference's order: scale,
+    softcap (c·tanh(s/c): ``softcap_scale`` = scale/c, ``softcap2`` = c·log2 e), ALiBi
+    (− slope·|i + off − j|, ``slope2`` = slope·log2 e), the user mask, the window. Returns
+    (s, t) with t = tanh(·) for the softcap's gradient (``qk`` itself without softcap)."""
+    if SOFTCAP:
+        t = tanh(qk * softcap_scale, FAST_TANH)
+        s = t * softcap2
     else:
-        hi = n_k
-        full = n_k
-    return (full // BLOCK_N) * BLOCK_N, hi
+        t = qk
+        s = qk * qk_scale
+    if ALIBI:
+        s -= slope2 * tl.abs(rows + off - cols).to(tl.float32)
+    s = mask_scores(s, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k, off, win_left, win_right,
+                    BOUNDARY, HAS_LEFT, HAS_RIGHT, MASK_KIND)
+    return s, t
+
+
+@triton.jit
+def key_range(start_m, n_k, off, win_left, win_right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query tile starting at ``start_m``: (lo, mid_lo, mid_hi, hi). Keys [mid_lo, mid_hi)
+    (whole tiles) are visible to every row of the tile: the unmasked stage. Keys [lo, mid_lo) and
+    [mid_hi, hi) are visible to some row: the masked stage. Keys outside [lo, hi) are visible to no
+    row and are never visited, so a window of W keys costs O(W) per row."""
+    last = start_m + BLOCK_M - 1
+    lo = 0
+    full_lo = 0
+    hi = n_k
+    full_hi = n_k
+    if HAS_LEFT:
+        lo = tl.maximum(start_m + off - win_left, 0)
+        full_lo = tl.maximum(last + off - win_left, 0)
+    if HAS_RIGHT:
+        hi = tl.minimum(tl.maximum(last + off + win_right + 1, 0), n_k)
+        full_hi = tl.minimum(tl.maximum(start_m + off + win_right + 1, 0), n_k)
+    lo = (tl.minimum(lo, hi) // BLOCK_N) * BLOCK_N
+    mid_lo = tl.minimum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, hi)
+    mid_hi = tl.maximum((full_hi // BLOCK_N) * BLOCK_N, mid_lo)
+    return lo, mid_lo, mid_hi, hi
 
 
 @triton.jit
@@ -85,15 +140,52 @@ def query_tile(n_q, n_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def varlen_tile(starts, ends, n_seq, t, BLOCK: tl.constexpr, SCAN: tl.constexpr = 64):
+    """Tile ``t`` of a packed batch whose sequence b spans [starts[b], ends[b]) (cu_seqlens), tiles
+    counted over the sequences in order: returns (b, first row of the tile in sequence b). A ``t``
+    past the last tile gives b = n_seq. The grid is then sized from the totals alone
+    (cdiv(total, BLOCK) + B tiles bound the sum of per-sequence tile counts), with no max length
+    and so no device→host sync."""
+    b = 0
+    before = 0  # tiles of the sequences before b
+    for c in range(0, n_seq, SCAN):
+        idx = c + tl.arange(0, SCAN)
+        ok = idx < n_seq
+        n = tl.load(ends + idx, mask=ok, other=0) - tl.load(starts + idx, mask=ok, other=0)
+        tiles = tl.where(ok, tl.cdiv(n, BLOCK), 0)
+        done = (tl.cumsum(tiles, 0) + before <= t) & ok
+        b += tl.sum(done.to(tl.int32), 0)
+        before += tl.sum(tl.where(done, tiles, 0), 0)
+    return b, (t - before) * BLOCK
+
+
+@triton.jit
+def sequence(pid_b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ: tl.constexpr):
+    """(q0, n_q, k0, n_k, off) of batch row ``pid_b``: its first query and key row, its lengths and
+    diagonal offset. Dense: the whole tensor, ``off`` as given. Ranges and varlen: read from the
+    per-sequence bounds, bottom-right aligned per sequence."""
+    if SEQ == 0:
+        return 0, n_q, 0, n_k, off
+    else:
+        q0 = tl.load(q_starts + pid_b * stride_seq)
+        k0 = tl.load(k_starts + pid_b * stride_seq)
+        n_q_b = tl.load(q_ends + pid_b * stride_seq) - q0
+        n_k_b = tl.load(k_ends + pid_b * stride_seq) - k0
+        return q0, n_q_b, k0, n_k_b, n_k_b - n_q_b
+
+
+@triton.jit
 def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
-              offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
+              offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
+              softcap_scale, softcap2, slope2,
               stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
               seed, drop_base, drop_threshold,
-              BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+              BOUNDARY: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
+              SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, FAST_TANH: tl.constexpr,
               DROPOUT: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PRECISION: tl.constexpr,
-              POS_SCALE: tl.constexpr):
-    """One key/value tile folded into the running state. BOUNDARY switches on the causal and
+              FOLD_SCALE: tl.constexpr):
+    """One key/value tile folded into the running state. BOUNDARY switches on the window and
     sequence-end masks; the unmasked body is what long sequences spend their time in."""
     cols = start_n + offs_n
     # The tile's first row in 64-bit (row · stride passes 2³¹ at long N), offsets inside it in 32-bit.
@@ -105,15 +197,17 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
         k = tl.load(k_ptrs)
     else:
         k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-    s = tl.dot(q, k, input_precision=PRECISION)
-    if MASK_KIND == 2 or not POS_SCALE:
-        s = s * qk_scale  # scale applied up front; otherwise it is folded into the exponent below
-    s = mask_scores(s, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
-                    causal_offset, BOUNDARY, IS_CAUSAL, MASK_KIND)
-    if MASK_KIND == 2 or not POS_SCALE:
-        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, 1.0)
-    else:
+    qk = tl.dot(q, k, input_precision=PRECISION)
+    if FOLD_SCALE:
+        # Masks only (no bias, positive scale): −inf stays −inf, so the scale folds into the exponent.
+        s = mask_scores(qk, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
+                        off, win_left, win_right, BOUNDARY, HAS_LEFT, HAS_RIGHT, MASK_KIND)
         m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, qk_scale)
+    else:
+        s, _ = score_tile(qk, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
+                          off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                          BOUNDARY, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH)
+        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, 1.0)
     acc = acc * alpha[:, None]
     if DROPOUT:
         keep = dropout_keep(seed, drop_base + offs_m[:, None].to(tl.int64) * n_k + cols[None, :], drop_threshold)
@@ -153,23 +247,39 @@ def _prune_configs(configs, named_args):
                                         d, dv, itemsize)]
 
 
-@tuned(_fwd_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "MASK_KIND", "DROPOUT", "n_bucket"],
+@tuned(_fwd_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "MASK_KIND", "SOFTCAP", "ALIBI",
+                            "SINKS", "SEQ", "DROPOUT", "n_bucket"],
        interpreter_config=triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
        prune=_prune_configs)
 @triton.jit
-def _attn_fwd_kernel(q, k, v, o, lse, mask,
+def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_starts, k_ends,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_ob, stride_oh, stride_om, stride_od,
                      stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
-                     n_heads, n_q, n_k, causal_offset, qk_scale, seed, drop_threshold, drop_scale, n_bucket,
+                     stride_lse_b, stride_lse_h, stride_alibi_b, stride_alibi_h, stride_seq,
+                     n_heads, n_q, n_k, n_seq, off, win_left, win_right, qk_scale, softcap_scale, softcap2,
+                     seed, drop_threshold, drop_scale, n_bucket,
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-                     PRECISION: tl.constexpr, POS_SCALE: tl.constexpr, STORE_LSE: tl.constexpr,
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
+                     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, SEQ: tl.constexpr,
+                     FAST_TANH: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+                     FOLD_SCALE: tl.constexpr, STORE_LSE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m, bh, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
+    if SEQ == 3:
+        pid = tl.program_id(0)
+        h = pid % n_heads
+        b, start_m = varlen_tile(q_starts, q_ends, n_seq, pid // n_heads, BLOCK_M)
+        live = b < n_seq
+        b = tl.minimum(b, n_seq - 1)
+        h_kv = h // GROUP
+    else:
+        start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
+    q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
+    if SEQ == 3:
+        n_q = tl.where(live, n_q, 0)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -178,42 +288,67 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask,
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     EVEN_DV: tl.constexpr = HEAD_DIM_V == BLOCK_DV
 
+    q_base = head_base(q, b, h, stride_qb, stride_qh)
     k_base = head_base(k, b, h_kv, stride_kb, stride_kh)
     v_base = head_base(v, b, h_kv, stride_vb, stride_vh)
+    o_base = head_base(o, b, h, stride_ob, stride_oh)
+    lse_base = lse + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
+    if SEQ != 0:  # the sequence's first rows
+        q_base += q0.to(tl.int64) * stride_qm
+        k_base += k0.to(tl.int64) * stride_kn
+        v_base += k0.to(tl.int64) * stride_vn
+        o_base += q0.to(tl.int64) * stride_om
+        lse_base += q0
     mask_base = head_base(mask, b, h, stride_mask_b, stride_mask_h)
-    q_tile = load_tile(head_base(q, b, h, stride_qb, stride_qh), offs_m[:, None], stride_qm, n_q,
-                       offs_d[None, :], stride_qd, HEAD_DIM)
-    drop_base = bh.to(tl.int64) * n_q * n_k
+    q_tile = load_tile(q_base, offs_m[:, None], stride_qm, n_q, offs_d[None, :], stride_qd, HEAD_DIM)
+    drop_base = (b * n_heads + h).to(tl.int64) * n_q * n_k
+    slope2 = 0.0
+    if ALIBI:
+        slope2 = tl.load(alibi + b.to(tl.int64) * stride_alibi_b + h * stride_alibi_h).to(tl.float32) * 1.4426950408889634
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    full, hi = key_range(start_m, n_k, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
-    for start_n in tl.range(0, full, BLOCK_N):
+    # A tile past its sequence's end (ranges, varlen) visits no key.
+    n_k_visit = tl.where(start_m < n_q, n_k, 0)
+    lo, mid_lo, mid_hi, hi = key_range(start_m, n_k_visit, off, win_left, win_right, HAS_LEFT, HAS_RIGHT,
+                                       BLOCK_M, BLOCK_N)
+    for start_n in tl.range(lo, mid_lo, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
-                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
+                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
+                                  softcap_scale, softcap2, slope2,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
                                   seed, drop_base, drop_threshold,
-                                  False, IS_CAUSAL, MASK_KIND, DROPOUT, EVEN_D, EVEN_DV,
-                                  HEAD_DIM, HEAD_DIM_V, PRECISION, POS_SCALE)
-    for start_n in tl.range(full, hi, BLOCK_N):
+                                  True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                  EVEN_D, EVEN_DV, HEAD_DIM, HEAD_DIM_V, PRECISION, FOLD_SCALE)
+    for start_n in tl.range(mid_lo, mid_hi, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
-                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, causal_offset, qk_scale,
+                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
+                                  softcap_scale, softcap2, slope2,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
                                   seed, drop_base, drop_threshold,
-                                  True, IS_CAUSAL, MASK_KIND, DROPOUT, EVEN_D, EVEN_DV,
-                                  HEAD_DIM, HEAD_DIM_V, PRECISION, POS_SCALE)
+                                  False, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                  EVEN_D, EVEN_DV, HEAD_DIM, HEAD_DIM_V, PRECISION, FOLD_SCALE)
+    for start_n in tl.range(mid_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
+                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
+                                  softcap_scale, softcap2, slope2,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
+                                  seed, drop_base, drop_threshold,
+                                  True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                  EVEN_D, EVEN_DV, HEAD_DIM, HEAD_DIM_V, PRECISION, FOLD_SCALE)
 
+    if SINKS:  # one more term exp(sink) in the denominator, with no value
+        m_i, l_i, acc = add_sink(m_i, l_i, acc, tl.load(sinks + h).to(tl.float32) * 1.4426950408889634)
     out, lse_row = finalize(acc, m_i, l_i)
     if DROPOUT:
         out = out * drop_scale  # kept probabilities are divided by 1 − p
     row_ok = offs_m < n_q
-    o_ptrs = (head_base(o, b, h, stride_ob, stride_oh)
-              + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od)
+    o_ptrs = o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :] * stride_od
     tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
     if STORE_LSE:  # False when nothing reads it (no backward, no return_lse): ``lse`` is then a placeholder
-        tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=row_ok)
+        tl.store(lse_base + offs_m, lse_row, mask=row_ok)
 
 
 def length_bucket(n_q: int, n_k: int) -> int:
@@ -236,45 +371,129 @@ def mask_kind(mask: torch.Tensor | None) -> int:
     return MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
 
 
-# Bound launches of the forward kernel for mask-free, dropout-free calls, keyed by what their
-# arguments depend on (``_plain_signature``): a repeated call skips the argument walk.
+class Variant(NamedTuple):
+    """What a call asks of the scores beyond plain attention, and how its batch is laid out, as
+    the launchers take it. Tensors for varlen calls arrive viewed as (1, H, total, D)."""
+    left: int = -1          # window sides in keys, −1 = unbounded (causal is right = 0)
+    right: int = -1
+    softcap: float = 0.0    # 0: none
+    alibi: Optional[torch.Tensor] = None   # (Hq,) or (B, Hq) slopes, float32
+    sinks: Optional[torch.Tensor] = None   # (Hq,) logits
+    seq: int = SEQ_DENSE
+    seq_q: Optional[torch.Tensor] = None   # int32: (B, 2) [start, end) ranges, or (B+1,) cu_seqlens
+    seq_k: Optional[torch.Tensor] = None
+    max_q: int = 0          # varlen: the longest sequences if known (0: grid sized from the totals)
+    max_k: int = 0
+
+
+PLAIN = Variant()
+
+
+def causal_window(variant: Variant, causal: bool) -> Variant:
+    """Causal attention is the window's right side capped at 0."""
+    if not causal:
+        return variant
+    return variant._replace(right=0 if variant.right < 0 else min(variant.right, 0))
+
+
+def seq_args(variant: Variant, placeholder: torch.Tensor):
+    """(q_starts, q_ends, k_starts, k_ends, stride, n_seq) for the kernels: views into the ranges
+    or cu_seqlens, no copies."""
+    if variant.seq == SEQ_DENSE:
+        return placeholder, placeholder, placeholder, placeholder, 0, 0
+    if variant.seq == SEQ_RANGES:
+        sq, sk = variant.seq_q, variant.seq_k
+        return sq[:, 0], sq[:, 1], sk[:, 0], sk[:, 1], 2, sq.shape[0]
+    cq, ck = variant.seq_q, variant.seq_k
+    return cq[:-1], cq[1:], ck[:-1], ck[1:], 1, cq.shape[0] - 1
+
+
+def score_args(variant: Variant, q: torch.Tensor, scale: float):
+    """The score options as the kernels take them: (tensors, scalars, constexprs)."""
+    alibi, sinks = variant.alibi, variant.sinks
+    cap = variant.softcap
+    alibi_strides = (0, 0)
+    if alibi is not None:
+        alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else alibi.stride()
+    tensors = (q if sinks is None else sinks, q if alibi is None else alibi)
+    scalars = (scale / cap if cap else 0.0, cap * LOG2E)
+    constexprs = dict(HAS_LEFT=variant.left >= 0, HAS_RIGHT=variant.right >= 0, SOFTCAP=cap > 0,
+                      ALIBI=alibi is not None, SINKS=sinks is not None, SEQ=variant.seq,
+                      FAST_TANH=cap > 0 and q.dtype != torch.float32 and not interpreter_active())
+    return tensors, alibi_strides, scalars, constexprs
+
+
+def output_buffers(q, Dv: int, variant: Variant, need_lse: bool):
+    """o (B, Hq, Nq, Dv) and lse (B, Hq, Nq), or for varlen o viewed from (total, Hq, Dv) and lse
+    (Hq, total) viewed as (1, Hq, total). Rows no program writes (padding of a ranges call) are
+    0 and −inf."""
+    B, Hq, Nq, D = q.shape
+    if variant.seq >= SEQ_VARLEN:
+        o = torch.empty((Nq, Hq, Dv), device=q.device, dtype=q.dtype).transpose(0, 1).unsqueeze(0)
+    elif variant.seq == SEQ_RANGES:
+        o = torch.zeros((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)
+    elif Dv == D:
+        # Contiguous outputs (the fake implementation's strides); empty_like and empty_strided parse
+        # fewer arguments than torch.empty (3.4 / 3.9 µs against 5.7 µs a call on the H100's host).
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        o = torch.empty_strided((B, Hq, Nq, Dv), (Hq * Nq * Dv, Nq * Dv, Dv, 1), device=q.device, dtype=q.dtype)
+    if not need_lse:
+        return o, None
+    if variant.seq == SEQ_RANGES:
+        return o, torch.full((B, Hq, Nq), float("-inf"), device=q.device, dtype=torch.float32)
+    return o, torch.empty_strided((B, Hq, Nq), (Hq * Nq, Nq, 1), device=q.device, dtype=torch.float32)
+
+
+def lse_strides(variant: Variant, Hq: int, Nq: int):
+    """(batch, head) strides of the lse: varlen rows of every sequence share one (Hq, total) plane."""
+    return (0, Nq) if variant.seq >= SEQ_VARLEN else (Hq * Nq, Nq)
+
+
+def query_grid(variant: Variant, n_q: int, batch: int, n_heads: int, n_seq: int):
+    """Programs over query tiles: (tiles per sequence) × sequences × heads, or for varlen without a
+    max length, cdiv(total, BLOCK_M) + sequences tile slots per head (see ``varlen_tile``)."""
+    if variant.seq == SEQ_VARLEN_SCAN:
+        return lambda meta: ((cdiv(n_q, meta["BLOCK_M"]) + n_seq) * n_heads,)
+    rows, slabs = (variant.max_q, n_seq) if variant.seq == SEQ_VARLEN else (n_q, batch)
+    return lambda meta: (cdiv(rows, meta["BLOCK_M"]) * slabs * n_heads,)
+
+
+# Bound launches of the forward kernel for plain calls (no mask, dropout or variant), keyed by what
+# their arguments depend on (``_plain_signature``): a repeated call skips the argument walk.
 _BOUND: dict = {}
 _BOUND_ENTRIES = 256
+_N_TENSORS = 12
 
 
 def _plain_signature(q, k, v, causal, causal_offset, scale, need_lse):
     tf32 = q.dtype == torch.float32 and allow_tf32()
-    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal,
-            causal_offset, scale, tf32, need_lse)
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
+            causal, causal_offset, scale, tf32, need_lse)
 
 
 def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int,
-                      mask: torch.Tensor | None, dropout_p: float, seed: int, need_lse: bool = True):
+                      mask: torch.Tensor | None, dropout_p: float, seed: int, need_lse: bool = True,
+                      variant: Variant = PLAIN):
     """Launch the forward kernel. Inputs already validated; mask is (B, Hq, Nq, Nk)-shaped
-    (broadcast dims with stride 0). Returns o (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32,
-    or None for lse with ``need_lse=False`` (nothing allocated or stored: no-grad inference).
+    (broadcast dims with stride 0). ``causal`` caps the window's right side at 0. Returns o
+    (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32, or None for lse with ``need_lse=False``
+    (nothing allocated or stored: no-grad inference).
 
     This runs on every call: at small shapes its host time is the call's time, so it stays lean
     (no per-call imports, and a bound launch for repeated plain calls)."""
     B, Hq, Nq, D = q.shape
     Dv = v.shape[3]
-    # Contiguous outputs (the fake implementation's strides); empty_like and empty_strided parse
-    # fewer arguments than torch.empty (3.4 / 3.9 µs against 5.7 µs a call on the H100's host).
-    if Dv == D:
-        o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    else:
-        o = torch.empty_strided((B, Hq, Nq, Dv), (Hq * Nq * Dv, Nq * Dv, Dv, 1), device=q.device, dtype=q.dtype)
-    if need_lse:
-        lse = lse_arg = torch.empty_strided((B, Hq, Nq), (Hq * Nq, Nq, 1), device=q.device, dtype=torch.float32)
-    else:
-        lse, lse_arg = None, q  # never written: STORE_LSE is False
-    plain = mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
+    o, lse = output_buffers(q, Dv, variant, need_lse)
+    lse_arg = q if lse is None else lse  # never written without need_lse: STORE_LSE is False
+    plain = variant is PLAIN and mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
     if plain:
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, need_lse)
         bound = _BOUND.get(signature)
-        if bound is not None and bound(q, k, v, o, lse_arg, q):
+        if bound is not None and bound(q, k, v, o, lse_arg, q, q, q, q, q, q, q):
             return o, lse
     _, Hkv, Nk, _ = k.shape
+    variant = causal_window(variant, causal)
     if mask is None:
         kind, mask_arg, mask_strides = MASK_NONE, q, (0, 0, 0, 0)  # q is never read: MASK_KIND == 0
     else:
@@ -282,20 +501,29 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         mask_arg = mask.view(torch.uint8) if kind == MASK_BOOL else mask
         mask_strides = mask.stride()
     dropout = dropout_p > 0.0
-    args = (q, k, v, o, lse_arg, mask_arg,
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(), *mask_strides,
-            Hq, Nq, Nk, causal_offset, scale * LOG2E, seed, keep_threshold(dropout_p) if dropout else 0,
-            1.0 / (1.0 - dropout_p), length_bucket(Nq, Nk))
+    *seq_ptrs, stride_seq, n_seq = seq_args(variant, q)
+    score_tensors, alibi_strides, score_scalars, score_constexprs = score_args(variant, q, scale)
+    q_strides, k_strides, v_strides, o_strides = q.stride(), k.stride(), v.stride(), o.stride()
+    if variant.seq >= SEQ_VARLEN:  # one packed batch: the sequence index moves no pointer
+        q_strides, k_strides, v_strides, o_strides = ((0, *t[1:]) for t in (q_strides, k_strides, v_strides, o_strides))
+    args = (q, k, v, o, lse_arg, mask_arg, *score_tensors, *seq_ptrs,
+            *q_strides, *k_strides, *v_strides, *o_strides, *mask_strides,
+            *lse_strides(variant, Hq, Nq), *alibi_strides, stride_seq,
+            Hq, variant.max_q if variant.seq == SEQ_VARLEN else Nq,
+            variant.max_k if variant.seq == SEQ_VARLEN else Nk, n_seq,
+            causal_offset, variant.left, variant.right, scale * LOG2E, *score_scalars,
+            seed, keep_threshold(dropout_p) if dropout else 0, 1.0 / (1.0 - dropout_p), length_bucket(Nq, Nk))
+    fold = scale > 0 and kind != MASK_ADD and variant.softcap == 0 and variant.alibi is None
     constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
                       BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
-                      IS_CAUSAL=causal, MASK_KIND=kind, DROPOUT=dropout, PRECISION=precision_for(q.dtype),
-                      POS_SCALE=scale > 0, STORE_LSE=need_lse)
-    grid = lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
+                      MASK_KIND=kind, **score_constexprs, DROPOUT=dropout, PRECISION=precision_for(q.dtype),
+                      FOLD_SCALE=fold, STORE_LSE=need_lse)
+    grid = query_grid(variant, Nq, B, Hq, n_seq)
     _attn_fwd_kernel[grid](*args, **constexprs)
     if plain:
         if len(_BOUND) >= _BOUND_ENTRIES:
             _BOUND.clear()
-        bound = _attn_fwd_kernel.bind(grid, args, constexprs, 6)
+        bound = _attn_fwd_kernel.bind(grid, args, constexprs, _N_TENSORS)
         if bound is not None:
             _BOUND[signature] = bound
     return o, lse

@@ -1,0 +1,84 @@
+"""Saying what happened: fallbacks counted and announced once, compiles logged on request.
+
+Nothing in the package falls back to another path silently. ``note_fallback`` counts every
+fallback by (where, reason), warns once per pair, and ``fallback_counts`` lets a user read the
+counters. ``FLASHATTN_LITE_LOG=1`` also logs each first occurrence through the
+``flashattn_lite`` logger (INFO), with the first compile of each kernel variant. While
+``explain()`` runs a call, fallbacks and dispatch decisions (``note_path``) are also handed to it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import warnings
+from collections import Counter
+
+logger = logging.getLogger("flashattn_lite")
+
+_lock = threading.Lock()
+_fallbacks: Counter = Counter()
+_recorder: list | None = None  # while explain() runs a call: ("fallback" | path, where, reason)
+
+
+def log_enabled() -> bool:
+    """``FLASHATTN_LITE_LOG=1`` (read at each call, so tests and users may toggle it)."""
+    return os.environ.get("FLASHATTN_LITE_LOG", "0") not in ("", "0")
+
+
+def log_once(key, message: str, _seen: set = set()) -> None:
+    """Log ``message`` at INFO the first time ``key`` is seen, when logging is enabled."""
+    if not log_enabled():
+        return
+    with _lock:
+        if key in _seen:
+            return
+        _seen.add(key)
+    if not logger.handlers and not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO)
+    logger.setLevel(logging.INFO)
+    logger.info(message)
+
+
+def note_fallback(where: str, reason: str, *, warn: bool = True) -> None:
+    """Count one fallback at ``where`` (e.g. "hf", "replace_sdpa") for ``reason``; the first of each
+    (where, reason) pair warns (``warn=True``) and is logged."""
+    with _lock:
+        _fallbacks[(where, reason)] += 1
+        first = _fallbacks[(where, reason)] == 1
+        if _recorder is not None:
+            _recorder.append(("torch fallback", where, reason))
+    if first:
+        if warn:
+            warnings.warn(f"flashattn_lite ({where}): falling back: {reason}", stacklevel=3)
+        log_once(("fallback", where, reason), f"{where}: falling back: {reason}")
+
+
+def note_path(path: str, where: str, reason: str) -> None:
+    """A dispatcher chose ``path`` (e.g. "hopper") at ``where`` for ``reason``: told to explain()
+    only (a chosen fast path is not news worth a log line)."""
+    if _recorder is not None:
+        _recorder.append((path, where, reason))
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect (path, where, reason) of every fallback and dispatch note inside the block."""
+    global _recorder
+    previous, _recorder = _recorder, []
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
+
+
+def fallback_counts() -> dict:
+    """{(where, reason): count} of every fallback so far in this process."""
+    with _lock:
+        return dict(_fallbacks)
+
+
+def reset_fallback_counts() -> None:
+    with _lock:
+        _fallbacks.clear()

@@ -1,0 +1,315 @@
+"""attention() variants (window, softcap, sinks, ALiBi), varlen and padded ranges: forward, lse and
+backward (sinks included) against the float64 reference, alone and combined."""
+import pytest
+import torch
+
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, rel_err
+from flashattn_lite import attention, attention_varlen
+from flashattn_lite.ops.attention import attention_core
+from flashattn_lite.reference import attention_reference, attention_varlen_reference
+
+EPS = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-4}
+
+# (name, causal, options); sinks / alibi are built per shape by _options.
+CASES = [
+    ("window-left-causal", True, dict(window=(5, None))),
+    ("window-both", False, dict(window=(4, 3))),
+    ("window-0-0", False, dict(window=(0, 0))),
+    ("window-right-only", False, dict(window=(-1, 2))),
+    ("softcap", False, dict(softcap=2.5)),
+    ("softcap-causal", True, dict(softcap=30.0)),
+    ("sinks", False, dict(sinks=True)),
+    ("sinks-causal-window", True, dict(sinks=True, window=(6, 0))),
+    ("alibi-h", True, dict(alibi="h")),
+    ("alibi-bh", False, dict(alibi="bh")),
+    ("all", True, dict(window=(7, None), softcap=4.0, sinks=True, alibi="bh")),
+]
+# (B, Hq, Hkv, Nq, Nk, D, Dv)
+CPU_SHAPES = [(2, 4, 2, 17, 23, 16, 8), (1, 2, 1, 40, 17, 32, 32)]
+GPU_SHAPES = [(2, 8, 2, 1000, 1000, 64, 64), (1, 4, 1, 257, 4097, 128, 128), (1, 4, 4, 1000, 300, 96, 80)]
+SHAPES = CPU_SHAPES + (GPU_SHAPES if ON_GPU else [])
+
+
+def _shape_id(s):
+    return "b{}-h{}:{}-q{}-k{}-d{}-dv{}".format(*s)
+
+
+def _scaled_window(window, n):
+    """CPU windows are a few keys; on GPU shapes the same case spans a few tiles."""
+    if window is None or n < 100:
+        return window
+    return tuple(w if w is None or w < 0 else w * 37 for w in window)
+
+
+def _options(opts, shape, dtype, seed=0):
+    b, hq = shape[0], shape[1]
+    g = torch.Generator().manual_seed(seed)
+    out = dict(opts)
+    out["window"] = _scaled_window(opts.get("window"), shape[3])
+    if opts.get("sinks"):
+        out["sinks"] = (torch.randn(hq, generator=g) * 2).to(DEVICE, torch.float32)
+    if opts.get("alibi"):
+        size = (hq,) if opts["alibi"] == "h" else (b, hq)
+        out["alibi_slopes"] = (torch.rand(size, generator=g) * 0.3).to(DEVICE, torch.float32)
+        del out["alibi"]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _qkv(shape, dtype, seed=0):
+    b, hq, hkv, nq, nk, d, dv = shape
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).to(DEVICE, dtype).requires_grad_()
+            for s in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, dv))]
+
+
+def _finite(x):
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def _reference_grads(q, k, v, opts, do, dlse, dtype, causal):
+    """(o, lse, grads) of the reference in ``dtype`` (sinks' gradient last when present)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    kw = dict(opts)
+    if "sinks" in kw:
+        kw["sinks"] = kw["sinks"].detach().to(dtype).requires_grad_()
+        leaves.append(kw["sinks"])
+    o, lse = attention_reference(*leaves[:3], causal=causal, dtype=dtype, **kw)
+    loss = (o * do.to(dtype)).sum() + (_finite(lse) * dlse.to(dtype)).sum()
+    return o, lse, torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_variant_forward_backward(shape, dtype, case):
+    _, causal, opts = case
+    q, k, v = _qkv(shape, dtype)
+    opts = _options(opts, shape, dtype)
+    if "sinks" in opts:
+        opts["sinks"].requires_grad_()
+    o, lse = attention(q, k, v, causal=causal, return_lse=True, **opts)
+    do, dlse = torch.randn_like(o), torch.randn_like(lse)
+    leaves = [q, k, v] + ([opts["sinks"]] if "sinks" in opts else [])
+    grads = torch.autograd.grad((o * do).sum() + (_finite(lse) * dlse).sum(), leaves)
+    o_ref, lse_ref, g_ref = _reference_grads(q, k, v, opts, do, dlse, torch.float64, causal)
+    o_same, _, g_same = _reference_grads(q, k, v, opts, do, dlse, dtype, causal)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dtype])
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse.double()[finite], lse_ref[finite], atol=1e-3 if dtype == torch.float32 else 3e-2)
+    for name, ours, same, ref in zip(("dq", "dk", "dv", "dsinks"), grads, g_same, g_ref):
+        assert ours.shape == ref.shape
+        assert_close_to_ref(ours, same, ref, eps=2 * EPS[dtype], what=name)
+
+
+def test_options_matter():
+    """Each option changes the result (so the tests above would see one being ignored)."""
+    shape = (1, 2, 1, 17, 23, 16, 16)
+    q, k, v = _qkv(shape, torch.float32)
+    base = attention(q, k, v)
+    for opts in (dict(window=(3, 3)), dict(softcap=0.5), dict(sinks=torch.full((2,), 2.0, device=DEVICE)),
+                 dict(alibi_slopes=torch.full((2,), 0.5, device=DEVICE))):
+        assert rel_err(attention(q, k, v, **opts), base) > 1e-2, opts
+
+
+def test_window_band_crosses_whole_tiles():
+    """A band wider than a tile: the unmasked middle stage runs between two masked edges."""
+    shape = (1, 2, 1, 70, 90, 32, 32)
+    q, k, v = _qkv(shape, torch.float32, seed=3)
+    for causal, window in ((False, (20, 20)), (True, (33, None)), (False, (None, 40))):
+        o = attention(q, k, v, causal=causal, window=window)
+        o_ref, _ = attention_reference(q.detach(), k.detach(), v.detach(), causal=causal, window=window)
+        assert rel_err(o, o_ref) < 1e-4, (causal, window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_without_keys_give_zero_and_the_sink(dtype):
+    q, k, v = _qkv((1, 2, 1, 30, 9, 16, 16), dtype)
+    sinks = torch.tensor([0.5, -1.0], device=DEVICE)
+    o, lse = attention(q, k, v, causal=True, window=(2, 0), sinks=sinks, return_lse=True)
+    hidden = slice(0, 30 - 9)  # bottom-right causal: these rows see no key
+    assert (o[:, :, hidden] == 0).all() and torch.isfinite(o).all()
+    assert torch.equal(lse[0, :, hidden], sinks[:, None].expand(2, 21).float())
+
+
+def test_sliding_window_matches_a_dense_mask():
+    """window=(W−1, 0) with causal is the Mistral sliding window (i − W < j ≤ i)."""
+    q, k, v = _qkv((1, 2, 2, 33, 33, 16, 16), torch.float32)
+    w = 8
+    i, j = torch.arange(33)[:, None], torch.arange(33)[None, :]
+    mask = ((j <= i) & (j > i - w)).to(DEVICE)
+    o = attention(q, k, v, causal=True, window=(w - 1, 0))
+    o_ref, _ = attention_reference(q.detach(), k.detach(), v.detach(), attn_mask=mask)
+    assert rel_err(o, o_ref) < 1e-5
+
+
+# ------------------------------------------------------------------ varlen
+
+def _packed(lens_q, lens_k, hq, hkv, d, dv, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cu = [torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(DEVICE) for lens in (lens_q, lens_k)]
+    tq, tk = sum(lens_q), sum(lens_k)
+    t = [torch.randn(*s, generator=g).to(DEVICE, dtype).requires_grad_() for s in ((tq, hq, d), (tk, hkv, d), (tk, hkv, dv))]
+    return (*t, *cu)
+
+
+VARLEN_LENS = ([5, 0, 17, 33, 1], [5, 3, 17, 40, 9])
+GPU_VARLEN_LENS = ([1, 1000, 4097, 17, 513], [1, 1000, 4097, 300, 1024])
+
+
+@pytest.mark.parametrize("max_known", [False, True], ids=["grid-from-totals", "max-given"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("window-both", "softcap-causal", "all")] +
+                         [("causal", True, {})], ids=lambda c: c[0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_varlen_matches_each_sequence_alone(dtype, case, max_known):
+    _, causal, opts = case
+    lens_q, lens_k = GPU_VARLEN_LENS if ON_GPU else VARLEN_LENS
+    q, k, v, cq, ck = _packed(lens_q, lens_k, 4, 2, 32, 16, dtype)
+    opts = _options(opts, (len(lens_q), 4, 2, max(lens_q)), dtype)
+    if "sinks" in opts:
+        opts["sinks"].requires_grad_()
+    mx = (max(lens_q), max(lens_k)) if max_known else (None, None)
+    o, lse = attention_varlen(q, k, v, cq, ck, *mx, causal=causal, return_lse=True, **opts)
+    assert o.shape == (q.shape[0], 4, 16) and lse.shape == (4, q.shape[0])
+    do, dlse = torch.randn_like(o), torch.randn_like(lse)
+    leaves = [q, k, v] + ([opts["sinks"]] if "sinks" in opts else [])
+    grads = torch.autograd.grad((o * do).sum() + (_finite(lse) * dlse).sum(), leaves)
+
+    def ref(dtype_):
+        ls = [t.detach().to(dtype_).requires_grad_() for t in leaves]
+        kw = dict(opts)
+        if "sinks" in kw:
+            kw["sinks"] = ls[3]
+        o_r, lse_r = attention_varlen_reference(*ls[:3], cq.cpu(), ck.cpu(), causal=causal, dtype=dtype_, **kw)
+        g = torch.autograd.grad((o_r * do.to(dtype_)).sum() + (_finite(lse_r) * dlse.to(dtype_)).sum(), ls)
+        return o_r, lse_r, g
+
+    o_ref, lse_ref, g_ref = ref(torch.float64)
+    o_same, _, g_same = ref(dtype)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dtype])
+    finite = torch.isfinite(lse_ref)
+    assert torch.allclose(lse.double()[finite], lse_ref[finite], atol=1e-3 if dtype == torch.float32 else 3e-2)
+    for name, ours, same, r in zip(("dq", "dk", "dv", "dsinks"), grads, g_same, g_ref):
+        assert_close_to_ref(ours, same, r, eps=2 * EPS[dtype], what=name)
+
+
+def test_varlen_equals_dense_on_equal_lengths():
+    """The dense call is varlen with equal lengths: bit-for-bit the same math per sequence."""
+    q, k, v = _qkv((3, 4, 2, 19, 19, 16, 16), torch.float32)
+    o = attention(q, k, v, causal=True, window=(4, 0))
+    pack = lambda t: t.detach().transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
+    cu = torch.arange(0, 4 * 19, 19, dtype=torch.int32, device=DEVICE)
+    ov = attention_varlen(pack(q), pack(k), pack(v), cu, cu, causal=True, window=(4, 0))
+    assert rel_err(ov, pack(o)) < 1e-6
+
+
+def test_padded_ranges_match_each_sequence_and_zero_the_padding():
+    B, L, S = 3, 20, 26
+    qr = torch.tensor([[3, 20], [0, 12], [19, 20]], dtype=torch.int32, device=DEVICE)
+    kr = torch.tensor([[9, 26], [0, 12], [2, 26]], dtype=torch.int32, device=DEVICE)
+    q, k, v = _qkv((B, 4, 2, L, S, 16, 16), torch.float32)
+    sinks = torch.randn(4, device=DEVICE)
+    o, lse = attention_core(q, k, v, causal=True, window=(4, 0), sinks=sinks, q_ranges=qr, k_ranges=kr,
+                            return_lse=True)
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    for b in range(B):
+        (a0, a1), (b0, b1) = qr[b].tolist(), kr[b].tolist()
+        leaves = [t.detach()[b:b + 1, :, r0:r1].double().requires_grad_()
+                  for t, (r0, r1) in ((q, (a0, a1)), (k, (b0, b1)), (v, (b0, b1)))]
+        o_ref, lse_ref = attention_reference(*leaves, causal=True, window=(4, 0), sinks=sinks)
+        g_ref = torch.autograd.grad(o_ref, leaves, do[b:b + 1, :, a0:a1].double())
+        assert rel_err(o[b:b + 1, :, a0:a1], o_ref) < 1e-5
+        assert rel_err(lse[b:b + 1, :, a0:a1], lse_ref) < 1e-5
+        for ours, ref, (r0, r1) in zip((dq, dk, dv), g_ref, ((a0, a1), (b0, b1), (b0, b1))):
+            assert rel_err(ours[b:b + 1, :, r0:r1], ref) < 1e-4
+        outside_q = torch.ones(L, dtype=torch.bool)
+        outside_q[a0:a1] = False
+        outside_k = torch.ones(S, dtype=torch.bool)
+        outside_k[b0:b1] = False
+        assert (o[b][:, outside_q] == 0).all() and (dq[b][:, outside_q] == 0).all()
+        assert (dk[b][:, outside_k] == 0).all() and (dv[b][:, outside_k] == 0).all()
+
+
+# ------------------------------------------------------------------ bad input
+
+def _small():
+    return [torch.randn(*s, device=DEVICE) for s in ((1, 2, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8))]
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(window=3), TypeError, "window"),
+    (dict(window=(1, 2, 3)), TypeError, "window"),
+    (dict(window=(-2, 0)), ValueError, "window left"),
+    (dict(window=(0, 1.5)), TypeError, "window right"),
+    (dict(softcap=-1.0), ValueError, "softcap"),
+    (dict(softcap=float("nan")), ValueError, "softcap"),
+    (dict(softcap="1"), TypeError, "softcap"),
+    (dict(sinks=torch.zeros(3)), ValueError, "sinks"),
+    (dict(sinks=torch.zeros(2, dtype=torch.int32)), TypeError, "sinks"),
+    (dict(sinks=[0.0, 0.0]), TypeError, "sinks"),
+    (dict(alibi_slopes=torch.zeros(2, dtype=torch.float16)), TypeError, "alibi_slopes"),
+    (dict(alibi_slopes=torch.zeros(2, 2)), ValueError, "alibi_slopes"),
+])
+def test_bad_options_name_the_argument(kwargs, error, name):
+    q, k, v = _small()
+    kwargs = {key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val) for key, val in kwargs.items()}
+    with pytest.raises(error, match=name):
+        attention(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("cu_q, error, match", [
+    ([1, 5, 10], ValueError, "cu_seqlens_q must start at 0"),
+    ([0, 6, 5, 10], ValueError, "cu_seqlens_q"),
+    ([0, 5, 9], ValueError, "total length"),
+    ([[0, 10]], ValueError, "cu_seqlens_q must have shape"),
+])
+def test_bad_cu_seqlens_raise(cu_q, error, match):
+    q, k, v = (torch.randn(10, 2, 8), torch.randn(10, 1, 8), torch.randn(10, 1, 8))
+    cu_k = torch.tensor([0, 5, 10], dtype=torch.int32) if len(cu_q) != 4 else torch.tensor([0, 3, 5, 10], dtype=torch.int32)
+    with pytest.raises(error, match=match):
+        attention_varlen(q, k, v, torch.tensor(cu_q, dtype=torch.int32), cu_k)
+
+
+def test_bad_varlen_arguments_raise():
+    q, k, v = (torch.randn(10, 2, 8), torch.randn(10, 1, 8), torch.randn(10, 1, 8))
+    cu = torch.tensor([0, 5, 10], dtype=torch.int32)
+    with pytest.raises(TypeError, match="cu_seqlens_q"):
+        attention_varlen(q, k, v, cu.long(), cu)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        attention_varlen(q, k, v, cu, cu, 3, 5)
+    with pytest.raises(ValueError, match="q must have 3 dimensions"):
+        attention_varlen(q[None], k, v, cu, cu)
+    with pytest.raises(ValueError, match="same length"):
+        attention_varlen(q, k, v, cu, torch.tensor([0, 10], dtype=torch.int32))
+
+
+def test_bad_ranges_raise():
+    q, k, v = _small()
+    r = torch.tensor([[0, 5]], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="together"):
+        attention_core(q, k, v, q_ranges=r)
+    with pytest.raises(ValueError, match="k_ranges"):
+        attention_core(q, k, v, q_ranges=r, k_ranges=torch.tensor([[0, 6]], dtype=torch.int32, device=DEVICE),
+                       check_seqlens=True)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        attention_core(q, k, v, q_ranges=r, k_ranges=r, causal_offset=0)
+
+
+# ------------------------------------------------------------------ GPU only
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+def test_varlen_without_max_captures_in_a_cuda_graph():
+    """No device→host sync: the call records into a CUDA graph, and a new batch of lengths
+    replays correctly without recapture."""
+    q, k, v, cq, ck = _packed([7, 300, 1], [7, 300, 1], 4, 2, 64, 64, torch.bfloat16)
+    q, k, v = (t.detach() for t in (q, k, v))
+    attention_varlen(q, k, v, cq, ck, causal=True)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention_varlen(q, k, v, cq, ck, causal=True)
+    cq.copy_(torch.tensor([0, 200, 300, 308], dtype=torch.int32))
+    ck.copy_(cq)
+    graph.replay()
+    o_ref, _ = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=True)
+    assert rel_err(out, o_ref.to(out.device)) < 2e-2
