@@ -5,9 +5,9 @@ flight). Each variant (a fixed config through ``decode._TUNING``, or a ``num_spl
 many K/V bytes a program has requested ahead: cp.async pipeline depth (``num_stages``: num_stages − 1
 tiles in flight), tile size, and more programs per SM (more splits). Fixed configs bypass the
 autotuner, so each variant measures what its name says; ``default`` is ``decode()`` as shipped
-(autotuned; its choice is recorded). Session 4 also timed unpipelined tiles with V loaded next to
+(autotuned; its choice is recorded). The 15:56 sweep of 2026-11-23 also timed unpipelined tiles with V loaded next to
 K, L2 prefetch ahead of the pipeline and loads issued before the sequence length arrives: none beat
-the default (``benchmarks/NOTES.md``), and that code is gone. Session 6's prefetch differs: one
+the default (``benchmarks/NOTES.md``), and that code is gone. The prefetch kept since 18:10 differs: one
 tile, asked for while stage 1 still waits for the previous kernel (``decode.PREFETCH_TILES``).
 
 Problem: Hq 32, Hkv 8, d 128, bf16, one new token, every sequence full; B 1 at 4k / 32k / 128k,
@@ -56,19 +56,19 @@ VARIANTS = {
     "bn128-s3": (dict(config=(128, 4, 3)), None),                       # [2 × 64 keys: a 4k split at once]
     "s32-bn64-s2": (dict(config=(64, 4, 2)), 32),                       # [~2 programs per SM]
     "s64-bn64-s2": (dict(config=(64, 4, 2)), 64),                       # [~4 programs per SM]
-    # Session 5: more bytes in flight per SM at B 1 32k without losing pipeline depth.
+    # More bytes in flight per SM at B 1 32k without losing pipeline depth.
     "s32-bn64-s3": (dict(config=(64, 4, 3)), 32),                       # [2 per program, 2 programs per SM]
     "bn64-s3-w8": (dict(config=(64, 8, 3)), None),                      # [2, twice the warps issuing]
     "bn32-s6": (dict(config=(32, 4, 6)), None),                         # [5 half tiles]
-    # Session 6: the fixed cost of a step. The default launches stage 1 as a programmatic dependent
-    # of the previous kernel and the merge reads o beside lse; these restore session 5's ways.
+    # The fixed cost of a step. The default launches stage 1 as a programmatic dependent of the
+    # previous kernel and the merge reads o beside lse; these restore the launch form of 16:23.
     "no-chain": (dict(no_chain=True), None),                            # stage 1 placed after the merge ends
     "masked-parts": (dict(masked_parts=True), None),                    # merge reads o after lse
-    "session5": (dict(no_chain=True, masked_parts=True, prefetch_tiles=0), None),
+    "plain-launch": (dict(no_chain=True, masked_parts=True, prefetch_tiles=0), None),
     # L2 prefetch of the split's first key tiles while stage 1 waits for the previous kernel
     # (the default prefetches decode.PREFETCH_TILES = 1).
     "pf0": (dict(prefetch_tiles=0), None),
-    "pf2": (dict(prefetch_tiles=2), None),                               # lost, as did 4 (NOTES, session 6)
+    "pf2": (dict(prefetch_tiles=2), None),                               # lost, as did 4 (NOTES, 18:03)
 }
 
 
@@ -202,7 +202,7 @@ def _sweep_case(case, B, L, page, only, variants, over_budget, device, rows, ski
         try:
             row.update(_check(fn, q, kf, vf, row["num_splits"]))
             if name == "default":
-                row["autotuned"] = str(getattr(dec._decode_split_kernel.inner, "best_config", None))
+                row["autotuned"] = str(next(iter(dec._decode_split_kernel.tuning.chosen.values())).config)
             if not (row["max_abs_diff"] <= 1e-2 and row["lse_diff"] <= 1e-2):   # NaN fails too
                 row["note"] = "WRONG: not timed"
             else:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, reused every session: GPU tests, then the named benchmarks, results under $OUT.
+# One device call: GPU tests, then the named benchmarks, results under $OUT.
 #   TESTS="tests/test_attention.py" BENCH="benchmarks/attention_speed.py" bash benchmarks/gpu_check.sh
 #   TESTS= BENCH="benchmarks/softmax_speed.py benchmarks/decode_speed.py benchmarks/memory.py" bash benchmarks/gpu_check.sh
 # The whole script stays within TOTAL seconds (default 540, under a 10-minute device call):

@@ -6,12 +6,12 @@ Rows: torch's SDPA pinned to its flash backend (the baseline: ``sdpa_kernel`` is
 around the timed loop, not per call), torch's SDPA with its default backend choice,
 flashattn_lite.scaled_dot_product_attention, and the same through the custom-op dispatcher (the
 torch.compile path, called eagerly), forward and forward+backward, B=1, H=8, N=16, d=64, all in
-one process. Until session 4 the flash row entered ``sdpa_kernel`` inside every call, which added
+one process. Before 2026-11-23 15:41 the flash row entered ``sdpa_kernel`` inside every call, which added
 the context manager's cost to torch's time. Two clocks: ``*_us`` is do_bench's median (device
 events around one call after an L2 flush, which hides up to ~0.1 ms of host time behind the
 flush), ``*_host_us`` the host wall clock per call of back-to-back calls (what a loop of tiny
 calls actually costs: the host's launch path is all there is): the best of 9 rounds of 200 calls
-(50 forward+backward), the implementations interleaved round by round. Until session 5 each ran
+(50 forward+backward), the implementations interleaved round by round. Before 2026-11-23 17:05 each ran
 one 300-call block in turn, and the host's drift between blocks moved torch's own two rows apart
 by up to 1.8 ×. ``--mock`` replaces our kernels by output allocation only, isolating the Python
 wrapper on a machine without a GPU.

@@ -7,7 +7,7 @@ how a row's programs meet (``sync``: fenced ``counter`` or ``counter_flags``, se
 64-bit partials behind a relaxed counter), what a one-chunk segment holds across the wait (``hold``:
 float32 or the ``raw`` loaded values), the counters' spacing (``pad``) and programs per SM
 (``resident``: a register cap). A variant replaces some of them (``softmax._SPLIT_TUNING``).
-Sessions 4 and 5's sweeps (``results/softmax_split_sweep-*.json``, NOTES.md) chose the
+The sweeps of 2026-11-23 (``results/softmax_split_sweep-*.json``, NOTES.md) chose the
 current settings; the variants that lost there or relied on in-order dispatch went with their
 kernel code. Each variant's output is checked on memory poisoned with NaN. This times each variant
 on the same inputs as ``softmax_speed.py`` (R = total / (N · itemsize) rows, forward = softmax,
@@ -34,8 +34,8 @@ from flashattn_lite.ops import softmax as sm  # noqa: E402
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _session4(op, itemsize, n, sms):
-    """Session 4's settings (the defaults before session 5)."""
+def _uncapped(op, itemsize, n, sms):
+    """The settings chosen at 16:17 on 2026-11-23 (the defaults before the register cap)."""
     fwd = op < 3
     if fwd:
         block, warps = (8192, 8) if -(-n // 8192) <= sms else (16384, 8)
@@ -64,14 +64,14 @@ def _only(direction, itemsize=None, **t):
 
 
 # name → a ``_SPLIT_TUNING`` override, or a function (op, itemsize, N, SM count) → one.
-# Session 5: a register cap lets one-chunk rows use up to resident × SMs segments (was SMs); the
+# A register cap (since 17:15) lets one-chunk rows use up to resident × SMs segments (was SMs); the
 # backward may hold y alone ("first"), reading dy again from L2; ``segments`` caps the segments
 # of a row, so that they stream several chunks (read twice, the second time from L2).
 VARIANTS = {
     "chosen": {},
-    "session4": _session4,
+    "uncapped": _uncapped,
     # Segments that stream instead of holding: 2-byte forward at 2^20 (16K, 2 chunks of 8K, or 8K
-    # in 2 chunks of 4K) as the 2^22 forward does (.92 × copy in session 5's call 1).
+    # in 2 chunks of 4K) as the 2^22 forward does (.92 × copy at 16:58, softmax_split_sweep-20261123-165814).
     "fwd-seg64": _only("fwd", 2, block=8192, warps=8, hold="f32", resident=0, segments=64),
     "fwd-4k": _only("fwd", 2, block=4096, warps=4, hold="f32", resident=0),
     # The same for the backward past 2^20: 4 chunks of 8K per segment, or 2 of 16K.
@@ -80,17 +80,17 @@ VARIANTS = {
     # y alone held on 8K chunks past 2^20 (2^21: 256 segments, about three rows waiting at once).
     "first8k-r6": _only("bwd", None, block=8192, warps=8, hold="first", resident=6, **_FAST),
     "first8k-r4": _only("bwd", 4, block=8192, warps=8, hold="first", resident=4, **_FAST),
-    # Session 6: a waiting program asks the L2 for lines (128 B) of each input at the start of its
+    # L2 prefetch (since 18:10): a waiting program asks the L2 for lines (128 B) of each input at the start of its
     # segment of a row not yet started (DRAM idles through a row's wait); ``aK``: K lines once the
     # wait is over. The defaults use 128 before (fp32 backward, two rows in flight), 256 after (one
     # row filling the GPU), 256 / 512 forward. Losers dropped: 256 backward, before + after
-    # together, bf16 holds of 16K and 32K chunks (NOTES, session 6).
+    # together, bf16 holds of 16K and 32K chunks (NOTES, 17:51–18:03).
     "no-prefetch": dict(prefetch=0, prefetch_after=0),
     "pf64": dict(prefetch=64, prefetch_after=0),
     "pf128": dict(prefetch=128, prefetch_after=0),
     "pf512": dict(prefetch=512, prefetch_after=0),
     "a256": dict(prefetch=0, prefetch_after=256),
-    # 2-byte backward past 2^20 on 8 warps (3 streaming programs per SM, as in session 5).
+    # 2-byte backward past 2^20 on 8 warps (3 streaming programs per SM, the default before 18:10).
     "half-w8": _only("bwd", 2, warps=8),
 }
 

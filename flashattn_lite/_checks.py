@@ -52,6 +52,13 @@ def check_scale(scale) -> float | None:
     return float(scale)
 
 
+def check_bool(name: str, value) -> bool:
+    """A flag must be a bool (a truthy string or tensor passed by mistake is not taken as True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def check_head_dim(name: str, d: int, lo: int = 1, hi: int = 256) -> None:
     if not lo <= d <= hi:
         raise ValueError(f"{name} head dim must be in [{lo}, {hi}], got {d}")

@@ -22,13 +22,17 @@ the interpreter, whose kernels are not compiled.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from functools import reduce
 from operator import attrgetter, itemgetter, or_
+from typing import NamedTuple
 
 import torch
-from triton.runtime.autotuner import Autotuner
+from triton.runtime.interpreter import InterpretedFunction
+
+from ._log import log_enabled, log_once
 
 try:  # Triton ≥ 3.4 keeps launch hooks in knobs; older versions take the plain path.
     from triton import knobs as _knobs
@@ -50,6 +54,13 @@ def _int_spec(a: int) -> int:
     return 2 + (a % 16 == 0) + 2 * (_INT32_MIN <= a <= _INT32_MAX) + 4 * (a >= 2 ** 63)
 
 
+def _spec_unspecialized(a):
+    """An argument in the kernel's ``do_not_specialize``: Triton keys an int by its range only."""
+    if type(a) is int:
+        return "u", (_INT32_MIN <= a <= _INT32_MAX) + 2 * (a >= 2 ** 63)
+    return _spec(a)
+
+
 _SPEC = {int: _int_spec, bool: lambda a: "b", float: lambda a: "f", type(None): lambda a: "n"}
 
 
@@ -61,6 +72,44 @@ def _spec(a):
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
     return type(a), a  # anything else: keyed by value (hashable or the launch fails loudly)
+
+
+def _cannot_run_errors() -> tuple:
+    """What Triton raises for a config that does not fit the GPU (resources, compile-time asserts)."""
+    errors = []
+    for module, name in (("triton.runtime.errors", "OutOfResources"), ("triton.runtime.errors", "PTXASError"),
+                         ("triton.compiler.errors", "CompileTimeAssertionFailure")):
+        try:
+            errors.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+_CANNOT_RUN = _cannot_run_errors()
+
+
+class Launch(NamedTuple):
+    """One kernel launch as explain() sees it."""
+    kernel: str
+    constexprs: dict
+    choice: object  # configs.tuning.Choice, or None for a kernel without tuning
+    path: str       # "triton" (compiled) or "interpreter"
+
+
+_recorder: list | None = None  # while explain() runs a call: every launch, appended
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the :class:`Launch` of every kernel launched inside the block (this thread's
+    calls and any other's: a diagnostic, not for concurrent use). Bound launches step aside."""
+    global _recorder
+    previous, _recorder = _recorder, []
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
 
 
 def _knob_state() -> tuple:
@@ -92,24 +141,34 @@ def fast_launch_enabled() -> bool:
 class Launcher:
     """``kernel[grid](*args, **constexprs)`` like a Triton kernel, with a per-specialization cache.
 
-    ``inner`` is a ``triton.jit`` function or a ``triton.autotune`` wrapper of one; ``tune_key``
-    names the autotuning key's arguments (their values, not just their specialization, pick the
-    config). The fast path needs runtime arguments positionally and constexprs by keyword, as at
-    every call site here (a call passing a constexpr positionally always takes Triton's path); a
-    callable grid sees the constexprs and the config (``meta["BLOCK_M"]``), not the runtime
-    arguments. The first launch of a specialization goes through ``inner`` (tuning, compiling),
-    under a lock: the autotuner reports its choice in a shared attribute."""
+    ``jit`` is a ``triton.jit`` function; ``tuning`` (a :class:`~flashattn_lite.configs.tuning.Tuning`,
+    from ``_runtime.tuned``) picks its config once per tuning key, whose arguments' values (not
+    just their specialization) are in the cache key (``tune_key`` names them for an untuned
+    kernel's tests). The fast path needs runtime arguments positionally and constexprs by keyword,
+    as at every call site here (a call passing a constexpr positionally always takes Triton's
+    path); a callable grid sees the constexprs and the config (``meta["BLOCK_M"]``), not the
+    runtime arguments. The first launch of a specialization goes through Triton (compiling) under
+    a lock. Ints the kernel lists in ``do_not_specialize`` are keyed as Triton keys them: by range
+    only, so a new length reuses the entry of its specialization."""
 
-    def __init__(self, inner, tune_key=()):
-        self.inner = inner
+    def __init__(self, jit, tune_key=(), tuning=None):
+        self.jit, self.tuning = jit, tuning
+        if tuning is not None:
+            tuning.attach(jit)
+            tune_key = tuning.key
+        fn = getattr(jit, "fn", None)
+        self.name = getattr(fn, "__name__", None) or type(jit).__name__
+        self.interpreted = isinstance(jit, InterpretedFunction)
         self.entries: dict = {}
-        self.enabled = fast_launch_enabled()
+        self.lock = threading.Lock()
+        self.enabled = fast_launch_enabled() and not self.interpreted
         if self.enabled:
-            self.jit = inner.fn if isinstance(inner, Autotuner) else inner
-            self.n_runtime = min((p.num for p in self.jit.params if p.is_constexpr), default=len(self.jit.params))
+            self.n_runtime = min((p.num for p in jit.params if p.is_constexpr), default=len(jit.params))
             # Key arguments among the runtime ones (constexpr key arguments are in the kwargs key).
-            self.tune_pos = tuple(i for i, n in enumerate(self.jit.arg_names[:self.n_runtime]) if n in tune_key)
-            self.lock = threading.Lock()
+            self.tune_pos = tuple(i for i, n in enumerate(jit.arg_names[:self.n_runtime]) if n in tune_key)
+            unspecialized = [getattr(p, "do_not_specialize", False) for p in jit.params[:self.n_runtime]]
+            self.specs = (tuple(_spec_unspecialized if u else _spec for u in unspecialized)
+                          if any(unspecialized) else None)
             self.exact: dict = {}    # exact-value key → entry (see the module docstring)
             self.layouts: dict = {}  # argument types → getters of the tensors and of the rest
 
@@ -118,30 +177,33 @@ class Launcher:
 
     def launch(self, grid, args, kwargs):
         if not self.enabled or len(args) > self.n_runtime:
-            return self.inner[grid](*args, **kwargs)
+            return self._first(grid, args, kwargs)[0]
         device = torch.cuda.current_device()
         try:
             knobs = _knob_state()
         except AttributeError:  # a Triton whose knobs differ: its own launch path from now on
             self.enabled = False
-            return self.inner[grid](*args, **kwargs)
+            return self._first(grid, args, kwargs)[0]
         # Triton keys constexprs by str(value) (True, 1 and 1.0 differ): their types are in both keys.
         constexprs = (tuple(kwargs.items()), tuple(map(type, kwargs.values())))
         exact = self._exact_key(device, args, constexprs, knobs)
         entry = self.exact.get(exact) if exact is not None else None
         if entry is None:
-            key = (device, constexprs, tuple(map(_spec, args)), tuple(args[i] for i in self.tune_pos), knobs)
+            specs = tuple(map(_spec, args)) if self.specs is None else tuple(f(a) for f, a in zip(self.specs, args))
+            key = (device, constexprs, specs, tuple(args[i] for i in self.tune_pos), knobs)
             entry = self.entries.get(key)
             if entry is None:
                 with self.lock:
-                    kernel = self.inner[grid](*args, **kwargs)
-                    entry = self.entries[key] = self._entry(kernel, len(args), kwargs)
+                    kernel, choice = self._first(grid, args, kwargs)
+                    entry = self.entries[key] = self._entry(kernel, len(args), kwargs, choice)
                 self._remember(exact, entry)
                 return kernel
             if entry is _SLOW:
-                return self.inner[grid](*args, **kwargs)
+                return self._first(grid, args, kwargs)[0]
             self._remember(exact, entry)
-        kernel, tail, meta = entry
+        kernel, tail, meta, choice = entry
+        if _recorder is not None:
+            _recorder.append(Launch(self.name, kwargs, choice, "triton"))
         g = grid(meta) if callable(grid) else grid
         g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
         stream = _raw_stream(device)
@@ -154,6 +216,38 @@ class Launcher:
         kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, metadata, enter, leave, *all_args)
         return kernel
 
+    def _first(self, grid, args, kwargs):
+        """Triton's own launch, with the config ``tuning`` picks: (what Triton returned, the Choice
+        or None). Logs the first compile of each binary and records the launch for explain()."""
+        choice = None
+        config = {}
+        if self.tuning is not None:
+            named = {**dict(zip(self.jit.arg_names, args)), **kwargs}
+            choice = self.tuning.choose(named, bench=lambda c: self._bench(grid, args, kwargs, c),
+                                        interpreted=self.interpreted)
+            config = choice.config.all_kwargs()
+        kernel = self.jit[grid](*args, **kwargs, **config)
+        path = "interpreter" if self.interpreted else "triton"
+        if _recorder is not None:
+            _recorder.append(Launch(self.name, kwargs, choice, path))
+        if log_enabled():
+            dtypes = ",".join(str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor))
+            spec = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+            how = f" with {config} ({choice.source})" if choice is not None else ""
+            # A compiled binary is one object for as long as Triton caches it: its first sight is its compile.
+            ident = id(kernel) if kernel is not None else (tuple(kwargs.items()), dtypes)
+            log_once(("compile", self.name, ident), f"{'interpreting' if self.interpreted else 'compiled'} "
+                                                    f"{self.name} [{dtypes}; {spec}]{how}")
+        return kernel, choice
+
+    def _bench(self, grid, args, kwargs, config) -> float:
+        """Median ms of one config on the call's arguments (autotuning); inf when it cannot compile."""
+        from triton.testing import do_bench
+        try:
+            return do_bench(lambda: self.jit[grid](*args, **kwargs, **config.all_kwargs()), return_mode="median")
+        except _CANNOT_RUN:
+            return float("inf")
+
     def bind(self, grid, args, kwargs, n_tensors: int):
         """After ``self[grid](*args, **kwargs)`` has run: ``launch(*tensors)``, which launches the
         same compiled kernel on the same grid with the same scalars and new tensors in the first
@@ -161,7 +255,8 @@ class Launcher:
         these, keyed by everything the other arguments and the tensors' dtypes depend on, makes a
         repeated small call cost little more than Triton's C launcher). ``launch`` returns False,
         launching nothing, where it does not apply: a tensor not 16-byte aligned, another current
-        device, launch hooks or debug knobs set since. None where this launch has no fast entry."""
+        device, launch hooks or debug knobs set since, explain() recording. None where this
+        launch has no fast entry."""
         if not self.enabled:
             return None
         device = torch.cuda.current_device()
@@ -174,7 +269,7 @@ class Launcher:
         entry = self.exact.get(exact) if exact is not None else None
         if entry is None:
             return None
-        kernel, tail, meta = entry
+        kernel, tail, meta, _ = entry
         g = grid(meta) if callable(grid) else grid
         g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
         rest = (*args[n_tensors:], *tail)
@@ -185,7 +280,7 @@ class Launcher:
             # Addresses as ints: Triton's C launcher then skips its per-tensor data_ptr() call and
             # driver pointer query (the tensors are the call site's validated CUDA tensors).
             ptrs = tuple(map(_data_ptr, tensors))
-            if (reduce(or_, ptrs, 0) & 15 or torch.cuda.current_device() != device
+            if (reduce(or_, ptrs, 0) & 15 or torch.cuda.current_device() != device or _recorder is not None
                     or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook)
                     or _knob_state() != knobs):
                 return False
@@ -212,9 +307,9 @@ class Launcher:
             return None
         return device, types, others, tuple(map(_dtype_of, tensors)), constexprs, knobs
 
-    def _entry(self, kernel, n_args, kwargs):
-        """(compiled kernel, the arguments after the positional ones, grid meta) or _SLOW."""
-        config = getattr(self.inner, "best_config", None)
+    def _entry(self, kernel, n_args, kwargs, choice):
+        """(compiled kernel, the arguments after the positional ones, grid meta, Choice) or _SLOW."""
+        config = choice.config if choice is not None else None
         if config is not None and config.pre_hook is not None:
             return _SLOW
         if kernel is None:  # a cache hook made Triton skip the launch
@@ -234,7 +329,7 @@ class Launcher:
                 tail.append(param.default)
             else:
                 return _SLOW
-        return kernel, tuple(tail), meta
+        return kernel, tuple(tail), meta, choice
 
 
 def _getter(positions):

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ._launcher import Launcher
+from .configs.tuning import Tuning
 
 
 @triton.jit
@@ -56,30 +57,21 @@ def runs_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.device.type == "cpu" and interpreter_active())
 
 
-def autotune_enabled() -> bool:
-    """``FLASHATTN_LITE_AUTOTUNE=0`` takes the first config that fits instead of timing them all
-    (test suites compile many kernel variants and care about results, not speed)."""
-    return os.environ.get("FLASHATTN_LITE_AUTOTUNE", "1") != "0"
+def tuned(configs: list[triton.Config], key: list[str], interpreter_config: triton.Config, prune=None,
+          length: str | None = None):
+    """Decorator of a ``triton.jit`` kernel: launched through
+    :class:`~flashattn_lite._launcher.Launcher` with a config chosen once per tuning key
+    (``configs.tuning``): the GPU architecture's table (``flashattn_lite/configs/``), else the first
+    config ``prune`` keeps; nothing is timed at call time unless ``FLASHATTN_LITE_AUTOTUNE=1``, which
+    times the kept configs once per key and keeps the winners in a disk cache. Under the
+    interpreter, ``interpreter_config`` always (timing there would run every config on the CPU).
 
-
-def tuned(configs: list[triton.Config], key: list[str], interpreter_config: triton.Config, prune=None):
-    """``triton.autotune`` on the GPU; a single small config under the interpreter. Launched
-    through :class:`~flashattn_lite._launcher.Launcher` (microseconds per launch once tuned).
-
-    ``prune(configs, named_args)`` drops configs that cannot fit the call (head dim, dtype); the
-    first survivor is the default when autotuning is off. Autotuning in the interpreter would run
-    every config on the CPU, which is slow and pointless.
+    ``key``: the arguments whose values select a config (with the first tensor's dtype);
+    ``length``: the one among them that is a length class (it selects the nearest table row).
+    ``prune(configs, named_args)`` keeps the configs that fit a call (head dim, dtype), best guess
+    first; ``named_args`` holds every argument, constexprs included.
     """
-    if interpreter_active():
-        return lambda fn: Launcher(triton.autotune(configs=[interpreter_config], key=key)(fn))
-
-    def early_prune(configs, named_args, **kwargs):
-        # Triton passes positional arguments as named_args and keyword ones (constexprs) apart.
-        kept = (prune(configs, {**named_args, **kwargs}) if prune else configs) or configs[-1:]
-        return kept if autotune_enabled() else kept[:1]
-
-    autotune = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": early_prune})
-    return lambda fn: Launcher(autotune(fn), tune_key=key)
+    return lambda fn: Launcher(fn, tuning=Tuning(configs, key, interpreter_config, prune=prune, length=length))
 
 
 @functools.lru_cache(maxsize=None)

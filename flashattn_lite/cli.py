@@ -1,8 +1,9 @@
-"""``flashattn-lite``: the package's benchmarks on the command line (also ``python -m flashattn_lite``).
+"""``flashattn-lite``: the package's benchmarks and tools on the command line (also ``python -m flashattn_lite``).
 
-Each subcommand is a module of ``flashattn_lite.bench`` with ``add_arguments(parser)`` and
-``run(args)``; this file only wires them up, so the installed command and ``benchmarks/`` scripts
-run the same code.
+Each subcommand is a module with ``add_arguments(parser)`` and ``run(args)``: benchmarks
+(``_COMMANDS``, modules of ``flashattn_lite.bench``, each writing results under ``--out DIR``) and
+tools (``_TOOLS``, which take their own options). This file only wires them up, so the installed
+command and ``benchmarks/`` scripts run the same code. A new subcommand is one entry in either table.
 """
 from __future__ import annotations
 
@@ -32,6 +33,36 @@ _COMMANDS = {
     "decode": ("flashattn_lite.bench.decode",
                "split-KV decode attention sweep",
                "Decode (one query token, long KV cache) attention time and bandwidth."),
+    "variants": ("flashattn_lite.bench.variants",
+                 "cost of the attention variants: sliding window, softcap / sinks / ALiBi, varlen batches",
+                 "Causal attention at N = 32k with a 4k sliding window against full causal (and FlexAttention's "
+                 "block mask), softcap, sinks and ALiBi against plain attention at 8k, and a packed varlen batch "
+                 "of mixed lengths against the dense kernel on the same tokens: ms, TFLOP/s on the pairs "
+                 "computed, speed-up or cost, forward and forward+backward."),
+    "ring": ("flashattn_lite.bench.ring",
+             "ring attention over the GPUs of a torchrun launch vs one GPU",
+             "Ring (context-parallel) attention forward+backward over the W processes of a torchrun launch "
+             "('torchrun --nproc-per-node 2 -m flashattn_lite ring'): tokens/s and scaling efficiency against one "
+             "GPU at the same per-GPU length, one GPU on the whole sequence, and how much of the communication "
+             "hides under compute. --backend gloo runs a CPU smoke test in seconds."),
+    "first-call": ("flashattn_lite.bench.first_call",
+                   "first-call cost (cold / warm Triton cache, new length) and eager decode per call",
+                   "Each first call in a fresh process: attention forward and backward with an empty Triton "
+                   "cache, with a warm one, then at a new length; eager decode per call against SDPA flash and "
+                   "cuDNN. Needs a GPU."),
+}
+# Tools: no results folder; the module adds every option it takes.
+_TOOLS = {
+    "warmup": ("flashattn_lite.warmup",
+               "compile the kernels a model needs ahead of its first step",
+               "Compile (or load from Triton's cache) the attention kernels for the given head dims, dtypes, GQA "
+               "groups and causal settings, or for a HuggingFace model's config (--model NAME, needs "
+               "transformers)."),
+    "tune": ("flashattn_lite.configs.tune",
+             "time every config on a grid of shapes and write the config table",
+             "Autotune the kernels on a grid of shapes (FLASHATTN_LITE_AUTOTUNE=1 against a fresh tuning cache) "
+             "and write the winners as this GPU architecture's config table (--out table.json, or a .py module "
+             "like flashattn_lite/configs/sm90.py). Needs a GPU."),
 }
 _ALL = ("memory", "speed", "softmax", "decode")
 
@@ -41,7 +72,7 @@ class _MissingBenchmark(Exception):
 
 
 def _load(name: str):
-    module, _, _ = _COMMANDS[name]
+    module, _, _ = _COMMANDS[name] if name in _COMMANDS else _TOOLS[name]
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -65,11 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "Every subcommand takes --quick (a preset of about two minutes on an H100) and "
                     "--time-budget SECONDS (start no new point after that).",
         epilog="Run 'flashattn-lite SUBCOMMAND --help' for a subcommand's options.")
-    sub = parser.add_subparsers(dest="command", metavar="{memory,speed,softmax,decode,all}")
+    names = [*_COMMANDS, "all", *_TOOLS]
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}")
     sub.required = True
-    for name, (module, short, long) in _COMMANDS.items():
+    for name, (module, short, long) in {**_COMMANDS, **_TOOLS}.items():
         p = sub.add_parser(name, help=short, description=long)
-        _add_out(p)
+        if name in _COMMANDS:
+            _add_out(p)
         try:
             _load(name).add_arguments(p)
         except _MissingBenchmark as e:
@@ -118,6 +151,8 @@ def _defaults_for(name: str, out: str, extra: argparse.Namespace) -> argparse.Na
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in _TOOLS:
+        return _run_one(args.command, args)
     out = args.out or DEFAULT_OUT
     if args.command != "all":
         args.out = out

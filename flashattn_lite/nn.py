@@ -29,6 +29,13 @@ class FlashAttention(nn.Module):
     (GQA); any strides with a unit last stride, so (B, N, H, D) tensors pass as
     ``.transpose(1, 2)`` without a copy. ``attn_mask`` bool (True = take part) or float (added),
     broadcastable to (B, Hq, L, S). Returns (B, Hq, L, Dv); fully masked rows are zeros.
+
+    >>> import torch
+    >>> from flashattn_lite.nn import FlashAttention
+    >>> attn = FlashAttention(causal=True)
+    >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    >>> attn(q, k, v).shape              # 3 new queries are the last 3 of 6 positions
+    torch.Size([1, 4, 3, 8])
     """
 
     def __init__(self, causal: bool = False, scale: Optional[float] = None, dropout: float = 0.0):
@@ -97,6 +104,12 @@ class MultiheadAttention(nn.Module):
     ``attn_mask`` bool (True = take part) or float, broadcastable to (B, Hq, L, S), e.g. a
     (B, 1, 1, S) key-padding mask; ``positions`` (L,) or (B, L) for the rotary embedding (default
     0 … L − 1; with a context, keys take positions 0 … S − 1).
+
+    >>> import torch
+    >>> from flashattn_lite.nn import MultiheadAttention
+    >>> mha = MultiheadAttention(32, num_heads=4, num_kv_heads=2, causal=True, rotary=True)
+    >>> mha(torch.randn(2, 5, 32)).shape
+    torch.Size([2, 5, 32])
     """
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: Optional[int] = None, *,

@@ -39,17 +39,15 @@ def test_custom_ops_pass_opcheck(request, path):
     sinks = torch.randn(2, device=DEVICE, requires_grad=True)
     alibi = torch.rand(1, 2, device=DEVICE)
     plain = (None, None, None, None, 0.25)  # sinks, alibi, seq_q, seq_k, scale
-    # (q, k, v, mask, sinks, alibi, seq_q, seq_k, scale, causal, offset, left, right, softcap, seq, max_q, max_k,
-    #  dropout_p, seed)
-    cases = [(q, k, k, None, *plain, True, 2, -1, -1, 0.0, 0, 0, 0, 0.0, None),
-             (q, k, k, mask, *plain, False, 0, -1, -1, 0.0, 0, 0, 0, 0.2, seed),
-             (q, k, k, None, sinks, alibi, None, None, 0.25, True, 2, 3, -1, 2.0, 0, 0, 0, 0.0, None)]
+    # (q, k, v, mask, sinks, alibi, seq_q, seq_k, scale, causal, offset, left, right, softcap, seq, dropout_p, seed)
+    cases = [(q, k, k, None, *plain, True, 2, -1, -1, 0.0, 0, 0.0, None),
+             (q, k, k, mask, *plain, False, 0, -1, -1, 0.0, 0, 0.2, seed),
+             (q, k, k, None, sinks, alibi, None, None, 0.25, True, 2, 3, -1, 2.0, 0, 0.0, None)]
     cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor([0, 4, 7], dtype=torch.int32, device=DEVICE)
     packed_q, packed_k = q.detach()[0].transpose(0, 1).requires_grad_(), k.detach()[0].transpose(0, 1).requires_grad_()
-    for seq, mx_q, mx_k in ((3, 0, 0), (2, 3, 4)):  # varlen: grid from the totals, and from given max lengths
-        cases.append((packed_q, packed_k, packed_k, None, sinks, None, cu, cu_k, 0.25, True, 0, -1, -1, 0.0, seq,
-                      mx_q, mx_k, 0.0, None))
+    cases.append((packed_q, packed_k, packed_k, None, sinks, None, cu, cu_k, 0.25, True, 0, -1, -1, 0.0, 2, 0.0,
+                  None))  # varlen
     for args in cases:
         torch.library.opcheck(torch.ops.flashattn_lite.attention_fwd.default, args)
 

@@ -150,22 +150,110 @@ def test_paged_equals_contiguous_and_splits_agree():
             torch.testing.assert_close(out, base, atol=2e-3, rtol=0)
 
 
-# The fixed configs ``benchmarks/decode_sweep.py`` times (``decode._TUNING``) are exact too.
+# The launch settings ``benchmarks/decode_sweep.py`` times (``decode_forward``'s ``launch``) are exact too.
 TUNING_VARIANTS = {
     "bn16-stages1": dict(config=(16, 4, 1)),
     "bn32-stages2": dict(config=(32, 4, 2)),
+    "masked-parts": dict(masked_parts=True),
 }
 VARIANT_PARAMS = [(v, name, s) for v in TUNING_VARIANTS for name in CPU_CASES for s in (None, 3)]
 
 
 @pytest.mark.parametrize("variant,name,num_splits", VARIANT_PARAMS,
                          ids=[f"{v}-{n}-splits{s}" for v, n, s in VARIANT_PARAMS])
-def test_tuning_variants_match_attention(monkeypatch, variant, name, num_splits):
-    monkeypatch.setattr(decode_module, "_TUNING", TUNING_VARIANTS[variant])
+def test_tuning_variants_match_attention(variant, name, num_splits):
     B, Hq, Hkv, Nq, D, Dv, lengths, bs, cap = CPU_CASES[name]
     q, kc, vc, seqlens, table, dk, dv = make_cache(B, Hq, Hkv, Nq, D, Dv, lengths, block_size=bs, capacity=cap)
-    o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)
+    o, lse = decode_module.decode_forward(q, kc, vc, seqlens, table, scale=D ** -0.5, num_splits=num_splits,
+                                          launch=TUNING_VARIANTS[variant])
     check(o, lse, q, dk, dv)
+
+
+def test_launch_settings_are_checked():
+    q, kc, vc, seqlens, _, _, _ = make_cache(1, 2, 1, 1, 16, 16, [20], seed=9)
+    for bad, match in ((dict(prefetch_tile=1), "among"), (dict(prefetch_tiles=3), "power of two"),
+                       (dict(prefetch_tiles=-2), "power of two"), (dict(prefetch_tiles=1.0), "power of two")):
+        with pytest.raises(ValueError, match=match):
+            decode_module.decode_forward(q, kc, vc, seqlens, None, scale=0.25, num_splits=2, launch=bad)
+
+
+def _counting_binds(monkeypatch):
+    """Replace the two kernels' ``Launcher.bind`` by one that logs each binding and whose launch
+    logs its tensors and relaunches the kernel on them with the bound arguments (under the
+    interpreter ``bind`` binds nothing: this stands in for it). Returns (binds, launches)."""
+    binds, launches = [], []
+
+    def counting(kernel):
+        def bind(grid, args, constexprs, n_tensors):
+            binds.append(kernel.name)
+            rest = args[n_tensors:]
+
+            def launch(*tensors):
+                launches.append((kernel.name, tensors))
+                kernel.launch(grid, (*tensors, *rest), constexprs)
+                return True
+            return launch
+        return bind
+    monkeypatch.setattr(decode_module, "_PLANS", {})
+    for kernel in (decode_module._decode_split_kernel, decode_module._merge_stacked_kernel):
+        monkeypatch.setattr(kernel, "bind", counting(kernel))
+    return binds, launches
+
+
+STAGE1, MERGE = "_decode_split_kernel", "_merge_stacked_kernel"
+
+
+def test_repeated_calls_reuse_their_bound_launches(monkeypatch):
+    """A call whose signature was seen makes the two bound launches on its own tensors (results
+    exact for new values and lengths); a change of anything the launches depend on (num_splits,
+    dtype, scale, strides, block-table shape) binds anew; experiment settings never bind."""
+    binds, launches = _counting_binds(monkeypatch)
+    q, kc, vc, seqlens, _, dk, dv = make_cache(2, 4, 2, 1, 32, 32, [40, 64], capacity=64, seed=10)
+    check(*decode(q, kc, vc, seqlens, num_splits=3, return_lse=True), q, dk, dv)
+    assert binds == [STAGE1, MERGE] and launches == []
+    # Same signature, other values and lengths, return_lse or not: no new binding, both bound.
+    q2, kc2, vc2, seqlens2, _, dk2, dv2 = make_cache(2, 4, 2, 1, 32, 32, [17, 50], capacity=64, seed=11)
+    check(*decode(q2, kc2, vc2, seqlens2, num_splits=3, return_lse=True), q2, dk2, dv2)
+    o_plain = decode(q2, kc2, vc2, seqlens2, num_splits=3)
+    assert binds == [STAGE1, MERGE] and [name for name, _ in launches] == [STAGE1, MERGE] * 2
+    stage1_tensors = launches[0][1]
+    assert stage1_tensors[0] is q2 and stage1_tensors[1] is kc2 and stage1_tensors[5] is seqlens2
+    assert launches[3][1][2] is o_plain  # the merge writes the returned output
+    # Each change below is a new signature: bound anew (one split: stage 1 only).
+    padded_q = torch.cat([q2, q2], 3)[..., :32]  # other strides
+    changes = [(dict(num_splits=4), 2), (dict(num_splits=1), 1), (dict(num_splits=3, scale=0.3), 2),
+               (dict(num_splits=3, q=padded_q), 2), (dict(num_splits=3, q=q2.float(), k_cache=kc2.float(),
+                                                          v_cache=vc2.float()), 2)]
+    for change, n_bound in changes:
+        before = len(binds)
+        kw = dict(dict(q=q2, k_cache=kc2, v_cache=vc2), **change)
+        decode(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), seqlens2, **kw)
+        assert len(binds) == before + n_bound, change
+    # Paged: the block table's shape is part of the signature, its entries are not.
+    qp, kp, vp, seqlens_p, table, dkp, dvp = make_cache(2, 4, 2, 1, 32, 32, [40, 64], block_size=16, capacity=64,
+                                                        seed=12)
+    before = len(binds)
+    check(*decode(qp, kp, vp, seqlens_p, block_table=table, num_splits=3, return_lse=True), qp, dkp, dvp)
+    shuffled = table.flip(0).contiguous()
+    o, lse = decode(qp.flip(0), kp, vp, seqlens_p.flip(0).contiguous(), block_table=shuffled, num_splits=3,
+                    return_lse=True)
+    check(o.flip(0), lse.flip(0), qp, dkp, dvp)
+    wider = torch.cat([table, torch.full_like(table[:, :1], -1)], 1)
+    decode(qp, kp, vp, seqlens_p, block_table=wider, num_splits=3)
+    assert len(binds) == before + 4
+    # Experiment settings plan afresh and bind nothing.
+    before = len(binds)
+    decode_module.decode_forward(q2, kc2, vc2, seqlens2, None, scale=0.25, num_splits=3, launch={})
+    decode_module.decode_forward(q2, kc2, vc2, seqlens2, None, scale=0.25, num_splits=3, launch=dict(no_pdl=True))
+    assert len(binds) == before
+
+
+def test_non_contiguous_lengths():
+    """cache_seqlens as a strided view (e.g. a column of a host-side table) is read by value."""
+    q, kc, vc, seqlens, _, dk, dv = make_cache(2, 4, 2, 1, 32, 32, [40, 9], capacity=48, seed=13)
+    strided = torch.stack([seqlens, seqlens + 7], 1)[:, 0]
+    assert not strided.is_contiguous()
+    check(*decode(q, kc, vc, strided, num_splits=2, return_lse=True), q, dk, dv)
 
 
 def test_repeated_calls_with_other_shapes_reproduce_every_result():

@@ -1,33 +1,84 @@
-"""transformers integration: attn_implementation="fa_lite" against "sdpa" on a tiny random Llama."""
+"""transformers integration: attn_implementation="fa_lite" against "eager" on tiny random models of
+every attention family (Llama, Mistral sliding window, Qwen3 mixed layers, Gemma 2 softcap, gpt-oss
+sinks), padded batches, generation, training; and what reaches the kernel."""
+import contextlib
+import copy
+
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
 from conftest import DEVICE, ON_GPU  # noqa: E402
+import flashattn_lite.ops.attention as attn_ops  # noqa: E402
+from flashattn_lite import _log  # noqa: E402
 from flashattn_lite.integrations import hf  # noqa: E402
+from transformers import masking_utils  # noqa: E402
 
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
-TOL = 3e-2 if ON_GPU else 1e-4
+TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
+VOCAB, LEN = 97, 11
+_COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, max_position_embeddings=64, initializer_range=0.3, pad_token_id=0,
+               attention_dropout=0.0)
+GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="interpreted kernels are slow: this family runs on the GPU only")
 
 
-def _models(dtype=DTYPE, **cfg_kw):
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   initializer_range=0.3, pad_token_id=0, **cfg_kw)
+def _config(family):
+    if family == "llama":
+        return transformers.LlamaConfig(**_COMMON)
+    if family == "mistral":  # every layer slides, over a window shorter than the sequence
+        return transformers.MistralConfig(sliding_window=4, **_COMMON)
+    if family == "qwen3":  # layer 0 full, layer 1 sliding
+        return transformers.Qwen3Config(use_sliding_window=True, sliding_window=4, max_window_layers=1, **_COMMON)
+    if family == "gemma2":  # sliding and full layers, softcap small enough to bite
+        return transformers.Gemma2Config(sliding_window=4, attn_logit_softcapping=1.0, query_pre_attn_scalar=8,
+                                         **_COMMON)
+    if family == "gpt_oss":  # every token goes to both experts: no routing choice for rounding to flip
+        return transformers.GptOssConfig(sliding_window=4, num_local_experts=2, num_experts_per_tok=2, **_COMMON)
+    raise ValueError(family)
+
+
+def _ablate(family, model):
+    """Switch off the feature the family is here for (to show that it matters); None if none."""
+    if family == "mistral":
+        model.config.sliding_window = None
+    elif family == "gemma2":
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = None
+    elif family == "gpt_oss":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.fill_(-1e4)
+    else:
+        return None
+    return model
+
+
+def _models(family, dtype=DTYPE):
+    """(eager reference, ours) with the same weights; the eager model in float32."""
     torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(DEVICE, dtype)
-    ours = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=hf.ATTN_IMPLEMENTATION)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config(family)), attn_implementation="eager")
+    if family == "gpt_oss":  # init leaves sinks near 0; large ones make the sink term matter
+        with torch.no_grad():
+            for layer in ref.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config(family)),
+                                                         attn_implementation=hf.ATTN_IMPLEMENTATION)
     ours.load_state_dict(ref.state_dict())
-    return ref, ours.to(DEVICE, dtype)
+    return ref.to(DEVICE).eval(), ours.to(DEVICE, dtype).eval()
 
 
-def _left_padded_batch():
+def _batch(pad="left"):
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 97, (3, 10), generator=g)
-    am = torch.ones(3, 10, dtype=torch.long)
-    am[1, :3] = 0
-    am[2, :6] = 0
+    ids = torch.randint(1, VOCAB, (3, LEN), generator=g)
+    am = torch.ones(3, LEN, dtype=torch.long)
+    if pad == "left":
+        am[1, :3] = 0
+        am[2, :7] = 0
+    else:
+        am[1, 8:] = 0
+        am[2, 4:] = 0
     ids[am == 0] = 0
     return ids.to(DEVICE), am.to(DEVICE)
 
@@ -36,36 +87,222 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def test_logits_match_sdpa_on_left_padded_batch():
-    ref, ours = _models()
-    assert ours.config._attn_implementation == hf.ATTN_IMPLEMENTATION
-    ids, am = _left_padded_batch()
+def _hf_fallbacks():
+    return sum(n for (where, _), n in _log.fallback_counts().items() if where == "hf")
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Every attention_core call the integration makes, with its keyword arguments."""
+    calls, core = [], attn_ops.attention_core
+
+    def spy(q, k, v, **kw):
+        calls.append(dict(kw, q=q, k=k))
+        return core(q, k, v, **kw)
+
+    monkeypatch.setattr(attn_ops, "attention_core", spy)
+    return calls
+
+
+GENERATE_FAMILIES = ["mistral", "gemma2", "gpt_oss",
+                     pytest.param("llama", marks=GPU_ONLY), pytest.param("qwen3", marks=GPU_ONLY)]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "gemma2", "gpt_oss"])
+def test_logits_match_eager_on_left_padded_batch(family, kernel_calls):
+    ref, ours = _models(family)
+    ids, am = _batch("left")
     keep = am.bool()
+    before = _hf_fallbacks()
     with torch.no_grad():
         l_ref = ref(input_ids=ids, attention_mask=am).logits
         l_ours = ours(input_ids=ids, attention_mask=am).logits
-        l_nomask = ours(input_ids=ids).logits
-    assert _rel(l_ours[keep], l_ref[keep]) < TOL
-    # The padding must matter (so a backend that ignored the mask would fail above).
-    assert _rel(l_nomask[keep], l_ref[keep]) > 10 * TOL
+        ablated = _ablate(family, copy.deepcopy(ref))
+        l_ablated = None if ablated is None else ablated(input_ids=ids, attention_mask=am).logits
+        l_nomask = ref(input_ids=ids).logits
+    assert _rel(l_ours[keep], l_ref[keep]) < TOL[DTYPE]
+    assert _hf_fallbacks() == before
+    assert len(kernel_calls) == 2 and all(c.get("attn_mask") is None for c in kernel_calls)
+    # What is being tested must matter, well beyond TOL: the padding, and the family's feature.
+    assert _rel(l_nomask[keep], l_ref[keep]) > 0.1
+    if l_ablated is not None:
+        assert _rel(l_ablated[keep], l_ref[keep]) > 0.1
 
 
-def test_generate_with_padding_matches_sdpa():
-    ref, ours = _models(torch.float32)  # greedy tokens: no bf16 near-ties between the two backends
-    ids, am = _left_padded_batch()
-    kw = dict(attention_mask=am, max_new_tokens=6, do_sample=False, pad_token_id=0)
+@pytest.mark.parametrize("family", ["gemma2", pytest.param("qwen3", marks=GPU_ONLY)])
+def test_logits_match_eager_on_right_padded_batch(family):
+    ref, ours = _models(family)
+    ids, am = _batch("right")
+    keep = am.bool()
+    with torch.no_grad():
+        assert _rel(ours(input_ids=ids, attention_mask=am).logits[keep],
+                    ref(input_ids=ids, attention_mask=am).logits[keep]) < TOL[DTYPE]
+
+
+@pytest.mark.parametrize("family", GENERATE_FAMILIES)
+def test_generate_matches_eager(family):
+    ref, ours = _models(family, torch.float32)  # greedy tokens: no bf16 near-ties between the two
+    ids, am = _batch("left")
+    kw = dict(attention_mask=am, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    before = _hf_fallbacks()
     assert torch.equal(ours.generate(input_ids=ids, **kw), ref.generate(input_ids=ids, **kw))
+    assert _hf_fallbacks() == before
 
 
-def test_training_step_gradients_match_sdpa():
-    ref, ours = _models(attention_dropout=0.0)
-    ids, am = _left_padded_batch()
+@pytest.mark.parametrize("family", ["llama", pytest.param("mistral", marks=GPU_ONLY)])
+def test_generate_with_static_cache_matches_eager(family, kernel_calls):
+    ref, ours = _models(family, torch.float32)
+    ids, am = _batch("left")
+    kw = dict(attention_mask=am, max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation="static")
+    assert torch.equal(ours.generate(input_ids=ids, **kw), ref.generate(input_ids=ids, **kw))
+    # The static cache holds empty slots past the last token: ranges, not a mask, keep them out.
+    assert all(c["k_ranges"] is not None for c in kernel_calls[:2])  # the prefill
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", pytest.param("gemma2", marks=GPU_ONLY)])
+def test_training_step_gradients_match_eager(family):
+    ref, ours = _models(family)
+    ids, am = _batch("left")
+    # Padded positions' outputs are ours to choose (zeros) and eager's (a mean over masked keys):
+    # no label may read them, including the first real token, which a padded position predicts.
     labels = ids.masked_fill(am == 0, -100)
+    labels[:, 1:].masked_fill_(am[:, :-1] == 0, -100)
     for m in (ref, ours):
         m.train()
         m(input_ids=ids, attention_mask=am, labels=labels).loss.backward()
     for (name, p_ref), p_ours in zip(ref.named_parameters(), ours.parameters()):
-        assert _rel(p_ours.grad, p_ref.grad) < 5 * TOL, name
+        assert _rel(p_ours.grad, p_ref.grad) < 5 * TOL[DTYPE], name
+    if family == "gpt_oss":
+        assert ours.model.layers[0].self_attn.sinks.grad.abs().max() > 0
+
+
+def test_no_dense_mask_reaches_the_kernel(kernel_calls, monkeypatch):
+    """transformers' mask builders are never called, and the kernel sees O(B) ranges, no mask."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dense (L, S) mask was built")
+
+    monkeypatch.setattr(masking_utils, "sdpa_mask", refuse)
+    monkeypatch.setattr(masking_utils, "eager_mask", refuse)
+    _, ours = _models("gpt_oss", torch.float32)
+    ids, am = _batch("left")
+    ours.generate(input_ids=ids, attention_mask=am, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert len(kernel_calls) == 4  # two layers, prefill and one decode step
+    for c in kernel_calls:
+        assert c.get("attn_mask") is None
+        assert c["sinks"] is not None and c["window"] in (None, (3, 0))
+        for r in (c["q_ranges"], c["k_ranges"]):
+            # None: every key in the layer's cache is valid (a sliding layer's decode step here).
+            assert r is None or (r.shape == (3, 2) and r.dtype == torch.int32 and r.device == c["q"].device)
+    assert [c["k_ranges"][:, 0].tolist() for c in kernel_calls[:2]] == [[0, 3, 7]] * 2  # prefill
+
+
+def test_unknown_keyword_falls_back_loudly_to_transformers():
+    ref, ours = _models("mistral", torch.float32)
+    ids, am = _batch("left")
+    keep = am.bool()
+    key = ("hf", "unknown attention keyword 'some_future_option'")
+    before = _log.fallback_counts().get(key, 0)
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="some_future_option") if before == 0 else contextlib.nullcontext():
+            l_ours = ours(input_ids=ids, attention_mask=am, some_future_option=1).logits
+        l_ref = ref(input_ids=ids, attention_mask=am).logits
+    assert _log.fallback_counts()[key] == before + 2  # once per layer
+    assert _rel(l_ours[keep], l_ref[keep]) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # the fallback is sdpa, or eager for softcap
+def test_padding_with_a_hole_falls_back_to_transformers(family, kernel_calls):
+    ref, ours = _models(family, torch.float32)
+    ids, am = _batch("left")
+    am[0, 5] = 0
+    keep = am.bool()
+    before = _hf_fallbacks()
+    with torch.no_grad():
+        l_ours = ours(input_ids=ids, attention_mask=am).logits
+        l_ref = ref(input_ids=ids, attention_mask=am).logits
+    assert _hf_fallbacks() == before + 2 and kernel_calls == []
+    assert _rel(l_ours[keep], l_ref[keep]) < 1e-5
+
+
+def test_float64_falls_back_to_transformers(kernel_calls):
+    ref, ours = _models("gemma2", torch.float64)
+    ids, _ = _batch("left")  # no padding: transformers' float64 eager turns padded rows into NaN
+    with torch.no_grad():
+        l_ours = ours(input_ids=ids).logits
+        l_ref = ref.double()(input_ids=ids).logits
+    assert kernel_calls == [] and _rel(l_ours, l_ref) < 1e-10
+
+
+# ------------------------------------------------------------------ range_mask against transformers' masks
+
+def _dense_from_ranges(m: hf.RangeMask, batch):
+    """The (B, L, S) visibility the kernel computes from a RangeMask (the attention_core contract)."""
+    L, S = m.q_length, m.kv_length
+    if m.k_ranges is None:
+        qr, kr = torch.tensor([[0, L]] * batch), torch.tensor([[0, S]] * batch)
+    else:
+        qr, kr = m.q_ranges.cpu(), m.k_ranges.cpu()
+    r, c = torch.arange(L)[:, None], torch.arange(S)[None, :]
+    out = []
+    for (qs, qe), (ks, ke) in zip(qr.tolist(), kr.tolist()):
+        i, j, off = r - qs, c - ks, (ke - ks) - (qe - qs)
+        vis = (r >= qs) & (r < qe) & (c >= ks) & (c < ke)
+        if m.causal:
+            vis &= j <= i + off
+        if m.window is not None:
+            vis &= j >= i + off - (m.window - 1)
+        out.append(vis)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("case", [
+    # (mask pattern, L, kv_length, q_offset, kv_offset, valid [start, end) per row of the 2-D mask, its length)
+    ("causal", 6, 6, 0, 0, [(0, 6), (2, 6), (5, 6)], 6),            # left padding, prefill
+    ("causal", 6, 6, 0, 0, [(0, 6), (0, 4), (0, 1)], 6),            # right padding, prefill
+    ("causal", 1, 9, 8, 0, [(0, 9), (3, 9)], 9),                    # decode step, dynamic cache
+    ("causal", 3, 16, 6, 0, [(0, 9), (4, 9)], 9),                   # static cache: empty slots past 9
+    ("sliding", 5, 5, 0, 0, [(0, 5), (1, 5)], 5),                   # sliding window, prefill
+    ("sliding", 1, 4, 9, 6, [(0, 10), (8, 10), (2, 10)], 10),       # sliding-window cache, decode
+    ("bidirectional", 5, 5, 0, 0, [(0, 5), (0, 3)], 5),
+    ("causal", 4, 4, 0, 0, None, 4),                                # no padding mask
+])
+def test_range_mask_matches_transformers_mask(case):
+    kind, L, S, q_off, kv_off, valid, total = case
+    fn = {"causal": masking_utils.causal_mask_function,
+          "sliding": masking_utils.sliding_window_causal_mask_function(3),
+          "bidirectional": masking_utils.bidirectional_mask_function}[kind]
+    pad = None
+    if valid is not None:
+        pad = torch.zeros(len(valid), total, dtype=torch.bool)
+        for b, (s, e) in enumerate(valid):
+            pad[b, s:e] = True
+    batch = 2 if pad is None else pad.shape[0]
+    args = dict(batch_size=batch, q_length=L, kv_length=S, q_offset=q_off, kv_offset=kv_off, mask_function=fn,
+                attention_mask=pad)
+    m = hf.range_mask(**args)
+    assert m.fallback is None
+    want = masking_utils.sdpa_mask(allow_is_causal_skip=False, **args)[:, 0]
+    got = _dense_from_ranges(m, batch)
+    # Query rows that are padding are ours to zero (their outputs are never read).
+    rows = torch.ones(batch, L, dtype=torch.bool) if pad is None or kind == "bidirectional" else \
+        masking_utils.prepare_padding_mask(pad, S, kv_off)[:, q_off:q_off + L]
+    assert torch.equal(got[rows], want[rows])
+    assert not got[~rows].any()
+
+
+@pytest.mark.parametrize("what", ["hole", "chunked", "empty row"])
+def test_range_mask_refuses_what_ranges_cannot_say(what):
+    pad = torch.ones(2, 6, dtype=torch.bool)
+    fn, extra = masking_utils.causal_mask_function, {}
+    if what == "hole":
+        pad[1, 2] = False
+    elif what == "chunked":
+        fn, extra = masking_utils.chunked_causal_mask_function(2, torch.zeros(2, dtype=torch.long)), dict(local_size=2)
+    else:
+        pad[1] = False
+    m = hf.range_mask(batch_size=2, q_length=6, kv_length=6, mask_function=fn, attention_mask=pad, **extra)
+    assert m.fallback is not None
+    assert m.dense("sdpa").shape == (2, 1, 6, 6)  # transformers' own mask, for the fallback
 
 
 def test_flash_in_the_name_is_refused():

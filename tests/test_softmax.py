@@ -222,7 +222,7 @@ def test_split_layout(monkeypatch):
 
 def test_split_sweep_variants_are_valid_overrides(monkeypatch):
     """benchmarks/softmax_split_sweep.py's variants name only settings the kernel has (a variant is
-    skipped where it equals the chosen kernel); "session4" is the settings before session 5."""
+    skipped where it equals the chosen kernel); "uncapped" is the settings before the register cap (2026-11-23)."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "softmax_split_sweep.py"
     spec = importlib.util.spec_from_file_location("softmax_split_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
@@ -235,8 +235,8 @@ def test_split_sweep_variants_are_valid_overrides(monkeypatch):
                     assert t is not None or name != "chosen"
                     monkeypatch.setattr(sm, "_SPLIT_TUNING", t or {})
                     _on_gpu(sm._split_layout, op, N, itemsize, 132)
-    assert _on_gpu(sweep.tuning_at, "session4", sm.SOFTMAX_BWD, 4, 2 ** 20, 132)["block"] == 8192
-    assert _on_gpu(sweep.tuning_at, "session4", sm.SOFTMAX, 4, 2 ** 20, 132) is None
+    assert _on_gpu(sweep.tuning_at, "uncapped", sm.SOFTMAX_BWD, 4, 2 ** 20, 132)["block"] == 8192
+    assert _on_gpu(sweep.tuning_at, "uncapped", sm.SOFTMAX, 4, 2 ** 20, 132) is None
     assert _on_gpu(sweep.tuning_at, "fwd-4k", sm.SOFTMAX_BWD, 2, 2 ** 20, 132) is None
     # ``segments`` makes a row's segments stream: 2^20 in 64 segments of 2 chunks.
     monkeypatch.setattr(sm, "_SPLIT_TUNING", _on_gpu(sweep.tuning_at, "fwd-seg64", sm.SOFTMAX, 2, 2 ** 20, 132))

@@ -24,7 +24,7 @@ from .. import _checks
 from .._runtime import runs_triton
 from .attention_bwd import attention_backward
 from .attention_cpu import CPU_CHUNK as _CPU_CHUNK, cpu_backward, cpu_forward, work_dtype
-from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, SEQ_VARLEN_SCAN, Variant,
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant,
                             attention_forward)
 
 _SEED_BOUND = 2 ** 62
@@ -188,13 +188,12 @@ def _bounds_checked(check_seqlens, t) -> bool:
     return (t.device.type == "cpu") if check_seqlens is None else bool(check_seqlens)
 
 
-def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None,
-             max_q=0, max_k=0) -> Variant:
+def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None) -> Variant:
     left, right = _check_window(window)
     cap = _check_softcap(softcap)
     B, Hq = (q.shape[0], q.shape[1]) if seq <= SEQ_RANGES else (seq_q.shape[0] - 1, q.shape[1])
     variant = Variant(left, right, cap, _check_alibi(alibi_slopes, q, B, Hq), _check_sinks(sinks, q, Hq),
-                      seq, seq_q, seq_k, max_q, max_k)
+                      seq, seq_q, seq_k)
     return PLAIN if variant == PLAIN else variant
 
 
@@ -224,8 +223,10 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
     scale = _checks.check_scale(scale)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _checks.check_bool("causal", causal)
+    _checks.check_bool("return_lse", return_lse)
+    if check_seqlens is not None:
+        _checks.check_bool("check_seqlens", check_seqlens)
     seq, seq_q, seq_k = SEQ_DENSE, None, None
     if q_ranges is not None or k_ranges is not None:
         if q_ranges is None or k_ranges is None:
@@ -238,7 +239,6 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
     variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
                        seq=seq, seq_q=seq_q, seq_k=seq_k)
     offset = k.shape[2] - q.shape[2] if causal_offset is None else int(causal_offset)
-    return_lse = bool(return_lse)
     o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p), need_lse=return_lse,
                   variant=variant)
     return (o, lse) if return_lse else o
@@ -271,11 +271,11 @@ def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: floa
 
 
 def _scalars(variant: Variant):
-    return variant.left, variant.right, variant.softcap, variant.seq, variant.max_q, variant.max_k
+    return variant.left, variant.right, variant.softcap, variant.seq
 
 
-def _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq, max_q, max_k) -> Variant:
-    variant = Variant(left, right, softcap, alibi, sinks, seq, seq_q, seq_k, max_q, max_k)
+def _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq) -> Variant:
+    variant = Variant(left, right, softcap, alibi, sinks, seq, seq_q, seq_k)
     return PLAIN if variant == PLAIN else variant
 
 
@@ -341,18 +341,18 @@ def _seed_int(seed: torch.Tensor | None) -> int:
 def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                       sinks: Optional[torch.Tensor], alibi: Optional[torch.Tensor], seq_q: Optional[torch.Tensor],
                       seq_k: Optional[torch.Tensor], scale: float, causal: bool, causal_offset: int,
-                      left: int, right: int, softcap: float, seq: int, max_q: int, max_k: int, dropout_p: float,
+                      left: int, right: int, softcap: float, seq: int, dropout_p: float,
                       seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o (B, Hq, Nq, Dv) contiguous in q's dtype, lse (B, Hq, Nq) float32; packed varlen
     (``seq`` ≥ SEQ_VARLEN): o (total, Hq, Dv), lse (Hq, total). ``seed``: CPU int64 scalar tensor
     (None without dropout)."""
-    variant = _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq, max_q, max_k)
+    variant = _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq)
     return _forward_impl(q, k, v, mask, scale, causal, causal_offset, dropout_p, _seed_int(seed), True, variant)
 
 
 @_attention_fwd_op.register_fake
-def _(q, k, v, mask, sinks, alibi, seq_q, seq_k, scale, causal, causal_offset, left, right, softcap, seq, max_q,
-      max_k, dropout_p, seed):
+def _(q, k, v, mask, sinks, alibi, seq_q, seq_k, scale, causal, causal_offset, left, right, softcap, seq,
+      dropout_p, seed):
     if seq >= SEQ_VARLEN:
         total, Hq, _ = q.shape
         return q.new_empty((total, Hq, v.shape[2])), q.new_empty((Hq, total), dtype=work_dtype(q))
@@ -365,11 +365,11 @@ def _attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                       lse: torch.Tensor, dlse: Optional[torch.Tensor], mask: Optional[torch.Tensor],
                       sinks: Optional[torch.Tensor], alibi: Optional[torch.Tensor], seq_q: Optional[torch.Tensor],
                       seq_k: Optional[torch.Tensor], scale: float, causal: bool, causal_offset: int,
-                      left: int, right: int, softcap: float, seq: int, max_q: int, max_k: int, dropout_p: float,
+                      left: int, right: int, softcap: float, seq: int, dropout_p: float,
                       seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks), each gradient laid out as ``torch.empty_like`` of its input; dk, dv
     summed over GQA groups; dsinks (Hq,) (empty without sinks)."""
-    variant = _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq, max_q, max_k)
+    variant = _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq)
     dq, dk, dv, dsinks = _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, causal_offset, dropout_p,
                                         _seed_int(seed), variant)
     return dq, dk, dv, (dsinks if dsinks is not None else q.new_empty((0,)))
@@ -377,7 +377,7 @@ def _attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
 
 @_attention_bwd_op.register_fake
 def _(do, q, k, v, o, lse, dlse, mask, sinks, alibi, seq_q, seq_k, scale, causal, causal_offset, left, right,
-      softcap, seq, max_q, max_k, dropout_p, seed):
+      softcap, seq, dropout_p, seed):
     dsinks = torch.empty_like(sinks) if sinks is not None else q.new_empty((0,))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
@@ -396,7 +396,7 @@ def _op_backward(ctx, do, dlse):
         do = torch.zeros_like(o)
     dq, dk, dv, dsinks = torch.ops.flashattn_lite.attention_bwd(do, q, k, v, o, lse, dlse, mask, sinks, alibi,
                                                                 seq_q, seq_k, *ctx.args)
-    return (dq, dk, dv, None, dsinks if sinks is not None else None) + (None,) * 14
+    return (dq, dk, dv, None, dsinks if sinks is not None else None) + (None,) * 12
 
 
 _attention_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -462,6 +462,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     backward is deterministic: the same inputs give bit-identical gradients.
     CUDA tensors run Triton kernels; CPU tensors run the same tiled algorithm in PyTorch (or the
     Triton kernels in the interpreter when ``TRITON_INTERPRET=1``).
+
+        >>> import torch, flashattn_lite
+        >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+        >>> o, lse = flashattn_lite.attention(q, k, v, causal=True, return_lse=True)   # GQA 4:2
+        >>> o.shape, lse.shape
+        (torch.Size([1, 4, 3, 8]), torch.Size([1, 4, 3]))
+        >>> visible = torch.ones(3, 5, dtype=torch.bool).tril(diagonal=2)   # bottom-right: 3 queries are the last of 5
+        >>> ref = torch.nn.functional.scaled_dot_product_attention(
+        ...     q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=visible)
+        >>> torch.allclose(o, ref, atol=1e-5)
+        True
+        >>> local = flashattn_lite.attention(q, k, v, causal=True, window=(1, 0))   # each query sees 2 keys
+        >>> ref = torch.nn.functional.scaled_dot_product_attention(
+        ...     q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=visible & ~visible.tril(0))
+        >>> torch.allclose(local, ref, atol=1e-5)
+        True
     """
     return attention_core(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
                           alibi_slopes=alibi_slopes, return_lse=return_lse)
@@ -481,11 +497,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             [cu_seqlens[b], cu_seqlens[b + 1]).
         cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) on q's device, starting at 0, non-decreasing,
             ending at total_q / total_k.
-        max_seqlen_q, max_seqlen_k: the longest sequences, if known (they size the grid). Without
-            them the grid is sized from the totals and each program finds its sequence on the
-            device: no device→host sync either way, so the call is CUDA-graph and torch.compile
-            friendly and a new batch of lengths never recompiles. A max that is too small drops
-            rows: pass the true max or None.
+        max_seqlen_q, max_seqlen_k: accepted for FlashAttention compatibility and checked where
+            checking is free; not needed: the grid is sized from the totals and each program finds
+            its sequence on the device, so there is no device→host sync, the call is CUDA-graph
+            and torch.compile friendly, and a new batch of lengths never recompiles.
         causal, scale, window, softcap, sinks, alibi_slopes, return_lse: as in :func:`attention`,
             per sequence (bottom-right aligned within each sequence; ``alibi_slopes`` may be
             (B, Hq), one row per sequence).
@@ -495,9 +510,24 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     Returns:
         o (total_q, Hq, Dv) in q's dtype, and with ``return_lse`` lse (Hq, total_q) float32.
         Forward and backward (dq, dk, dv and dsinks).
+
+        >>> import torch
+        >>> from flashattn_lite import attention, attention_varlen
+        >>> cu = torch.tensor([0, 3, 8], dtype=torch.int32)            # two sequences: 3 and 5 tokens
+        >>> q, k, v = torch.randn(8, 4, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
+        >>> o = attention_varlen(q, k, v, cu, cu, causal=True)
+        >>> o.shape
+        torch.Size([8, 4, 16])
+        >>> dense = attention(*(t[3:].transpose(0, 1)[None] for t in (q, k, v)), causal=True)
+        >>> torch.allclose(o[3:], dense[0].transpose(0, 1), atol=1e-5)
+        True
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.check_tensor(name, t, ndim=3, dtypes=_checks.FLOAT_DTYPES + (torch.float64,))
+    _checks.check_bool("causal", causal)
+    _checks.check_bool("return_lse", return_lse)
+    if check_seqlens is not None:
+        _checks.check_bool("check_seqlens", check_seqlens)
     check = _bounds_checked(check_seqlens, cu_seqlens_q)
     _check_bounds("cu_seqlens_q", cu_seqlens_q, q, None, q.shape[0], check)
     _check_bounds("cu_seqlens_k", cu_seqlens_k, q, None, k.shape[0], check)
@@ -511,17 +541,28 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         if (max_q and int(lens_q.max()) > max_q) or (max_k and int(lens_k.max()) > max_k):
             raise ValueError(f"max_seqlen_q/max_seqlen_k ({max_q}, {max_k}) are below the longest sequences "
                              f"({int(lens_q.max())}, {int(lens_k.max())})")
-    # The checks of a dense call on the (1, H, total, D) views the kernels read.
-    _validate(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), None, 0.0)
     scale = _checks.check_scale(scale)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    seq = SEQ_VARLEN if (max_q and max_k) else SEQ_VARLEN_SCAN
-    variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, seq=seq,
-                       seq_q=cu_seqlens_q, seq_k=cu_seqlens_k, max_q=max_q, max_k=max_k)
-    o, lse = _run(q, k, v, None, float(scale), causal, 0, 0.0, need_lse=bool(return_lse), variant=variant)
+    if k.shape[0] == 0 and q.shape[0] > 0:  # no key in any sequence: every row sees nothing
+        return _no_keys(q, k, v, sinks, return_lse)
+    # The checks of a dense call on the (1, H, total, D) views the kernels read.
+    _validate(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), None, 0.0)
+    variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                       seq=SEQ_VARLEN, seq_q=cu_seqlens_q, seq_k=cu_seqlens_k)
+    o, lse = _run(q, k, v, None, float(scale), causal, 0, 0.0, need_lse=return_lse, variant=variant)
+    return (o, lse) if return_lse else o
+
+
+def _no_keys(q, k, v, sinks, return_lse):
+    """A packed batch whose key sequences are all empty: o = 0 and lse = the sink (−inf without),
+    with the shapes and (zero) gradients of a normal call."""
+    _validate(_packed_as_4d(q), _packed_as_4d(q[:, :k.shape[1]]), _packed_as_4d(q[:, :k.shape[1]]), None, 0.0)
+    _check_sinks(sinks, q, q.shape[1])
+    o = (q[..., :1] * 0).expand(*q.shape[:2], v.shape[2]) + v.sum() * 0
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
+    if sinks is not None:
+        lse = (sinks.float()[:, None] + 0 * lse.nan_to_num(neginf=0)).expand_as(lse)
     return (o, lse) if return_lse else o
 
 

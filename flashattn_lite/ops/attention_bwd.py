@@ -22,7 +22,7 @@ from .._launcher import launcher
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
-from .attention_fwd import (MASK_BOOL, PLAIN, SEQ_RANGES, SEQ_VARLEN, SEQ_VARLEN_SCAN, Variant, _fits, causal_window, head_base,
+from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
                             query_tile, score_args, score_tile, seq_args, sequence, varlen_tile)
 
@@ -140,8 +140,8 @@ _BWD_KEY = ["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "MASK_KIND", "SOF
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
-       prune=_prune_bwd)
-@triton.jit
+       prune=_prune_bwd, length="n_bucket")
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_ends, k_starts, k_ends,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
@@ -158,7 +158,7 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
                      SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEQ: tl.constexpr, FAST_TANH: tl.constexpr,
                      DROPOUT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    if SEQ == 3:
+    if SEQ == 2:
         pid = tl.program_id(0)
         h_kv = pid % n_kv_heads
         b, start_n = varlen_tile(k_starts, k_ends, n_seq, pid // n_kv_heads, BLOCK_N)
@@ -170,7 +170,7 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_
         b = bh_kv // n_kv_heads
         h_kv = bh_kv % n_kv_heads
     q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
-    if SEQ == 3:
+    if SEQ == 2:
         n_k = tl.where(live, n_k, 0)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -271,8 +271,8 @@ def _dq_tile(dq, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, o
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
-       prune=_prune_bwd)
-@triton.jit
+       prune=_prune_bwd, length="n_bucket")
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, k_starts, k_ends,
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
@@ -288,7 +288,7 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
                    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEQ: tl.constexpr, FAST_TANH: tl.constexpr,
                    DROPOUT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    if SEQ == 3:
+    if SEQ == 2:
         pid = tl.program_id(0)
         h = pid % n_heads
         b, start_m = varlen_tile(q_starts, q_ends, n_seq, pid // n_heads, BLOCK_M)
@@ -298,7 +298,7 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
     else:
         start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
     q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
-    if SEQ == 3:
+    if SEQ == 2:
         n_q = tl.where(live, n_q, 0)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -392,23 +392,20 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     if variant.seq >= SEQ_VARLEN:
         strides = [(0, *t[1:]) for t in strides]
     sq, sk, sv, sdo, sdq, sdk, sdv = strides
-    n_q_arg = variant.max_q if variant.seq == SEQ_VARLEN else Nq
-    n_k_arg = variant.max_k if variant.seq == SEQ_VARLEN else Nk
     tail = (*mask_strides, *lse_strides(variant, Hq, Nq), *alibi_strides, stride_seq)
     window = (causal_offset, variant.left, variant.right, scale * LOG2E, scale, *score_scalars)
-    if variant.seq == SEQ_VARLEN_SCAN:
+    if variant.seq == SEQ_VARLEN:
         kv_grid = lambda meta: ((cdiv(Nk, meta["BLOCK_N"]) + n_seq) * Hkv,)
     else:
-        kv_rows, kv_slabs = (variant.max_k, n_seq) if variant.seq == SEQ_VARLEN else (Nk, B)
-        kv_grid = lambda meta: (cdiv(kv_rows, meta["BLOCK_N"]) * kv_slabs * Hkv,)
+        kv_grid = lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)
     _bwd_dkdv_kernel[kv_grid](
         q, k, v, do, dk, dv, lse2, delta, mask_arg, alibi_arg, *seq_ptrs,
         *sq, *sk, *sv, *sdo, *sdk, *sdv, *tail,
-        Hq, Hkv, n_q_arg, n_k_arg, n_seq, *window, *drop, n_bucket, **common)
+        Hq, Hkv, Nq, Nk, n_seq, *window, *drop, n_bucket, **common)
     _bwd_dq_kernel[query_grid(variant, Nq, B, Hq, n_seq)](
         q, k, v, do, dq, lse2, delta, mask_arg, alibi_arg, *seq_ptrs,
         *sq, *sk, *sv, *sdo, *sdq, *tail,
-        Hq, n_q_arg, n_k_arg, n_seq, *window, *drop, n_bucket, **common)
+        Hq, Nq, Nk, n_seq, *window, *drop, n_bucket, **common)
     dsinks = None
     if variant.sinks is not None:
         # d lse/d sink = P_sink = exp(sink − lse), and ∂L/∂sink = −Σ_rows δ·P_sink (δ includes dlse).

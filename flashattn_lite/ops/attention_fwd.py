@@ -24,8 +24,8 @@ from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 # How the batch is laid out: dense (B, H, N, D); padded dense with one valid [start, end) range per
 # batch row (``q_ranges``/``k_ranges``); packed varlen (1, H, total, D) with cu_seqlens, the grid sized
-# from a known max length (SEQ_VARLEN) or from the totals alone (SEQ_VARLEN_SCAN: no max needed).
-SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, SEQ_VARLEN_SCAN = 0, 1, 2, 3
+# from the totals (no max length needed: see ``varlen_tile``).
+SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN = 0, 1, 2
 
 
 @triton.jit
@@ -141,22 +141,27 @@ def query_tile(n_q, n_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def varlen_tile(starts, ends, n_seq, t, BLOCK: tl.constexpr, SCAN: tl.constexpr = 64):
-    """Tile ``t`` of a packed batch whose sequence b spans [starts[b], ends[b]) (cu_seqlens), tiles
-    counted over the sequences in order: returns (b, first row of the tile in sequence b). A ``t``
-    past the last tile gives b = n_seq. The grid is then sized from the totals alone
-    (cdiv(total, BLOCK) + B tiles bound the sum of per-sequence tile counts), with no max length
-    and so no device→host sync."""
+    """Tile slot ``t`` of a packed batch whose sequence b spans [starts[b], ends[b]) (cu_seqlens):
+    returns (b, first row of the tile in sequence b); a slot past the last tile gives b = n_seq.
+    Slots count the sequences' tiles in order, each sequence's last (under causal, heaviest) tile
+    first. The grid is sized from the totals alone, cdiv(total, BLOCK) + B slots bounding the sum of
+    per-sequence tile counts: no max length, so no device→host sync and no recompile per batch.
+    (Measured on the H100, 2026-11-24, ``flashattn-lite variants``: as fast as a grid sized from
+    the max lengths at one sequence, 13% faster on 22 mixed ones, where that grid idles.)"""
     b = 0
     before = 0  # tiles of the sequences before b
+    own = 0     # tiles of sequence b
     for c in range(0, n_seq, SCAN):
         idx = c + tl.arange(0, SCAN)
         ok = idx < n_seq
         n = tl.load(ends + idx, mask=ok, other=0) - tl.load(starts + idx, mask=ok, other=0)
         tiles = tl.where(ok, tl.cdiv(n, BLOCK), 0)
-        done = (tl.cumsum(tiles, 0) + before <= t) & ok
+        ends_t = tl.cumsum(tiles, 0) + before
+        done = (ends_t <= t) & ok
         b += tl.sum(done.to(tl.int32), 0)
+        own += tl.sum(tl.where(ok & ~done & (ends_t - tiles <= t), tiles, 0), 0)
         before += tl.sum(tl.where(done, tiles, 0), 0)
-    return b, (t - before) * BLOCK
+    return b, tl.where(own > 0, own - 1 - (t - before), 0) * BLOCK  # past the last tile: 0 (an empty program)
 
 
 @triton.jit
@@ -199,10 +204,17 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
         k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
     qk = tl.dot(q, k, input_precision=PRECISION)
     if FOLD_SCALE:
-        # Masks only (no bias, positive scale): −inf stays −inf, so the scale folds into the exponent.
-        s = mask_scores(qk, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
+        # Masks only (no bias, positive factor): −inf stays −inf, so the last factor of the score
+        # (the scale, or the softcap's c·log2 e) folds into the exponent's FMA.
+        if SOFTCAP:
+            x = tanh(qk * softcap_scale, FAST_TANH)
+            fold = softcap2
+        else:
+            x = qk
+            fold = qk_scale
+        s = mask_scores(x, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
                         off, win_left, win_right, BOUNDARY, HAS_LEFT, HAS_RIGHT, MASK_KIND)
-        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, qk_scale)
+        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, fold)
     else:
         s, _ = score_tile(qk, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
                           off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
@@ -220,6 +232,12 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
         v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return acc, m_i, l_i
+
+
+# Lengths, offsets and the dropout seed change from call to call: specialising on them (Triton's
+# "== 1" and "divisible by 16") would compile a new binary for a new length and pays nothing here
+# (no load is vectorised along a length).
+NOT_SPECIALIZED = ["n_q", "n_k", "n_seq", "off", "win_left", "win_right", "seed", "drop_threshold", "n_bucket"]
 
 
 def _fwd_configs():
@@ -250,8 +268,8 @@ def _prune_configs(configs, named_args):
 @tuned(_fwd_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "MASK_KIND", "SOFTCAP", "ALIBI",
                             "SINKS", "SEQ", "DROPOUT", "n_bucket"],
        interpreter_config=triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
-       prune=_prune_configs)
-@triton.jit
+       prune=_prune_configs, length="n_bucket")
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_starts, k_ends,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
@@ -268,7 +286,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_st
                      FAST_TANH: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
                      FOLD_SCALE: tl.constexpr, STORE_LSE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    if SEQ == 3:
+    if SEQ == 2:
         pid = tl.program_id(0)
         h = pid % n_heads
         b, start_m = varlen_tile(q_starts, q_ends, n_seq, pid // n_heads, BLOCK_M)
@@ -278,7 +296,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_st
     else:
         start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
     q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
-    if SEQ == 3:
+    if SEQ == 2:
         n_q = tl.where(live, n_q, 0)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -382,8 +400,6 @@ class Variant(NamedTuple):
     seq: int = SEQ_DENSE
     seq_q: Optional[torch.Tensor] = None   # int32: (B, 2) [start, end) ranges, or (B+1,) cu_seqlens
     seq_k: Optional[torch.Tensor] = None
-    max_q: int = 0          # varlen: the longest sequences if known (0: grid sized from the totals)
-    max_k: int = 0
 
 
 PLAIN = Variant()
@@ -451,12 +467,11 @@ def lse_strides(variant: Variant, Hq: int, Nq: int):
 
 
 def query_grid(variant: Variant, n_q: int, batch: int, n_heads: int, n_seq: int):
-    """Programs over query tiles: (tiles per sequence) × sequences × heads, or for varlen without a
-    max length, cdiv(total, BLOCK_M) + sequences tile slots per head (see ``varlen_tile``)."""
-    if variant.seq == SEQ_VARLEN_SCAN:
+    """Programs over query tiles: tiles × batch × heads, or for varlen cdiv(total, BLOCK_M) +
+    sequences tile slots per head (see ``varlen_tile``)."""
+    if variant.seq == SEQ_VARLEN:
         return lambda meta: ((cdiv(n_q, meta["BLOCK_M"]) + n_seq) * n_heads,)
-    rows, slabs = (variant.max_q, n_seq) if variant.seq == SEQ_VARLEN else (n_q, batch)
-    return lambda meta: (cdiv(rows, meta["BLOCK_M"]) * slabs * n_heads,)
+    return lambda meta: (cdiv(n_q, meta["BLOCK_M"]) * batch * n_heads,)
 
 
 # Bound launches of the forward kernel for plain calls (no mask, dropout or variant), keyed by what
@@ -509,11 +524,10 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     args = (q, k, v, o, lse_arg, mask_arg, *score_tensors, *seq_ptrs,
             *q_strides, *k_strides, *v_strides, *o_strides, *mask_strides,
             *lse_strides(variant, Hq, Nq), *alibi_strides, stride_seq,
-            Hq, variant.max_q if variant.seq == SEQ_VARLEN else Nq,
-            variant.max_k if variant.seq == SEQ_VARLEN else Nk, n_seq,
+            Hq, Nq, Nk, n_seq,
             causal_offset, variant.left, variant.right, scale * LOG2E, *score_scalars,
             seed, keep_threshold(dropout_p) if dropout else 0, 1.0 / (1.0 - dropout_p), length_bucket(Nq, Nk))
-    fold = scale > 0 and kind != MASK_ADD and variant.softcap == 0 and variant.alibi is None
+    fold = (scale > 0 or variant.softcap > 0) and kind != MASK_ADD and variant.alibi is None
     constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
                       BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
                       MASK_KIND=kind, **score_constexprs, DROPOUT=dropout, PRECISION=precision_for(q.dtype),

@@ -38,26 +38,28 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from .._runtime import cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton, tuned
+from .._runtime import (allow_tf32, cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton,
+                        tuned)
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
 from .attention_fwd import precision_for
-from .merge_states import (dependent_launch_supported, merge_attention_states, merge_attention_states_stacked,
-                           merge_stacked_launch, merge_stacked_torch)
+from .merge_states import (_merge_stacked_kernel, _tiles, dependent_launch_supported, merge_attention_states,
+                           merge_attention_states_stacked, merge_stacked_torch)
 
 # Split heuristic (see ``choose_num_splits``).
 MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the merge than it saves
 MAX_SPLITS = 128
-WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep, NOTES.md session 3)
+WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep: results/decode-20261123-142935.json)
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
 # Key tiles of its split that stage 1 asks the L2 for while it waits for the previous kernel
 # (H100, B 1 steady state: 1 tile +6.7% at 4k and −0.6 µs at 32k; 2 and 4 tiles lost).
-PREFETCH_TILES = 1
-# Experiment override for benchmarks/decode_sweep.py: {"config": (BLOCK_N, num_warps, num_stages)}
-# launches that config instead of autotuning; {"no_pdl": True} launches the merge after stage 1
-# the ordinary way; {"no_chain": True} launches stage 1 the ordinary way after the stream's previous
-# kernel; {"masked_parts": True} has the merge read each partial o only after its lse;
-# {"prefetch_tiles": n} replaces PREFETCH_TILES (empty: the autotuned default).
-_TUNING: dict = {}
+# The prefetch is PTX inline asm (``_runtime.l2_prefetch``): none on ROCm.
+PREFETCH_TILES = 1 if torch.version.hip is None else 0
+# Settings ``decode_forward``'s private ``launch`` takes (benchmarks/decode_sweep.py, tests):
+# "config": (BLOCK_N, num_warps, num_stages) launches that config instead of the tuned one;
+# "no_pdl": True launches the merge after stage 1 the ordinary way; "no_chain": True launches
+# stage 1 the ordinary way after the stream's previous kernel; "masked_parts": True has the merge
+# read each partial o only after its lse; "prefetch_tiles": n (0 or 2^k) replaces PREFETCH_TILES.
+LAUNCH_SETTINGS = ("config", "no_pdl", "no_chain", "masked_parts", "prefetch_tiles")
 
 
 # ------------------------------------------------------------------ kernel
@@ -153,16 +155,20 @@ def _prune(configs, named_args):
     per_row = (named_args["HEAD_DIM"] + named_args["HEAD_DIM_V"]) * named_args["k"].element_size()
     kept = [c for c in configs if c.num_stages * c.kwargs["BLOCK_N"] * per_row <= 200 * 1024]
     # A 16-row tile gives 8 warps nothing to share but the syncs: at B 1 32k they lost 2% (2.610
-    # against 2.655 TB/s, NOTES session 5), yet near-ties let the autotuner pick them (session 6).
+    # against 2.655 TB/s, results/decode_sweep-20261123-165851.json), yet near-ties let the autotuner
+    # pick them (results/decode_sweep-20261123-180311.json).
     if named_args["BLOCK_M"] <= 16:
         kept = [c for c in kept if c.num_warps == 4] or kept
     return kept or [min(configs, key=lambda c: c.num_stages * c.kwargs["BLOCK_N"])]
 
 
+# Split counts, chunk floors and the length class vary with batch and cache length: unspecialized,
+# so they never compile a new variant. n_q stays specialized: n_q == 1 (plain decoding) folds the
+# row → (head, token) division away, which is where specializing on a length pays.
 @tuned(_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "PAGED", "PAGE_SIZE", "len_bucket"],
        interpreter_config=triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1),
-       prune=_prune)
-@triton.jit
+       prune=_prune, length="len_bucket")
+@triton.jit(do_not_specialize=["n_splits", "min_chunk", "len_bucket"])
 def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
                          stride_qb, stride_qh, stride_qn, stride_qd,
                          stride_kb, stride_kh, stride_kn, stride_kd,
@@ -282,8 +288,66 @@ def _block_m(rows: int) -> int:
     return max(16, min(MAX_BLOCK_M, next_pow2(rows)))
 
 
-def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None):
-    """Launch stage 1 (and stage 2 when split). Inputs already validated. Returns (o, lse)."""
+def _check_launch(launch: dict) -> None:
+    unknown = set(launch) - set(LAUNCH_SETTINGS)
+    if unknown:
+        raise ValueError(f"launch settings must be among {list(LAUNCH_SETTINGS)}, got {sorted(unknown)}")
+    tiles = launch.get("prefetch_tiles", 0)
+    if type(tiles) is not int or tiles < 0 or tiles & (tiles - 1):  # tl.arange needs 2^k tiles
+        raise ValueError(f"launch['prefetch_tiles'] must be 0 or a power of two (key tiles), got {tiles!r}")
+
+
+class _Stage:
+    """One kernel launch of a plan: its grid, constexprs and every argument after the tensors.
+    Once it has run, ``Launcher.bind``'s launch repeats it on new tensors; where that declines
+    (see ``bind``), or under the interpreter (no binding), the kernel's ordinary launch runs."""
+    __slots__ = ("kernel", "grid", "rest", "constexprs", "bindable", "bound")
+
+    def __init__(self, kernel, grid, rest: tuple, constexprs: dict, bindable: bool):
+        self.kernel, self.grid, self.rest, self.constexprs = kernel, grid, rest, constexprs
+        self.bindable, self.bound = bindable, None
+
+    def __call__(self, *tensors) -> None:
+        if self.bound is not None and self.bound(*tensors):
+            return
+        args = (*tensors, *self.rest)
+        self.kernel[self.grid](*args, **self.constexprs)
+        if self.bindable and self.bound is None:
+            self.bound = self.kernel.bind(self.grid, args, self.constexprs, len(tensors))
+
+
+class _Plan:
+    """Everything a decode call launches that its signature (``_signature``) fixes: the output's
+    and the partials' shapes and strides, and the two launches."""
+    __slots__ = ("device", "dtype", "o_layout", "lse_layout", "o_part_layout", "lse_part_layout", "stage1", "merge")
+
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table):
+        device = self.device
+        o = torch.empty_strided(*self.o_layout, device=device, dtype=self.dtype)
+        lse = torch.empty_strided(*self.lse_layout, device=device, dtype=torch.float32)
+        bt = cache_seqlens if block_table is None else block_table  # never read when not paged
+        if self.merge is None:
+            # One split: stage 1 writes o and lse themselves (its partial strides are theirs).
+            self.stage1(q, k_cache, v_cache, o, lse, cache_seqlens, bt)
+        else:
+            o_part = torch.empty_strided(*self.o_part_layout, device=device, dtype=torch.float32)
+            lse_part = torch.empty_strided(*self.lse_part_layout, device=device, dtype=torch.float32)
+            self.stage1(q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt)
+            self.merge(o_part, lse_part, o, lse)
+        return o, lse
+
+
+def _contiguous(shape) -> tuple:
+    """(shape, row-major strides)."""
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= size
+    return tuple(shape), tuple(reversed(strides))
+
+
+def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int | None, launch: dict,
+               bindable: bool) -> _Plan:
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
@@ -295,43 +359,88 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
         min_chunk = MIN_SPLIT_LEN
     else:
         splits, min_chunk = num_splits, 1
-    o = torch.empty((B, Hq, Nq, Dv), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    plan = _Plan()
+    plan.device, plan.dtype = q.device, q.dtype
+    plan.o_layout, plan.lse_layout = _contiguous((B, Hq, Nq, Dv)), _contiguous((B, Hq, Nq))
+    plan.o_part_layout = plan.lse_part_layout = None
     if splits == 1:
-        o_part, lse_part = o.unsqueeze(0), lse.unsqueeze(0)
+        o_strides, lse_strides = (0, *plan.o_layout[1]), (0, *plan.lse_layout[1])
     else:
         # Row-major over (B, Hq, Nq, S): each output row's partials are contiguous for stage 2.
-        o_part = torch.empty((B, Hq, Nq, splits, Dv), device=q.device, dtype=torch.float32).permute(3, 0, 1, 2, 4)
-        lse_part = torch.empty((B, Hq, Nq, splits), device=q.device, dtype=torch.float32).permute(3, 0, 1, 2)
-    bt = block_table if paged else cache_seqlens        # never read when not paged
+        _, (sb, sh, sn, ss, sd) = _contiguous((B, Hq, Nq, splits, Dv))
+        o_strides = (ss, sb, sh, sn, sd)
+        _, (lb, lh, ln, ls) = _contiguous((B, Hq, Nq, splits))
+        lse_strides = (ls, lb, lh, ln)
+        plan.o_part_layout = ((splits, B, Hq, Nq, Dv), o_strides)
+        plan.lse_part_layout = ((splits, B, Hq, Nq), lse_strides)
     bt_strides = block_table.stride() if paged else (0, 0)
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
     # The merge launched as a programmatic dependent of stage 1 (Hopper+): its launch and start
     # overlap stage 1's tail instead of following it.
     dependent = dependent_launch_supported(q)
-    pdl = splits > 1 and dependent and not _TUNING.get("no_pdl", False)
-    wait_prior = dependent and not _TUNING.get("no_chain", False)
-    prefetch_tiles = _TUNING.get("prefetch_tiles", PREFETCH_TILES) if wait_prior else 0
+    pdl = splits > 1 and dependent and not launch.get("no_pdl", False)
+    wait_prior = dependent and not launch.get("no_chain", False)
+    prefetch_tiles = launch.get("prefetch_tiles", PREFETCH_TILES) if wait_prior else 0
     itemsize = q.element_size()
     kernel, config = _decode_split_kernel, {}
-    if "config" in _TUNING:  # an experiment: one fixed config, no autotuning
-        kernel = _decode_split_kernel.inner.fn
-        config = dict(zip(("BLOCK_N", "num_warps", "num_stages"), _TUNING["config"]))
-    kernel[(splits, Hkv * row_blocks, B)](
-        q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part.stride(), *lse_part.stride(), *bt_strides,
-        Nq, splits, min_chunk, scale * LOG2E, len_bucket,
-        GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
-        BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
-        BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
-        PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
-        K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize, LAUNCH_MERGE=pdl,
-        **config, **({"launch_pdl": True} if wait_prior else {}))
+    if "config" in launch:  # an experiment: one fixed config, no tuning
+        kernel = _decode_split_kernel.jit
+        config = dict(zip(("BLOCK_N", "num_warps", "num_stages"), launch["config"]))
+    rest = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides, *bt_strides,
+            Nq, splits, min_chunk, scale * LOG2E, len_bucket)
+    constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
+                      BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
+                      BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
+                      PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
+                      K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize,
+                      LAUNCH_MERGE=pdl, **config, **({"launch_pdl": True} if wait_prior else {}))
+    plan.stage1 = _Stage(kernel, (splits, Hkv * row_blocks, B), rest, constexprs, bindable)
+    plan.merge = None
     if splits > 1:
-        # Stage 1 writes every partial, an empty one as o = 0, lse = −inf.
-        merge_stacked_launch(o_part, lse_part, o, lse, after_producer=pdl,
-                             parts_finite=not _TUNING.get("masked_parts", False))
-    return o, lse
+        # ``merge_stacked_launch``'s launch, kept as a stage. Stage 1 writes every partial, an
+        # empty one as o = 0, lse = −inf: the merge may read o beside lse.
+        rows = B * Hq * Nq
+        block_s = min(32, next_pow2(splits))
+        block_r, block_d = _tiles(rows, Dv, block_s, q)
+        rest = (*o_strides, *lse_strides, *plan.o_layout[1], *plan.lse_layout[1], Hq, Nq, rows, splits)
+        constexprs = dict(HEAD_DIM=Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
+                          PARTS_FINITE=not launch.get("masked_parts", False),
+                          **(dict(AFTER_PRODUCER=True, launch_pdl=True) if pdl else {}))
+        plan.merge = _Stage(_merge_stacked_kernel, (cdiv(rows, block_r), cdiv(Dv, block_d)), rest, constexprs,
+                            bindable)
+    return plan
+
+
+# Plans of recent calls by signature: a repeated call allocates and makes two bound launches.
+_PLANS: dict = {}
+_PLAN_ENTRIES = 256
+
+
+def _signature(q, k_cache, v_cache, block_table, scale: float, num_splits: int | None) -> tuple:
+    """Everything a plan depends on besides the tensors' addresses (the lengths and the table's
+    entries are read by the kernels; ``return_lse`` changes nothing launched)."""
+    return (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
+            q.device, None if block_table is None else (block_table.shape, block_table.stride()), num_splits,
+            scale, q.dtype == torch.float32 and allow_tf32())
+
+
+def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None,
+                   launch: dict | None = None):
+    """Launch stage 1 (and stage 2 when split). Inputs already validated; cache_seqlens
+    contiguous. Returns (o, lse). ``launch``: experiment settings (``LAUNCH_SETTINGS``), planned
+    afresh at every call; without them the plan of the call's signature is reused."""
+    if launch is None:
+        signature = _signature(q, k_cache, v_cache, block_table, scale, num_splits)
+        plan = _PLANS.get(signature)
+        if plan is None:
+            plan = _make_plan(q, k_cache, v_cache, block_table, scale, num_splits, {}, True)
+            if len(_PLANS) >= _PLAN_ENTRIES:
+                _PLANS.clear()
+            _PLANS[signature] = plan
+    else:
+        _check_launch(launch)
+        plan = _make_plan(q, k_cache, v_cache, block_table, scale, num_splits, launch, False)
+    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
 
 
 # ------------------------------------------------------------------ CPU twin
@@ -509,23 +618,39 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     Memory-bound: reads Σ_b L_b·Hkv·(D + Dv) cache elements once; two launches (one if
     num_splits = 1). CUDA tensors run Triton; CPU tensors run the same algorithm in PyTorch (or the
     Triton kernels under ``TRITON_INTERPRET=1``).
+
+    Two sequences with 5 and 32 cached positions, one new token each, GQA 4:2:
+
+    >>> import torch, flashattn_lite
+    >>> q = torch.randn(2, 4, 1, 16)
+    >>> k_cache, v_cache = torch.randn(2, 2, 32, 16), torch.randn(2, 2, 32, 16)
+    >>> o = flashattn_lite.decode(q, k_cache, v_cache, torch.tensor([5, 32], dtype=torch.int32))
+    >>> o.shape
+    torch.Size([2, 4, 1, 16])
+    >>> ref = flashattn_lite.attention(q[:1], k_cache[:1, :, :5], v_cache[:1, :, :5], causal=True)
+    >>> torch.allclose(o[:1], ref, atol=1e-5)
+    True
     """
     _validate(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
     scale = _checks.check_scale(scale)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if not isinstance(return_lse, bool):
+    if return_lse is not True and return_lse is not False:
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    on_cpu = cache_seqlens.device.type == "cpu"
+    on_cpu = cache_seqlens.is_cpu
     if check_values is None:
         check_values = on_cpu
     if check_values and not (not on_cpu and torch.cuda.is_current_stream_capturing()):
         paged = block_table is not None
         capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
         _check_values(cache_seqlens, block_table, capacity, k_cache.shape[0], k_cache.shape[2])
-    fwd = decode_forward if runs_triton(q) else _cpu_decode
-    with torch.no_grad():
-        o, lse = fwd(q, k_cache, v_cache, cache_seqlens, block_table, scale=float(scale), num_splits=num_splits)
+    if not cache_seqlens.is_contiguous():  # the kernels read length b at offset b
+        cache_seqlens = cache_seqlens.contiguous()
+    if runs_triton(q):  # kernels only: nothing for autograd to record
+        o, lse = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits)
+    else:
+        with torch.no_grad():
+            o, lse = _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits)
     return (o, lse) if return_lse else o
 
 

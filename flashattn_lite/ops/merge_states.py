@@ -47,7 +47,7 @@ def _row_offsets(rows, n_h, n_n, stride_b, stride_h, stride_n):
 
 
 @launcher
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _merge_pair_kernel(o_a, lse_a, o_b, lse_b, o, lse,
                        s_oab, s_oah, s_oan, s_oad, s_lab, s_lah, s_lan,
                        s_obb, s_obh, s_obn, s_obd, s_lbb, s_lbh, s_lbn,
@@ -75,7 +75,7 @@ def _merge_pair_kernel(o_a, lse_a, o_b, lse_b, o, lse,
 
 
 @launcher
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "n_splits"])
 def _merge_stacked_kernel(o_parts, lse_parts, o, lse,
                           s_ps, s_pb, s_ph, s_pn, s_pd, s_qs, s_qb, s_qh, s_qn,
                           s_ob, s_oh, s_on, s_od, s_lb, s_lh, s_ln,
@@ -279,6 +279,16 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
         are both empty give o = 0, lse = −inf. Exact up to rounding: arithmetic is float32.
 
     Differentiable in all four inputs. One pass over the inputs (memory-bound).
+
+    Attention over 10 keys, computed as two parts of 6 and 4 keys, then merged:
+
+    >>> import torch, flashattn_lite
+    >>> q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    >>> o_a, lse_a = flashattn_lite.attention(q, k[:, :, :6], v[:, :, :6], return_lse=True)
+    >>> o_b, lse_b = flashattn_lite.attention(q, k[:, :, 6:], v[:, :, 6:], return_lse=True)
+    >>> o, lse = flashattn_lite.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    >>> torch.allclose(o, flashattn_lite.attention(q, k, v), atol=1e-5)
+    True
     """
     _check_state("o_a", "lse_a", o_a, lse_a, ndim=4)
     _check_state("o_b", "lse_b", o_b, lse_b, ndim=4)
@@ -303,6 +313,13 @@ def merge_attention_states_stacked(o: torch.Tensor | Sequence[torch.Tensor],
 
     Computes O = Σ_s softmax(lse)_s·O_s and lse = logsumexp_s lse_s in one pass over the partials.
     Differentiable.
+
+    >>> import torch, flashattn_lite
+    >>> o_parts = torch.randn(3, 1, 1, 2, 4)                     # S = 3 partial outputs
+    >>> lse_parts = torch.tensor([0.0, 0.0, float("-inf")]).view(3, 1, 1, 1).expand(3, 1, 1, 2)
+    >>> o, lse = flashattn_lite.merge_attention_states_stacked(o_parts, lse_parts.contiguous())
+    >>> torch.allclose(o, (o_parts[0] + o_parts[1]) / 2, atol=1e-6), lse[0, 0].tolist()
+    (True, [0.6931471824645996, 0.6931471824645996])
     """
     if isinstance(o, (list, tuple)):
         if len(o) == 0:

@@ -160,9 +160,12 @@ def _prune_row(configs, args):
     return sorted((c for c in configs if ok(c)), key=score)
 
 
+# N stays specialized: where it is a multiple of 16, the masked row loads and the stores at rows·N
+# vectorize (a new N compiles at most three variants: 1, multiple of 16, other). The row count only
+# bounds a mask across rows.
 @tuned(_row_configs(), key=["BLOCK_N", "OP"], interpreter_config=triton.Config({"ROWS": 2}, num_warps=4),
        prune=_prune_row)
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _row_kernel(a_ptr, b_ptr, out_ptr, R, N, D1, D2, sa0, sa1, sa2, sb0, sb1, sb2,
                 OP: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -553,8 +556,8 @@ def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
     ``prefetch`` / ``prefetch_after`` (L2 lines of each input of a later row asked for before /
     after the wait; see PREFETCH in the kernel).
 
-    Measured on the H100 (``benchmarks/softmax_split_sweep.py``; benchmarks/NOTES.md, sessions 3
-    to 6), × copy bandwidth at N = 2^16 / 2^20 / 2^21 / 2^22:
+    Measured on the H100 (``benchmarks/softmax_split_sweep.py``; benchmarks/NOTES.md, 2026-11-23
+    14:20–18:03), × copy bandwidth at N = 2^16 / 2^20 / 2^21 / 2^22:
       forward fp32    .981 / .934 / .939 / .925: 8K chunks held raw at 5 per SM; past 8K × SMs
                       elements segments of two or more 16K chunks, read again from L2, and 256
                       lines prefetched
@@ -828,13 +831,25 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None)
     ``FLASHATTN_LITE_SPLIT_WAIT=0`` before import to use the two-launch form, which never waits.
     If ``dim`` is not the innermost-stride dim, x is copied once to make it so and the result is a
     non-contiguous view (the reduced dim is stored innermost).
+
+    >>> import torch, flashattn_lite
+    >>> x = torch.tensor([[1.0, 2.0, 3.0], [-1e4, 0.0, 1e4]])
+    >>> y = flashattn_lite.softmax(x)
+    >>> torch.allclose(y, torch.softmax(x, dim=-1)), y.sum(-1).tolist()
+    (True, [1.0, 1.0])
     """
     return _apply(SOFTMAX, x, dim, dtype=dtype)
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None) -> torch.Tensor:
     """x − logsumexp(x) along ``dim``, like ``torch.log_softmax``; arguments and layout as
-    :func:`softmax`. A row of all −inf (or holding +inf) gives NaN, as torch does."""
+    :func:`softmax`. A row of all −inf (or holding +inf) gives NaN, as torch does.
+
+    >>> import torch, flashattn_lite
+    >>> x = torch.randn(4, 300)
+    >>> torch.allclose(flashattn_lite.log_softmax(x, dim=0), torch.log_softmax(x, dim=0), atol=1e-6)
+    True
+    """
     return _apply(LOG_SOFTMAX, x, dim, dtype=dtype)
 
 
@@ -847,6 +862,11 @@ def logsumexp(x: torch.Tensor, dim: int | Sequence[int] = -1, keepdim: bool = Fa
     dim gives −inf. Reads x once (N bytes per row) and writes one value per row. Reducing several
     dims that cannot be viewed as one copies x once. The backward recomputes exp(x − lse) from x
     and the float32 lse (no N-sized tensor is saved besides x).
+
+    >>> import torch, flashattn_lite
+    >>> x = torch.tensor([[0.0, 0.0], [float("-inf"), float("-inf")]])
+    >>> flashattn_lite.logsumexp(x, dim=-1)
+    tensor([0.6931,   -inf])
     """
     return _apply(LOGSUMEXP, x, dim, dtype=dtype, keepdim=keepdim)
 

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Every kernel family under NVIDIA compute-sanitizer: memcheck (out-of-bounds / misaligned accesses),
+# racecheck (shared-memory hazards) and synccheck (barrier misuse: the split softmax and decode
+# stages wait on each other). Small shapes, one python driver, FLASHATTN_LITE_AUTOTUNE=0.
+#   bash benchmarks/sanitize.sh                 # reports under $OUT (default sanitize_out/)
+#   TOOLS="memcheck" bash benchmarks/sanitize.sh
+# Prints one line per tool (errors found) and exits non-zero if any tool found an error, failed or
+# ran past its share of the time (TOOL_TIMEOUT seconds each, default 130; the whole script stays
+# under ~8 minutes). The driver runs once without the sanitizer first, so Triton compiles outside it.
+set -uo pipefail
+OUT=${OUT:-sanitize_out}
+TOOLS=${TOOLS:-memcheck racecheck synccheck}
+TOOL_TIMEOUT=${TOOL_TIMEOUT:-130}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1 FLASHATTN_LITE_AUTOTUNE=0
+SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)}
+if [ -z "$SAN" ] || [ ! -x "$SAN" ]; then
+  echo "compute-sanitizer not found (set COMPUTE_SANITIZER=/path/to/compute-sanitizer)"; exit 2
+fi
+DRIVER="$OUT/sanitize_driver.py"
+cat > "$DRIVER" <<'EOF'
+"""One small call of every kernel family; prints 'ok' at the end (checked by the script)."""
+import torch
+import flashattn_lite as fl
+from flashattn_lite.ops import softmax as sm
+
+torch.manual_seed(0)
+dev, dt = "cuda", torch.float16
+
+
+def r(*s, dtype=dt, grad=False):
+    return torch.randn(*s, device=dev, dtype=dtype).requires_grad_(grad)
+
+
+# attention: GQA, odd lengths and head dims, Dv != D, causal, masks, score options; forward + backward
+for D, Dv in ((64, 64), (40, 24)):
+    q, k, v = r(2, 4, 37, D, grad=True), r(2, 2, 53, D, grad=True), r(2, 2, 53, Dv, grad=True)
+    for kw in (dict(), dict(causal=True), dict(causal=True, window=(8, 0), softcap=20.0,
+                                              sinks=r(4, dtype=torch.float32, grad=True),
+                                              alibi_slopes=torch.rand(4, device=dev))):
+        o, lse = fl.attention(q, k, v, return_lse=True, **kw)
+        (o.float().sum() + lse.sum()).backward()
+    for mask in (torch.rand(37, 53, device=dev) > 0.3, r(2, 1, 37, 53)):
+        fl.nn.FlashAttention(causal=True)(q, k, v, attn_mask=mask).float().sum().backward()
+o = fl.scaled_dot_product_attention(r(1, 4, 33, 64, grad=True), r(1, 4, 17, 64, grad=True),
+                                    r(1, 4, 17, 64, grad=True), is_causal=True)
+o.float().sum().backward()
+if hasattr(fl, "attention_varlen"):
+    cu_q = torch.tensor([0, 5, 5 + 31, 5 + 31 + 1], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, 9, 9 + 40, 9 + 40 + 70], dtype=torch.int32, device=dev)
+    q, k, v = r(37, 4, 64, grad=True), r(119, 2, 64, grad=True), r(119, 2, 64, grad=True)
+    for mx in ((None, None), (31, 70)):
+        fl.attention_varlen(q, k, v, cu_q, cu_k, *mx, causal=True).float().sum().backward()
+
+# softmax family: the row kernel, the two-pass kernel and the split kernel (programs that wait)
+for N, strategy in ((1000, "auto"), (3000, "two_pass"), (70000, "split"), (40000, "auto")):
+    x = r(3, N, dtype=torch.float32, grad=True)
+    for op in (sm.SOFTMAX, sm.LOG_SOFTMAX, sm.LOGSUMEXP):
+        y = sm._apply(op, x, -1, strategy=strategy)
+        y.sum().backward()
+
+# merge: pair and stacked, with empty parts
+o_a, o_b = r(2, 3, 9, 40, grad=True), r(2, 3, 9, 40, grad=True)
+l_a, l_b = r(2, 3, 9, dtype=torch.float32), r(2, 3, 9, dtype=torch.float32)
+l_a[0, 0, 0] = float("-inf")
+o, lse = fl.merge_attention_states(o_a, l_a.requires_grad_(), o_b, l_b.requires_grad_())
+(o.float().sum() + lse.sum()).backward()
+o, lse = fl.merge_attention_states_stacked(r(5, 2, 3, 9, 40), r(5, 2, 3, 9, dtype=torch.float32))
+
+# decode: contiguous and paged (blocks smaller than, and a multiple of, the key tile), ragged, splits
+q = r(3, 8, 2, 64)
+kc, vc = r(3, 2, 600, 64), r(3, 2, 600, 64)
+lens = torch.tensor([600, 1, 333], dtype=torch.int32, device=dev)
+for splits in (None, 1, 3):
+    fl.decode(q, kc, vc, lens, num_splits=splits)
+for bs in (16, 128):
+    width = -(-600 // bs)
+    table = torch.randperm(3 * width, device=dev, dtype=torch.int32).view(3, width)
+    kp, vp = r(3 * width, 2, bs, 64), r(3 * width, 2, bs, 64)
+    for splits in (None, 1, 3):
+        fl.decode(q, kp, vp, lens, block_table=table, num_splits=splits)
+torch.cuda.synchronize()
+print("ok")
+EOF
+
+echo "warm-up (compiles the kernels outside the sanitizer)"
+if ! timeout 300 python "$DRIVER" > "$OUT/warmup.log" 2>&1; then
+  tail -20 "$OUT/warmup.log"; echo "the driver fails without the sanitizer: see $OUT/warmup.log"; exit 1
+fi
+status=0
+summary=""
+for tool in $TOOLS; do
+  log="$OUT/sanitize-$tool.log"
+  timeout "$TOOL_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit 50 \
+    python "$DRIVER" > "$log" 2>&1
+  rc=$?
+  errors=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$log" | awk '{s += $3} END {print s + 0}')
+  if [ "$rc" -eq 124 ]; then
+    line="$tool: TIMEOUT after ${TOOL_TIMEOUT}s ($errors errors reported so far)"; status=1
+  elif ! grep -q "^ok$" "$log"; then
+    line="$tool: the driver did not finish (exit $rc, $errors errors)"; status=1
+  elif [ "$errors" -ne 0 ]; then
+    line="$tool: $errors errors"; status=1
+  else
+    line="$tool: 0 errors"
+  fi
+  summary="$summary$line (report: $log)"$'\n'
+  grep -m 20 -E "^========= (Invalid|Error|Race|Barrier|.*hazard)" "$log"
+done
+printf "%s" "$summary"
+exit $status

@@ -1,0 +1,135 @@
+"""First-call cost and per-call host cost, each first call in a fresh process.
+
+Cases (attention: bf16, B 1, H 16, N 4096, d 128, causal, forward then backward, each timed to a
+synchronize):
+
+- ``cold``: an empty Triton cache (``TRITON_CACHE_DIR`` a new temporary folder): compiling;
+- ``warm``: a new process on the cache ``cold`` filled: loading compiled kernels only;
+- ``new-length``: in the ``warm`` process, then the same call at N + 1: what a new length costs;
+- with ``--autotune`` also ``FLASHATTN_LITE_AUTOTUNE=1`` (timing configs, then the disk cache in
+  the next process: ``tuned-cold``, ``tuned-warm``).
+
+And eager ``decode`` per call (Hq 32, Hkv 8, d 128, bf16; B 1 4k, B 1 32k, B 8 4k) against SDPA
+flash and cuDNN on the same cache: wall-clock per call over a loop of calls with one synchronize
+at the end (at these sizes the host path is most of it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from .common import BenchArgumentError, ResultWriter, add_run_arguments, format_table, settings
+
+COLUMNS = ["case", "first_fwd_s", "first_bwd_s", "new_len_fwd_s", "new_len_bwd_s", "impl", "us_per_call"]
+DEFAULTS = dict(length=4096, decode_calls=300, autotune=False)
+QUICK = dict(decode_calls=100)
+DECODE_CASES = [("B1-4k", 1, 4096), ("B1-32k", 1, 32768), ("B8-4k", 8, 4096)]
+CHILD_TIMEOUT_S = 240
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--length", type=int, default=None, help="attention sequence length (default 4096)")
+    parser.add_argument("--decode-calls", type=int, default=None, help="decode calls per timing (default 300)")
+    parser.add_argument("--autotune", action="store_true", default=None,
+                        help="also the FLASHATTN_LITE_AUTOTUNE=1 cases (timing, then the disk cache)")
+    add_run_arguments(parser)
+
+
+def run(args) -> list[dict]:
+    if not torch.cuda.is_available():
+        raise BenchArgumentError("first-call measures compiles and CUDA launches: it needs a GPU")
+    s = settings(args, DEFAULTS, QUICK)
+    if s["length"] < 16 or s["decode_calls"] < 1:
+        raise BenchArgumentError("--length must be ≥ 16 and --decode-calls ≥ 1")
+    writer = ResultWriter(args.out, "first_call", columns=COLUMNS, meta={"settings": s}, budget_s=args.time_budget)
+    with writer, tempfile.TemporaryDirectory() as tmp:
+        modes = [("", {})] + ([("tuned-", {"FLASHATTN_LITE_AUTOTUNE": "1"})] if s["autotune"] else [])
+        for prefix, extra in modes:
+            env = {**os.environ, **extra, "TRITON_CACHE_DIR": os.path.join(tmp, prefix + "triton"),
+                   "FLASHATTN_LITE_CACHE_DIR": os.path.join(tmp, prefix + "tuning")}
+            for case in ("cold", "warm"):
+                if writer.start(case=prefix + case):
+                    row = _child({"what": "attention", "length": s["length"], "new_length": case == "warm"}, env)
+                    writer.add({"case": prefix + case, **row})
+        for name, batch, length in DECODE_CASES:
+            if writer.start(case=f"decode {name}"):
+                for row in _child({"what": "decode", "batch": batch, "length": length,
+                                   "calls": s["decode_calls"]}, dict(os.environ)):
+                    writer.add({"case": f"decode {name}", **row})
+        writer.finish()
+    print(format_table(writer.rows, COLUMNS))
+    return writer.rows
+
+
+def _child(job: dict, env: dict):
+    """Run ``job`` in a fresh interpreter; its last stdout line is the JSON result."""
+    proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(job)], env=env, capture_output=True,
+                          text=True, timeout=CHILD_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"first-call child {job} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _timed(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _attention_job(job: dict) -> dict:
+    import flashattn_lite as fa
+
+    def step(n):
+        q, k, v = (torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        out = {}
+        o = None
+
+        def fwd():
+            nonlocal o
+            o = fa.attention(q, k, v, causal=True)
+        out["fwd"] = _timed(fwd)
+        out["bwd"] = _timed(lambda: o.backward(torch.ones_like(o)))
+        return out
+
+    first = step(job["length"])
+    row = {"first_fwd_s": first["fwd"], "first_bwd_s": first["bwd"]}
+    if job["new_length"]:
+        again = step(job["length"] + 1)
+        row.update(new_len_fwd_s=again["fwd"], new_len_bwd_s=again["bwd"])
+    return row
+
+
+def _decode_job(job: dict) -> list[dict]:
+    import flashattn_lite as fa
+    from .decode import _sdpa_call, _sdpa_peers
+    b, n, calls = job["batch"], job["length"], job["calls"]
+    q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, 8, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((b,), n, device="cuda", dtype=torch.int32)
+    impls = [("ours", lambda: fa.decode(q, k, v, lens))]
+    for name, backend in _sdpa_peers(q.device):
+        fn, how = _sdpa_call(q, k, v, backend)
+        if fn is not None:
+            impls.append((f"{name} ({how})", fn))
+    rows = []
+    for name, fn in impls:
+        fn()
+        best = min(_timed(lambda: [fn() for _ in range(calls)]) for _ in range(3))
+        rows.append({"impl": name, "us_per_call": best / calls * 1e6})
+    return rows
+
+
+if __name__ == "__main__":
+    job = json.loads(sys.argv[1])
+    result = _attention_job(job) if job["what"] == "attention" else _decode_job(job)
+    print(json.dumps(result))

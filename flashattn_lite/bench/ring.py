@@ -1,0 +1,330 @@
+"""Ring attention over W processes (launch with torchrun): how long a sequence W GPUs run forward +
+backward, how fast against one GPU, and how much of the communication hides under compute.
+
+    torchrun --nproc-per-node 2 -m flashattn_lite ring [--quick]
+    torchrun --nproc-per-node 2 -m flashattn_lite ring --backend gloo     # CPU smoke run, seconds
+
+For each per-GPU length n (global N = W·n; default B 1, Hq 32, Hkv 8, d 128, bf16, causal, zigzag):
+
+- ``ring_ms``: ``ring_attention`` forward + backward, as a user calls it (argument agreement
+  included); ``compute_ms``: the same schedule with the transfers left out (each rank reuses its
+  own block); ``comm_ms``: the transfers alone (W − 1 K/V shifts forward, W − 1 K/V and W dK/dV
+  shifts backward). ``exposed_comm_ms`` = ring − compute; ``comm_hidden`` = 1 − exposed / comm.
+- one GPU: ``attention`` forward + backward at n (``one_gpu_local_ms``) and, up to
+  ``--single-max``, at the whole N (``one_gpu_global_ms``).
+- ``efficiency`` = W · one_gpu_local / ring: attention costs ∝ N², so each GPU of the ring does W
+  times the work of one GPU at n; 1.0 means the ring costs nothing beyond that work.
+  ``speedup`` = one_gpu_global / ring (ideal W).
+
+Times are the slowest rank's mean over ``--iters`` runs after ``--warmup`` runs (host clock after a
+device sync: every rank must run the same number of iterations, so no adaptive repetition).
+FLOPs as elsewhere: 3.5 × 4·B·Hq·N²·d, halved when causal. Rank 0 prints and writes the files.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..distributed import ring as ring_mod
+from ..distributed._group import Group
+from ..distributed.sharding import LAYOUTS
+from ..ops.attention import attention
+from . import common
+from .peers import dtype_name, parse_dtype
+
+DEFAULTS = {"cuda": dict(dtype="bf16", heads=32, kv_heads=8, head_dim=128, lengths="8k,16k,32k,64k",
+                         single_max=128 * 1024, iters=5, warmup=2),
+            "cpu": dict(dtype="fp32", heads=4, kv_heads=2, head_dim=16, lengths="64,128", single_max=256,
+                        iters=2, warmup=1)}
+# --quick: a short and a long point (most of the time is autotuning on the first call of each shape).
+QUICK = {"cuda": dict(lengths="16k,64k", iters=3), "cpu": dict(lengths="64")}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("nccl", "gloo"),
+                   help="process-group backend when this command creates it: nccl on GPUs (default with CUDA), "
+                        "gloo on the CPU (a smoke run of seconds)")
+    p.add_argument("--lengths", metavar="N,N,...",
+                   help="tokens per GPU n, comma-separated (GPU default 8k,16k,32k,64k); the ring runs W·n")
+    p.add_argument("--single-max", type=common.parse_size,
+                   help="longest whole sequence also timed on one GPU (default 128k)")
+    p.add_argument("--heads", type=int, help="query heads (default 32)")
+    p.add_argument("--kv-heads", type=int, help="K/V heads (default 8)")
+    p.add_argument("--head-dim", type=int, help="head dim (default 128)")
+    p.add_argument("--dtype", help="bf16, fp16 or fp32 (GPU default bf16)")
+    p.add_argument("--layout", choices=LAYOUTS, default="zigzag")
+    p.add_argument("--causal", choices=("yes", "no"), default="yes")
+    p.add_argument("--iters", type=int, help="timed runs per measurement (GPU default 5)")
+    p.add_argument("--warmup", type=int, help="untimed runs first (GPU default 2)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    common.add_run_arguments(p)
+
+
+def _resolve(args, device: str) -> dict:
+    val = common.settings(args, DEFAULTS[device], QUICK[device])
+    try:
+        val["dtype"] = parse_dtype(val["dtype"])
+        val["lengths"] = [common.parse_size(t) for t in str(val["lengths"]).split(",") if t.strip()]
+    except ValueError as e:
+        raise common.BenchArgumentError(str(e)) from None
+    if not val["lengths"]:
+        raise common.BenchArgumentError("--lengths: give at least one length")
+    if args.layout == "zigzag" and any(n % 2 for n in val["lengths"]):
+        raise common.BenchArgumentError(f"--lengths: zigzag needs even per-GPU lengths, got {val['lengths']}")
+    if val["heads"] < 1 or val["kv_heads"] < 1 or val["heads"] % val["kv_heads"]:
+        raise common.BenchArgumentError(f"--heads ({val['heads']}) must be a positive multiple of --kv-heads "
+                                        f"({val['kv_heads']})")
+    if not 1 <= val["head_dim"] <= 256:
+        raise common.BenchArgumentError(f"--head-dim must be in [1, 256], got {val['head_dim']}")
+    if val["iters"] < 1 or val["warmup"] < 0:
+        raise common.BenchArgumentError("--iters must be >= 1 and --warmup >= 0")
+    return val
+
+
+def _init(args) -> tuple[torch.device, bool]:
+    """The device this rank runs on, and whether this call created the process group."""
+    if dist.is_initialized():
+        nccl = "nccl" in str(dist.get_backend())
+        return (torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")), False
+    if "WORLD_SIZE" not in os.environ:
+        raise common.BenchArgumentError("launch it with torchrun, e.g. 'torchrun --nproc-per-node 2 -m flashattn_lite "
+                                        "ring' (add --backend gloo on a machine without GPUs)")
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise common.BenchArgumentError("--backend nccl needs CUDA GPUs")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    return (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")), True
+
+
+class _NoTransfer:
+    """A ring whose shifts keep each rank's own buffer: the compute of the schedule alone."""
+
+    class _Done:
+        def __init__(self, t):
+            self._t = t
+
+        def wait(self):
+            return self._t
+
+    def shift(self, tensor, tag=0):
+        return self._Done(tensor)
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _all_max(group: Group, value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=group.collective_device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group.pg)
+    return float(t.item())
+
+
+def _time_ms(fn, group: Group, device, iters: int, warmup: int) -> float:
+    """Mean ms per call over ``iters`` calls, the slowest rank's; every rank runs the same calls."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    dist.barrier(group=group.pg)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return _all_max(group, (time.perf_counter() - t0) * 1e3 / iters)
+
+
+def _peak_gib(fn, group: Group, device) -> float | None:
+    """Peak memory of one call above what was allocated before it, the largest over the ranks."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    _sync(device)
+    return _all_max(group, (torch.cuda.max_memory_allocated(device) - base) / 2 ** 30)
+
+
+def _fits(nbytes: int, group: Group, device) -> bool:
+    """Whether every rank has ``nbytes`` free (a point that runs out of memory on one rank would leave
+    the others waiting in a transfer)."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return _all_max(group, float(nbytes) - 0.9 * free) <= 0
+
+
+def _inputs(b, hq, hkv, n, d, dtype, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    make = lambda h, dim: torch.randn(b, h, n, dim, generator=g, device=device, dtype=dtype)  # noqa: E731
+    q, k, v = make(hq, d).requires_grad_(), make(hkv, d).requires_grad_(), make(hkv, d).requires_grad_()
+    return q, k, v, make(hq, d)
+
+
+def _fwd_bwd(call, inputs):
+    q, k, v, do = inputs
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        call(q, k, v).backward(do)
+    return step
+
+
+def _comm_only(group: Group, kv_numel: int, dtype, device):
+    """The transfers of one forward + backward, nothing else."""
+    kv = torch.zeros(kv_numel, dtype=dtype, device=device)
+    grads = torch.zeros(kv_numel, dtype=torch.float32, device=device)
+    w = group.world
+
+    def step():
+        block = kv
+        for _ in range(w - 1):
+            block = group.shift(block).wait()
+        g, block = grads, kv
+        for s in range(w):
+            incoming = group.shift(block) if s + 1 < w else None
+            g = group.shift(g, tag=1).wait()
+            if incoming is not None:
+                block = incoming.wait()
+    return step
+
+
+def _bytes_ring(b, hq, hkv, n, d, itemsize) -> int:
+    """Rough peak of one rank's forward + backward: inputs, outputs and gradients, K/V in flight, and
+    the float32 accumulators."""
+    q, kv = b * hq * n * d, 2 * b * hkv * n * d
+    return int(1.3 * (itemsize * (4 * q + 4 * kv) + 4 * (2 * q + 2 * kv)))
+
+
+def _bytes_single(b, hq, hkv, n, d, itemsize) -> int:
+    q, kv = b * hq * n * d, 2 * b * hkv * n * d
+    return int(1.3 * itemsize * (4 * q + 2 * kv))
+
+
+def _flops(b, hq, n, d, causal) -> float:
+    return 3.5 * 4 * b * hq * n * n * d / (2 if causal else 1)
+
+
+def _point(val, args, group: Group, device, n: int) -> dict:
+    b, hq, hkv, d, dtype = 1, val["heads"], val["kv_heads"], val["head_dim"], val["dtype"]
+    causal, w = args.causal == "yes", group.world
+    big_n = w * n
+    timing = dict(group=group, device=device, iters=val["iters"], warmup=val["warmup"])
+    row = dict(world=w, n_local=n, n_global=big_n, layout=args.layout, causal=causal)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+
+    inputs = _inputs(b, hq, hkv, n, d, dtype, device, seed=1 + group.rank)
+    ring_call = lambda q, k, v: ring_mod.ring_attention(q, k, v, causal=causal, layout=args.layout)  # noqa: E731
+    steps = ring_mod.schedule(args.layout, group.rank, w, n, causal)
+    scale = d ** -0.5
+    local_call = lambda q, k, v: ring_mod._RingAttentionFn.apply(q, k, v, scale, _NoTransfer(), steps)[0]  # noqa: E731
+    row["ring_ms"] = _time_ms(_fwd_bwd(ring_call, inputs), **timing)
+    row["ring_peak_gib"] = _peak_gib(_fwd_bwd(ring_call, inputs), group, device)
+    row["compute_ms"] = _time_ms(_fwd_bwd(local_call, inputs), **timing)
+    row["comm_ms"] = _time_ms(_comm_only(group, 2 * b * hkv * n * d, dtype, device), **timing)
+    row["one_gpu_local_ms"] = _time_ms(_fwd_bwd(lambda q, k, v: attention(q, k, v, causal=causal), inputs), **timing)
+    del inputs
+
+    if big_n <= val["single_max"] and _fits(_bytes_single(b, hq, hkv, big_n, d, itemsize), group, device):
+        whole = _inputs(b, hq, hkv, big_n, d, dtype, device, seed=1)
+        single = _fwd_bwd(lambda q, k, v: attention(q, k, v, causal=causal), whole)
+        row["one_gpu_global_ms"] = _time_ms(single, **timing)
+        row["one_gpu_global_peak_gib"] = _peak_gib(single, group, device)
+        del whole, single
+
+    exposed = max(0.0, row["ring_ms"] - row["compute_ms"])
+    row.update(exposed_comm_ms=exposed,
+               comm_hidden=max(0.0, 1.0 - exposed / row["comm_ms"]) if row["comm_ms"] > 0 else None,
+               ring_tokens_s=big_n / row["ring_ms"] * 1e3,
+               one_gpu_local_tokens_s=n / row["one_gpu_local_ms"] * 1e3,
+               efficiency=w * row["one_gpu_local_ms"] / row["ring_ms"],
+               ring_tflops_per_gpu=_flops(b, hq, big_n, d, causal) / w / (row["ring_ms"] * 1e-3) * 1e-12)
+    if "one_gpu_global_ms" in row:
+        row.update(one_gpu_global_tokens_s=big_n / row["one_gpu_global_ms"] * 1e3,
+                   speedup=row["one_gpu_global_ms"] / row["ring_ms"])
+    return row
+
+
+_COLUMNS = ["n_local", "n_global", "ring_ms", "compute_ms", "comm_ms", "comm_hidden", "one_gpu_local_ms",
+            "one_gpu_global_ms", "efficiency", "speedup", "ring_tflops_per_gpu"]
+
+
+def _plot(rows: list[dict], path, world: int):
+    plt = common.pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([r["n_global"] for r in rows], [r["ring_tokens_s"] for r in rows], "o-", label=f"ring, {world} GPUs")
+    single = [r for r in rows if r.get("one_gpu_global_tokens_s")]
+    if single:
+        left.plot([r["n_global"] for r in single], [r["one_gpu_global_tokens_s"] for r in single], "s--",
+                  label="one GPU, whole sequence")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("global sequence length N")
+    left.set_ylabel("tokens / s (forward + backward)")
+    left.legend()
+    right.plot([r["n_local"] for r in rows], [r["efficiency"] for r in rows], "o-", label="scaling efficiency")
+    right.plot([r["n_local"] for r in rows], [r["comm_hidden"] for r in rows], "s--", label="communication hidden")
+    right.set_xscale("log", base=2)
+    right.set_ylim(0, max([1.1] + [1.05 * r["efficiency"] for r in rows]))
+    right.set_xlabel("tokens per GPU n")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(args) -> list[dict]:
+    """The sweep on every rank; rank 0 streams the points (stdout, JSON, CSV) and plots."""
+    device, owned = _init(args)
+    try:
+        return _sweep(args, device)
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+def _sweep(args, device) -> list[dict]:
+    val = _resolve(args, device.type)
+    group = Group(None)
+    lead = group.rank == 0
+    meta = dict(world=group.world, backend=group.backend, batch=1, heads=val["heads"], kv_heads=val["kv_heads"],
+                head_dim=val["head_dim"], dtype=dtype_name(val["dtype"]), layout=args.layout,
+                causal=args.causal == "yes", iters=val["iters"], warmup=val["warmup"])
+    out = getattr(args, "out", None) or "benchmarks/results"
+    writer = common.ResultWriter(out, "ring", columns=_COLUMNS, meta=meta, budget_s=args.time_budget) if lead else None
+    itemsize = torch.empty((), dtype=val["dtype"]).element_size()
+    rows = []
+    for n in val["lengths"]:
+        # Rank 0 keeps the time budget; every rank follows its decision (the points are collective).
+        if _all_max(group, float(lead and writer.start(n_local=n))) == 0:
+            continue
+        if not _fits(_bytes_ring(1, val["heads"], val["kv_heads"], n, val["head_dim"], itemsize), group, device):
+            if lead:
+                print(f"n_local={n}: skipped, does not fit in GPU memory", flush=True)
+            continue
+        row = _point(val, args, group, device, n)
+        rows.append(row)
+        if lead:
+            writer.add(row)
+    if not lead:
+        return rows
+    longest = dict(ring_n_global=max((r["n_global"] for r in rows), default=None),
+                   one_gpu_n=max((r["n_global"] for r in rows if "one_gpu_global_ms" in r), default=None))
+    print(common.format_table(rows, _COLUMNS))
+    print(f"longest forward+backward: {longest['ring_n_global']} tokens on {group.world} ranks, "
+          f"{longest['one_gpu_n']} on one (this sweep)")
+    paths = writer.finish(longest=longest)
+    if not args.no_plot and rows and common.have_matplotlib():
+        paths.append(_plot(rows, writer.path(".png"), group.world))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return rows
+
+
+__all__ = ["add_arguments", "run"]

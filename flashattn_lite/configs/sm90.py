@@ -1,0 +1,45 @@
+"""Configs for compute capability 9.0 (H100, H200): data for ``configs.lookup``.
+
+Seeded from what autotuning picked on the H100 in recorded runs (``benchmarks/NOTES.md``,
+``benchmarks/results/*.json``; each row says which). Kernels and variants without a row take the
+first config their prune function keeps. Regenerate on the GPU with
+``flashattn-lite tune --out flashattn_lite/configs/sm90.py`` (or ``--out table.json`` to try it
+first through ``FLASHATTN_LITE_CONFIG_TABLE``).
+"""
+
+_DECODE_SWEEPS = "autotuned in benchmarks/results/decode_sweep-20261123-*.json (Hq 32, Hkv 8)"
+_ATTN_RUN1 = "NOTES.md run 1: autotune picked it for d 64 and 128, causal or not, N 2k-16k"
+
+
+def _decode(len_bucket, block_n, warps, stages, page_size=1):
+    return {"key": {"dtype": "bfloat16", "HEAD_DIM": 128, "HEAD_DIM_V": 128, "BLOCK_M": 16,
+                    "PAGED": page_size > 1, "PAGE_SIZE": page_size, "len_bucket": len_bucket},
+            "config": {"kwargs": {"BLOCK_N": block_n}, "num_warps": warps, "num_stages": stages},
+            "source": _DECODE_SWEEPS}
+
+
+def _attn(d, causal, block_m, block_n, warps, stages, source, **key):
+    # Option flags left out of a row (window left side, mask, softcap, ALiBi, sinks, varlen,
+    # dropout) match only calls with the option off; causal is the window's right side at 0.
+    return {"key": {"dtype": "bfloat16", "HEAD_DIM": d, "HEAD_DIM_V": d, "HAS_RIGHT": causal, **key},
+            "config": {"kwargs": {"BLOCK_M": block_m, "BLOCK_N": block_n}, "num_warps": warps,
+                       "num_stages": stages},
+            "source": source}
+
+
+TABLE = {
+    "arch": "sm90",
+    "kernels": {
+        "_decode_split_kernel": [
+            _decode(256, 64, 4, 3),                     # B 1, 4k (16 splits)
+            _decode(2048, 64, 4, 3),                    # B 1, 32k; B 8, 4k
+            _decode(8192, 64, 4, 3),                    # B 1, 128k
+            _decode(16384, 64, 4, 3),                   # B 8, 32k (2 splits)
+            _decode(2048, 128, 4, 2, page_size=256),    # B 1, 32k, pages of 256
+        ],
+        "_attn_fwd_kernel": [_attn(d, c, 128, 64, 8, 3, _ATTN_RUN1) for d in (64, 128) for c in (False, True)],
+        # dK/dV: "64×128" recorded without warps/stages; (8, 2) is the first of that shape that fits.
+        "_bwd_dkdv_kernel": [_attn(d, c, 64, 128, 8, 2, "NOTES.md run 1 (64x128; warps/stages: first fit)", GROUP=1)
+                             for d in (64, 128) for c in (False, True)],
+    },
+}

@@ -1,0 +1,161 @@
+"""``flashattn-lite tune``: regenerate a GPU architecture's config table from measurements.
+
+Runs the ops on a grid of shapes with ``FLASHATTN_LITE_AUTOTUNE=1`` against a fresh tuning cache
+(every kernel times the configs its prune function keeps, per tuning key), then writes each
+kernel's winners as table rows: JSON (try it with ``FLASHATTN_LITE_CONFIG_TABLE=table.json``) or,
+for an ``--out`` ending in ``.py``, a module to ship as ``flashattn_lite/configs/<arch>.py``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import pprint
+import tempfile
+import time
+
+import torch
+
+from . import arch_of, config_to_dict
+
+DEFAULTS = dict(head_dims=[64, 128], dtypes=["bf16", "fp16"], lengths=[1024, 4096, 16384])
+QUICK = dict(head_dims=[128], dtypes=["bf16"], lengths=[4096])
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DECODE = [(1, 4096), (1, 32768), (1, 131072), (8, 32768)]  # (batch, cache length): Hq 32, Hkv 8
+SOFTMAX_N = [1024, 2048, 4096, 8192, 16384]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--out", required=True, metavar="FILE", help="the table to write (.json or .py)")
+    parser.add_argument("--head-dims", default=None, metavar="D,...", help="attention head dims (default 64,128)")
+    parser.add_argument("--dtypes", default=None, metavar="DTYPE,...", help="from bf16, fp16, fp32 (default bf16,fp16)")
+    parser.add_argument("--lengths", default=None, metavar="N,...",
+                        help="attention lengths, B·N = 16k tokens (default 1024,4096,16384)")
+    parser.add_argument("--ops", default="attention,decode,softmax", metavar="OP,...",
+                        help="from attention, decode, softmax (default all)")
+    parser.add_argument("--quick", action="store_true", help="d 128, bf16, N 4096 only")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="start no new shape after SECONDS; the table holds what was tuned")
+
+
+def run(args) -> dict:
+    from ..bench.common import BenchArgumentError
+    if not args.out.endswith((".json", ".py")):
+        raise BenchArgumentError(f"--out must end in .json or .py, got {args.out!r}")
+    ops = [o for o in args.ops.split(",") if o]
+    if not ops or set(ops) - {"attention", "decode", "softmax"}:
+        raise BenchArgumentError(f"--ops: expected names from attention, decode, softmax, got {args.ops!r}")
+    base = {**DEFAULTS, **(QUICK if args.quick else {})}
+    try:
+        head_dims = [int(x) for x in args.head_dims.split(",")] if args.head_dims else base["head_dims"]
+        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else base["lengths"]
+        dtypes = [_DTYPES[x] for x in (args.dtypes.split(",") if args.dtypes else base["dtypes"])]
+    except (ValueError, KeyError) as e:
+        raise BenchArgumentError(f"--head-dims/--lengths take ints, --dtypes names from bf16, fp16, fp32: {e}") from None
+    if not torch.cuda.is_available():
+        raise BenchArgumentError("tune times kernels on the GPU: no CUDA device is available")
+    deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
+    with tempfile.TemporaryDirectory() as tmp, _env(FLASHATTN_LITE_AUTOTUNE="1", FLASHATTN_LITE_CACHE_DIR=tmp):
+        for label, step in _grid(ops, head_dims, dtypes, lengths):
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"time budget spent: not tuned {label}", flush=True)
+                continue
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            print(f"tuned {label} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    table = table_of_tuned(arch_of(torch.cuda.current_device()))
+    _write(args.out, table)
+    print(f"wrote {sum(map(len, table['kernels'].values()))} rows to {args.out}")
+    return table
+
+
+def tuned_kernels() -> dict:
+    """{kernel name: Tuning} of every tuned kernel of the package."""
+    from .._launcher import Launcher
+    from ..ops import attention_bwd, attention_fwd, decode, softmax
+    found = {}
+    for module in (attention_fwd, attention_bwd, decode, softmax):
+        for value in vars(module).values():
+            if isinstance(value, Launcher) and value.tuning is not None:
+                found[value.name] = value.tuning
+    return found
+
+
+def table_of_tuned(arch: str) -> dict:
+    """The rows every tuned kernel has timed in this process, as a table for ``arch``."""
+    import triton
+    source = f"flashattn-lite tune on {torch.cuda.get_device_name()}, triton {triton.__version__}, " \
+             f"{_dt.date.today().isoformat()}"
+    kernels = {}
+    for name, tuning in sorted(tuned_kernels().items()):
+        rows = [{"key": dict(c.fields), "config": config_to_dict(c.config), "source": source}
+                for c in tuning.chosen.values() if c.source.startswith("tuned")]
+        if rows:
+            kernels[name] = rows
+    return {"arch": arch, "kernels": kernels}
+
+
+def _write(path: str, table: dict) -> None:
+    if path.endswith(".json"):
+        text = json.dumps(table, indent=1)
+    else:
+        text = (f'"""Configs for {table["arch"]}: data for ``configs.lookup``, written by flashattn-lite tune."""\n\n'
+                f"TABLE = {pprint.pformat(table, width=110, sort_dicts=False)}\n")
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class _env:
+    """Environment variables set inside a ``with`` block, restored after."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _grid(ops, head_dims, dtypes, lengths):
+    """(label, step) for every shape to tune: the speed benchmark's attention grid (B·N = 16k tokens,
+    hidden 2048), the decode sweep's cases, softmax rows kept on chip."""
+    from ..ops.attention import attention
+    from ..ops.decode import decode
+    from ..ops.softmax import softmax
+    dev = "cuda"
+    if "attention" in ops:
+        for d in head_dims:
+            for dt in dtypes:
+                for n in lengths:
+                    for causal in (False, True):
+                        def step(d=d, dt=dt, n=n, causal=causal):
+                            b, h = max(1, 16384 // n), max(1, 2048 // d)
+                            q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=dt, requires_grad=True)
+                                       for _ in range(3))
+                            o = attention(q, k, v, causal=causal)
+                            torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+                        yield f"attention d{d} {dt} N{n}{' causal' if causal else ''}", step
+    if "decode" in ops:
+        for dt in dtypes:
+            for b, n in DECODE:
+                def step(dt=dt, b=b, n=n):
+                    q = torch.randn(b, 32, 1, 128, device=dev, dtype=dt)
+                    k, v = (torch.randn(b, 8, n, 128, device=dev, dtype=dt) for _ in range(2))
+                    decode(q, k, v, torch.full((b,), n, device=dev, dtype=torch.int32))
+                yield f"decode {dt} B{b} L{n}", step
+    if "softmax" in ops:
+        for dt in [torch.float32, *[d for d in dtypes if d != torch.float32]]:
+            for n in SOFTMAX_N:
+                def step(dt=dt, n=n):
+                    x = torch.randn(max(1, 2 ** 26 // n), n, device=dev, dtype=dt, requires_grad=True)
+                    y = softmax(x)
+                    torch.autograd.grad(y, x, torch.ones_like(y))
+                yield f"softmax {dt} N{n}", step

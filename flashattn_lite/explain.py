@@ -1,0 +1,141 @@
+"""Which path a call takes, which kernels it launches, with which configs, and why.
+
+``explain(q, k, v, causal=True)`` runs the call itself (forward, and backward when an input
+requires grad) while recording every kernel launch (``_launcher.recording``) and every fallback or
+dispatch note (``_log.recording``), so what it reports is what ran, not a second guess of the
+dispatch logic. Paths:
+
+- ``triton``: the portable Triton kernels, compiled (CUDA tensors);
+- ``interpreter``: the same kernels in Triton's CPU interpreter (CPU tensors, ``TRITON_INTERPRET=1``);
+- ``cpu twin``: the PyTorch version of the same tiled algorithm (CPU tensors otherwise);
+- ``torch fallback``: a wrapper handed the call to PyTorch (the reason says why);
+- any path a dispatcher announces with ``_log.note_path`` (e.g. a Hopper fast path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _launcher, _log
+from ._runtime import interpreter_active
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    name: str
+    path: str               # "triton" or "interpreter"
+    config: dict | None     # {"BLOCK_M": …, "num_warps": …, "num_stages": …}; None: the kernel is not tuned
+    source: str             # where the config came from (table row, first fit, tuned, interpreter)
+    constexprs: dict        # the launch's compile-time arguments (its variant)
+
+    def __str__(self) -> str:
+        if self.config is None:
+            return f"{self.name} (fixed launch settings)"
+        config = " ".join(f"{k}={v}" for k, v in self.config.items())
+        return f"{self.name} {config} ({self.source})"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    op: str
+    path: str
+    reason: str
+    kernels: tuple[KernelLaunch, ...]
+
+    def __str__(self) -> str:
+        lines = [f"{self.op}: {self.path} ({self.reason})"]
+        lines += [f"  {k}" for k in self.kernels]
+        return "\n".join(lines)
+
+
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
+            backward: bool | None = None, show: bool = False, **options) -> Explanation:
+    """Run ``attention(q, k, v, causal=causal, scale=scale, **options)`` and say how it ran.
+
+    ``backward``: also run the backward (default: when q, k or v requires grad), on detached copies
+    with an all-ones output gradient, so the caller's tensors and their ``.grad`` are untouched.
+    ``show``: print the explanation too. Bad arguments raise what the call raises.
+    """
+    from .ops.attention import attention
+    inputs = (q, k, v)
+    if backward is None:
+        backward = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+
+    def call():
+        if not backward:
+            return attention(q, k, v, causal=causal, scale=scale, **options)
+        copies = [t.detach().requires_grad_(True) for t in inputs]
+        o = attention(*copies, causal=causal, scale=scale, **options)
+        out = o[0] if isinstance(o, tuple) else o
+        torch.autograd.grad(out, copies, torch.ones_like(out))
+    return _explained("attention" + (" forward+backward" if backward else ""), q, call, show)
+
+
+def explain_softmax(x: torch.Tensor, dim: int = -1, *, log: bool = False, backward: bool | None = None,
+                    show: bool = False) -> Explanation:
+    """:func:`explain` for ``softmax(x, dim)`` (``log_softmax`` with ``log=True``)."""
+    from .ops.softmax import log_softmax, softmax
+    fn = log_softmax if log else softmax
+    if backward is None:
+        backward = isinstance(x, torch.Tensor) and x.requires_grad
+
+    def call():
+        if not backward:
+            return fn(x, dim)
+        xc = x.detach().requires_grad_(True)
+        y = fn(xc, dim)
+        torch.autograd.grad(y, xc, torch.ones_like(y))
+    name = "log_softmax" if log else "softmax"
+    return _explained(name + (" forward+backward" if backward else ""), x, call, show)
+
+
+def explain_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
+                   show: bool = False, **options) -> Explanation:
+    """:func:`explain` for ``decode(q, k_cache, v_cache, cache_seqlens, **options)``."""
+    from .ops.decode import decode
+    return _explained("decode", q, lambda: decode(q, k_cache, v_cache, cache_seqlens, **options), show)
+
+
+explain.softmax = explain_softmax
+explain.decode = explain_decode
+
+
+def _explained(op: str, t, call, show: bool) -> Explanation:
+    with _launcher.recording() as launches, _log.recording() as notes:
+        call()
+    kernels = tuple(dict.fromkeys(_kernel(launch) for launch in launches))
+    path, reason = _path(t, launches, notes)
+    result = Explanation(op, path, reason, kernels)
+    if show:
+        print(result)
+    return result
+
+
+def _kernel(launch) -> KernelLaunch:
+    choice = launch.choice
+    config = None if choice is None else {**choice.config.kwargs, "num_warps": choice.config.num_warps,
+                                          "num_stages": choice.config.num_stages}
+    return KernelLaunch(launch.kernel, launch.path, _Frozen(config) if config is not None else None,
+                        "" if choice is None else choice.source, _Frozen(launch.constexprs))
+
+
+class _Frozen(dict):
+    """A dict that can sit in a frozen dataclass used as a dict key (for de-duplication)."""
+
+    def __hash__(self):
+        return hash(tuple(sorted(self.items(), key=lambda kv: kv[0])))
+
+
+def _path(t, launches, notes) -> tuple[str, str]:
+    if notes:
+        path, where, reason = notes[-1]
+        return path, f"{where}: {reason}"
+    if launches:
+        if launches[0].path == "interpreter":
+            return "interpreter", "CPU tensors with TRITON_INTERPRET=1: the Triton kernels in Triton's CPU interpreter"
+        return "triton", f"{t.device} tensors: the portable Triton kernels"
+    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+        why = "without TRITON_INTERPRET=1" if not interpreter_active() else "of a dtype the kernels do not take"
+        return "cpu twin", f"CPU tensors {why}: the PyTorch twin of the same algorithm"
+    return "torch", "no kernel of this package ran"

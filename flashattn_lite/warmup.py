@@ -1,0 +1,206 @@
+"""Compile ahead of time the kernel variants a model will launch, so its first step is not slow.
+
+A kernel variant is fixed by what the kernels take as compile-time arguments — dtype, head dims,
+the GQA group, causal and the other options — not by lengths (those are runtime arguments and,
+where they select a config, only pick a table row). So one tiny call per variant, on dummy
+tensors, compiles (or loads from Triton's disk cache) everything a model needs.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from . import _checks
+from ._log import log_once
+from ._runtime import runs_triton
+
+
+def model_shapes(model) -> dict:
+    """{"head_dims", "gqa", "kv_heads", "dtypes"} of a HuggingFace config object or model name
+    (the name through ``transformers.AutoConfig``, which must be installed)."""
+    config = model
+    if isinstance(model, str):
+        try:
+            from transformers import AutoConfig
+        except ImportError:
+            raise ValueError(f"model={model!r} is a name, which needs transformers (pip install transformers); "
+                             "pass a config object or head_dims/gqa/dtypes instead") from None
+        config = AutoConfig.from_pretrained(model)
+    config = getattr(config, "text_config", None) or config
+    heads = getattr(config, "num_attention_heads", None)
+    if not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"model must be a transformers config with num_attention_heads, got {type(model).__name__}")
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.bfloat16
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""), torch.bfloat16)
+    if dtype not in _checks.FLOAT_DTYPES:
+        dtype = torch.bfloat16
+    return {"head_dims": (head_dim,), "gqa": (heads // kv_heads,), "kv_heads": kv_heads, "dtypes": (dtype,)}
+
+
+def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,), backward: bool = True,
+           decode: bool = False, softmax: bool = False, length: int = 4096, device=None,
+           progress: bool = True, **options) -> list[str]:
+    """Compile the kernels for every combination of the given variants; returns their labels.
+
+    Args:
+        model: a HuggingFace config object or model name (head dims, GQA group and dtype from it;
+            explicit arguments below override).
+        head_dims: ints (D = Dv) or (D, Dv) pairs. Default 128 (or the model's).
+        dtypes: torch float dtypes. Default bfloat16 (or the model's).
+        gqa: query heads per KV head. Default 1 (or the model's).
+        causal: the causal settings to compile (``(True, False)`` for both).
+        backward: also compile the backward kernels.
+        decode: also compile ``decode`` (one new token against a cache of ``length`` positions).
+        softmax: also compile ``softmax`` rows of ``length`` elements (forward and backward).
+        length: the dummy sequence length; it only matters where a table picks configs by length.
+        device: default the current CUDA device. On the CPU only ``TRITON_INTERPRET=1`` runs
+            kernels; otherwise there is nothing to compile and the result is empty.
+        progress: a tqdm progress bar when tqdm is installed.
+        **options: passed to ``attention`` as they are (the score options a model uses).
+    """
+    shapes = model_shapes(model) if model is not None else {}
+    head_dims = _pairs(head_dims if head_dims is not None else shapes.get("head_dims", (128,)))
+    dtypes = tuple(dtypes if dtypes is not None else shapes.get("dtypes", (torch.bfloat16,)))
+    gqa = tuple(gqa if gqa is not None else shapes.get("gqa", (1,)))
+    kv_heads = shapes.get("kv_heads", 1)
+    for dt in dtypes:
+        if dt not in _checks.FLOAT_DTYPES:
+            raise TypeError(f"dtypes must hold float16, bfloat16 or float32, got {dt}")
+    for g in gqa:
+        if type(g) is not int or g < 1:
+            raise ValueError(f"gqa must hold ints ≥ 1 (query heads per KV head), got {g!r}")
+    for c in causal:
+        if not isinstance(c, bool):
+            raise TypeError(f"causal must hold bools, got {c!r}")
+    if type(length) is not int or length < 1:
+        raise ValueError(f"length must be an int ≥ 1, got {length!r}")
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not runs_triton(torch.empty(0, device=device)):
+        log_once(("warmup", str(device)), f"warmup: nothing to compile on {device} (no Triton kernels run there)")
+        return []
+
+    tasks = []
+    for (d, dv), dt, g in itertools.product(head_dims, dtypes, gqa):
+        for c in causal:
+            label = f"attention {_name(dt)} d{d}{'' if dv == d else f'/{dv}'} gqa{g}{' causal' if c else ''}"
+            tasks.append((label + (" fwd+bwd" if backward else " fwd"),
+                          lambda d=d, dv=dv, dt=dt, g=g, c=c: _attention(d, dv, dt, g, kv_heads, c, backward,
+                                                                        length, device, options)))
+        if decode:
+            tasks.append((f"decode {_name(dt)} d{d} gqa{g}",
+                          lambda d=d, dv=dv, dt=dt, g=g: _decode(d, dv, dt, g, kv_heads, length, device)))
+    if softmax:
+        for dt in dtypes:
+            tasks.append((f"softmax {_name(dt)} N{length} fwd+bwd", lambda dt=dt: _softmax(dt, length, device)))
+    for label, run in _progress(tasks, progress):
+        run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return [label for label, _ in tasks]
+
+
+def _pairs(head_dims) -> list[tuple[int, int]]:
+    """An int or a sequence of items, each an int (D = Dv) or a (D, Dv) pair."""
+    items = [head_dims] if isinstance(head_dims, int) else list(head_dims)
+    pairs = []
+    for h in items:
+        d, dv = (h, h) if isinstance(h, int) else tuple(h) if isinstance(h, (tuple, list)) and len(h) == 2 else (0, 0)
+        if not all(type(x) is int and 1 <= x <= 256 for x in (d, dv)):
+            raise ValueError(f"head_dims must hold ints or (D, Dv) pairs in [1, 256], got {h!r}")
+        pairs.append((d, dv))
+    if not pairs:
+        raise ValueError("head_dims must name at least one head dim")
+    return pairs
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _attention(d, dv, dtype, group, kv_heads, causal, backward, length, device, options):
+    from .ops.attention import attention
+    q = torch.randn(1, group * kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
+    k = torch.randn(1, kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
+    v = torch.randn(1, kv_heads, length, dv, device=device, dtype=dtype, requires_grad=backward)
+    o = attention(q, k, v, causal=causal, **options)
+    if backward:
+        torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+
+
+def _decode(d, dv, dtype, group, kv_heads, length, device):
+    from .ops.decode import decode
+    q = torch.randn(1, group * kv_heads, 1, d, device=device, dtype=dtype)
+    k = torch.randn(1, kv_heads, length, d, device=device, dtype=dtype)
+    v = torch.randn(1, kv_heads, length, dv, device=device, dtype=dtype)
+    decode(q, k, v, torch.full((1,), length, device=device, dtype=torch.int32))
+
+
+def _softmax(dtype, length, device):
+    from .ops.softmax import softmax
+    x = torch.randn(4, length, device=device, dtype=dtype, requires_grad=True)
+    y = softmax(x)
+    torch.autograd.grad(y, x, torch.ones_like(y))
+
+
+def _progress(tasks, enabled: bool):
+    if enabled:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return tasks
+        bar = tqdm(tasks, desc="flashattn_lite warmup", unit="variant")
+        return ((bar.set_postfix_str(label) or label, run) for label, run in bar)
+    return tasks
+
+
+# ------------------------------------------------------------------ flashattn-lite warmup
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default=None, metavar="NAME",
+                        help="a HuggingFace model name or config folder (needs transformers)")
+    parser.add_argument("--head-dims", type=_int_list, default=None, metavar="D,...", help="default 128")
+    parser.add_argument("--dtypes", type=_dtype_list, default=None, metavar="DTYPE,...",
+                        help="from bf16, fp16, fp32 (default bf16)")
+    parser.add_argument("--gqa", type=_int_list, default=None, metavar="G,...",
+                        help="query heads per KV head (default 1)")
+    parser.add_argument("--causal", choices=["yes", "no", "both"], default="yes")
+    parser.add_argument("--no-backward", action="store_true", help="forward kernels only")
+    parser.add_argument("--decode", action="store_true", help="also decode")
+    parser.add_argument("--softmax", action="store_true", help="also softmax")
+    parser.add_argument("--length", type=int, default=4096, help="dummy sequence length (default 4096)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> list[str]:
+    from .bench.common import BenchArgumentError
+    causal = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    try:
+        labels = warmup(args.model, head_dims=args.head_dims, dtypes=args.dtypes, gqa=args.gqa, causal=causal,
+                        backward=not args.no_backward, decode=args.decode, softmax=args.softmax,
+                        length=args.length, progress=not args.no_progress)
+    except (ValueError, TypeError) as e:
+        raise BenchArgumentError(str(e)) from None
+    print("\n".join(labels) if labels else "nothing to compile: no CUDA device (and TRITON_INTERPRET is not 1)")
+    return labels
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise ValueError(f"expected comma-separated ints, got {text!r}") from None
+
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _dtype_list(text: str) -> list[torch.dtype]:
+    names = [x for x in text.split(",") if x]
+    bad = [n for n in names if n not in _DTYPES]
+    if bad or not names:
+        raise ValueError(f"expected dtypes from {', '.join(_DTYPES)}, got {text!r}")
+    return [_DTYPES[n] for n in names]

@@ -1,0 +1,358 @@
+"""Ring attention and sharding over real process groups: gloo on CPU, 2 and 4 processes on 127.0.0.1.
+
+Each world is one spawn of worker processes (this file, run as a script) that runs every case of
+that world in turn and prints one RESULT line per case; one test per world reads those lines and
+names every case that failed on any rank. Outputs and gradients are compared with single-device attention over the whole sequence
+(a float64 reference and the package's own attention in the same dtype: ours may err at most
+twice as much as that, plus eps). Most cases run the PyTorch CPU twin (TRITON_INTERPRET=0 in the
+workers); one world runs the Triton kernels in the interpreter.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+if __name__ == "__main__":  # a worker process: the repository's package, without installing it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashattn_lite.distributed.ring import schedule
+from flashattn_lite.distributed.sharding import runs
+
+_MARK = "RESULT "
+
+
+# ------------------------------------------------------------------ the schedule (no processes)
+
+def _positions(layout, rank, world, n):
+    return [g + i for _, g, length in runs(layout, rank, world, n) for i in range(length)]
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_schedule_covers_exactly_the_visible_pairs(layout):
+    """Every (query, key) pair of every rank and step is computed once if visible, never if not;
+    zigzag needs one call per step, and every rank does the same causal work."""
+    for world in (1, 2, 3, 4):
+        for n in (2, 4, 6):
+            work = set()
+            for rank in range(world):
+                qpos, done = _positions(layout, rank, world, n), 0
+                for step, pieces in enumerate(schedule(layout, rank, world, n, causal=True)):
+                    kpos = _positions(layout, (rank - step) % world, world, n)
+                    got = torch.zeros(n, n, dtype=torch.int64)
+                    for p in pieces:
+                        i = torch.arange(p.q0, p.q1).view(-1, 1)
+                        j = torch.arange(p.k0, p.k1).view(1, -1)
+                        seen = (j - p.k0 <= i - p.q0 + p.offset) if p.causal else (i >= 0) & (j >= 0)
+                        got[p.q0:p.q1, p.k0:p.k1] += seen.long()
+                        done += (p.q1 - p.q0) * (p.k1 - p.k0)
+                    want = torch.tensor(kpos).view(1, -1) <= torch.tensor(qpos).view(-1, 1)
+                    assert torch.equal(got, want.long()), (layout, world, n, rank, step, pieces)
+                    if layout == "zigzag":
+                        assert len(pieces) == 1
+                work.add(done)
+            if layout == "zigzag":
+                assert len(work) == 1, f"unbalanced causal work over ranks: {work}"
+    full = schedule(layout, 1, 3, 4, causal=False)
+    assert [[(p.q0, p.q1, p.k0, p.k1, p.causal) for p in s] for s in full] == [[(0, 4, 0, 4, False)]] * 3
+
+
+# ------------------------------------------------------------------ worker side
+
+_device = "cpu"  # the workers of the NCCL world use their GPU
+
+
+def _seeded(seed, *shape, dtype):
+    """The same random tensor on every rank."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return x.to(device=_device, dtype=dtype)
+
+
+def _randn(*shape):
+    return torch.randn(*shape, device=_device)
+
+
+def _compare(rank, world, *, dtype, layout, causal, hq=2, hkv=2, n=4, d=8, dv=None, b=1, scale=None,
+             with_lse=False, strided=False, group=None, eps=None):
+    """Ring attention on this rank's shards against whole-sequence attention: o (and lse) and the
+    gradients of ⟨o, do⟩ (+ ⟨lse, dlse⟩) with respect to q, k, v."""
+    import flashattn_lite
+    from conftest import assert_close_to_ref
+    from flashattn_lite.distributed import ring_attention, shard
+    from flashattn_lite.reference import attention_reference
+
+    dv = d if dv is None else dv
+    N = world * n
+    if strided:  # (B, N, H, D) storage seen as (B, H, N, D), as a model's projections give it
+        q, k, v = (_seeded(s, b, N, h, e, dtype=dtype).transpose(1, 2)
+                   for s, h, e in ((1, hq, d), (2, hkv, d), (3, hkv, dv)))
+    else:
+        q, k, v = (_seeded(s, b, h, N, e, dtype=dtype) for s, h, e in ((1, hq, d), (2, hkv, d), (3, hkv, dv)))
+    do, dlse = _seeded(4, b, hq, N, dv, dtype=dtype), _seeded(5, b, hq, N, dtype=torch.float32)
+
+    def run(fn, inputs, cut):
+        inputs = [x.detach().clone().requires_grad_() for x in inputs]
+        o, lse = fn(*inputs)
+        loss = (o.double() * cut(do).double()).sum()
+        if with_lse:
+            loss = loss + (lse.double() * cut(dlse).double()).sum()
+        loss.backward()
+        return [o, lse] + [x.grad for x in inputs]
+
+    whole = lambda x: x  # noqa: E731
+    ref = run(lambda *t: attention_reference(*t, causal=causal, scale=scale), [q, k, v], whole)
+    base = run(lambda *t: flashattn_lite.attention(*t, causal=causal, scale=scale, return_lse=True), [q, k, v], whole)
+    cut = lambda x: shard(x, 2, group=group, layout=layout)  # noqa: E731
+    shards = [shard(x.transpose(1, 2), 1, group=group, layout=layout).transpose(1, 2) if strided else cut(x)
+              for x in (q, k, v)]
+    assert strided != shards[0].is_contiguous()
+    ours = run(lambda *t: ring_attention(*t, causal=causal, scale=scale, group=group, layout=layout,
+                                         return_lse=True), shards, cut)
+    assert ours[0].dtype == dtype and ours[0].shape == (b, hq, n, dv)
+    eps = eps if eps is not None else {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5,
+                                       torch.float64: 1e-6}[dtype]
+    for what, mine, theirs, exact in zip(("o", "lse", "dq", "dk", "dv"), ours, base, ref):
+        if what == "lse" and not with_lse:
+            continue
+        assert_close_to_ref(mine, cut(theirs), cut(exact), eps=eps, what=what)
+
+
+def _raises(fn, *needles, types=(ValueError,)):
+    with pytest.raises(types) as info:
+        fn()
+    for needle in needles:
+        assert needle in str(info.value), f"{needle!r} not in {info.value}"
+
+
+def _bad(rank, on_rank_1=None, **changes):
+    """ring_attention on small valid inputs with ``changes`` on every rank, ``on_rank_1`` on rank 1 only."""
+    from flashattn_lite.distributed import ring_attention
+    args = dict(q=_randn(1, 2, 4, 8), k=_randn(1, 2, 4, 8), v=_randn(1, 2, 4, 8),
+                causal=True, layout="zigzag")
+    args.update(changes)
+    args.update(on_rank_1 if rank == 1 and on_rank_1 else {})
+    return lambda: ring_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def _case_shard_roundtrip(rank, world):
+    from flashattn_lite.distributed import shard, unshard
+    x = _seeded(7, 3, 4 * world, 5, dtype=torch.float32)
+    for layout in ("zigzag", "contiguous"):
+        part = shard(x, 1, layout=layout)
+        assert part.shape == (3, 4, 5)
+        assert torch.equal(unshard(part, -2, layout=layout), x)
+    chunk = x.shape[1] // (2 * world)  # zigzag: chunk r, then chunk 2W - 1 - r
+    assert torch.equal(shard(x, 1)[:, :chunk], x[:, rank * chunk:(rank + 1) * chunk])
+    assert torch.equal(shard(x, 1)[:, chunk:], x[:, (2 * world - 1 - rank) * chunk:(2 * world - rank) * chunk])
+    leaf = x.clone().requires_grad_()
+    shard(leaf, 1).sum().backward()
+    assert leaf.grad.sum().item() == x.numel() / world
+
+
+def _case_errors(rank, world):
+    """Bad arguments raise on every rank (the exchange that checks them does not hang), and the
+    group still works afterwards (the next case)."""
+    from flashattn_lite.distributed import shard, unshard
+    odd = _randn(1, 2, 5, 8)
+    _raises(_bad(rank, q=odd, k=odd, v=odd), "even", "zigzag")
+    _raises(_bad(rank, layout="striped"), "layout", "striped")
+    _raises(_bad(rank, causal=1), "causal")
+    _raises(_bad(rank, group="world"), "group")
+    # Only rank 1 differs or is invalid: every rank must still raise.
+    longer = _randn(1, 2, 6, 8)
+    _raises(_bad(rank, dict(q=longer, k=longer, v=longer)), "q must be the same on every rank")
+    _raises(_bad(rank, dict(k=_randn(1, 3, 4, 8), v=_randn(1, 3, 4, 8))), "multiple of k/v heads")
+    _raises(_bad(rank, dict(v=longer)), "v local sequence length")
+    half = _randn(1, 2, 4, 8).half()
+    _raises(_bad(rank, dict(q=half, k=half, v=half)), "q must be the same")
+    _raises(_bad(rank, dict(scale=0.5)), "scale must be the same")
+    _raises(_bad(rank, dict(q=_randn(1, 2, 4, 8).requires_grad_())), "requires_grad must be the same")
+    _raises(lambda: unshard(_randn(2, 3 + rank), 1, layout="contiguous"), "x must be the same on every rank")
+    _raises(lambda: unshard(_randn(2, 3), 1), "even")
+    _raises(lambda: shard(_randn(2, 6), 1, layout="zigzag"), "multiple of")
+    _raises(lambda: shard(_randn(2, 8), 2), "dim")
+
+
+def _case_bench_smoke(rank, world):
+    """``flashattn-lite ring --backend gloo``'s sweep (here on the workers' own process group)."""
+    import argparse
+    from flashattn_lite.bench import ring as bench_ring
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    bench_ring.add_arguments(parser)
+    out = os.environ["RING_TEST_OUT"]
+    rows = bench_ring.run(parser.parse_args(["--lengths", "16", "--iters", "1", "--warmup", "0",
+                                             "--no-plot", "--out", out]))
+    assert [r["n_global"] for r in rows] == [16 * world]
+    assert all(r["ring_ms"] > 0 and r["comm_ms"] > 0 and r["efficiency"] > 0 for r in rows)
+    if rank == 0:
+        docs = [json.loads(p.read_text()) for p in Path(out).glob("ring-*.json")]
+        assert len(docs) == 1 and docs[0]["complete"] and docs[0]["world"] == world
+        assert docs[0]["results"][0]["one_gpu_global_ms"] > 0
+
+
+def _case_subgroups(rank, world):
+    """Two rings of two ranks (global ranks 0,1 and 2,3), each over its own group; a process that is
+    not a member of the group it passes is refused."""
+    import torch.distributed as dist
+    from flashattn_lite.distributed import ring_attention
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine, other = pairs[rank // 2], pairs[1 - rank // 2]
+    _raises(lambda: ring_attention(_randn(1, 2, 4, 8), _randn(1, 2, 4, 8), _randn(1, 2, 4, 8),
+                                   group=other), "not a member")
+    _compare(dist.get_rank(mine), 2, dtype=torch.float32, layout="zigzag", causal=True, hq=4, hkv=2, group=mine)
+
+
+def _case_cpu_tensors_on_nccl(rank, world):
+    from flashattn_lite.distributed import ring_attention
+    x = torch.randn(1, 2, 4, 8)
+    _raises(lambda: ring_attention(x, x, x), "CUDA tensor")
+
+
+F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+_CASES = {
+    2: {
+        "zigzag-causal-gqa-fp32": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=True, hq=4, hkv=2,
+                                                        n=6),
+        "contiguous-causal-fp32-odd-n": lambda r, w: _compare(r, w, dtype=F32, layout="contiguous", causal=True, n=5),
+        "zigzag-full-fp32-dv-scale": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=False, dv=12,
+                                                           scale=0.3, b=2),
+        "contiguous-full-fp16-mqa": lambda r, w: _compare(r, w, dtype=F16, layout="contiguous", causal=False,
+                                                          hq=4, hkv=1),
+        "zigzag-causal-fp16-odd-head-dim": lambda r, w: _compare(r, w, dtype=F16, layout="zigzag", causal=True,
+                                                                 d=5, dv=3),
+        "zigzag-causal-fp64-lse": lambda r, w: _compare(r, w, dtype=F64, layout="zigzag", causal=True, hq=4, hkv=2,
+                                                        b=2, with_lse=True),
+        "contiguous-causal-strided": lambda r, w: _compare(r, w, dtype=F32, layout="contiguous", causal=True,
+                                                           hq=4, hkv=2, strided=True, with_lse=True),
+        "shard-unshard": _case_shard_roundtrip,
+        "bad-arguments-raise-on-every-rank": _case_errors,
+        "after-errors-fp32": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=True),
+        "bench-smoke": _case_bench_smoke,
+    },
+    4: {
+        "zigzag-causal-gqa-fp32": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=True, hq=4, hkv=2,
+                                                        with_lse=True),
+        "contiguous-causal-fp32-odd-n": lambda r, w: _compare(r, w, dtype=F32, layout="contiguous", causal=True, n=3,
+                                                              dv=4),
+        "zigzag-full-fp16": lambda r, w: _compare(r, w, dtype=F16, layout="zigzag", causal=False),
+        "shard-unshard": _case_shard_roundtrip,
+        "bad-arguments-raise-on-every-rank": _case_errors,
+        "subgroups": _case_subgroups,
+    },
+    # The Triton kernels in the interpreter (attention forward, backward and merge): one case.
+    "interpreter": {
+        "zigzag-causal-gqa-fp32": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=True, hq=4, hkv=2,
+                                                        n=8, d=16, with_lse=True),
+    },
+    # Two GPUs over NCCL (compiled kernels; skipped without two GPUs).
+    "nccl": {
+        "zigzag-causal-gqa-bf16": lambda r, w: _compare(r, w, dtype=BF16, layout="zigzag", causal=True, hq=8, hkv=2,
+                                                        n=256, d=128, with_lse=True),
+        "contiguous-causal-fp16": lambda r, w: _compare(r, w, dtype=F16, layout="contiguous", causal=True, n=200,
+                                                        d=64, dv=32),
+        "zigzag-full-fp32-strided": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=False, hq=4,
+                                                          hkv=1, n=128, d=80, strided=True),
+        "shard-unshard": _case_shard_roundtrip,
+        "bad-arguments-raise-on-every-rank": _case_errors,
+        "cpu-tensors-refused": _case_cpu_tensors_on_nccl,
+        "after-errors-bf16": lambda r, w: _compare(r, w, dtype=BF16, layout="zigzag", causal=True, n=64, d=64),
+        "bench-smoke": _case_bench_smoke,
+    },
+}
+
+
+def _worker(world_key: str) -> None:
+    import torch.distributed as dist
+    global _device
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = "gloo"
+    if world_key == "nccl":
+        backend, _device = "nccl", "cuda"
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    torch.set_num_threads(1)
+    for name, case in _CASES[int(world_key) if world_key.isdigit() else world_key].items():
+        try:
+            case(rank, world)
+            result = dict(case=name, rank=rank, ok=True)
+        except (Exception, pytest.fail.Exception):  # a failed pytest.raises is not an Exception
+            result = dict(case=name, rank=rank, ok=False, error=traceback.format_exc())
+        print(_MARK + json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ test side
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world_key, world: int, interpret: bool, out: Path, timeout_s: float = 300) -> dict:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world),
+           "TRITON_INTERPRET": "1" if interpret else "0", "OMP_NUM_THREADS": "1", "RING_TEST_OUT": str(out),
+           "FLASHATTN_LITE_AUTOTUNE": "0"}
+    procs = [subprocess.Popen([sys.executable, __file__, str(world_key)], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent)
+             for r in range(world)]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout_s)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results: dict = {}
+    for text in outputs:
+        for line in text.splitlines():
+            if line.startswith(_MARK):
+                r = json.loads(line[len(_MARK):])
+                results.setdefault(r["case"], {})[r["rank"]] = r
+    results["_log"] = "\n".join(outputs)[-4000:]
+    return results
+
+
+def _check_world(world_key, world: int, interpret: bool, out: Path) -> None:
+    """Spawn one world, run all its cases, and fail naming every case that failed on any rank (one
+    test per world, so that pytest-xdist never spawns a world twice)."""
+    results = _spawn(world_key, world, interpret, out)
+    problems = []
+    for case in _CASES[world_key]:
+        per_rank = results.get(case, {})
+        if len(per_rank) != world:
+            problems.append(f"{case}: reported by ranks {sorted(per_rank)} of {world}")
+        problems += [f"{case} on rank {r['rank']}:\n{r['error']}" for r in per_rank.values() if not r["ok"]]
+    assert not problems, "\n".join(problems) + f"\nworker output (end):\n{results['_log']}"
+
+
+def test_two_ranks_gloo(tmp_path):
+    _check_world(2, 2, False, tmp_path)
+
+
+def test_four_ranks_gloo(tmp_path):
+    _check_world(4, 4, False, tmp_path)
+
+
+def test_two_ranks_triton_interpreter(tmp_path):
+    _check_world("interpreter", 2, True, tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_nccl(tmp_path):
+    _check_world("nccl", 2, False, tmp_path)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])

@@ -1,0 +1,98 @@
+"""explain(): the path a call took, its kernels and configs, and why; the log of first compiles and
+fallbacks (each once). CPU tensors: the interpreter path, and the PyTorch twin."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+
+import flashattn_lite as fa
+from flashattn_lite import _log
+from flashattn_lite.explain import _explained
+
+ON_GPU = torch.cuda.is_available()
+
+
+def qkv(n=20, d=16, requires_grad=False, device="cpu"):
+    return [torch.randn(1, h, n, d, device=device, requires_grad=requires_grad) for h in (2, 1, 1)]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter path: CPU tensors")
+def test_attention_under_the_interpreter_names_each_kernel_and_its_config():
+    e = fa.explain(*qkv(), causal=True)
+    assert (e.op, e.path) == ("attention", "interpreter")
+    assert [k.name for k in e.kernels] == ["_attn_fwd_kernel"]
+    assert e.kernels[0].config["BLOCK_M"] == 16 and e.kernels[0].source == "interpreter config"
+    assert "TRITON_INTERPRET=1" in e.reason and "_attn_fwd_kernel" in str(e)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter path: CPU tensors")
+def test_backward_kernels_are_explained_when_an_input_requires_grad():
+    q, k, v = qkv(requires_grad=True)
+    e = fa.explain(q, k, v)
+    assert e.op == "attention forward+backward"
+    names = [k.name for k in e.kernels]
+    assert names[0] == "_attn_fwd_kernel" and "_bwd_dq_kernel" in names and "_bwd_dkdv_kernel" in names
+    assert q.grad is None  # the caller's tensors are untouched
+
+
+def test_cpu_tensors_without_the_interpreter_run_the_twin(torch_cpu_path):
+    e = fa.explain(*qkv())
+    assert e.path == "cpu twin" and e.kernels == () and "TRITON_INTERPRET" in e.reason
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter path: CPU tensors")
+def test_softmax_and_decode(capsys):
+    s = fa.explain.softmax(torch.randn(3, 100), show=True)
+    assert s.path == "interpreter" and [k.name for k in s.kernels] == ["_row_kernel"]
+    assert "softmax: interpreter" in capsys.readouterr().out
+    q = torch.randn(2, 4, 1, 16)
+    kc, vc = torch.randn(2, 2, 32, 16), torch.randn(2, 2, 32, 16)
+    d = fa.explain.decode(q, kc, vc, torch.tensor([5, 32], dtype=torch.int32))
+    assert d.op == "decode" and d.kernels[0].name == "_decode_split_kernel"
+
+
+def test_bad_arguments_raise_as_the_call_does():
+    q, k, v = qkv()
+    with pytest.raises(ValueError):
+        fa.explain(q, k[:, :, :, :8], v)
+
+
+def test_a_fallback_is_the_path_with_its_reason():
+    def call():
+        _log.note_fallback("test-explain", "a reason only this test gives", warn=False)
+    e = _explained("op", torch.empty(1), call, show=False)
+    assert e.path == "torch fallback" and e.reason == "test-explain: a reason only this test gives"
+
+
+@pytest.fixture
+def fresh_log(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_LITE_LOG", "1")
+    seen = _log.log_once.__defaults__[0]
+    saved = set(seen)
+    seen.clear()
+    yield
+    seen.clear()
+    seen.update(saved)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter path: CPU tensors")
+def test_log_shows_each_first_compile_once(fresh_log, caplog):
+    x = torch.randn(2, 300)
+    with caplog.at_level(logging.INFO, logger="flashattn_lite"):
+        fa.softmax(x)
+        fa.softmax(x)
+    lines = [r.getMessage() for r in caplog.records if "_row_kernel" in r.getMessage()]
+    assert len(lines) == 1 and "BLOCK_N=512" in lines[0] and "interpreter config" in lines[0]
+
+
+def test_log_shows_each_fallback_once(fresh_log, caplog):
+    with caplog.at_level(logging.INFO, logger="flashattn_lite"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            _log.note_fallback("test-log", "the same reason")
+    assert [r.getMessage() for r in caplog.records] == ["test-log: falling back: the same reason"]
+    assert len(caught) == 1
+    assert _log.fallback_counts()[("test-log", "the same reason")] == 3

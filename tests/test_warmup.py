@@ -1,0 +1,80 @@
+"""warmup(): which variants it compiles, its argument errors, HF configs; the CLI's warmup, tune and
+first-call subcommands' argument errors (exit status 2, no traceback)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import flashattn_lite as fa
+from conftest import run_cli
+from flashattn_lite.warmup import model_shapes
+
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.mark.skipif(ON_GPU, reason="tiny interpreter shapes")
+def test_warmup_compiles_every_combination():
+    labels = fa.warmup(head_dims=[16, (16, 32)], dtypes=[torch.float16], gqa=[2], causal=(False, True),
+                       length=16, decode=True, progress=False)
+    assert labels == ["attention float16 d16 gqa2 fwd+bwd", "attention float16 d16 gqa2 causal fwd+bwd",
+                      "decode float16 d16 gqa2", "attention float16 d16/32 gqa2 fwd+bwd",
+                      "attention float16 d16/32 gqa2 causal fwd+bwd", "decode float16 d16 gqa2"]
+
+
+def test_nothing_to_compile_on_the_cpu_twin(torch_cpu_path):
+    assert fa.warmup(head_dims=16, dtypes=[torch.float16], length=16, device="cpu") == []
+
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(head_dims=0), ValueError, "head_dims"),
+    (dict(head_dims=[(16, 300)]), ValueError, "head_dims"),
+    (dict(head_dims=["x"]), ValueError, "head_dims"),
+    (dict(dtypes=[torch.int8]), TypeError, "dtypes"),
+    (dict(gqa=[0]), ValueError, "gqa"),
+    (dict(causal=("yes",)), TypeError, "causal"),
+    (dict(length=0), ValueError, "length"),
+    (dict(model=SimpleNamespace(hidden_size=64)), ValueError, "model"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_bad_arguments_name_themselves(kwargs, error, needle):
+    with pytest.raises(error, match=needle):
+        fa.warmup(**kwargs, progress=False)
+
+
+def test_shapes_from_a_transformers_config():
+    llama = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, torch_dtype="bfloat16")
+    assert model_shapes(llama) == {"head_dims": (128,), "gqa": (4,), "kv_heads": 8, "dtypes": (torch.bfloat16,)}
+    gemma = SimpleNamespace(text_config=SimpleNamespace(num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                                                        hidden_size=2304, torch_dtype=torch.float32))
+    assert model_shapes(gemma)["head_dims"] == (256,) and model_shapes(gemma)["dtypes"] == (torch.float32,)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["warmup", "--head-dims", "x"], "--head-dims"),
+    (["warmup", "--dtypes", "int8"], "--dtypes"),
+    (["warmup", "--head-dims", "0"], "head_dims"),
+    (["warmup", "--causal", "maybe"], "--causal"),
+    (["tune"], "--out"),
+    (["tune", "--out", "table.txt"], "--out"),
+    (["tune", "--out", "t.json", "--ops", "bogus"], "--ops"),
+    (["first-call", "--length", "lots"], "--length"),
+], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_cli_argument_errors(argv, needle, capsys):
+    status, _, err = run_cli(argv, capsys)
+    assert status == 2 and needle in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(ON_GPU, reason="without a GPU")
+def test_gpu_only_subcommands_say_so(capsys, tmp_path):
+    for argv in (["first-call", "--out", str(tmp_path)], ["tune", "--out", str(tmp_path / "t.json")]):
+        status, _, err = run_cli(argv, capsys)
+        assert status == 2 and "GPU" in err
+
+
+@pytest.mark.skipif(ON_GPU, reason="tiny interpreter shapes")
+def test_cli_warmup_prints_what_it_compiled(capsys):
+    status, out, err = run_cli(["warmup", "--head-dims", "16", "--dtypes", "fp16", "--length", "16",
+                                "--no-backward", "--no-progress"], capsys)
+    assert status == 0, err
+    assert out.strip() == "attention float16 d16 gqa1 causal fwd"
