@@ -1,14 +1,15 @@
 """Tuning data for decode's stage 1 (issue 7): KV bandwidth of each kernel variant against SDPA.
 
 Hypothesis under test: at B 1 the split kernel is latency-bound (one program per SM, few bytes in
-flight). Each variant (a fixed config through ``decode._TUNING``, or a ``num_splits``) changes how
-many K/V bytes a program has requested ahead: cp.async pipeline depth (``num_stages``: num_stages − 1
-tiles in flight), tile size, and more programs per SM (more splits). Fixed configs bypass the
-autotuner, so each variant measures what its name says; ``default`` is ``decode()`` as shipped
-(autotuned; its choice is recorded). The 15:56 sweep of 2026-11-23 also timed unpipelined tiles with V loaded next to
-K, L2 prefetch ahead of the pipeline and loads issued before the sequence length arrives: none beat
-the default (``benchmarks/NOTES.md``), and that code is gone. The prefetch kept since 18:10 differs: one
-tile, asked for while stage 1 still waits for the previous kernel (``decode.PREFETCH_TILES``).
+flight). Each variant (``decode.decode_forward``'s launch settings, e.g. a fixed config, or a
+``num_splits``) changes how many K/V bytes a program has requested ahead: cp.async pipeline depth
+(``num_stages``: num_stages − 1 tiles in flight), tile size, and more programs per SM (more splits).
+Fixed configs bypass the autotuner, so each variant measures what its name says; ``default`` is
+``decode()`` as shipped (autotuned; its choice is recorded). The 15:56 sweep of 2026-11-23 also
+timed unpipelined tiles with V loaded next to K, L2 prefetch ahead of the pipeline and loads issued
+before the sequence length arrives: none beat the default (``benchmarks/NOTES.md``), and that code
+is gone. The prefetch kept since 18:10 differs: one tile, asked for while stage 1 still waits for
+the previous kernel (``decode.PREFETCH_TILES``).
 
 Problem: Hq 32, Hkv 8, d 128, bf16, one new token, every sequence full; B 1 at 4k / 32k / 128k,
 B 8 at 32k, contiguous, and B 1 32k paged by 256. Time: CUDA-graph replay, cold clean L2
@@ -45,7 +46,7 @@ CASES = [("B1-4k", 1, 4096, None, None), ("B1-32k", 1, 32768, None, None), ("B8-
          ("B1-32k-paged256", 1, 32768, 256, ("default", "bn64-s3", "bn128-s3", "pf0"))]
 PROBE_CASE = "B1-4k"  # also times the fixed cost of a step (see _sweep_case)
 PROBE_STEADY_COPIES = 64  # the probes read no cache: as many steps as common.steady_state_copies allows
-# name: (decode._TUNING, num_splits (None: the heuristic's; others run at B 1 only)). K/V tiles in
+# name: (decode_forward's launch settings, num_splits (None: the heuristic's; others run at B 1 only)). K/V tiles in
 # flight per program in brackets (a 64-key tile of K + V is 32 KB; a B 1 4k split is 256 keys, 128 KB).
 VARIANTS = {
     "default": ({}, None),                                              # autotuned, as shipped
@@ -110,7 +111,6 @@ def main() -> None:
     try:
         sweep(cases, variants, args.time_budget, "cuda", rows, skipped)
     finally:
-        dec._TUNING.clear()
         _print(rows)
         print("\nsteady state (per step, several steps over distinct caches in one graph):", end="")
         _print(rows, "steady_")
@@ -195,10 +195,7 @@ def _sweep_case(case, B, L, page, only, variants, over_budget, device, rows, ski
             skipped.append(dict(case=case, impl=name))
             continue
         row = dict(base, impl=name, tuning=str(tuning), num_splits=splits or dec.choose_num_splits(B, HKV, 1, L, sms))
-        dec._TUNING.clear()
-        dec._TUNING.update(tuning)
-        fn = lambda qq=q: dec.decode(qq, kc, vc, seqlens, block_table=table, num_splits=splits,  # noqa: E731
-                                     return_lse=True)
+        fn = lambda qq=q: _decode(qq, kc, vc, seqlens, table, splits, tuning)  # noqa: E731
         try:
             row.update(_check(fn, q, kf, vf, row["num_splits"]))
             if name == "default":
@@ -208,16 +205,14 @@ def _sweep_case(case, B, L, page, only, variants, over_budget, device, rows, ski
             else:
                 common.warm_up(fn, f"{name} {case}")
 
-                def make_step(i, splits=splits):
+                def make_step(i, splits=splits, tuning=tuning):
                     qi, ki, vi, ti = step_inputs(i)
-                    return lambda: dec.decode(qi, ki, vi, seqlens, block_table=ti, num_splits=splits, return_lse=True)
+                    return lambda: _decode(qi, ki, vi, seqlens, ti, splits, tuning)
                 row.update(timed(fn, make_step, copies))
         except Exception as e:  # a variant that cannot run here (resources, compiler): recorded, not fatal
             if device == "cuda":
                 torch.cuda.synchronize()
             row["note"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-        finally:
-            dec._TUNING.clear()
         for peer, us in peers.items():
             if us and "us" in row:
                 row[f"x_{peer}"] = us / row["us"]
@@ -238,6 +233,13 @@ def _sweep_case(case, B, L, page, only, variants, over_budget, device, rows, ski
             rows.append(dict(base, impl=name, us=got.get("us"), steady_us=got.get("steady_us"),
                              steady_copies=got.get("steady_copies")))
             _line(rows[-1])
+
+
+def _decode(q, k, v, seqlens, table, splits, tuning):
+    """(o, lse): ``decode()`` as shipped for no settings, else its launcher with the variant's."""
+    if not tuning:
+        return dec.decode(q, k, v, seqlens, block_table=table, num_splits=splits, return_lse=True)
+    return dec.decode_forward(q, k, v, seqlens, table, scale=DIM ** -0.5, num_splits=splits, launch=tuning)
 
 
 def _check(fn, q, kf, vf, splits):

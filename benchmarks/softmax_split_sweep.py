@@ -6,7 +6,8 @@ dtype and N: elements per chunk (``block``), ``warps``, the ticket's memory orde
 how a row's programs meet (``sync``: fenced ``counter`` or ``counter_flags``, self-validating
 64-bit partials behind a relaxed counter), what a one-chunk segment holds across the wait (``hold``:
 float32 or the ``raw`` loaded values), the counters' spacing (``pad``) and programs per SM
-(``resident``: a register cap). A variant replaces some of them (``softmax._SPLIT_TUNING``).
+(``resident``: a register cap). A variant replaces some of them (the split kernel's ``settings``,
+passed to ``softmax._forward`` / ``_backward``).
 The sweeps of 2026-11-23 (``results/softmax_split_sweep-*.json``, NOTES.md) chose the
 current settings; the variants that lost there or relied on in-order dispatch went with their
 kernel code. Each variant's output is checked on memory poisoned with NaN. This times each variant
@@ -63,7 +64,7 @@ def _only(direction, itemsize=None, **t):
     return spec
 
 
-# name → a ``_SPLIT_TUNING`` override, or a function (op, itemsize, N, SM count) → one.
+# name → split settings, or a function (op, itemsize, N, SM count) → them.
 # A register cap (since 17:15) lets one-chunk rows use up to resident × SMs segments (was SMs); the
 # backward may hold y alone ("first"), reading dy again from L2; ``segments`` caps the segments
 # of a row, so that they stream several chunks (read twice, the second time from L2).
@@ -154,14 +155,12 @@ def main() -> None:
                     tuning = tuning_at(name, op, item, n, sms)
                     if tuning is None:
                         continue
-                    sm._SPLIT_TUNING.clear()
-                    sm._SPLIT_TUNING.update(tuning)
                     sm._split_kernel.entries.clear()
                     if direction == "fwd":
-                        fn = lambda: sm._forward(sm.SOFTMAX, x, dtype, "split")
+                        fn = lambda: sm._forward(sm.SOFTMAX, x, dtype, "split", settings=tuning)
                         ref, moved = ref_f, 2 * r * n * item
                     else:
-                        fn = lambda: sm._backward(sm.SOFTMAX, y, dy, dtype, "split")
+                        fn = lambda: sm._backward(sm.SOFTMAX, y, dy, dtype, "split", settings=tuning)
                         ref, moved = ref_b, 3 * r * n * item
                     row = dict(dtype=dname, N=n, rows=r, direction=direction, variant=name,
                                tuning={**sm._split_config(op, n, item, sms), **tuning})
@@ -192,7 +191,6 @@ def main() -> None:
             torch.cuda.empty_cache()
     if out_of_time:
         print("time budget spent", flush=True)
-    sm._SPLIT_TUNING.clear()
     print("wrote", common.write_json(path, "softmax_split_sweep", rows_out, copy_gbps=copy, environment=env))
 
 

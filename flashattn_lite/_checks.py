@@ -59,6 +59,29 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
+def check_positive_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def check_parts(name: str, parts: Sequence, *, ndim: int, dtypes=FLOAT_DTYPES) -> None:
+    """A non-empty sequence of tensors of one shape, dtype and device, about to be stacked (torch.stack
+    raises a RuntimeError that names no argument, or silently promotes mixed dtypes)."""
+    if len(parts) == 0:
+        raise ValueError(f"{name} must hold at least one tensor, got an empty sequence")
+    names = [f"{name}[{i}]" for i in range(len(parts))]
+    for n, t in zip(names, parts):
+        check_tensor(n, t, ndim=ndim, dtypes=dtypes)
+    for n, t in zip(names[1:], parts[1:]):
+        if t.shape != parts[0].shape:
+            raise ValueError(f"{n} must have {name}[0]'s shape {tuple(parts[0].shape)}, got {tuple(t.shape)}")
+    check_same(names, parts, "dtype")
+    check_same(names, parts, "device")
+
+
 def check_head_dim(name: str, d: int, lo: int = 1, hi: int = 256) -> None:
     if not lo <= d <= hi:
         raise ValueError(f"{name} head dim must be in [{lo}, {hi}], got {d}")

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import _checks
 from .ops.attention import attention_core
 
 __all__ = ["FlashAttention", "MultiheadAttention", "RotaryEmbedding"]
@@ -40,6 +41,9 @@ class FlashAttention(nn.Module):
 
     def __init__(self, causal: bool = False, scale: Optional[float] = None, dropout: float = 0.0):
         super().__init__()
+        # Checked here, not at the first forward: a bad setting fails where it was written.
+        _checks.check_bool("causal", causal)
+        scale = _checks.check_scale(scale)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.causal = causal
@@ -117,14 +121,24 @@ class MultiheadAttention(nn.Module):
                  fused_qkv: bool = True, rotary: bool = False, rotary_base: float = 10000.0,
                  scale: Optional[float] = None, device=None, dtype=None):
         super().__init__()
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        for name, flag in (("bias", bias), ("fused_qkv", fused_qkv), ("rotary", rotary)):
+            _checks.check_bool(name, flag)
+        attn = FlashAttention(causal=causal, scale=scale, dropout=dropout)  # checks those before any allocation
+        _checks.check_positive_int("embed_dim", embed_dim)
+        _checks.check_positive_int("num_heads", num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else _checks.check_positive_int("num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if head_dim is None:
             if embed_dim % num_heads:
                 raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}), "
                                  "or pass head_dim")
             head_dim = embed_dim // num_heads
+            if head_dim > 256:
+                raise ValueError(f"head_dim (embed_dim // num_heads = {head_dim}) must be at most 256, the kernel's "
+                                 "limit: pass head_dim or more heads")
+        elif _checks.check_positive_int("head_dim", head_dim) > 256:
+            raise ValueError(f"head_dim must be at most 256, the kernel's limit, got {head_dim}")
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
         self.fused_qkv = fused_qkv
         kw = dict(bias=bias, device=device, dtype=dtype)
@@ -136,7 +150,7 @@ class MultiheadAttention(nn.Module):
             self.k_proj = nn.Linear(embed_dim, kv_dim, **kw)
             self.v_proj = nn.Linear(embed_dim, kv_dim, **kw)
         self.out_proj = nn.Linear(q_dim, embed_dim, **kw)
-        self.attn = FlashAttention(causal=causal, scale=scale, dropout=dropout)
+        self.attn = attn
         self.rotary = RotaryEmbedding(head_dim, rotary_base, device=device) if rotary else None
 
     def _project(self, x: torch.Tensor, context: Optional[torch.Tensor]):
@@ -152,8 +166,27 @@ class MultiheadAttention(nn.Module):
         kv = nn.functional.linear(context, w[q_dim:], None if b is None else b[q_dim:])
         return (q, *kv.split([kv_dim, kv_dim], dim=-1))
 
+    def _check_inputs(self, x, context, positions) -> None:
+        """Before the projections, whose errors (matmul shapes, unpacking, broadcasting in the rotary
+        embedding) name none of forward's arguments."""
+        _checks.check_tensor("x", x, ndim=3, dtypes=None)
+        _checks.check_dim("x", "last dim", x.shape[-1], self.embed_dim, "embed_dim")
+        B, L = x.shape[:2]
+        if context is not None:
+            _checks.check_tensor("context", context, ndim=3, dtypes=None)
+            _checks.check_dim("context", "batch size", context.shape[0], B, "x's")
+            _checks.check_dim("context", "last dim", context.shape[-1], self.embed_dim, "embed_dim")
+            _checks.check_same(("x", "context"), (x, context), "device")
+        if positions is not None:
+            _checks.check_tensor("positions", positions, ndim=(1, 2), dtypes=None)
+            if tuple(positions.shape) not in ((L,), (B, L), (1, L)):
+                raise ValueError(f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), "
+                                 f"got {tuple(positions.shape)}")
+            _checks.check_same(("x", "positions"), (x, positions), "device")
+
     def forward(self, x: torch.Tensor, context: Optional[torch.Tensor] = None,
                 attn_mask: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        self._check_inputs(x, context, positions)
         B, L, _ = x.shape
         S = L if context is None else context.shape[1]
         q, k, v = self._project(x, context)

@@ -235,7 +235,10 @@ CASES: list[Case] = [
           ("o", with_("o", lambda t: t[0]), ValueError, "o", "rank-4"),
           ("o", [], ValueError, "o", "empty-list"),
           ("o", lambda kw: [T(1, 2, 3, 8), T(1, 2, 4, 8)], ValueError, "o", "list-shapes-differ"),
-          ("o", lambda kw: [T(1, 2, 3, 8), T(1, 2, 3, 8).float()], ValueError, "o", "list-dtypes-differ"),
+          ("o", lambda kw: [T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8).float()], ValueError, "o",
+           "list-dtypes-differ"),
+          ("o", lambda kw: [T(1, 2, 3, 8), T(1, 2, 3, 8), META(T(1, 2, 3, 8))], ValueError, "o",
+           "list-devices-differ"),
           ("lse", with_("lse", lambda t: t[:, :, :, :2]), ValueError, "lse", "shape"),
           ("lse", with_("lse", lambda t: t.half()), TypeError, "lse", "fp16"),
           ("lse", lambda kw: [T(1, 2, 3, dtype=torch.float32)] * 2, ValueError, "lse", "list-length"),
@@ -289,7 +292,9 @@ CASES: list[Case] = [
           ("dropout_p", -0.1, RuntimeError, "dropout_p", "negative"),
           ("dropout_p", "0.1", RuntimeError, "dropout_p", "str"),
           ("scale", float("nan"), ValueError, "scale", "nan"),
-          ("is_causal", "yes", TypeError, "is_causal", "str")),
+          ("is_causal", "yes", TypeError, "is_causal", "str"),
+          ("is_causal", 1, TypeError, "is_causal", "int"),
+          ("enable_gqa", "yes", TypeError, "enable_gqa", "str")),
     Case("scaled_dot_product_attention", fl.scaled_dot_product_attention,
          lambda: dict(attn_mask=torch.ones(5, 7, dtype=torch.bool, device=DEVICE), **sdpa_base()),
          "is_causal", True, RuntimeError, "is_causal|attn_mask", "with-mask"),
@@ -307,21 +312,34 @@ CASES: list[Case] = [
     Case("FlashAttention", fl.nn.FlashAttention, dict, "dropout", -0.5, ValueError, "dropout", "negative"),
     Case("FlashAttention", fl.nn.FlashAttention, dict, "causal", "yes", TypeError, "causal", "str"),
     Case("FlashAttention", fl.nn.FlashAttention, dict, "scale", float("nan"), ValueError, "scale", "nan"),
+    Case("FlashAttention", fl.nn.FlashAttention, dict, "scale", "big", TypeError, "scale", "str"),
     *rows(MHA,
           ("num_heads", 0, ValueError, "num_heads", "zero"),
           ("num_kv_heads", 3, ValueError, "num_kv_heads", "not-dividing"),
           ("embed_dim", 18, ValueError, "embed_dim", "not-divisible"),
           ("embed_dim", -16, ValueError, "embed_dim", "negative"),
+          ("embed_dim", 16.0, TypeError, "embed_dim", "float"),
+          ("num_kv_heads", 0, ValueError, "num_kv_heads", "zero"),
           ("dropout", 2.0, ValueError, "dropout", "above-1"),
           ("head_dim", 0, ValueError, "head_dim", "zero"),
-          ("head_dim", 300, ValueError, "head_dim", "above-256")),
+          ("head_dim", 300, ValueError, "head_dim", "above-256"),
+          ("head_dim", 8.0, TypeError, "head_dim", "float"),
+          ("embed_dim", 1040, ValueError, "head_dim", "derived-head-dim-above-256"),
+          ("causal", "yes", TypeError, "causal", "str"),
+          ("rotary", "yes", TypeError, "rotary", "str"),
+          ("fused_qkv", 0, TypeError, "fused_qkv", "int"),
+          ("bias", None, TypeError, "bias", "none")),
     Case("MultiheadAttention", mha_new, lambda: dict(mha_base(), head_dim=5), "rotary", True, ValueError,
          "head dim|head_dim", "odd-head-dim"),
     *rows(MHA_FWD,
           ("x", lambda kw: T(5, 16, dtype=torch.float32), ValueError, "x", "rank-2"),
           ("x", lambda kw: T(2, 5, 12, dtype=torch.float32), ValueError, "x", "width"),
           ("context", lambda kw: T(2, 6, 12, dtype=torch.float32), ValueError, "context", "width"),
+          ("context", lambda kw: T(3, 6, 16, dtype=torch.float32), ValueError, "context", "batch"),
+          ("context", lambda kw: T(2, 6, 16, dtype=torch.float32)[0], ValueError, "context", "rank-2"),
           ("positions", lambda kw: torch.arange(4, device=DEVICE), ValueError, "positions", "length"),
+          ("positions", lambda kw: torch.arange(5, device=DEVICE).expand(3, 5), ValueError, "positions", "batch"),
+          ("positions", lambda kw: torch.arange(5, device="meta"), ValueError, "positions", "meta-device"),
           ("attn_mask", lambda kw: torch.ones(5, 6, dtype=torch.bool, device=DEVICE), ValueError, "attn_mask",
            "shape")),
 ]
@@ -358,25 +376,7 @@ def names_argument(message: str, name: str) -> bool:
 
 # Rows that fail today (another exception, a message without the name, or the value accepted):
 # the findings listed in docs/trust.md. strict: once fixed, the row passes and its entry must go.
-_COERCED = "bool() of any object is accepted"
-KNOWN: dict[str, str] = {
-    "attention-return_lse-str": _COERCED,
-    "attention_varlen-return_lse-str": _COERCED,
-    "attention_varlen-check_seqlens-str": _COERCED,
-    "logsumexp-keepdim-str": _COERCED + " (torch.logsumexp raises TypeError)",
-    "decode-check_values-str": _COERCED,
-    "scaled_dot_product_attention-is_causal-str": _COERCED + " (torch raises TypeError)",
-    "merge_attention_states_stacked-o-list-shapes-differ": "torch.stack's RuntimeError, which names no argument",
-    "FlashAttention-causal-str": "checked only at the first forward",
-    "FlashAttention-scale-nan": "checked only at the first forward",
-    "MultiheadAttention-embed_dim-negative": "nn.Linear's RuntimeError, which names no argument",
-    "MultiheadAttention-head_dim-zero": "not checked: fails at the first forward",
-    "MultiheadAttention-head_dim-above-256": "not checked: fails at the first forward",
-    "MultiheadAttention.forward-x-rank-2": "'not enough values to unpack'",
-    "MultiheadAttention.forward-x-width": "the projection's matmul RuntimeError",
-    "MultiheadAttention.forward-context-width": "the projection's matmul RuntimeError",
-    "MultiheadAttention.forward-positions-length": "a broadcasting RuntimeError inside the rotary embedding",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _param(case: Case):
@@ -437,10 +437,11 @@ def _typed_options():
 RANGE_CASES = [
     ("memory", "--batch", "0"), ("memory", "--heads", "-2"), ("memory", "--head-dim", "300"),
     ("memory", "--gqa", "0"), ("memory", "--max-point-seconds", "-1"), ("memory", "--min-n", "0"),
-    ("memory", "--time-budget", "-5"),
+    ("memory", "--max-point-seconds", "nan"), ("memory", "--time-budget", "-5"),
     ("speed", "--head-dims", "0"), ("speed", "--rep-ms", "0"), ("speed", "--gqa", "0"), ("speed", "--hidden", "0"),
     ("speed", "--tokens", "-1"), ("speed", "--lengths", "0"),
-    ("softmax", "--min-log2n", "40"), ("softmax", "--total-mib", "0"), ("softmax", "--dtypes", "int8"),
+    ("softmax", "--min-log2n", "40"), ("softmax", "--max-log2n", "-1"), ("softmax", "--log2n", "10,40"),
+    ("softmax", "--log2n", "ten"), ("softmax", "--total-mib", "0"), ("softmax", "--dtypes", "int8"),
     ("softmax", "--directions", "up"),
     ("decode", "--batch", "0"), ("decode", "--heads", "0"), ("decode", "--kv-heads", "3"),
     ("decode", "--head-dim", "0"), ("decode", "--block-sizes", "0"), ("decode", "--mem-fraction", "2"),
@@ -456,14 +457,7 @@ def _run_bad(argv, capsys, tmp_path):
         return run_cli(argv + extra + out, capsys)
 
 
-KNOWN_CLI = {
-    ("memory", "--max-point-seconds", "-1"): "accepted",
-    ("softmax", "--min-log2n", "40"): "rejected, but the message names no option ('row lengths 2^k need …, got []')",
-    ("decode", "--mem-fraction", "2"): "accepted",
-    **{("decode", o, v): "accepted; without --time-budget 0 the first point dies with decode()'s ValueError "
-                         "and a traceback" for o, v in (("--batch", "0"), ("--heads", "0"), ("--kv-heads", "3"),
-                                                        ("--head-dim", "0"), ("--block-sizes", "0"))},
-}
+KNOWN_CLI: dict = {}
 
 
 @pytest.mark.parametrize("command,option,value", [

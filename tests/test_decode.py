@@ -175,6 +175,15 @@ def test_launch_settings_are_checked():
                        (dict(prefetch_tiles=-2), "power of two"), (dict(prefetch_tiles=1.0), "power of two")):
         with pytest.raises(ValueError, match=match):
             decode_module.decode_forward(q, kc, vc, seqlens, None, scale=0.25, num_splits=2, launch=bad)
+    # benchmarks/decode_sweep.py's variants pass the same checks.
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "decode_sweep.py"
+    spec = importlib.util.spec_from_file_location("decode_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for settings, _ in sweep.VARIANTS.values():
+        decode_module._check_launch(settings)
 
 
 def _counting_binds(monkeypatch):

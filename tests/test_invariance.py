@@ -5,7 +5,7 @@ Bit-identical:
   each is computed by programs that read only their own sequence, in the same order;
 - decode over a paged cache, whatever the page size, and over the contiguous cache, at one split
   count and one key-tile size (the tile is part of the summation order; autotuning may choose it per
-  page size, so the tests pin it through ``decode._TUNING``);
+  page size, so the tests pin it through ``decode.decode_forward``'s launch settings);
 - every backward, run twice (no atomics whose order varies), and every forward, run twice.
 
 Bounded, not identical: decode's split count changes how the keys are grouped before the partial
@@ -203,20 +203,22 @@ def decode_inputs(dtype, seed=7):
     return q, k, v, torch.tensor(c["lengths"], dtype=torch.int32, device=DEVICE)
 
 
-@pytest.fixture
-def pinned_tile(monkeypatch):
-    """One key-tile size for every page size: the tile is part of the summation order."""
-    monkeypatch.setattr(decode_module, "_TUNING", {"config": (16, 4, 1) if not ON_GPU else (64, 4, 2)})
+def pinned_tile_decode(q, k_cache, v_cache, lens, block_table=None, *, num_splits):
+    """(o, lse) of decode with one key-tile size for every page size: the tile is part of the
+    summation order."""
+    return decode_module.decode_forward(q, k_cache, v_cache, lens, block_table, scale=q.shape[-1] ** -0.5,
+                                        num_splits=num_splits,
+                                        launch={"config": (16, 4, 1) if not ON_GPU else (64, 4, 2)})
 
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decode_page_size_does_not_change_the_bits(dtype, splits, pinned_tile):
+def test_decode_page_size_does_not_change_the_bits(dtype, splits):
     q, k, v, lens = decode_inputs(dtype)
-    base = fl.decode(q, k, v, lens, num_splits=splits, return_lse=True)
+    base = pinned_tile_decode(q, k, v, lens, num_splits=splits)
     for block_size in (1, 7, 16, 64, 256):
         kc, vc, table = paged(k, v, lens, block_size, G(block_size))
-        out = fl.decode(q, kc, vc, lens, block_table=table, num_splits=splits, return_lse=True)
+        out = pinned_tile_decode(q, kc, vc, lens, table, num_splits=splits)
         for name, a, b in zip(("o", "lse"), base, out):
             same(a, b, f"{name}, page size {block_size}")
 

@@ -101,7 +101,7 @@ def test_long_single_row_cpu_sized(op):
 
 # ------------------------------------------------------------------ the split kernel's settings
 
-# Forced through ``_SPLIT_TUNING`` on top of the chosen chunk sizes (under the interpreter 256
+# Passed as the split kernel's ``settings`` on top of the chosen chunk sizes (under the interpreter 256
 # elements on 4 warps): every value of every switch in both directions, and every (ticket, sync),
 # (sync, pad) and (sync, hold) pair. "chosen" runs each direction's and dtype's own default.
 # ``resident`` only caps registers on the GPU (see test_split_layout).
@@ -129,15 +129,15 @@ def test_split_settings(name, fused, dtype, N, monkeypatch):
     """Each setting of the split kernel is exact: forward (softmax, log_softmax, logsumexp) and
     backward, rows of several segments, −inf entries, an all −inf row, odd N. The one-launch form
     runs under the interpreter with its partials and counters filled beforehand
-    (``_EMULATE_WAIT``): all of its code but the waiting; the two-launch form reads the partials
+    (``emulate_wait``): all of its code but the waiting; the two-launch form reads the partials
     each setting writes."""
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", SPLIT_SETTINGS[name])
-    monkeypatch.setattr(sm, "_EMULATE_WAIT", fused)
     monkeypatch.setattr(sm, "_ALLOW_SPIN", fused)
+    split = dict(settings=SPLIT_SETTINGS[name], emulate_wait=fused)
     x = torch.cat([hard_rows(4, N, dtype), torch.full((1, N), float("-inf"), device=DEVICE, dtype=dtype)])
     eps = dtype_eps(dtype)
     for op in OPS:
-        y, ref, same = ours(op, x, strategy="split"), OPS[op][1](x.double(), -1), OPS[op][1](x, -1)
+        y = sm._forward(OP_CODE[op], x, dtype, "split", **split).to(dtype)
+        ref, same = OPS[op][1](x.double(), -1), OPS[op][1](x, -1)
         assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
         fin = torch.isfinite(ref)
         assert_close_to_ref(y[fin], same[fin], ref[fin], eps=eps, what=f"{op} forward")
@@ -146,7 +146,7 @@ def test_split_settings(name, fused, dtype, N, monkeypatch):
     for op, code in (("softmax", sm.SOFTMAX), ("log_softmax", sm.LOG_SOFTMAX)):
         y64 = OPS[op][1](x[:4].double(), -1)
         y = y64.to(dtype)
-        dx = sm._backward(code, y, dy, dtype, "split")
+        dx = sm._backward(code, y, dy, dtype, "split", **split)
         ref = torch._softmax_backward_data if op == "softmax" else torch._log_softmax_backward_data
         assert_close_to_ref(dx, ref(dy, y, -1, dtype), ref(dy.double(), y.double(), -1, torch.float64),
                             eps=eps, what=f"{op} backward")
@@ -192,35 +192,36 @@ def test_split_defaults(op, itemsize):
 
 
 def test_split_layout(monkeypatch):
-    """Segments, chunks and the register cap; the override replaces only the keys it names."""
+    """Segments, chunks and the register cap; settings replace only the keys they name."""
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)[1:] == (1, 128, 48)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX_BWD, 2 ** 20, 2, 132)[1:] == (1, 128, 40)
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (2, 128, None)  # streams: no cap
     # A cap of r per SM lets one-chunk segments number up to r × SMs; past that they stream.
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5, segments=0))
-    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (1, 512, 48)
-    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192, 4, 132)[1:] == (1, 660, 48)
-    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192 + 1, 4, 132)[1:] == (6, 111, None)
+    capped = dict(block=8192, resident=5, segments=0)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132, capped)[1:] == (1, 512, 48)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192, 4, 132, capped)[1:] == (1, 660, 48)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 660 * 8192 + 1, 4, 132, capped)[1:] == (6, 111, None)
     # 5 programs of 16 warps exceed an SM's 64 warps: the cap cannot make room for them.
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, warps=16, resident=5, segments=0))
-    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (4, 128, None)
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(resident=2, sync="counter"))
-    t, chunks, S, cap = _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)
+    wide = dict(block=8192, warps=16, resident=5, segments=0)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132, wide)[1:] == (4, 128, None)
+    t, chunks, S, cap = _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132, dict(resident=2, sync="counter"))
     assert (t["sync"], t["ticket"], cap) == ("counter", "relaxed", 128)
+    with pytest.raises(ValueError, match="per_sm"):
+        sm._split_layout(sm.SOFTMAX, 2 ** 20, 4, 132, dict(per_sm=2))
+    for bad in (dict(prefetch=96), dict(prefetch_after=-4), dict(prefetch=2.0)):  # tl.arange needs 2^k lines
+        with pytest.raises(ValueError, match="power of two"):
+            sm._split_layout(sm.SOFTMAX_BWD, 2 ** 21, 4, 132, bad)
+    # The prefetch is PTX: kept on the GPU, dropped on ROCm whatever the settings ask.
+    pf = dict(prefetch=64, prefetch_after=32)
+    assert [_on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132, pf)[0][k] for k in pf] == [64, 32]
+    monkeypatch.setattr(sm, "_L2_PREFETCH", False)
+    assert [_on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132, pf)[0][k] for k in pf] == [0, 0]
     monkeypatch.setattr(sm, "_MAXNREG", False)  # a Triton without maxnreg: no cap, same kernel
     assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 4, 132)[1:] == (1, 128, None)
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(block=8192, resident=5, segments=0))  # nor more than SMs
-    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132)[1:] == (4, 128, None)
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", dict(per_sm=2))
-    with pytest.raises(ValueError, match="per_sm"):
-        sm._split_layout(sm.SOFTMAX, 2 ** 20, 4, 132)
-    for bad in (dict(prefetch=96), dict(prefetch_after=-4), dict(prefetch=2.0)):  # tl.arange needs 2^k lines
-        monkeypatch.setattr(sm, "_SPLIT_TUNING", bad)
-        with pytest.raises(ValueError, match="power of two"):
-            sm._split_layout(sm.SOFTMAX_BWD, 2 ** 21, 4, 132)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 22, 4, 132, capped)[1:] == (4, 128, None)  # nor more than SMs
 
 
-def test_split_sweep_variants_are_valid_overrides(monkeypatch):
+def test_split_sweep_variants_are_valid_overrides():
     """benchmarks/softmax_split_sweep.py's variants name only settings the kernel has (a variant is
     skipped where it equals the chosen kernel); "uncapped" is the settings before the register cap (2026-11-23)."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "softmax_split_sweep.py"
@@ -233,14 +234,13 @@ def test_split_sweep_variants_are_valid_overrides(monkeypatch):
                 for N in (2 ** 16, 2 ** 20, 2 ** 22):
                     t = _on_gpu(sweep.tuning_at, name, op, itemsize, N, 132)
                     assert t is not None or name != "chosen"
-                    monkeypatch.setattr(sm, "_SPLIT_TUNING", t or {})
-                    _on_gpu(sm._split_layout, op, N, itemsize, 132)
+                    _on_gpu(sm._split_layout, op, N, itemsize, 132, t)
     assert _on_gpu(sweep.tuning_at, "uncapped", sm.SOFTMAX_BWD, 4, 2 ** 20, 132)["block"] == 8192
     assert _on_gpu(sweep.tuning_at, "uncapped", sm.SOFTMAX, 4, 2 ** 20, 132) is None
     assert _on_gpu(sweep.tuning_at, "fwd-4k", sm.SOFTMAX_BWD, 2, 2 ** 20, 132) is None
     # ``segments`` makes a row's segments stream: 2^20 in 64 segments of 2 chunks.
-    monkeypatch.setattr(sm, "_SPLIT_TUNING", _on_gpu(sweep.tuning_at, "fwd-seg64", sm.SOFTMAX, 2, 2 ** 20, 132))
-    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 2, 132)[1:] == (2, 64, None)
+    seg64 = _on_gpu(sweep.tuning_at, "fwd-seg64", sm.SOFTMAX, 2, 2 ** 20, 132)
+    assert _on_gpu(sm._split_layout, sm.SOFTMAX, 2 ** 20, 2, 132, seg64)[1:] == (2, 64, None)
 
 
 # ------------------------------------------------------------------ torch's semantics at the edges

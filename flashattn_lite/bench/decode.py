@@ -11,11 +11,15 @@ SDPA's output (``max_abs_diff``). Points whose cache does not fit in GPU memory 
 
 Timing: on a GPU every implementation is timed twice, eagerly (``eager_ms``: host launch path
 included, which dominates short caches for everyone) and replayed from a captured CUDA graph
-(``ms``, ``kv_tbps``: the kernels' own time, as serving engines run decode steps). ``timing``
-says which one ``ms`` is (eager where a peer cannot be captured). Each timed run starts from a
-cold L2 evicted by a read (``common.time_ms``); ``dirty_l2_ms`` / ``dirty_l2_kv_tbps`` repeat the
-graph timing after triton.testing.do_bench's write flush, whose up to 50 MB of dirty lines the
-kernel must write back (the method behind the numbers quoted in issue 7).
+(``ms``, ``kv_tbps``: the kernels' own time, as serving engines run decode steps). ``host_us`` is
+the wall clock per call of back-to-back eager calls (the best of HOST_ROUNDS rounds of HOST_CALLS):
+what a decode loop without graphs pays per step, the host's launch path or the kernels, whichever
+is longer (``eager_ms`` hides host time shorter than its L2 flush; on CPU it is the host clock
+already, and ``host_us`` is not taken). ``timing`` says which one ``ms`` is (eager where a peer
+cannot be captured). Each timed run starts from a cold L2 evicted by a read (``common.time_ms``);
+``dirty_l2_ms`` / ``dirty_l2_kv_tbps`` repeat the graph timing after triton.testing.do_bench's
+write flush, whose up to 50 MB of dirty lines the kernel must write back (the method behind the
+numbers quoted in issue 7).
 
 Steady state (``steady_ms``, ``steady_kv_tbps``, ``steady_copies``): ``ms`` carries the graph launch
 and the events around a single replay, a cost of the measurement, not of decoding. A serving loop
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import time
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +58,7 @@ SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64, 128]
 # per-replay launch and events (a few µs) then add under 1 µs to a step.
 STEADY_MIN_COPIES = 8
 _HEADROOM = 1 << 30     # outputs, split partials, graph pools, SDPA workspaces
+HOST_CALLS, HOST_ROUNDS = 100, 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +136,20 @@ def _steady_copies(device, step_bytes: int, fraction: float, what: str) -> int |
     return copies
 
 
+def _host_us(fn) -> float:
+    """µs per call of back-to-back calls: the best of HOST_ROUNDS rounds (a slow spell of the
+    host lands on one round, not on the result)."""
+    best = float("inf")
+    for _ in range(HOST_ROUNDS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / HOST_CALLS * 1e6)
+    return best
+
+
 def _paged_copy(k, v, block_size: int):
     """The dense cache rewritten as a paged pool with shuffled blocks, and its block table."""
     B, H, L, D = k.shape
@@ -148,6 +168,22 @@ def _paged_copy(k, v, block_size: int):
     return pool(k), pool(v), table
 
 
+def _check_grid(val, hq, hkv, dim, block_sizes, mem_fraction) -> None:
+    """Bad options are usage errors naming the option, before any point runs."""
+    positive = [("--batch", b) for b in val["batch"]] + [("--heads", hq), ("--kv-heads", hkv),
+                                                           ("--head-dim", dim)]
+    positive += [("--block-sizes", b) for b in block_sizes or ()]
+    for option, value in positive:
+        if value < 1:
+            raise common.BenchArgumentError(f"{option} must be ≥ 1, got {value}")
+    if hq % hkv:
+        raise common.BenchArgumentError(f"--heads ({hq}) must be a multiple of --kv-heads ({hkv})")
+    if dim > 256:
+        raise common.BenchArgumentError(f"--head-dim must be ≤ 256, got {dim}")
+    if not 0.0 < mem_fraction <= 1.0:
+        raise common.BenchArgumentError(f"--mem-fraction must be in (0, 1], got {mem_fraction}")
+
+
 def run(args) -> list[dict]:
     """Sweep (B, L), streaming each measurement (a line on stdout, JSON + CSV rewritten under
     ``args.out``), then print the table."""
@@ -158,14 +194,15 @@ def run(args) -> list[dict]:
     hq, hkv, dim = val["heads"], val["kv_heads"], val["head_dim"]
     dtype = _DTYPES[val["dtype"]]
     block_sizes = val["block_sizes"]
+    _check_grid(val, hq, hkv, dim, block_sizes, args.mem_fraction)
     elem = torch.empty((), dtype=dtype).element_size()
     out = getattr(args, "out", None) or "benchmarks/results"
     writer = common.ResultWriter(out, "decode", budget_s=args.time_budget,
                                  meta=dict(config=dict(heads=hq, kv_heads=hkv, head_dim=dim, dtype=str(dtype),
                                                        block_sizes=block_sizes)),
                                  columns=["B", "L", "impl", "layout", "timing", "ms", "kv_tbps", "eager_ms",
-                                          "eager_kv_tbps", "dirty_l2_kv_tbps", "steady_kv_tbps", "steady_copies",
-                                          "max_abs_diff", "note"])
+                                          "eager_kv_tbps", "host_us", "dirty_l2_kv_tbps", "steady_kv_tbps",
+                                          "steady_copies", "max_abs_diff", "note"])
     with writer:
         for B in val["batch"]:
             for L in val["lengths"]:
@@ -186,6 +223,8 @@ def run(args) -> list[dict]:
                     graph (None: not measured, e.g. on CPU)."""
                     warmup_s = common.warm_up(fn, f"{impl} {layout} B={B} L={L}")
                     eager_ms = time_ms(fn)
+                    if device.type == "cuda":
+                        extra = dict(extra, host_us=_host_us(fn))
                     graph_ms = common.time_ms_graph(fn)
                     dirty_ms = common.time_ms_graph(fn, l2="dirty")
                     if dirty_ms is not None:
@@ -273,7 +312,8 @@ def run(args) -> list[dict]:
 
 def _print(rows, block_sizes, sweep):
     """One line per (B, L): KV TB/s of every implementation (one-step graph, eager, dirty L2, steady
-    state), ours over SDPA flash, and ours' µs per step (one-step graph, steady state)."""
+    state) and its host µs per eager call, ours over SDPA flash, and ours' µs per step (one-step
+    graph, steady state)."""
     keyed = {}
     for r in rows:
         if "kv_tbps" in r:
@@ -289,6 +329,7 @@ def _print(rows, block_sizes, sweep):
             line[col + " eager"] = r.get("eager_kv_tbps")
             line[col + " dirtyL2"] = r.get("dirty_l2_kv_tbps")
             line[col + " steady"] = r.get("steady_kv_tbps")
+            line[col + " host us"] = r.get("host_us")
         ours = got.get(("ours", "contiguous"))
         flash = got.get(("sdpa-flash", "dense")) or got.get(("sdpa", "dense"))
         if ours and flash:

@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where to run (default: cuda when available)")
     s.add_argument("--max-point-seconds", type=float, default=60.0, metavar="S",
                    help="skip a point whose single call is predicted (from the previous length, ×4 per "
-                        "doubling) to take longer than S seconds (default 60)")
+                        "doubling) to take longer than S seconds (default 60; 0: no limit)")
     s.add_argument("--flex-compile", choices=("dynamic", "static"), default="dynamic",
                    help="FlexAttention compiled once with a symbolic N (dynamic, default) or once per N (static)")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -103,6 +103,9 @@ def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
         raise common.BenchArgumentError(f"--head-dim must be in [1, 256], got {val['head_dim']}")
     if args.gqa <= 0 or val["heads"] % args.gqa:
         raise common.BenchArgumentError(f"--gqa {args.gqa} must divide --heads {val['heads']}")
+    if not args.max_point_seconds >= 0:  # NaN fails too
+        raise common.BenchArgumentError(f"--max-point-seconds must be >= 0 (0: no limit), "
+                                        f"got {args.max_point_seconds}")
     if val["min_n"] > val["max_n"]:
         raise common.BenchArgumentError(f"--min-n ({val['min_n']}) is larger than --max-n ({val['max_n']})")
     try:

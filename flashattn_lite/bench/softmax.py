@@ -51,13 +51,26 @@ def _resolve(args, device: str):
     try:
         dtypes = common.split_list(val["dtypes"], _DTYPES, "--dtypes")
         directions = common.split_list(val["directions"], ("fwd", "bwd"), "--directions")
-        exps = ([int(k) for k in str(val["log2n"]).split(",") if k.strip()] if val["log2n"]
-                else list(range(val["min_log2n"], val["max_log2n"] + 1)))
     except ValueError as e:
         raise common.BenchArgumentError(str(e)) from None
-    if not exps or any(not 0 <= k <= 30 for k in exps):
-        raise common.BenchArgumentError(f"row lengths 2^k need 0 <= k <= 30 and at least one k, got {exps}")
-    if val["total_mib"] <= 0:
+    # Name the option the bad exponent came from: --log2n's list, else the range's bounds.
+    if val["log2n"]:
+        try:
+            exps = [int(k) for k in str(val["log2n"]).split(",") if k.strip()]
+        except ValueError:
+            raise common.BenchArgumentError(f"--log2n must be comma-separated integers, "
+                                            f"got {val['log2n']!r}") from None
+        if not exps or any(not 0 <= k <= 30 for k in exps):
+            raise common.BenchArgumentError(f"--log2n needs at least one exponent, each in [0, 30], got {exps}")
+    else:
+        for opt, key in (("--min-log2n", "min_log2n"), ("--max-log2n", "max_log2n")):
+            if not 0 <= val[key] <= 30:
+                raise common.BenchArgumentError(f"{opt} must be in [0, 30], got {val[key]}")
+        exps = list(range(val["min_log2n"], val["max_log2n"] + 1))
+        if not exps:
+            raise common.BenchArgumentError(f"--min-log2n ({val['min_log2n']}) is larger than --max-log2n "
+                                            f"({val['max_log2n']})")
+    if not val["total_mib"] > 0:  # NaN fails too
         raise common.BenchArgumentError(f"--total-mib must be positive, got {val['total_mib']}")
     if args.op == "logsumexp":
         directions = [d for d in directions if d == "fwd"]

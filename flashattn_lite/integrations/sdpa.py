@@ -64,12 +64,15 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     fp16/bf16/fp32, head dims above 256, a mask that requires grad, empty inputs, key and value
     with different head counts under ``enable_gqa``, nested tensors.
     """
+    # torch's own binding raises TypeError for a non-bool flag (an int or a 0-d tensor included).
+    _checks.check_bool("is_causal", is_causal)
+    _checks.check_bool("enable_gqa", enable_gqa)
     q, k, v, mask, out_shape = _to_bhld(query, key, value, attn_mask, is_causal, enable_gqa, dropout_p)
     scale = _checks.check_scale(scale)
     if scale is None:
         scale = query.shape[-1] ** -0.5
     p = float(dropout_p)
-    o, _ = _run(q, k, v, mask, scale, bool(is_causal), 0, 0.0 if p == 1.0 else p, need_lse=False)
+    o, _ = _run(q, k, v, mask, scale, is_causal, 0, 0.0 if p == 1.0 else p, need_lse=False)
     if p == 1.0:
         o = o * 0.0
     return o if out_shape is None else o.reshape(out_shape)

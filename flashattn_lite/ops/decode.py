@@ -27,6 +27,12 @@ code with "page" = sequence.
 
 Cost: reads each valid K/V element once (plus the q tile); stage 2 reads/writes
 B·Hq·Nq·num_splits·(Dv + 1) floats.
+
+Host path. At short caches a step's time is mostly the host's, so everything a call launches that
+its signature fixes (shapes, strides, dtype, device, table shape, split count, scale) is planned
+once: the split count, the buffers' layouts and both launches, bound to their compiled binaries
+(``Launcher.bind``). A repeated call validates (one compound test), allocates and makes two
+bound launches.
 """
 from __future__ import annotations
 
@@ -348,6 +354,8 @@ def _contiguous(shape) -> tuple:
 
 def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int | None, launch: dict,
                bindable: bool) -> _Plan:
+    """The plan of a call (``launch``: experiment settings); ``bindable``: its stages bind their
+    launches for the calls to come."""
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
@@ -364,15 +372,15 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     plan.o_layout, plan.lse_layout = _contiguous((B, Hq, Nq, Dv)), _contiguous((B, Hq, Nq))
     plan.o_part_layout = plan.lse_part_layout = None
     if splits == 1:
-        o_strides, lse_strides = (0, *plan.o_layout[1]), (0, *plan.lse_layout[1])
+        o_part_strides, lse_part_strides = (0, *plan.o_layout[1]), (0, *plan.lse_layout[1])
     else:
         # Row-major over (B, Hq, Nq, S): each output row's partials are contiguous for stage 2.
         _, (sb, sh, sn, ss, sd) = _contiguous((B, Hq, Nq, splits, Dv))
-        o_strides = (ss, sb, sh, sn, sd)
+        o_part_strides = (ss, sb, sh, sn, sd)
         _, (lb, lh, ln, ls) = _contiguous((B, Hq, Nq, splits))
-        lse_strides = (ls, lb, lh, ln)
-        plan.o_part_layout = ((splits, B, Hq, Nq, Dv), o_strides)
-        plan.lse_part_layout = ((splits, B, Hq, Nq), lse_strides)
+        lse_part_strides = (ls, lb, lh, ln)
+        plan.o_part_layout = ((splits, B, Hq, Nq, Dv), o_part_strides)
+        plan.lse_part_layout = ((splits, B, Hq, Nq), lse_part_strides)
     bt_strides = block_table.stride() if paged else (0, 0)
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
     # The merge launched as a programmatic dependent of stage 1 (Hopper+): its launch and start
@@ -386,7 +394,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     if "config" in launch:  # an experiment: one fixed config, no tuning
         kernel = _decode_split_kernel.jit
         config = dict(zip(("BLOCK_N", "num_warps", "num_stages"), launch["config"]))
-    rest = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides, *bt_strides,
+    rest = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part_strides, *lse_part_strides, *bt_strides,
             Nq, splits, min_chunk, scale * LOG2E, len_bucket)
     constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
                       BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
@@ -402,7 +410,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
         rows = B * Hq * Nq
         block_s = min(32, next_pow2(splits))
         block_r, block_d = _tiles(rows, Dv, block_s, q)
-        rest = (*o_strides, *lse_strides, *plan.o_layout[1], *plan.lse_layout[1], Hq, Nq, rows, splits)
+        rest = (*o_part_strides, *lse_part_strides, *plan.o_layout[1], *plan.lse_layout[1], Hq, Nq, rows, splits)
         constexprs = dict(HEAD_DIM=Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
                           PARTS_FINITE=not launch.get("masked_parts", False),
                           **(dict(AFTER_PRODUCER=True, launch_pdl=True) if pdl else {}))
@@ -640,6 +648,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     on_cpu = cache_seqlens.is_cpu
     if check_values is None:
         check_values = on_cpu
+    elif not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be a bool or None, got {type(check_values).__name__}")
     if check_values and not (not on_cpu and torch.cuda.is_current_stream_capturing()):
         paged = block_table is not None
         capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]

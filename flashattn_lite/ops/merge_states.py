@@ -322,16 +322,10 @@ def merge_attention_states_stacked(o: torch.Tensor | Sequence[torch.Tensor],
     (True, [0.6931471824645996, 0.6931471824645996])
     """
     if isinstance(o, (list, tuple)):
-        if len(o) == 0:
-            raise ValueError("o must hold at least one partial state, got an empty sequence")
-        for i, t in enumerate(o):
-            _checks.check_tensor(f"o[{i}]", t, ndim=4)
+        _checks.check_parts("o", o, ndim=4)
         o = torch.stack(list(o))
     if isinstance(lse, (list, tuple)):
-        if len(lse) == 0:
-            raise ValueError("lse must hold at least one partial state, got an empty sequence")
-        for i, t in enumerate(lse):
-            _checks.check_tensor(f"lse[{i}]", t, ndim=3, dtypes=(torch.float32,))
+        _checks.check_parts("lse", lse, ndim=3, dtypes=(torch.float32,))
         lse = torch.stack(list(lse))
     _check_state("o", "lse", o, lse, ndim=5)
     _checks.check_same(("o", "lse"), (o, lse), "device")

@@ -65,6 +65,8 @@ ROW_LIMIT = 65536        # longest row a forced "row" strategy accepts
 # The one-launch split (its programs wait for each other) or the two-launch form that never waits;
 # tests turn it off too.
 _ALLOW_SPIN = os.environ.get("FLASHATTN_LITE_SPLIT_WAIT", "1") != "0"
+# The split kernel's L2 prefetch is PTX inline asm (``_runtime.l2_prefetch``): none on ROCm.
+_L2_PREFETCH = torch.version.hip is None
 
 
 def _chunk(kind: str) -> int:
@@ -513,9 +515,11 @@ def _spin_allowed(t: torch.Tensor) -> bool:
     return _ALLOW_SPIN and t.is_cuda and not interpreter_active()
 
 
-def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strategy: str) -> None:
+def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strategy: str,
+            settings: dict | None = None, emulate_wait: bool = False) -> None:
     """Run ``op`` over the rows of a (and b, backward): (..., N) with unit stride along N.
-    ``out`` is contiguous: (R, N) (or (R,) for logsumexp)."""
+    ``out`` is contiguous: (R, N) (or (R,) for logsumexp). ``settings`` and ``emulate_wait``: the
+    split kernel's experiment arguments (``_launch_split``)."""
     N = a.shape[-1]
     R = out.shape[0]
     (a, b), d1, d2, (sa, sb) = _prepare(a, b)
@@ -528,13 +532,7 @@ def _launch(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strate
     elif kind == "two_pass":
         _two_pass_kernel[(R,)](a, b, out, N, *geo, OP=op, BLOCK=_chunk("two_pass"), num_warps=8)
     else:
-        _launch_split(op, a, b, out, R, N, geo)
-
-
-# Experiment override of the split kernel (benchmarks/softmax_split_sweep.py): keys of
-# ``_split_config`` replacing the chosen values, empty = the chosen kernel.
-_SPLIT_TUNING: dict = {}
-_EMULATE_WAIT = False  # tests: run the one-launch split under the interpreter (``_launch_split``)
+        _launch_split(op, a, b, out, R, N, geo, settings, emulate_wait)
 
 
 # A Triton whose CUDA backend takes no register cap rejects ``maxnreg`` at launch: ``resident`` is
@@ -606,9 +604,11 @@ def _split_config(op: int, N: int, itemsize: int, sms: int) -> dict:
     return t
 
 
-def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, int, int | None]:
+def _split_layout(op: int, N: int, itemsize: int, sms: int,
+                  settings: dict | None = None) -> tuple[dict, int, int, int | None]:
     """(settings, chunks per segment, segments S, register cap or None) of the split kernel:
-    ``_split_config`` under the ``_SPLIT_TUNING`` override.
+    ``_split_config``, with the keys ``settings`` names replaced (an experiment:
+    benchmarks/softmax_split_sweep.py, tests).
 
     A row's S programs wait for each other, so all S must be able to be resident at once (the
     tickets then guarantee progress: see the kernel). One program per SM always fits, so S ≤ SM
@@ -618,17 +618,17 @@ def _split_layout(op: int, N: int, itemsize: int, sms: int) -> tuple[dict, int, 
     many programs' warps fit an SM's 64 too; otherwise S stays ≤ SMs. The cap applies to one-chunk
     segments only (longer segments stream, holding nothing)."""
     t = _split_config(op, N, itemsize, sms)
-    if _SPLIT_TUNING:
-        unknown = set(_SPLIT_TUNING) - set(t)
+    if settings:
+        unknown = set(settings) - set(t)
         if unknown:
-            raise ValueError(f"_SPLIT_TUNING keys must be among {sorted(t)}, got {sorted(unknown)}")
-        t.update(_SPLIT_TUNING)
+            raise ValueError(f"split settings must be among {sorted(t)}, got {sorted(unknown)}")
+        t.update(settings)
     for key in ("prefetch", "prefetch_after"):
         lines = t[key]
         if type(lines) is not int or lines < 0 or lines & (lines - 1):
-            raise ValueError(f"_SPLIT_TUNING[{key!r}] must be 0 or a power of two (L2 lines), got {lines!r}")
-    if interpreter_active():
-        t.update(prefetch=0, prefetch_after=0)  # the interpreter runs no inline asm
+            raise ValueError(f"split settings[{key!r}] must be 0 or a power of two (L2 lines), got {lines!r}")
+    if not _L2_PREFETCH or interpreter_active():
+        t.update(prefetch=0, prefetch_after=0)  # PTX inline asm: not on ROCm, not in the interpreter
     n_chunks = cdiv(N, t["block"])
     capped = bool(t["resident"]) and _MAXNREG
     room = _resident_per_sm(t) * sms  # one-chunk segments that can wait together
@@ -648,8 +648,10 @@ def _resident_per_sm(t: dict) -> int:
     return t["resident"] if t["resident"] and _MAXNREG and t["resident"] * t["warps"] <= 64 else 1
 
 
-def _launch_split(op, a, b, out, R, N, geo):
-    t, chunks, S, cap = _split_layout(op, N, a.element_size(), device_sm_count(a))
+def _launch_split(op, a, b, out, R, N, geo, settings: dict | None = None, emulate_wait: bool = False):
+    """The split kernel over R rows. ``settings``: see ``_split_layout``. ``emulate_wait`` (tests):
+    under the interpreter, run the one-launch form with its waits satisfied beforehand."""
+    t, chunks, S, cap = _split_layout(op, N, a.element_size(), device_sm_count(a), settings)
     block, pad = t["block"], t["pad"]
     seg = chunks * block
     common = dict(OP=op, ONE_CHUNK=chunks == 1, BLOCK=block, S_POW2=next_pow2(S), TICKET=t["ticket"],
@@ -666,7 +668,7 @@ def _launch_split(op, a, b, out, R, N, geo):
         ws_m, ws_l = ws[0], ws[1]
     else:
         ws_m = ws_l = torch.full((R * S,), _EMPTY.value, device=a.device, dtype=torch.int64)
-    emulate = _EMULATE_WAIT and interpreter_active()
+    emulate = emulate_wait and interpreter_active()
     if _spin_allowed(a) or emulate:
         sync = torch.zeros(pad * (1 + R), device=a.device, dtype=torch.int32)
         if emulate:
@@ -683,9 +685,10 @@ def _launch_split(op, a, b, out, R, N, geo):
                                                          PHASE=1, **common)
 
 
-def _forward(op: int, x: torch.Tensor, out_dtype: torch.dtype, strategy: str) -> torch.Tensor:
+def _forward(op: int, x: torch.Tensor, out_dtype: torch.dtype, strategy: str, settings: dict | None = None,
+             emulate_wait: bool = False) -> torch.Tensor:
     """x (..., N), unit stride along N. Returns y (..., N) in out_dtype, or for logsumexp the
-    float32 lse (...)."""
+    float32 lse (...). ``settings``, ``emulate_wait``: see ``_launch_split``."""
     lead, N = x.shape[:-1], x.shape[-1]
     R = math.prod(lead)
     if op == LOGSUMEXP:
@@ -703,12 +706,14 @@ def _forward(op: int, x: torch.Tensor, out_dtype: torch.dtype, strategy: str) ->
         if op == LOG_SOFTMAX:
             return out.copy_(torch.log_softmax(xf, -1))
         return out.copy_(torch.logsumexp(xf, -1))
-    _launch(op, x, x, out.view(R, -1) if op != LOGSUMEXP else out.view(R), strategy)
+    _launch(op, x, x, out.view(R, -1) if op != LOGSUMEXP else out.view(R), strategy, settings, emulate_wait)
     return out
 
 
-def _backward(op: int, y: torch.Tensor, dy: torch.Tensor, dx_dtype: torch.dtype, strategy: str) -> torch.Tensor:
-    """softmax / log_softmax backward from the saved output y (..., N) (contiguous)."""
+def _backward(op: int, y: torch.Tensor, dy: torch.Tensor, dx_dtype: torch.dtype, strategy: str,
+              settings: dict | None = None, emulate_wait: bool = False) -> torch.Tensor:
+    """softmax / log_softmax backward from the saved output y (..., N) (contiguous).
+    ``settings``, ``emulate_wait``: see ``_launch_split``."""
     if dy.shape[-1] > 1 and dy.stride(-1) != 1:
         dy = dy.contiguous()
     dx = torch.empty(y.shape, device=y.device, dtype=dx_dtype)
@@ -720,7 +725,7 @@ def _backward(op: int, y: torch.Tensor, dy: torch.Tensor, dx_dtype: torch.dtype,
         if op == SOFTMAX:
             return dx.copy_(yf * (dyf - (yf * dyf).sum(-1, keepdim=True)))
         return dx.copy_(dyf - torch.exp(yf) * dyf.sum(-1, keepdim=True))
-    _launch(_BWD_OF[op], y, dy, dx.view(R, N), strategy)
+    _launch(_BWD_OF[op], y, dy, dx.view(R, N), strategy, settings, emulate_wait)
     return dx
 
 
@@ -868,6 +873,7 @@ def logsumexp(x: torch.Tensor, dim: int | Sequence[int] = -1, keepdim: bool = Fa
     >>> flashattn_lite.logsumexp(x, dim=-1)
     tensor([0.6931,   -inf])
     """
+    _checks.check_bool("keepdim", keepdim)
     return _apply(LOGSUMEXP, x, dim, dtype=dtype, keepdim=keepdim)
 
 
