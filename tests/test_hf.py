@@ -161,17 +161,19 @@ def test_generate_with_static_cache_matches_eager(family, kernel_calls):
 
 @pytest.mark.parametrize("family", ["gpt_oss", pytest.param("gemma2", marks=GPU_ONLY)])
 def test_training_step_gradients_match_eager(family):
-    ref, ours = _models(family)
+    exact, ours = _models(family)      # eager in float32: what both are measured against
+    ref = copy.deepcopy(exact).to(DTYPE)  # eager in our dtype
     ids, am = _batch("left")
     # Padded positions' outputs are ours to choose (zeros) and eager's (a mean over masked keys):
     # no label may read them, including the first real token, which a padded position predicts.
     labels = ids.masked_fill(am == 0, -100)
     labels[:, 1:].masked_fill_(am[:, :-1] == 0, -100)
-    for m in (ref, ours):
+    for m in (ref, ours, exact):
         m.train()
         m(input_ids=ids, attention_mask=am, labels=labels).loss.backward()
-    for (name, p_ref), p_ours in zip(ref.named_parameters(), ours.parameters()):
-        assert _rel(p_ours.grad, p_ref.grad) < 5 * TOL[DTYPE], name
+    # ours may be at most twice as far from float32 as eager in the same dtype (exactly eager on CPU).
+    for (name, p_ref), p_ours, p_exact in zip(ref.named_parameters(), ours.parameters(), exact.parameters()):
+        assert _rel(p_ours.grad, p_exact.grad) <= 2 * _rel(p_ref.grad, p_exact.grad) + 5 * TOL[DTYPE], name
     if family == "gpt_oss":
         assert ours.model.layers[0].self_attn.sinks.grad.abs().max() > 0
 

@@ -135,10 +135,13 @@ def test_float_mask_entries(dtype, value):
     others = torch.ones(Nq, dtype=torch.bool, device=DEVICE)
     others[ROW] = False
     assert torch.equal(o[:, :, others], clean[:, :, others])
-    if value == -INF:
+    if value == -INF:  # the same attention as a bool mask (to rounding: the bool path folds the
+        # scale into the exponent's FMA, the additive one scales first)
         keep = torch.ones(Nq, Nk, dtype=torch.bool, device=DEVICE)
         keep[ROW, KEY - 20] = False
-        assert torch.equal(o, attn(q, k, v, attn_mask=keep))
+        o_bool = attn(q, k, v, attn_mask=keep)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert ((o.float() - o_bool.float()).norm() / o_bool.float().norm()).item() < tol
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

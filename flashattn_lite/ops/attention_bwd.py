@@ -28,7 +28,7 @@ from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, SEQ_RANGES, SEQ_V
 
 
 @launcher
-@triton.jit
+@triton.jit(do_not_specialize=["n_q"])
 def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
                     stride_ob, stride_oh, stride_om, stride_od,
                     stride_dob, stride_doh, stride_dom, stride_dod,
@@ -211,14 +211,15 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_
         slope2 = 0.0
         if ALIBI:
             slope2 = tl.load(alibi + b.to(tl.int64) * stride_alibi_b + h * stride_alibi_h).to(tl.float32) * 1.4426950408889634
-        for start_m in tl.range(lo, mid_lo, BLOCK_M):
-            dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
-                                        start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
-                                        qk_scale, softcap_scale, softcap2, slope2,
-                                        stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
-                                        seed, drop_base, drop_threshold, drop_scale,
-                                        True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
-                                        HEAD_DIM, HEAD_DIM_V, PRECISION)
+        if HAS_RIGHT:  # rows before the diagonal band: only with a right side
+            for start_m in tl.range(lo, mid_lo, BLOCK_M):
+                dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
+                                            start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, slope2,
+                                            stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
+                                            seed, drop_base, drop_threshold, drop_scale,
+                                            True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                            HEAD_DIM, HEAD_DIM_V, PRECISION)
         for start_m in tl.range(mid_lo, mid_hi, BLOCK_M):
             dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
                                         start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
@@ -227,14 +228,15 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_
                                         seed, drop_base, drop_threshold, drop_scale,
                                         False, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
                                         HEAD_DIM, HEAD_DIM_V, PRECISION)
-        for start_m in tl.range(mid_hi, hi, BLOCK_M):
-            dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
-                                        start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
-                                        qk_scale, softcap_scale, softcap2, slope2,
-                                        stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
-                                        seed, drop_base, drop_threshold, drop_scale,
-                                        True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
-                                        HEAD_DIM, HEAD_DIM_V, PRECISION)
+        if HAS_LEFT:  # rows past the band: only with a left side
+            for start_m in tl.range(mid_hi, hi, BLOCK_M):
+                dk_acc, dv_acc = _dkdv_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, mask_base, lse2_row, delta_row,
+                                            start_m, offs_n, offs_m0, offs_d, offs_dv, n_q, n_k, off, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, slope2,
+                                            stride_qm, stride_qd, stride_dom, stride_dod, stride_mask_m, stride_mask_n,
+                                            seed, drop_base, drop_threshold, drop_scale,
+                                            True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                            HEAD_DIM, HEAD_DIM_V, PRECISION)
 
     store_n = col_ok[:, None]
     tl.store(dk_base + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -332,13 +334,14 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
     n_k_visit = tl.where(start_m < n_q, n_k, 0)
     lo, mid_lo, mid_hi, hi = key_range(start_m, n_k_visit, off, win_left, win_right, HAS_LEFT, HAS_RIGHT,
                                        BLOCK_M, BLOCK_N)
-    for start_n in tl.range(lo, mid_lo, BLOCK_N):
-        dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d,
-                          offs_dv, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
-                          stride_kn, stride_kd, stride_vn, stride_vd,
-                          stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
-                          True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
-                          HEAD_DIM, HEAD_DIM_V, PRECISION)
+    if HAS_LEFT:  # without a left side the range is empty: no code for it
+        for start_n in tl.range(lo, mid_lo, BLOCK_N):
+            dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d,
+                              offs_dv, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                              stride_kn, stride_kd, stride_vn, stride_vd,
+                              stride_mask_m, stride_mask_n, seed, drop_base, drop_threshold, drop_scale,
+                              True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                              HEAD_DIM, HEAD_DIM_V, PRECISION)
     for start_n in tl.range(mid_lo, mid_hi, BLOCK_N):
         dq_acc = _dq_tile(dq_acc, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, offs_n0, offs_d,
                           offs_dv, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,

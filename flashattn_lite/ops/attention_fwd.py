@@ -234,10 +234,13 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
     return acc, m_i, l_i
 
 
-# Lengths, offsets and the dropout seed change from call to call: specialising on them (Triton's
-# "== 1" and "divisible by 16") would compile a new binary for a new length and pays nothing here
-# (no load is vectorised along a length).
-NOT_SPECIALIZED = ["n_q", "n_k", "n_seq", "off", "win_left", "win_right", "seed", "drop_threshold", "n_bucket"]
+# Lengths, offsets, the lse's strides (its rows are N apart) and the dropout seed change from call to
+# call: specialising on them (Triton's "== 1" and "divisible by 16") would compile a new binary for a
+# new length and pays nothing here (no load is vectorised along a length). q/k/v strides stay
+# specialised: N·D is divisible by 16 for the usual head dims at every N, and their divisibility
+# is what lets tile rows load as vectors.
+NOT_SPECIALIZED = ["n_q", "n_k", "n_seq", "off", "win_left", "win_right", "seed", "drop_threshold", "n_bucket",
+                   "stride_lse_b", "stride_lse_h"]
 
 
 def _fwd_configs():
@@ -332,14 +335,15 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_st
     n_k_visit = tl.where(start_m < n_q, n_k, 0)
     lo, mid_lo, mid_hi, hi = key_range(start_m, n_k_visit, off, win_left, win_right, HAS_LEFT, HAS_RIGHT,
                                        BLOCK_M, BLOCK_N)
-    for start_n in tl.range(lo, mid_lo, BLOCK_N):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
-                                  offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
-                                  softcap_scale, softcap2, slope2,
-                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
-                                  seed, drop_base, drop_threshold,
-                                  True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
-                                  EVEN_D, EVEN_DV, HEAD_DIM, HEAD_DIM_V, PRECISION, FOLD_SCALE)
+    if HAS_LEFT:  # without a left side the range is empty: no code for it
+        for start_n in tl.range(lo, mid_lo, BLOCK_N):
+            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
+                                      offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
+                                      softcap_scale, softcap2, slope2,
+                                      stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_m, stride_mask_n,
+                                      seed, drop_base, drop_threshold,
+                                      True, HAS_LEFT, HAS_RIGHT, MASK_KIND, SOFTCAP, ALIBI, FAST_TANH, DROPOUT,
+                                      EVEN_D, EVEN_DV, HEAD_DIM, HEAD_DIM_V, PRECISION, FOLD_SCALE)
     for start_n in tl.range(mid_lo, mid_hi, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q_tile, k_base, v_base, mask_base, start_n,
                                   offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
@@ -389,6 +393,9 @@ def mask_kind(mask: torch.Tensor | None) -> int:
     return MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
 
 
+_PTX = torch.version.hip is None  # inline PTX (the fast tanh) only where the backend is NVIDIA's
+
+
 class Variant(NamedTuple):
     """What a call asks of the scores beyond plain attention, and how its batch is laid out, as
     the launchers take it. Tensors for varlen calls arrive viewed as (1, H, total, D)."""
@@ -435,7 +442,7 @@ def score_args(variant: Variant, q: torch.Tensor, scale: float):
     scalars = (scale / cap if cap else 0.0, cap * LOG2E)
     constexprs = dict(HAS_LEFT=variant.left >= 0, HAS_RIGHT=variant.right >= 0, SOFTCAP=cap > 0,
                       ALIBI=alibi is not None, SINKS=sinks is not None, SEQ=variant.seq,
-                      FAST_TANH=cap > 0 and q.dtype != torch.float32 and not interpreter_active())
+                      FAST_TANH=cap > 0 and q.dtype != torch.float32 and _PTX and not interpreter_active())
     return tensors, alibi_strides, scalars, constexprs
 
 
