@@ -27,7 +27,7 @@ CASES = [
 # (B, Hq, Hkv, Nq, Nk, D, Dv)
 CPU_SHAPES = [(2, 4, 2, 17, 23, 16, 8), (1, 2, 1, 40, 17, 32, 32)]
 GPU_SHAPES = [(2, 8, 2, 1000, 1000, 64, 64), (1, 4, 1, 257, 4097, 128, 128), (1, 4, 4, 1000, 300, 96, 80)]
-SHAPES = CPU_SHAPES + (GPU_SHAPES if ON_GPU else [])
+SHAPES = (CPU_SHAPES[1:] + GPU_SHAPES) if ON_GPU else CPU_SHAPES  # on the GPU one tiny shape is enough
 
 
 def _shape_id(s):

@@ -59,6 +59,7 @@ def test_decode_without_cuda_has_no_steady_columns(tmp_path, capsys):
     assert "ours-contiguous TB/s" in out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the wiring is checked on CPU; a GPU adds SDPA peers' rows")
 def test_decode_steady_steps_get_distinct_inputs(tmp_path, capsys, monkeypatch):
     """With the graph replaced by running the steps eagerly: every implementation gets 3 steps, each
     over its own cache slice / block table (decode checks block ids on CPU), with different results."""

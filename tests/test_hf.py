@@ -172,8 +172,16 @@ def test_training_step_gradients_match_eager(family):
         m.train()
         m(input_ids=ids, attention_mask=am, labels=labels).loss.backward()
     # ours may be at most twice as far from float32 as eager in the same dtype (exactly eager on CPU).
-    for (name, p_ref), p_ours, p_exact in zip(ref.named_parameters(), ours.parameters(), exact.parameters()):
-        assert _rel(p_ours.grad, p_exact.grad) <= 2 * _rel(p_ref.grad, p_exact.grad) + 5 * TOL[DTYPE], name
+    # Errors are relative to the gradient, floored at a tenth of the mean gradient's norm: a
+    # parameter whose gradient nearly cancels (gpt-oss's router bias, ~1e-3 of the others) would
+    # otherwise weigh bf16 rounding noise as a relative error of 50%.
+    pairs = [(name, p_ref.grad.float(), p_ours.grad.float(), p_exact.grad.float())
+             for (name, p_ref), p_ours, p_exact in zip(ref.named_parameters(), ours.parameters(), exact.parameters())]
+    floor = 0.1 * sum(g.norm() for *_, g in pairs) / len(pairs)
+    for name, g_ref, g_ours, g_exact in pairs:
+        scale = torch.maximum(g_exact.norm(), floor)
+        err_ours, err_ref = (g_ours - g_exact).norm() / scale, (g_ref - g_exact).norm() / scale
+        assert err_ours <= 2 * err_ref + 5 * TOL[DTYPE], (name, err_ours.item(), err_ref.item())
     if family == "gpt_oss":
         assert ours.model.layers[0].self_attn.sinks.grad.abs().max() > 0
 

@@ -147,9 +147,13 @@ def test_softmax_rows_do_not_depend_on_their_neighbours(dtype, strategy):
         rev = torch.arange(R - 1, -1, -1)
         for name, a, b in zip(("y", "dx"), (y, dx), run(x[rev], dy[rev])):
             same(a, b[rev], f"op {code} {name} (rows reversed)")
-        if strategy == "auto":  # the split layout depends on the row count: alone only on the row kernel
+        if strategy == "auto":  # a row alone may take another kernel (the choice depends on the row
+            # count on the GPU): the same math, so equal to float32 rounding, not bit for bit
             for name, a, b in zip(("y", "dx"), (y, dx), run(x[1:2], dy[1:2])):
-                same(a[1:2], b, f"op {code} {name} (row alone)")
+                if ON_GPU:
+                    torch.testing.assert_close(a[1:2], b, rtol=1e-5, atol=1e-6, msg=f"op {code} {name} (row alone)")
+                else:
+                    same(a[1:2], b, f"op {code} {name} (row alone)")
 
 
 def test_merge_is_deterministic_and_row_local():
