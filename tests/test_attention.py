@@ -28,6 +28,8 @@ GPU_SHAPES = [
     (1, 2, 2, 300, 300, 256, 256),
     (1, 2, 2, 300, 333, 192, 128),
     (1, 4, 4, 4097, 4097, 128, 128),
+    (2, 4, 2, 37, 53, 40, 24),   # a value tile narrower than the key tile (a compiler bug, worked around)
+    (1, 2, 1, 100, 100, 64, 16),
 ]
 SHAPES = CPU_SHAPES + (GPU_SHAPES if ON_GPU else [])
 

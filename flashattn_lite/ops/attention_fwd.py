@@ -535,8 +535,12 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
             causal_offset, variant.left, variant.right, scale * LOG2E, *score_scalars,
             seed, keep_threshold(dropout_p) if dropout else 0, 1.0 / (1.0 - dropout_p), length_bucket(Nq, Nk))
     fold = (scale > 0 or variant.softcap > 0) and kind != MASK_ADD and variant.alibi is None
-    constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
-                      BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
+    block_d = max(16, next_pow2(D))
+    # A value tile much narrower than the key tile (BLOCK_D 64, BLOCK_DV 32: D 40, Dv 24) makes
+    # triton 3.6 emit an out-of-bounds shared-memory read in the forward (compute-sanitizer memcheck,
+    # H100, 2026-11-24); padding the value tile to min(64, BLOCK_D) costs only idle lanes.
+    block_dv = max(16, next_pow2(Dv), min(64, block_d))
+    constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
                       MASK_KIND=kind, **score_constexprs, DROPOUT=dropout, PRECISION=precision_for(q.dtype),
                       FOLD_SCALE=fold, STORE_LSE=need_lse)
     grid = query_grid(variant, Nq, B, Hq, n_seq)
