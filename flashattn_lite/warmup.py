@@ -38,7 +38,31 @@ def model_shapes(model) -> dict:
         dtype = getattr(torch, dtype.replace("torch.", ""), torch.bfloat16)
     if dtype not in _checks.FLOAT_DTYPES:
         dtype = torch.bfloat16
-    return {"head_dims": (head_dim,), "gqa": (heads // kv_heads,), "kv_heads": kv_heads, "dtypes": (dtype,)}
+    return {"head_dims": (head_dim,), "gqa": (heads // kv_heads,), "kv_heads": kv_heads, "dtypes": (dtype,),
+            "layer_options": layer_options(config)}
+
+
+def layer_options(config) -> tuple:
+    """The score options of each kind of attention layer a transformers config describes, as the
+    HF integration passes them (``flashattn_lite.integrations.hf``): a sliding window of W keys is
+    ``window=(W - 1, 0)``, Gemma 2's ``attn_logit_softcapping`` is ``softcap``, gpt-oss layers have
+    ``sinks``. Each is compiled separately (they are different kernels)."""
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        sliding = "sliding_attention" in kinds
+        full = any(k != "sliding_attention" for k in kinds)
+    else:  # Mistral-style: every layer slides when a window is set (Qwen2 gates it by use_sliding_window)
+        sliding = isinstance(window, int) and getattr(config, "use_sliding_window", True) is not False
+        full = not sliding
+    common = {}
+    if getattr(config, "attn_logit_softcapping", None):
+        common["softcap"] = float(config.attn_logit_softcapping)
+    if getattr(config, "model_type", None) == "gpt_oss":
+        common["sinks"] = True  # a (Hq,) tensor, made per call
+    options = ([dict(common)] if full else []) + ([dict(common, window=(window - 1, 0))]
+                                                   if sliding and isinstance(window, int) and window > 0 else [])
+    return tuple(options) or (dict(common),)
 
 
 def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,), backward: bool = True,
@@ -60,9 +84,14 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         device: default the current CUDA device. On the CPU only ``TRITON_INTERPRET=1`` runs
             kernels; otherwise there is nothing to compile and the result is empty.
         progress: a tqdm progress bar when tqdm is installed.
-        **options: passed to ``attention`` as they are (the score options a model uses).
+        **options: passed to ``attention`` as they are (the score options a model uses). Without
+            them and with a ``model``, each of its layer kinds (``layer_options``) is compiled, dense
+            and as the HF integration runs padded batches (per-row ranges).
     """
     shapes = model_shapes(model) if model is not None else {}
+    variants = [(options, False)]
+    if model is not None and not options:
+        variants = [(o, padded) for o in shapes["layer_options"] for padded in (False, True)]
     head_dims = _pairs(head_dims if head_dims is not None else shapes.get("head_dims", (128,)))
     dtypes = tuple(dtypes if dtypes is not None else shapes.get("dtypes", (torch.bfloat16,)))
     gqa = tuple(gqa if gqa is not None else shapes.get("gqa", (1,)))
@@ -85,11 +114,12 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
 
     tasks = []
     for (d, dv), dt, g in itertools.product(head_dims, dtypes, gqa):
-        for c in causal:
+        for c, (opts, padded) in itertools.product(causal, variants):
             label = f"attention {_name(dt)} d{d}{'' if dv == d else f'/{dv}'} gqa{g}{' causal' if c else ''}"
+            label += "".join(f" {k}" for k in opts) + (" padded" if padded else "")
             tasks.append((label + (" fwd+bwd" if backward else " fwd"),
-                          lambda d=d, dv=dv, dt=dt, g=g, c=c: _attention(d, dv, dt, g, kv_heads, c, backward,
-                                                                        length, device, options)))
+                          lambda d=d, dv=dv, dt=dt, g=g, c=c, opts=opts, padded=padded: _attention(
+                              d, dv, dt, g, kv_heads, c, backward, length, device, opts, padded)))
         if decode:
             tasks.append((f"decode {_name(dt)} d{d} gqa{g}",
                           lambda d=d, dv=dv, dt=dt, g=g: _decode(d, dv, dt, g, kv_heads, length, device)))
@@ -121,12 +151,18 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _attention(d, dv, dtype, group, kv_heads, causal, backward, length, device, options):
-    from .ops.attention import attention
+def _attention(d, dv, dtype, group, kv_heads, causal, backward, length, device, options, padded=False):
+    from .ops.attention import attention_core
     q = torch.randn(1, group * kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
     k = torch.randn(1, kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
     v = torch.randn(1, kv_heads, length, dv, device=device, dtype=dtype, requires_grad=backward)
-    o = attention(q, k, v, causal=causal, **options)
+    options = dict(options)
+    if options.get("sinks") is True:
+        options["sinks"] = torch.zeros(q.shape[1], device=device)
+    if padded:
+        rows = torch.tensor([[0, length]], dtype=torch.int32, device=device)
+        options.update(q_ranges=rows, k_ranges=rows)
+    o = attention_core(q, k, v, causal=causal, **options)
     if backward:
         torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
 

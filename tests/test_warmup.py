@@ -9,7 +9,7 @@ import torch
 
 import flashattn_lite as fa
 from conftest import run_cli
-from flashattn_lite.warmup import model_shapes
+from flashattn_lite.warmup import layer_options, model_shapes
 
 ON_GPU = torch.cuda.is_available()
 
@@ -44,10 +44,33 @@ def test_bad_arguments_name_themselves(kwargs, error, needle):
 
 def test_shapes_from_a_transformers_config():
     llama = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, torch_dtype="bfloat16")
-    assert model_shapes(llama) == {"head_dims": (128,), "gqa": (4,), "kv_heads": 8, "dtypes": (torch.bfloat16,)}
+    assert model_shapes(llama) == {"head_dims": (128,), "gqa": (4,), "kv_heads": 8, "dtypes": (torch.bfloat16,),
+                                   "layer_options": ({},)}
     gemma = SimpleNamespace(text_config=SimpleNamespace(num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                                                         hidden_size=2304, torch_dtype=torch.float32))
     assert model_shapes(gemma)["head_dims"] == (256,) and model_shapes(gemma)["dtypes"] == (torch.float32,)
+
+
+def test_layer_options_follow_the_hf_integration():
+    """Each kind of layer a config describes, with the options the HF integration passes for it."""
+    transformers = pytest.importorskip("transformers")
+    gpt_oss = transformers.GptOssConfig(num_hidden_layers=2, sliding_window=8)
+    assert layer_options(gpt_oss) == ({"sinks": True}, {"sinks": True, "window": (7, 0)})
+    gemma = transformers.Gemma2Config(num_hidden_layers=2, sliding_window=64, attn_logit_softcapping=30.0)
+    assert layer_options(gemma) == ({"softcap": 30.0}, {"softcap": 30.0, "window": (63, 0)})
+    assert layer_options(transformers.MistralConfig(sliding_window=16)) == ({"window": (15, 0)},)
+    assert layer_options(transformers.LlamaConfig()) == ({},)
+
+
+@pytest.mark.skipif(ON_GPU, reason="tiny interpreter shapes")
+def test_warmup_from_a_model_compiles_its_layer_kinds_dense_and_padded():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GptOssConfig(num_hidden_layers=2, sliding_window=8, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, hidden_size=64, torch_dtype="float16")
+    labels = fa.warmup(cfg, length=16, backward=False, progress=False)
+    assert labels == ["attention float16 d16 gqa2 causal sinks fwd", "attention float16 d16 gqa2 causal sinks padded fwd",
+                      "attention float16 d16 gqa2 causal sinks window fwd",
+                      "attention float16 d16 gqa2 causal sinks window padded fwd"]
 
 
 @pytest.mark.parametrize("argv, needle", [
