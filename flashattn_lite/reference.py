@@ -169,8 +169,8 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
         vb = v[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
         slopes = None if alibi is None else (alibi if alibi.dim() == 1 else alibi[b])
         if kb.shape[2] == 0:
-            o = torch.zeros(1, q.shape[1], qb.shape[2], v.shape[2], dtype=dtype)
-            lse = torch.full((1, q.shape[1], qb.shape[2]), float("-inf"), dtype=dtype)
+            o = torch.zeros(1, q.shape[1], qb.shape[2], v.shape[2], dtype=dtype, device=q.device)
+            lse = torch.full((1, q.shape[1], qb.shape[2]), float("-inf"), dtype=dtype, device=q.device)
             if options.get("sinks") is not None:
                 lse = options["sinks"].to(dtype).view(1, -1, 1).expand_as(lse).clone()
         else:

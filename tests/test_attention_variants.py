@@ -312,3 +312,69 @@ def test_varlen_without_max_captures_in_a_cuda_graph():
     graph.replay()
     o_ref, _ = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=True)
     assert rel_err(out, o_ref.to(out.device)) < 2e-2
+
+
+# ------------------------------------------------------------------ found in review
+
+def test_varlen_with_many_sequences():
+    """More sequences than one scan chunk (64) of ``varlen_tile``: a long one first, empty ones among them."""
+    g = torch.Generator().manual_seed(7)
+    lens = [40] + [int(x) for x in torch.randint(0, 4, (140,), generator=g)]
+    q, k, v, cq, ck = _packed(lens, lens, 2, 1, 16, 16, torch.float32)
+    o = attention_varlen(q, k, v, cq, ck, causal=True)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o_ref, _ = attention_varlen_reference(*leaves, cq.cpu(), ck.cpu(), causal=True)
+    g_ref = torch.autograd.grad(o_ref, leaves, do.double())
+    assert rel_err(o, o_ref) < 1e-5
+    for ours, ref in zip(grads, g_ref):
+        assert rel_err(ours, ref) < 1e-5
+
+
+def test_strided_bounds_and_sinks_are_read_as_values():
+    """Sequence bounds and sinks given as strided views mean their values, as contiguous ones do."""
+    q, k, v = _qkv((2, 4, 2, 12, 15, 16, 16), torch.float32)
+    sinks = torch.randn(8, device=DEVICE)[::2]
+    starts, ends = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE), torch.tensor([12, 9], dtype=torch.int32,
+                                                                                          device=DEVICE)
+    k_starts, k_ends = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE), torch.tensor([15, 15],
+                                                                                             dtype=torch.int32,
+                                                                                             device=DEVICE)
+    strided = dict(q_ranges=torch.stack([starts, ends]).T, k_ranges=torch.stack([k_starts, k_ends]).T)
+    assert not strided["q_ranges"].is_contiguous() and not sinks.is_contiguous()
+    kw = dict(causal=True, sinks=sinks, return_lse=True)
+    o, lse = attention_core(q, k, v, **strided, **kw)
+    o_c, lse_c = attention_core(q, k, v, **{n: r.contiguous() for n, r in strided.items()},
+                                **dict(kw, sinks=sinks.contiguous()))
+    assert torch.equal(o, o_c) and torch.equal(lse, lse_c)
+    pack = lambda t: t.detach()[0].transpose(0, 1)  # noqa: E731
+    cu = torch.tensor([0, 0, 5, 5, 12, 12], dtype=torch.int32, device=DEVICE)[::2]  # [0, 5, 12]
+    ov = attention_varlen(pack(q), pack(k)[:12], pack(v)[:12], cu, cu)
+    ov_c = attention_varlen(pack(q), pack(k)[:12], pack(v)[:12], cu.contiguous(), cu.contiguous())
+    assert torch.equal(ov, ov_c)
+
+
+def test_window_sides_past_the_sequence_are_unbounded():
+    q, k, v = _qkv((1, 2, 1, 17, 23, 16, 16), torch.float32)
+    o = attention(q, k, v, causal=True)
+    for window in ((2 ** 31 - 1, None), (2 ** 31 - 2, 2 ** 31 - 2), (None, 2 ** 40)):
+        assert torch.equal(attention(q, k, v, causal=True, window=window), o), window
+    with pytest.raises(ValueError, match="causal_offset"):
+        attention_core(q, k, v, causal=True, causal_offset=2 ** 31)
+
+
+def test_sinks_of_rows_without_keys_get_their_lse_gradient():
+    """A batch row whose key range is empty has lse = sink: d(Σ lse)/d sink counts its rows."""
+    q, k, v = _qkv((2, 2, 1, 5, 6, 16, 16), torch.float32)
+    sinks = torch.randn(2, device=DEVICE, requires_grad=True)
+    qr = torch.tensor([[0, 5], [0, 5]], dtype=torch.int32, device=DEVICE)
+    kr = torch.tensor([[0, 6], [3, 3]], dtype=torch.int32, device=DEVICE)  # row 1: no key
+    _, lse = attention_core(q, k, v, sinks=sinks, q_ranges=qr, k_ranges=kr, return_lse=True)
+    assert torch.equal(lse[1], sinks.detach()[:, None].expand(2, 5))
+    (dsinks,) = torch.autograd.grad(lse.sum(), sinks)
+    leaves = [t.detach().double()[0:1] for t in (q, k, v)]
+    s64 = sinks.detach().double().requires_grad_()
+    _, lse_ref = attention_reference(*leaves, sinks=s64)
+    (d_ref,) = torch.autograd.grad(lse_ref.sum(), s64)
+    assert torch.allclose(dsinks.double(), d_ref + 5, atol=1e-5)  # row 1's five rows add 1 each

@@ -184,6 +184,14 @@ def _check_bounds(name: str, t, q, rows: int | None, total: int | None, check: b
                              f"got {values}")
 
 
+def _check_offset(offset) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"causal_offset must be an int or None, got {type(offset).__name__}")
+    if abs(offset) >= 2 ** 30:  # i + offset is computed in int32 in the kernels
+        raise ValueError(f"causal_offset must be within ±2^30, got {offset}")
+    return offset
+
+
 def _bounds_checked(check_seqlens, t) -> bool:
     return (t.device.type == "cpu") if check_seqlens is None else bool(check_seqlens)
 
@@ -192,8 +200,14 @@ def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q
     left, right = _check_window(window)
     cap = _check_softcap(softcap)
     B, Hq = (q.shape[0], q.shape[1]) if seq <= SEQ_RANGES else (seq_q.shape[0] - 1, q.shape[1])
-    variant = Variant(left, right, cap, _check_alibi(alibi_slopes, q, B, Hq), _check_sinks(sinks, q, Hq),
-                      seq, seq_q, seq_k)
+    alibi, sinks = _check_alibi(alibi_slopes, q, B, Hq), _check_sinks(sinks, q, Hq)
+    # A side at least as wide as both sequences bounds nothing: unbounded, so no int32 overflow
+    # of i + off ± side in the kernels.
+    reach = (q.shape[0] + k.shape[0]) if seq > SEQ_RANGES else (q.shape[2] + k.shape[2])
+    left, right = (-1 if side >= reach else side for side in (left, right))
+    # The kernels read sinks and sequence bounds at unit steps (no copy when already so).
+    contiguous = lambda t: None if t is None else t.contiguous()  # noqa: E731
+    variant = Variant(left, right, cap, alibi, contiguous(sinks), seq, contiguous(seq_q), contiguous(seq_k))
     return PLAIN if variant == PLAIN else variant
 
 
@@ -238,7 +252,7 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
         seq, seq_q, seq_k = SEQ_RANGES, q_ranges, k_ranges
     variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
                        seq=seq, seq_q=seq_q, seq_k=seq_k)
-    offset = k.shape[2] - q.shape[2] if causal_offset is None else int(causal_offset)
+    offset = k.shape[2] - q.shape[2] if causal_offset is None else _check_offset(causal_offset)
     o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p), need_lse=return_lse,
                   variant=variant)
     return (o, lse) if return_lse else o
@@ -545,7 +559,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if k.shape[0] == 0 and q.shape[0] > 0:  # no key in any sequence: every row sees nothing
-        return _no_keys(q, k, v, sinks, return_lse)
+        _check_window(window), _check_softcap(softcap)
+        _check_alibi(alibi_slopes, q, cu_seqlens_q.shape[0] - 1, q.shape[1])
+        return _no_keys(q, k, v, _check_sinks(sinks, q, q.shape[1]), return_lse)
     # The checks of a dense call on the (1, H, total, D) views the kernels read.
     _validate(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), None, 0.0)
     variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
@@ -558,11 +574,14 @@ def _no_keys(q, k, v, sinks, return_lse):
     """A packed batch whose key sequences are all empty: o = 0 and lse = the sink (−inf without),
     with the shapes and (zero) gradients of a normal call."""
     _validate(_packed_as_4d(q), _packed_as_4d(q[:, :k.shape[1]]), _packed_as_4d(q[:, :k.shape[1]]), None, 0.0)
-    _check_sinks(sinks, q, q.shape[1])
-    o = (q[..., :1] * 0).expand(*q.shape[:2], v.shape[2]) + v.sum() * 0
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
-    if sinks is not None:
-        lse = (sinks.float()[:, None] + 0 * lse.nan_to_num(neginf=0)).expand_as(lse)
+    o = torch.zeros((*q.shape[:2], v.shape[2]), device=q.device, dtype=q.dtype)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        # keeps o in the graph (zero gradients) whatever values q, k, v hold
+        o = o + sum(t.flatten()[:1].nan_to_num(0.0, 0.0, 0.0).sum() * 0 for t in (q, k, v) if t.numel())
+    if sinks is None:
+        lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
+    else:
+        lse = sinks.float()[:, None].expand(q.shape[1], q.shape[0])
     return (o, lse) if return_lse else o
 
 

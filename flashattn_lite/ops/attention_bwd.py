@@ -375,7 +375,8 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     # δ and lse₂ in the forward's lse layout, seen by the preprocess as dense (B, Hq, Nq) rows.
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
-    block_dv = max(16, next_pow2(Dv))
+    block_d = max(16, next_pow2(D))
+    block_dv = max(16, next_pow2(Dv), min(64, block_d))  # as in the forward (a triton 3.6 miscompile)
     pre_m = 16 if interpreter_active() else 64
     _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq, HEAD_DIM_V=Dv, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
@@ -386,7 +387,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     *seq_ptrs, stride_seq, n_seq = seq_args(variant, q)
     (_, alibi_arg), alibi_strides, score_scalars, score_constexprs = score_args(variant, q, scale)
     score_constexprs.pop("SINKS")
-    common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=max(16, next_pow2(D)),
+    common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d,
                   BLOCK_DV=block_dv, MASK_KIND=kind, **score_constexprs, DROPOUT=dropout_p > 0.0,
                   PRECISION=precision_for(q.dtype))
     drop = (seed, keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0)

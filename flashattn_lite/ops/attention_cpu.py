@@ -11,7 +11,6 @@ import torch
 
 from ..dropout import keep_threshold, philox_randint_torch
 from ..merge import lse_of_torch, online_softmax_update_torch
-from ..reference import window_mask
 from .attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, Variant, causal_window
 
 CPU_CHUNK = 512
@@ -46,9 +45,14 @@ def _chunk_scores(qg, kg, j0, j1, scale, offset, mask, dropout_p, seed, variant,
     if mask is not None:
         m = mask[..., j0:j1].reshape(B, Hkv, G, Nq, j1 - j0)
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(s.dtype)
-    if variant.left >= 0 or variant.right >= 0:
-        visible = window_mask(Nq, Nk, offset, variant.left if variant.left >= 0 else None,
-                              variant.right if variant.right >= 0 else None)[:, j0:j1]
+    if variant.left >= 0 or variant.right >= 0:  # only this chunk's columns: O(Nq·chunk) memory
+        i = torch.arange(Nq)[:, None] + offset
+        j = torch.arange(j0, j1)[None, :]
+        visible = torch.ones(Nq, j1 - j0, dtype=torch.bool)
+        if variant.left >= 0:
+            visible &= j >= i - variant.left
+        if variant.right >= 0:
+            visible &= j <= i + variant.right
         s = s.masked_fill(~visible, float("-inf"))
     keep = None
     if dropout_p > 0:
@@ -184,7 +188,11 @@ def _per_sequence_backward(do, q, k, v, o, lse, dlse, scale, variant):
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dsinks = None if variant.sinks is None else torch.zeros_like(variant.sinks)
     for index, (b, rq, rk) in enumerate(_sequences(variant, q, k)):
-        if rq.stop <= rq.start or rk.stop <= rk.start:
+        if rq.stop <= rq.start:
+            continue
+        if rk.stop <= rk.start:  # rows with no key: o = 0 and lse = the sink, which still gets dlse
+            if dsinks is not None and dlse is not None:
+                dsinks += dlse[b, :, rq].sum(-1).to(dsinks.dtype)
             continue
         qs, ks, vs = q[b:b + 1, :, rq], k[b:b + 1, :, rk], v[b:b + 1, :, rk]
         grads = cpu_backward(do[b:b + 1, :, rq], qs, ks, vs, o[b:b + 1, :, rq], lse[b:b + 1, :, rq],

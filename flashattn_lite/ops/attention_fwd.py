@@ -151,16 +151,18 @@ def varlen_tile(starts, ends, n_seq, t, BLOCK: tl.constexpr, SCAN: tl.constexpr 
     b = 0
     before = 0  # tiles of the sequences before b
     own = 0     # tiles of sequence b
+    seen = 0    # tiles of every sequence in the chunks scanned so far
     for c in range(0, n_seq, SCAN):
         idx = c + tl.arange(0, SCAN)
         ok = idx < n_seq
         n = tl.load(ends + idx, mask=ok, other=0) - tl.load(starts + idx, mask=ok, other=0)
         tiles = tl.where(ok, tl.cdiv(n, BLOCK), 0)
-        ends_t = tl.cumsum(tiles, 0) + before
+        ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's tiles end, over the whole batch
         done = (ends_t <= t) & ok
         b += tl.sum(done.to(tl.int32), 0)
         own += tl.sum(tl.where(ok & ~done & (ends_t - tiles <= t), tiles, 0), 0)
         before += tl.sum(tl.where(done, tiles, 0), 0)
+        seen += tl.sum(tiles, 0)
     return b, tl.where(own > 0, own - 1 - (t - before), 0) * BLOCK  # past the last tile: 0 (an empty program)
 
 
@@ -438,6 +440,7 @@ def score_args(variant: Variant, q: torch.Tensor, scale: float):
     alibi_strides = (0, 0)
     if alibi is not None:
         alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else alibi.stride()
+    # The kernels read sinks[h] and the sequence bounds at unit steps: ``_variant`` made them contiguous.
     tensors = (q if sinks is None else sinks, q if alibi is None else alibi)
     scalars = (scale / cap if cap else 0.0, cap * LOG2E)
     constexprs = dict(HAS_LEFT=variant.left >= 0, HAS_RIGHT=variant.right >= 0, SOFTCAP=cap > 0,
