@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU: re-run named tests with full tracebacks, the first-call benchmark, and the > 2^31 tests.
-#   TESTS="tests/a.py::test_x ..." bash benchmarks/gpu_call_trust.sh
+#   TESTS="tests/a.py::test_x ..." bash benchmarks/gpu_retest.sh
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
