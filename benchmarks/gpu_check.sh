@@ -8,6 +8,7 @@
 #   float64 references), killed after TEST_TIMEOUT seconds (default 300 with BENCH, else TOTAL - 30).
 #   Each test's PASSED/FAILED line goes to $OUT/tests.log as it ends (-v), so a killed run still says
 #   what failed; FAILED/ERROR lines are printed. TESTS="" skips the tests.
+#   Tracebacks print only when pytest ends: re-run the named failures with benchmarks/gpu_retest.sh.
 # - Each BENCH script (memory.py, attention_speed.py, softmax_speed.py, decode_speed.py) runs with
 #   --quick and --time-budget: the time left, split evenly over the scripts not yet run (a script
 #   that finishes early leaves its time to the later ones, so put the longest, memory.py, last), less
