@@ -362,6 +362,8 @@ def test_window_sides_past_the_sequence_are_unbounded():
         assert torch.equal(attention(q, k, v, causal=True, window=window), o), window
     with pytest.raises(ValueError, match="causal_offset"):
         attention_core(q, k, v, causal=True, causal_offset=2 ** 31)
+    with pytest.raises(TypeError, match="causal_offset"):
+        attention_core(q, k, v, causal=True, causal_offset=1.5)
 
 
 def test_sinks_of_rows_without_keys_get_their_lse_gradient():

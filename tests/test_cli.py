@@ -93,6 +93,22 @@ def test_memory_writes_table_json_csv_png(tmp_path, capsys, torch_cpu_path):
     assert one(tmp_path, "memory-*.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_variants_writes_every_group(tmp_path, capsys, torch_cpu_path):
+    argv = ["variants", "--device", "cpu", "--n", "128", "--window", "32", "--options-n", "64", "--tokens", "256",
+            "--head-dim", "16", "--hidden", "32", "--dtype", "fp16", "--out", str(tmp_path)]
+    status, out, err = run_cli(argv, capsys)
+    assert status == 0, err
+    doc = json.loads(one(tmp_path, "variants-*.json").read_text())
+    assert doc["dtype"] == "fp16"
+    cases = {(r["group"], r["case"].split(" ")[0], r["mode"]) for r in doc["results"]}
+    for group, case in (("window", "full"), ("window", "window"), ("options", "plain"), ("options", "softcap"),
+                        ("options", "sinks"), ("options", "alibi"), ("varlen", "dense"), ("varlen", "varlen")):
+        assert {(group, case, "fwd"), (group, case, "fwd+bwd")} <= cases
+    # TFLOP/s counts the pairs each computes: 128·129/2 for full causal, 32·33/2 + 96·32 with the window.
+    full = next(r for r in doc["results"] if r["case"] == "full causal" and r["mode"] == "fwd")
+    assert full["tflops"] == pytest.approx(4 * 2 * 16 * (128 * 129 // 2) / (full["ms"] * 1e-3) / 1e12)
+
+
 def test_speed_writes_tflops(tmp_path, capsys, torch_cpu_path):
     status, out, err = run_cli(TINY_SPEED + ["--out", str(tmp_path)], capsys)
     assert status == 0, err

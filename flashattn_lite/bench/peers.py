@@ -287,7 +287,7 @@ def _ours_theory(p: Problem, mode: str, way: str) -> int:
         # keeps four chunk-sized float32 buffers alive at once (scores, their shift, exp, the
         # product), the backward six (scores, P, dP, the shift, dS and a product), plus a float32
         # accumulator and float32 copies (and gradients) of lower-precision inputs.
-        from ..ops.attention import _CPU_CHUNK as c
+        from ..ops.attention_cpu import CPU_CHUNK as c
         chunk = p.batch * p.heads * p.seqlen * min(c, p.seqlen) * 4
         acc = p.batch * p.heads * p.seqlen * p.head_dim * 4
         up = (p.q_bytes + p.kv_bytes) * 4 // p.elem if p.elem != 4 else 0

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokens", type=common.parse_size, help="tokens of the varlen batch")
     g.add_argument("--head-dim", type=int, help="head dimension d")
     g.add_argument("--hidden", type=int, help="model width; H = hidden / d")
-    g.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    g.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="GPU default bf16, CPU fp32")
     g.add_argument("--no-flex", action="store_true", help="skip FlexAttention's sliding-window peer")
     s = p.add_argument_group("run")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -198,11 +198,12 @@ def run(args) -> int:
     device = common.resolve_device(args.device)
     cfg = common.settings(args, DEFAULTS[device], QUICK[device])
     groups = common.split_list(args.groups, GROUPS, "--groups")
-    dtype = _DTYPES[args.dtype] if device == "cuda" else torch.float32
+    dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    dtype = _DTYPES[dtype_name]
     if cfg["window"] > cfg["n"] or cfg["head_dim"] < 1 or cfg["head_dim"] > 256:
         raise common.BenchArgumentError("--window must be ≤ --n and --head-dim in [1, 256]")
     writer = common.ResultWriter(args.out, "variants", columns=COLUMNS, budget_s=args.time_budget,
-                                 meta=dict(settings=cfg, dtype=args.dtype, groups=groups))
+                                 meta=dict(settings=cfg, dtype=dtype_name, groups=groups))
     with writer:
         if "window" in groups:
             _window_group(cfg, writer, dtype, device, not args.no_flex)

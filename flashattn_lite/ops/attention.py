@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .. import _checks
 from .._runtime import runs_triton
 from .attention_bwd import attention_backward
-from .attention_cpu import CPU_CHUNK as _CPU_CHUNK, cpu_backward, cpu_forward, work_dtype
+from .attention_cpu import cpu_backward, cpu_forward, work_dtype
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant,
                             attention_forward)
 
@@ -197,6 +197,8 @@ def _bounds_checked(check_seqlens, t) -> bool:
 
 
 def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None) -> Variant:
+    if seq == SEQ_DENSE and window is None and softcap is None and sinks is None and alibi_slopes is None:
+        return PLAIN  # the common call: no checks to walk on its host path
     left, right = _check_window(window)
     cap = _check_softcap(softcap)
     B, Hq = (q.shape[0], q.shape[1]) if seq <= SEQ_RANGES else (seq_q.shape[0] - 1, q.shape[1])
@@ -208,7 +210,7 @@ def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q
     # The kernels read sinks and sequence bounds at unit steps (no copy when already so).
     contiguous = lambda t: None if t is None else t.contiguous()  # noqa: E731
     variant = Variant(left, right, cap, alibi, contiguous(sinks), seq, contiguous(seq_q), contiguous(seq_k))
-    return PLAIN if variant == PLAIN else variant
+    return PLAIN if variant == PLAIN else variant  # e.g. window=(None, None)
 
 
 # ------------------------------------------------------------------ entry points

@@ -22,7 +22,7 @@ from .._launcher import launcher
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
-from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
+from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
                             query_tile, score_args, score_tile, seq_args, sequence, varlen_tile)
 
@@ -375,8 +375,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     # δ and lse₂ in the forward's lse layout, seen by the preprocess as dense (B, Hq, Nq) rows.
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
-    block_d = max(16, next_pow2(D))
-    block_dv = max(16, next_pow2(Dv), min(64, block_d))  # as in the forward (a triton 3.6 miscompile)
+    block_d, block_dv = head_tiles(D, Dv)
     pre_m = 16 if interpreter_active() else 64
     _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq, HEAD_DIM_V=Dv, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)

@@ -375,6 +375,15 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_st
         tl.store(lse_base + offs_m, lse_row, mask=row_ok)
 
 
+def head_tiles(D: int, Dv: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_DV) of the attention kernels: powers of two ≥ 16. A value tile much narrower
+    than the key tile (BLOCK_D 64, BLOCK_DV 32: D 40, Dv 24) makes triton 3.6 emit an out-of-bounds
+    shared-memory read in the forward (compute-sanitizer memcheck, H100, 2026-11-24), so the value
+    tile is padded to min(64, BLOCK_D): masked lanes, nothing else."""
+    block_d = max(16, next_pow2(D))
+    return block_d, max(16, next_pow2(Dv), min(64, block_d))
+
+
 def length_bucket(n_q: int, n_k: int) -> int:
     """Autotuning key for sequence length: powers of two up to 8192, one bucket beyond. The best
     tiles stop changing once the grid fills the GPU, and re-tuning at every length of a 1M-token
@@ -538,11 +547,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
             causal_offset, variant.left, variant.right, scale * LOG2E, *score_scalars,
             seed, keep_threshold(dropout_p) if dropout else 0, 1.0 / (1.0 - dropout_p), length_bucket(Nq, Nk))
     fold = (scale > 0 or variant.softcap > 0) and kind != MASK_ADD and variant.alibi is None
-    block_d = max(16, next_pow2(D))
-    # A value tile much narrower than the key tile (BLOCK_D 64, BLOCK_DV 32: D 40, Dv 24) makes
-    # triton 3.6 emit an out-of-bounds shared-memory read in the forward (compute-sanitizer memcheck,
-    # H100, 2026-11-24); padding the value tile to min(64, BLOCK_D) costs only idle lanes.
-    block_dv = max(16, next_pow2(Dv), min(64, block_d))
+    block_d, block_dv = head_tiles(D, Dv)
     constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
                       MASK_KIND=kind, **score_constexprs, DROPOUT=dropout, PRECISION=precision_for(q.dtype),
                       FOLD_SCALE=fold, STORE_LSE=need_lse)
