@@ -27,8 +27,9 @@ import torch
 
 from .common import BenchArgumentError, ResultWriter, add_run_arguments, format_table, settings
 
-COLUMNS = ["case", "first_fwd_s", "first_bwd_s", "new_len_fwd_s", "new_len_bwd_s", "impl", "us_per_call"]
-DEFAULTS = dict(length=4096, decode_calls=300, autotune=False)
+COLUMNS = ["case", "first_fwd_s", "first_bwd_s", "compiled", "new_len_fwd_s", "new_len_bwd_s",
+           "new_len_compiled", "impl", "us_per_call"]
+DEFAULTS = dict(length=4096, decode_calls=300, autotune=False, profile=False)
 QUICK = dict(decode_calls=100)
 DECODE_CASES = [("B1-4k", 1, 4096), ("B1-32k", 1, 32768), ("B8-4k", 8, 4096)]
 CHILD_TIMEOUT_S = 240
@@ -39,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-calls", type=int, default=None, help="decode calls per timing (default 300)")
     parser.add_argument("--autotune", action="store_true", default=None,
                         help="also the FLASHATTN_LITE_AUTOTUNE=1 cases (timing, then the disk cache)")
+    parser.add_argument("--profile", action="store_true", default=None,
+                        help="write a cProfile summary of each attention child's first calls under --out")
     add_run_arguments(parser)
 
 
@@ -56,7 +59,10 @@ def run(args) -> list[dict]:
                    "FLASHATTN_LITE_CACHE_DIR": os.path.join(tmp, prefix + "tuning")}
             for case in ("cold", "warm"):
                 if writer.start(case=prefix + case):
-                    row = _child({"what": "attention", "length": s["length"], "new_length": case == "warm"}, env)
+                    job = {"what": "attention", "length": s["length"], "new_length": case == "warm"}
+                    if s["profile"] and args.out:
+                        job["profile"] = os.path.join(args.out, f"first_call_profile_{prefix}{case}.txt")
+                    row = _child(job, env)
                     writer.add({"case": prefix + case, **row})
         for name, batch, length in DECODE_CASES:
             if writer.start(case=f"decode {name}"):
@@ -85,7 +91,28 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def _cache_entries() -> int:
+    """Compiled kernels in this process's Triton cache (each compile adds one ``*.json``)."""
+    root = os.environ.get("TRITON_CACHE_DIR", "")
+    return sum(name.endswith(".json") and not name.startswith("__grp__")
+               for _, _, names in os.walk(root) for name in names) if root else -1
+
+
 def _attention_job(job: dict) -> dict:
+    if job.get("profile"):
+        import cProfile
+        import io
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            return _attention_job({**job, "profile": None})
+        finally:
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
+            with open(job["profile"], "w") as f:
+                f.write(text.getvalue())
     import flashattn_lite as fa
 
     def step(n):
@@ -101,11 +128,13 @@ def _attention_job(job: dict) -> dict:
         out["bwd"] = _timed(lambda: o.backward(torch.ones_like(o)))
         return out
 
+    before = _cache_entries()
     first = step(job["length"])
-    row = {"first_fwd_s": first["fwd"], "first_bwd_s": first["bwd"]}
+    row = {"first_fwd_s": first["fwd"], "first_bwd_s": first["bwd"], "compiled": _cache_entries() - before}
     if job["new_length"]:
+        before = _cache_entries()
         again = step(job["length"] + 1)
-        row.update(new_len_fwd_s=again["fwd"], new_len_bwd_s=again["bwd"])
+        row.update(new_len_fwd_s=again["fwd"], new_len_bwd_s=again["bwd"], new_len_compiled=_cache_entries() - before)
     return row
 
 
