@@ -9,6 +9,10 @@ synchronize):
 - with ``--autotune`` also ``FLASHATTN_LITE_AUTOTUNE=1`` (timing configs, then the disk cache in
   the next process: ``tuned-cold``, ``tuned-warm``).
 
+torch's own first calls (CUDA context, an SDPA forward+backward: autograd's lazy imports) run
+first in each child and are reported apart (``torch_first_s``), so the rest is what this package
+costs.
+
 And eager ``decode`` per call (Hq 32, Hkv 8, d 128, bf16; B 1 4k, B 1 32k, B 8 4k) against SDPA
 flash and cuDNN on the same cache: wall-clock per call over a loop of calls with one synchronize
 at the end (at these sizes the host path is most of it).
@@ -27,7 +31,7 @@ import torch
 
 from .common import BenchArgumentError, ResultWriter, add_run_arguments, format_table, settings
 
-COLUMNS = ["case", "first_fwd_s", "first_bwd_s", "compiled", "new_len_fwd_s", "new_len_bwd_s",
+COLUMNS = ["case", "torch_first_s", "first_fwd_s", "first_bwd_s", "compiled", "new_len_fwd_s", "new_len_bwd_s",
            "new_len_compiled", "impl", "us_per_call"]
 DEFAULTS = dict(length=4096, decode_calls=300, autotune=False, profile=False)
 QUICK = dict(decode_calls=100)
@@ -41,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--autotune", action="store_true", default=None,
                         help="also the FLASHATTN_LITE_AUTOTUNE=1 cases (timing, then the disk cache)")
     parser.add_argument("--profile", action="store_true", default=None,
-                        help="write a cProfile summary of each attention child's first calls under --out")
+                        help="write a cProfile summary of each attention child's first calls under --out "
+                             "(profiling slows the timed calls)")
     add_run_arguments(parser)
 
 
@@ -115,6 +120,13 @@ def _attention_job(job: dict) -> dict:
                 f.write(text.getvalue())
     import flashattn_lite as fa
 
+    # torch's own first calls come first and are timed apart: CUDA context, SDPA, and the first
+    # backward (autograd imports sympy then, 0.4 s with compiled bytecode, ~4 s without it).
+    q, k, v = (torch.randn(1, 16, job["length"], 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    torch_first = _timed(lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True).backward(torch.ones_like(q)))
+
     def step(n):
         q, k, v = (torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
@@ -130,7 +142,8 @@ def _attention_job(job: dict) -> dict:
 
     before = _cache_entries()
     first = step(job["length"])
-    row = {"first_fwd_s": first["fwd"], "first_bwd_s": first["bwd"], "compiled": _cache_entries() - before}
+    row = {"torch_first_s": torch_first, "first_fwd_s": first["fwd"], "first_bwd_s": first["bwd"],
+           "compiled": _cache_entries() - before}
     if job["new_length"]:
         before = _cache_entries()
         again = step(job["length"] + 1)
