@@ -8,6 +8,7 @@
 #   float64 references), killed after TEST_TIMEOUT seconds (default 300 with BENCH, else TOTAL - 30).
 #   Each test's PASSED/FAILED line goes to $OUT/tests.log as it ends (-v), so a killed run still says
 #   what failed; FAILED/ERROR lines are printed. TESTS="" skips the tests.
+#   Each test's duration goes to $OUT/test_times.txt as it ends (the slowest are printed).
 #   Tracebacks print only when pytest ends: re-run the named failures with benchmarks/gpu_retest.sh.
 # - Each BENCH script (memory.py, attention_speed.py, softmax_speed.py, decode_speed.py) runs with
 #   --quick and --time-budget: the time left, split evenly over the scripts not yet run (a script
@@ -29,13 +30,14 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 status=0
 if [ -n "${TESTS-tests}" ]; then
   test_timeout=${TEST_TIMEOUT:-$([ -n "${BENCH:-}" ] && echo 300 || echo $((TOTAL - 30)))}
-  FLASHATTN_LITE_AUTOTUNE=0 timeout "$test_timeout" python -m pytest -v --tb=line -n "${WORKERS:-6}" ${TESTS:-tests} \
+  FLASHATTN_LITE_AUTOTUNE=0 FLASHATTN_LITE_TEST_TIMES="$OUT/test_times.txt" timeout "$test_timeout" python -m pytest -v --tb=line -n "${WORKERS:-6}" ${TESTS:-tests} \
     > "$OUT/tests.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   [ $rc -eq 124 ] && echo "tests: killed by timeout after ${test_timeout}s (see $OUT/tests.log)"
   grep -E "(^|\] )(FAILED|ERROR) |^/.*:[0-9]+: " "$OUT/tests.log" | sort -u | head -40
   tail -2 "$OUT/tests.log"
+  [ -f "$OUT/test_times.txt" ] && echo "slowest tests (s):" && sort -rn "$OUT/test_times.txt" | head -8
 fi
 set -- ${BENCH:-}
 while [ $# -gt 0 ]; do

@@ -55,3 +55,15 @@ def run_cli(argv, capsys):
         status = e.code
     out, err = capsys.readouterr()
     return status, out, err
+
+
+_TIMES = os.environ.get("FLASHATTN_LITE_TEST_TIMES")
+
+
+def pytest_runtest_logreport(report):
+    """With FLASHATTN_LITE_TEST_TIMES=path, append 'seconds phase outcome nodeid' as each test ends (a
+    GPU run cut by its timeout still says where the time went; xdist workers append alike)."""
+    if not _TIMES or (report.when != "call" and report.outcome == "passed"):
+        return
+    with open(_TIMES, "a") as f:
+        f.write(f"{report.duration:.2f} {report.when} {report.outcome} {report.nodeid}\n")

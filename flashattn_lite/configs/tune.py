@@ -1,7 +1,7 @@
 """``flashattn-lite tune``: regenerate a GPU architecture's config table from measurements.
 
 Runs the ops on a grid of shapes with ``FLASHATTN_LITE_AUTOTUNE=1`` against a fresh tuning cache
-(every kernel times the configs its prune function keeps, per tuning key), then writes each
+(a temporary folder, or ``--cache-dir``; every kernel times the configs its prune function keeps, per tuning key), then writes each
 kernel's winners as table rows: JSON (try it with ``FLASHATTN_LITE_CONFIG_TABLE=table.json``) or,
 for an ``--out`` ending in ``.py``, a module to ship as ``flashattn_lite/configs/<arch>.py``.
 """
@@ -34,6 +34,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ops", default="attention,decode,softmax", metavar="OP,...",
                         help="from attention, decode, softmax (default all)")
     parser.add_argument("--quick", action="store_true", help="d 128, bf16, N 4096 only")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="tune into this tuning cache (kept: FLASHATTN_LITE_AUTOTUNE=1 with "
+                             "FLASHATTN_LITE_CACHE_DIR=DIR reuses it) instead of a temporary one")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="start no new shape after SECONDS; the table holds what was tuned")
 
@@ -55,7 +58,8 @@ def run(args) -> dict:
     if not torch.cuda.is_available():
         raise BenchArgumentError("tune times kernels on the GPU: no CUDA device is available")
     deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
-    with tempfile.TemporaryDirectory() as tmp, _env(FLASHATTN_LITE_AUTOTUNE="1", FLASHATTN_LITE_CACHE_DIR=tmp):
+    with tempfile.TemporaryDirectory() as tmp, \
+            _env(FLASHATTN_LITE_AUTOTUNE="1", FLASHATTN_LITE_CACHE_DIR=args.cache_dir or tmp):
         for label, step in _grid(ops, head_dims, dtypes, lengths):
             if deadline is not None and time.monotonic() > deadline:
                 print(f"time budget spent: not tuned {label}", flush=True)
