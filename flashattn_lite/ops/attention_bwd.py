@@ -125,13 +125,15 @@ def _bwd_configs():
 
 
 def _prune_bwd(configs, named_args):
-    # dK/dV (or dQ) accumulators and the K/V (or Q/dO) tiles live in registers for the whole loop.
+    # dK/dV (or dQ) accumulators and the K/V (or Q/dO) tiles live in registers for the whole loop
+    # (fp32 tiles: twice the registers of 16-bit ones).
     d = next_pow2(named_args["HEAD_DIM"])
     dv = next_pow2(named_args["HEAD_DIM_V"])
     itemsize = named_args["q"].element_size()
     return [c for c in configs
             if _fits(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages, d, dv, itemsize)
-            and (d + dv) * max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) / (c.num_warps * 32) <= 128]
+            and (d + dv) * max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) * max(1, itemsize // 2)
+            / (c.num_warps * 32) <= 128]
 
 
 _INTERP_CFG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)

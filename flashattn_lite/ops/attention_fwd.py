@@ -256,9 +256,11 @@ def _fwd_configs():
 
 def _fits(bm: int, bn: int, warps: int, stages: int, d: int, dv: int, itemsize: int) -> bool:
     """Rough Hopper budget: K/V stages plus the Q tile in shared memory (≤ 200 KB), and the
-    fp32 accumulator plus one score tile per thread in registers (≤ ~160 floats)."""
+    fp32 accumulator plus one score tile per thread in registers (≤ ~160 floats). fp32 inputs
+    multiply on CUDA cores with the Q tile held in registers too: without counting it, d 128
+    picked a 128-row tile whose kernels spilled and compiled for minutes."""
     smem = stages * bn * (d + dv) * itemsize + bm * d * itemsize
-    regs = (bm * dv + bm * bn) / (warps * 32)
+    regs = (bm * dv + bm * bn + (bm * d if itemsize == 4 else 0)) / (warps * 32)
     return smem <= 200 * 1024 and regs <= 160
 
 
