@@ -127,7 +127,6 @@ def _window_group(cfg, writer, dtype, device, use_flex):
 
 
 def _options_group(cfg, writer, dtype, device):
-    from ..ops import attention_fwd
     from ..ops.attention import attention
     n, d = cfg["options_n"], cfg["head_dim"]
     h = max(1, cfg["hidden"] // d)
@@ -139,20 +138,14 @@ def _options_group(cfg, writer, dtype, device):
     cases = [("plain", {}), ("softcap 50", dict(softcap=50.0)), ("sinks", dict(sinks=sinks)),
              ("alibi", dict(alibi_slopes=slopes)),
              ("all three", dict(softcap=50.0, sinks=sinks, alibi_slopes=slopes))]
-    if dtype == torch.bfloat16 and device == "cuda":  # bf16 softcap takes the packed tanh: the other one too
-        cases.insert(2, ("softcap 50, tanh.approx.f32", dict(softcap=50.0, packed_tanh=False)))
     base = {}
     for name, opts in cases:
         if not writer.start(group="options", case=name):
             continue
-        opts = dict(opts)
-        attention_fwd.PACKED_TANH = opts.pop("packed_tanh", True)  # read by the forward and the backward
         fn = lambda opts=opts: attention(q, k, v, causal=True, **opts)
         common.warm_up(fn, name)
         leaves = (q, k, v) + ((sinks,) if "sinks" in opts else ())
-        timings = _timers(fn, leaves, cfg["rep_ms"])
-        attention_fwd.PACKED_TANH = True
-        for mode, ms in timings.items():
+        for mode, ms in _timers(fn, leaves, cfg["rep_ms"]).items():
             base.setdefault(mode, ms)
             writer.add(dict(group="options", case=name, mode=mode, n=n, batch=b, heads=h, head_dim=d, ms=ms,
                             tflops=_tflops(b * _pairs_causal_window(n, None), h, d, ms, mode),

@@ -45,16 +45,10 @@ def load_tile(base, rows, stride_r, n_rows, cols, stride_c, n_cols):
 
 @triton.jit
 def tanh(x, FAST: tl.constexpr):
-    """tanh in float32. FAST 1: the hardware approximation (``tanh.approx.f32``, one MUFU op,
-    relative error ~2⁻¹¹, what FlashAttention's softcap uses) for 16-bit inputs; FAST 2: the
-    packed half-precision one (``tanh.approx.f16x2``, two values per MUFU op, ~2⁻¹⁰·⁵), for bf16
-    inputs only: its error on c·tanh is below the bf16 rounding of the scores; otherwise exact to
-    float32 rounding through exp2 (the interpreter runs no inline asm)."""
-    if FAST == 2:
-        t = tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)],
-                                      dtype=tl.float16, is_pure=True, pack=2)
-        return t.to(tl.float32)
-    elif FAST == 1:
+    """tanh in float32. FAST: the hardware approximation (``tanh.approx.f32``, one MUFU op, relative
+    error ~2⁻¹¹, what FlashAttention's softcap uses) for 16-bit inputs; otherwise exact to float32
+    rounding through exp2 (the interpreter runs no inline asm)."""
+    if FAST:
         return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
                                          is_pure=True, pack=1)
     else:
@@ -413,14 +407,6 @@ def mask_kind(mask: torch.Tensor | None) -> int:
 
 
 _PTX = torch.version.hip is None  # inline PTX (the fast tanh) only where the backend is NVIDIA's
-PACKED_TANH = True  # bf16 softcap through tanh.approx.f16x2 (benchmarks toggle it to compare)
-
-
-def fast_tanh(cap: float, dtype: torch.dtype) -> int:
-    """The softcap's tanh (see ``tanh``): 0 exact, 1 ``tanh.approx.f32``, 2 ``tanh.approx.f16x2``."""
-    if not cap or dtype == torch.float32 or not _PTX or interpreter_active():
-        return 0
-    return 2 if dtype == torch.bfloat16 and PACKED_TANH else 1
 
 
 class Variant(NamedTuple):
@@ -470,7 +456,7 @@ def score_args(variant: Variant, q: torch.Tensor, scale: float):
     scalars = (scale / cap if cap else 0.0, cap * LOG2E)
     constexprs = dict(HAS_LEFT=variant.left >= 0, HAS_RIGHT=variant.right >= 0, SOFTCAP=cap > 0,
                       ALIBI=alibi is not None, SINKS=sinks is not None, SEQ=variant.seq,
-                      FAST_TANH=fast_tanh(cap, q.dtype))
+                      FAST_TANH=cap > 0 and q.dtype != torch.float32 and _PTX and not interpreter_active())
     return tensors, alibi_strides, scalars, constexprs
 
 
