@@ -58,7 +58,7 @@ def runs_triton(t: torch.Tensor) -> bool:
 
 
 def tuned(configs: list[triton.Config], key: list[str], interpreter_config: triton.Config, prune=None,
-          length: str | None = None, options: tuple = ()):
+          length: str | None = None):
     """Decorator of a ``triton.jit`` kernel: launched through
     :class:`~flashattn_lite._launcher.Launcher` with a config chosen once per tuning key
     (``configs.tuning``): the GPU architecture's table (``flashattn_lite/configs/``), else the first
@@ -67,14 +67,11 @@ def tuned(configs: list[triton.Config], key: list[str], interpreter_config: trit
     interpreter, ``interpreter_config`` always (timing there would run every config on the CPU).
 
     ``key``: the arguments whose values select a config (with the first tensor's dtype);
-    ``length``: the one among them that is a length class (it selects the nearest table row);
-    ``options``: those that are optional features (a call without a row of its own takes the row
-    of the same call with them off).
+    ``length``: the one among them that is a length class (it selects the nearest table row).
     ``prune(configs, named_args)`` keeps the configs that fit a call (head dim, dtype), best guess
     first; ``named_args`` holds every argument, constexprs included.
     """
-    return lambda fn: Launcher(fn, tuning=Tuning(configs, key, interpreter_config, prune=prune, length=length,
-                                                    options=options))
+    return lambda fn: Launcher(fn, tuning=Tuning(configs, key, interpreter_config, prune=prune, length=length))
 
 
 @functools.lru_cache(maxsize=None)

@@ -87,17 +87,6 @@ def test_table_hit_and_misses_take_the_first_config_that_fits(table, fake_gpu):
     assert _tuning().choose(_named(), interpreted=True).config is CONFIGS[-1]
 
 
-def test_an_option_without_a_row_takes_the_row_with_options_off(table, fake_gpu):
-    t = Tuning(CONFIGS, ["D", "FLAG", "n"], CONFIGS[-1], length="n", options=("FLAG",))
-    t.name = "k"
-    on = t.choose(_named(flag=True))
-    assert on.config.kwargs == {"BLOCK": 64} and "options off" in on.source
-    assert _tuning().choose(_named(flag=True)).source.startswith("first fit")  # FLAG not an option
-    assert t.choose(_named(d=96, flag=True)).source.startswith("first fit")  # no plain row either
-    with pytest.raises(ValueError, match="options"):
-        Tuning(CONFIGS, ["D", "n"], CONFIGS[-1], options=("FLAG",))
-
-
 def test_a_new_length_selects_a_row_without_timing(table, fake_gpu):
     t = _tuning()
     never = lambda c: pytest.fail("timed a config without FLASHATTN_LITE_AUTOTUNE=1")

@@ -3,11 +3,9 @@
 In order: under the interpreter, the kernel's one small interpreter config; with
 ``FLASHATTN_LITE_AUTOTUNE=1``, the user's disk cache (``configs.cache``), else every config the
 prune function keeps is timed and the winner stored there; otherwise (the default: nothing is
-timed at call time) the architecture's table row (``configs.lookup``), else the row of the same
-call with its ``options`` off (a softcap or windowed call runs the tiles its plain twin was tuned
-to: the options add a few operations per score, not a different best tile), else the first config
-the prune function keeps (its best guess first). A table config the prune function rejects for
-this call (another GPU's limits, a stale row) is not used.
+timed at call time) the architecture's table row (``configs.lookup``), else the first config the
+prune function keeps (its best guess first). A table config the prune function rejects for this
+call (another GPU's limits, a stale row) is not used.
 """
 from __future__ import annotations
 
@@ -42,12 +40,10 @@ class Tuning:
     unless autotuning is on); ``prune(configs, named_args)`` keeps the configs that fit a call,
     best guess first."""
 
-    def __init__(self, configs, key, interpreter_config, prune=None, length=None, options=()):
+    def __init__(self, configs, key, interpreter_config, prune=None, length=None):
         if length is not None and length not in key:
             raise ValueError(f"length must be one of the key arguments {list(key)}, got {length!r}")
-        if set(options) - set(key):
-            raise ValueError(f"options must be key arguments {list(key)}, got {list(options)}")
-        self.configs, self.key, self.length, self.options = list(configs), list(key), length, tuple(options)
+        self.configs, self.key, self.length = list(configs), list(key), length
         self.interpreter_config, self.prune = interpreter_config, prune
         self.name, self.jit = "", None
         self.chosen: dict = {}  # memo key → Choice, every key this process has decided
@@ -83,15 +79,12 @@ class Tuning:
         if autotune_requested() and bench is not None and not torch.cuda.is_current_stream_capturing():
             return self._tuned(kept, fields, dtypes, bench, device)
         arch = arch_of(device)
-        row, how = lookup(self.name, fields, arch, self.length), ""
-        plain = {k: type(v)(0) if k in self.options else v for k, v in fields.items()}
-        if row is None and plain != fields:
-            row, how = lookup(self.name, plain, arch, self.length), " (the row with the options off)"
+        row = lookup(self.name, fields, arch, self.length)
         if row is not None:
             config = config_from_dict(row["config"])
             if any(same_config(config, c) for c in kept):
-                return Choice(config, f"table {arch}{how}: {row.get('source', 'row')}", fields)
-            return Choice(kept[0], f"first fit (the table {arch} row{how} does not fit this call)", fields)
+                return Choice(config, f"table {arch}: {row.get('source', 'row')}", fields)
+            return Choice(kept[0], f"first fit (the table {arch} row does not fit this call)", fields)
         return Choice(kept[0], f"first fit (no table {arch} row)", fields)
 
     def _tuned(self, kept, fields, dtypes, bench, device) -> Choice:

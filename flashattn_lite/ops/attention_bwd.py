@@ -22,10 +22,9 @@ from .._launcher import launcher
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
-from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, OPTION_FIELDS, PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant,
-                            _fits, causal_window, head_base, head_tiles, key_range, length_bucket, load_tile,
-                            lse_strides, mask_kind, precision_for, query_grid, query_tile, score_args, score_tile,
-                            seq_args, sequence, varlen_tile)
+from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
+                            key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
+                            query_tile, score_args, score_tile, seq_args, sequence, varlen_tile)
 
 
 @launcher
@@ -140,11 +139,10 @@ def _prune_bwd(configs, named_args):
 _INTERP_CFG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)
 _BWD_KEY = ["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "MASK_KIND", "SOFTCAP", "ALIBI", "SEQ", "DROPOUT",
             "GROUP", "n_bucket"]
-_BWD_OPTIONS = tuple(f for f in OPTION_FIELDS if f in _BWD_KEY)
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
-       prune=_prune_bwd, length="n_bucket", options=_BWD_OPTIONS)
+       prune=_prune_bwd, length="n_bucket")
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_ends, k_starts, k_ends,
                      stride_qb, stride_qh, stride_qm, stride_qd,
@@ -277,7 +275,7 @@ def _dq_tile(dq, q_t, do_t, l2, d, k_base, v_base, mask_base, start_n, offs_m, o
 
 
 @tuned(_bwd_configs(), key=_BWD_KEY, interpreter_config=_INTERP_CFG,
-       prune=_prune_bwd, length="n_bucket", options=_BWD_OPTIONS)
+       prune=_prune_bwd, length="n_bucket")
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, k_starts, k_ends,
                    stride_qb, stride_qh, stride_qm, stride_qd,

@@ -272,14 +272,10 @@ def _prune_configs(configs, named_args):
                                         d, dv, itemsize)]
 
 
-# Key fields that are optional features: a call without a table row of its own runs its plain twin's.
-OPTION_FIELDS = ("HAS_LEFT", "MASK_KIND", "SOFTCAP", "ALIBI", "SINKS", "SEQ", "DROPOUT")
-
-
 @tuned(_fwd_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "MASK_KIND", "SOFTCAP", "ALIBI",
                             "SINKS", "SEQ", "DROPOUT", "n_bucket"],
        interpreter_config=triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
-       prune=_prune_configs, length="n_bucket", options=OPTION_FIELDS)
+       prune=_prune_configs, length="n_bucket")
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_starts, k_ends,
                      stride_qb, stride_qh, stride_qm, stride_qd,
