@@ -45,10 +45,14 @@ _TUNED_ROWS = [
     for dt in ("bfloat16", "float16")
     for c, n, cfg in ((False, 4096, (128, 128, 8, 2)), (True, 4096, (64, 64, 4, 2)),
                       (False, 8192, (128, 128, 8, 2)), (True, 8192, (64, 64, 4, 2)))
+] + [  # d 64, bf16 (tuned in a second run the same day)
+    ("_attn_fwd_kernel", "bfloat16", 64, c, n, *cfg)
+    for c, n, cfg in ((False, 4096, (128, 64, 8, 3)), (True, 4096, (64, 64, 4, 3)),
+                      (False, 8192, (128, 64, 8, 3)), (True, 8192, (128, 64, 8, 3)))
 ] + [
-    ("_attn_fwd_kernel", "bfloat16", 64, False, 4096, 128, 64, 8, 3),
-    ("_bwd_dkdv_kernel", "bfloat16", 64, False, 4096, 32, 128, 4, 2),
-    ("_bwd_dq_kernel", "bfloat16", 64, False, 4096, 64, 64, 4, 2),
+    (kernel, "bfloat16", 64, c, n, *cfg)
+    for kernel, cfg in (("_bwd_dkdv_kernel", (32, 128, 4, 2)), ("_bwd_dq_kernel", (64, 64, 4, 2)))
+    for c in (False, True) for n in (4096, 8192)
 ]
 
 
