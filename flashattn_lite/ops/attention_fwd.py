@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._log import note_path
 from .._runtime import allow_tf32, cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
@@ -502,6 +503,21 @@ _BOUND_ENTRIES = 256
 _N_TENSORS = 12
 
 
+_HOPPER: dict = {}  # plain call signature → the Hopper kernel's entry point, or False
+
+
+def _hopper_path(q, k, v, causal, causal_offset, scale):
+    """The Hopper (TMA) forward's entry point if this plain call takes it (CUDA sm_90 only), else
+    False. Imported here: that module builds on this one's helpers."""
+    if not q.is_cuda:
+        return False
+    from . import attention_fwd_hopper
+    if len(_HOPPER) >= _BOUND_ENTRIES:
+        _HOPPER.clear()
+    ok = attention_fwd_hopper.fast_path(q, k, v, causal, causal_offset, scale)
+    return attention_fwd_hopper.attention_forward_hopper if ok else False
+
+
 def _plain_signature(q, k, v, causal, causal_offset, scale, need_lse):
     tf32 = q.dtype == torch.float32 and allow_tf32()
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
@@ -520,11 +536,20 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     (no per-call imports, and a bound launch for repeated plain calls)."""
     B, Hq, Nq, D = q.shape
     Dv = v.shape[3]
-    o, lse = output_buffers(q, Dv, variant, need_lse)
-    lse_arg = q if lse is None else lse  # never written without need_lse: STORE_LSE is False
     plain = variant is PLAIN and mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
     if plain:
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, need_lse)
+        hopper = _HOPPER.get(signature)
+        if hopper is None:
+            hopper = _HOPPER[signature] = _hopper_path(q, k, v, causal, causal_offset, scale)
+        if hopper and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
+            note_path("hopper", "attention forward", "a plain fp16/bf16 call on sm_90: the TMA kernel "
+                      "(a backward runs the portable kernels)")
+            o, lse = hopper(q, k, v, scale, causal)
+            return o, lse if need_lse else None
+    o, lse = output_buffers(q, Dv, variant, need_lse)
+    lse_arg = q if lse is None else lse  # never written without need_lse: STORE_LSE is False
+    if plain:
         bound = _BOUND.get(signature)
         if bound is not None and bound(q, k, v, o, lse_arg, q, q, q, q, q, q, q):
             return o, lse

@@ -1,0 +1,277 @@
+"""Attention forward for Hopper (sm_90): the portable kernel's algorithm over TMA tensor descriptors.
+
+Experimental (issue #17): plain attention only — causal or not, GQA, fp16/bf16, D = Dv ∈ {64, 128},
+q/k/v (B, H, N, D) with unit last stride and 16-byte-aligned base and strides. ``supported`` says
+whether a call is covered (and why not); the caller runs the portable kernel otherwise. The result
+is exactly ``attention_forward``'s: o (B, Hq, Nq, D) contiguous in q's dtype, lse (B, Hq, Nq)
+float32 in natural log, a row with no visible key o = 0 and lse = −inf; the backward consumes it.
+
+What differs from ``attention_fwd.py`` is only how tiles move: every q/k/v/o tile is one TMA copy
+through a tensor descriptor, so the compiler pipelines K/V with mbarriers and feeds wgmma from
+shared memory, and rows past a head's end read as zeros (and are not written) without a mask. The math is the same helpers: ``key_range`` splits the keys into unmasked tiles and masked
+ones (the diagonal under causal, bottom-right aligned with offset Nk − Nq, and the last partial
+tile, whose zero-padded keys are masked to −inf), ``online_softmax_update_scaled`` folds the
+scale·log2 e into the exp2, ``finalize`` writes the natural-log lse.
+
+Descriptors are built on the host (``TensorDescriptor`` over the whole (B, H, N, D) tensor, 4-D,
+strides as given: no per-program setup, a few µs of host time per call).
+
+Measured on the H100 (``benchmarks/hopper_fwd.py``, 2026-11-24, bf16, B·N 16k tokens): 1.20–1.28×
+the portable kernel's TFLOP/s at d 128 (493–527 TFLOP/s, 0.80–0.96× cuDNN), 1.01–1.06× at d 64.
+Tried and left out: per-program (device-side) descriptors (never the fastest config) and
+``tl.range(..., warp_specialize=True)``: triton 3.6's Hopper pass partitions only 4-warp kernels
+with one branch-free loop, and the kernels it produced gave wrong results on the H100.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .._runtime import cdiv, interpreter_active
+from ..merge import LOG2E, finalize, online_softmax_update_scaled
+from .attention_fwd import PLAIN, SEQ_DENSE, key_range, mask_scores, query_tile
+
+try:  # triton ≥ 3.4: TMA descriptors in the language and on the host
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    _HAS_TMA = hasattr(tl, "make_tensor_descriptor")
+except ImportError:  # pragma: no cover - older triton
+    TensorDescriptor = None
+    _HAS_TMA = False
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+class Config(NamedTuple):
+    """One launch configuration of the Hopper kernel."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return f"m{self.block_m}-n{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+# The sweep, per head dim. Shared memory: stages·BLOCK_N·2D·2 bytes of K/V plus the Q tile stay
+# under the H100's 227 KB (d 128, 128 × 128 × 3 stages: 225 KB); 8 warps split 128 rows into two
+# warpgroups of 64. None spills when compiled for sm_90 with triton 3.6 (d 128 at 128 × 64 with 4
+# warps did: left out).
+CONFIGS = {
+    64: [Config(128, 128, 8, 3), Config(128, 64, 8, 3), Config(128, 128, 8, 4), Config(128, 128, 8, 2),
+         Config(128, 64, 4, 3), Config(64, 64, 4, 3)],
+    128: [Config(128, 64, 8, 3), Config(128, 128, 8, 2), Config(128, 128, 8, 3), Config(128, 64, 8, 2),
+          Config(128, 64, 8, 4), Config(64, 64, 4, 3), Config(64, 128, 4, 2)],
+}
+# The interpreter runs every element on the CPU: the smallest tiles tl.dot takes.
+INTERPRETER_CONFIG = Config(16, 16, 4, 1)
+
+
+def default_config(head_dim: int, causal: bool = False, n: int = 4096) -> Config:
+    """The sweep's fastest config at the nearest measured point (``benchmarks/hopper_fwd.py`` on the
+    H100, 2026-11-24, bf16, N 2k / 8k / 16k with B·N 16k), or the interpreter's tiny tiles.
+    Small tiles win short sequences (more programs to fill 132 SMs), 128 × 128 long ones at d 128."""
+    if interpreter_active():
+        return INTERPRETER_CONFIG
+    if head_dim == 128:
+        long = n >= (16384 if causal else 8192)
+        return Config(128, 128, 8, 3) if long else Config(64, 64, 4, 3)
+    if n < 8192:
+        return Config(64, 64, 4, 3)
+    return Config(128, 64, 4 if causal else 8, 3)
+
+
+@triton.jit
+def _load_rows(desc, b, h, row, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows [row, row + ROWS) of head (b, h) of the 4-D (B, H, N, D) descriptor as a
+    [ROWS, HEAD_DIM] tile: one TMA copy; rows past the head's end are zeros."""
+    return desc.load([b, h, row, 0]).reshape(ROWS, HEAD_DIM)
+
+
+@triton.jit
+def _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, lo, hi, offs_m, n_q, n_k, off, qk_scale,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fold key tiles [lo, hi) into (acc, m, ℓ). MASKED: the tiles some row cannot fully see (the
+    causal diagonal, the last partial tile); the rest run without a compare."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = _load_rows(k_desc, b, h_kv, start_n, BLOCK_N, HEAD_DIM)
+        qk = tl.dot(q_tile, k.T)
+        if MASKED:  # −inf survives the positive scale folded into the exp2 below
+            qk = mask_scores(qk, offs_m[:, None], start_n + offs_n[None, :], 0, 0, 0, n_q, n_k, off, 0, 0,
+                             True, False, CAUSAL, 0)
+        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, qk, qk_scale)
+        acc = acc * alpha[:, None]
+        v = _load_rows(v_desc, b, h_kv, start_n, BLOCK_N, HEAD_DIM)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_i, l_i
+
+
+# Lengths change from call to call: specialising on them would compile a binary per length class.
+_NOT_SPECIALIZED = ["n_q", "n_k"]
+
+
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
+def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse, n_heads, n_q, n_k, qk_scale,
+                            GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m, bh, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
+    q_tile = _load_rows(q_desc, b, h, start_m, BLOCK_M, HEAD_DIM)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    # Causal is the window's right side at 0 (no left side): lo = mid_lo = 0. Without causal the
+    # masked stage is the last partial tile alone (its zero-padded keys must not count).
+    off = n_k - n_q
+    lo, mid_lo, mid_hi, hi = key_range(start_m, n_k, off, 0, 0, False, CAUSAL, BLOCK_M, BLOCK_N)
+    acc, m_i, l_i = _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, mid_lo, mid_hi, offs_m, n_q,
+                              n_k, off, qk_scale, False, CAUSAL, HEAD_DIM, BLOCK_N)
+    acc, m_i, l_i = _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, mid_hi, hi, offs_m, n_q,
+                              n_k, off, qk_scale, True, CAUSAL, HEAD_DIM, BLOCK_N)
+
+    out, lse_row = finalize(acc, m_i, l_i)
+    # Rows ≥ n_q fall outside the descriptor and are not written.
+    o_desc.store([b, h, start_m, 0], out.to(q_tile.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=offs_m < n_q)
+
+
+def _reason_for_options(q, k, options) -> str | None:
+    """Why the options ask for more than plain attention, or None."""
+    for name, value in options.items():
+        if name in ("causal", "need_lse", "seed"):  # the seed only matters with dropout
+            continue
+        if name == "scale":
+            if value is not None and not value > 0:
+                return f"scale {value} is not > 0 (the scale is folded into the exp2)"
+        elif name == "causal_offset":
+            if value is not None and value != k.shape[2] - q.shape[2]:
+                return f"causal_offset {value} is not the bottom-right default Nk − Nq = {k.shape[2] - q.shape[2]}"
+        elif name == "dropout_p":
+            if value:
+                return "dropout"
+        elif name == "softcap":
+            if value:
+                return "softcap"
+        elif name == "variant":
+            if value is not None and value is not PLAIN:
+                if value.left >= 0 or value.right >= 0:
+                    return "a sliding window"
+                if value.softcap or value.alibi is not None or value.sinks is not None:
+                    return "softcap, ALiBi or sinks"
+                if value.seq != SEQ_DENSE:
+                    return "a ranges or varlen batch layout"
+        elif name in ("mask", "attn_mask", "window", "sinks", "alibi_slopes"):
+            if value is not None:
+                return f"{name} is set"
+        else:
+            return f"option {name!r} is not handled by the Hopper kernel"
+    return None
+
+
+# The fast path is on only for the triton releases it was verified with on the H100 (a newer
+# triton may lower descriptors differently); FLASHATTN_LITE_HOPPER=0 turns it off.
+TESTED_TRITON = ("3.6.",)
+# Below this much work (B·Hq·Nq·Nk·D; 2³² is ~17 GFLOP, ~35 µs on the H100) the call is short
+# enough that Triton's own launch path (the descriptors are built per call) costs more than the
+# faster kernel saves: the portable kernel's bound launch takes it.
+MIN_WORK = 2 ** 32
+
+
+@contextlib.contextmanager
+def disabled():
+    """Inside the block, attention calls take the portable kernel (to compare both paths)."""
+    from . import attention_fwd
+    saved = os.environ.get("FLASHATTN_LITE_HOPPER")
+    os.environ["FLASHATTN_LITE_HOPPER"] = "0"
+    attention_fwd._HOPPER.clear()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("FLASHATTN_LITE_HOPPER")
+        else:
+            os.environ["FLASHATTN_LITE_HOPPER"] = saved
+        attention_fwd._HOPPER.clear()
+
+
+def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:
+    """Whether a plain attention forward takes this kernel (decided once per call signature by
+    ``attention_forward``; the base pointers' alignment is checked on every call there)."""
+    if os.environ.get("FLASHATTN_LITE_HOPPER", "1") == "0" or not triton.__version__.startswith(TESTED_TRITON):
+        return False
+    if supported(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
+        return False
+    B, Hq, Nq, D = q.shape
+    return B * Hq * Nq * k.shape[2] * D >= MIN_WORK
+
+
+def supported(q, k, v, **options) -> str | None:
+    """None when ``attention_forward_hopper`` covers this call, else the reason in words.
+
+    Covered: CUDA tensors on an sm_90 device, fp16/bf16, q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with
+    Hq a multiple of Hkv and D ∈ {64, 128}, last stride 1, base and other strides 16-byte aligned
+    (TMA's rules), and options no more than ``causal``, a positive ``scale``, the default
+    ``causal_offset`` (Nk − Nq) and ``need_lse``. CPU tensors are never covered, even under the
+    interpreter (the tests call ``attention_forward_hopper`` directly)."""
+    if not _HAS_TMA:
+        return f"triton {triton.__version__} has no tensor descriptors"
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        return "q, k, v are not 4-D tensors"
+    if not (q.is_cuda and k.device == q.device and v.device == q.device):
+        return "not CUDA tensors on one device"
+    if torch.version.hip is not None or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "not an sm_90 (Hopper) device"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype} (fp16/bf16 only, one dtype for q, k, v)"
+    (B, Hq, Nq, D), (Bk, Hkv, Nk, Dk) = q.shape, k.shape
+    if tuple(v.shape) != (Bk, Hkv, Nk, D) or Bk != B or Dk != D or Hkv == 0 or Hq % Hkv != 0:
+        return "shapes are not q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with Hkv dividing Hq"
+    if D not in HEAD_DIMS:
+        return f"head dim {D} (only {HEAD_DIMS}, and Dv == D)"
+    if min(B, Hq, Nq, Nk) == 0:
+        return "an empty tensor"
+    if max(Nq, Nk) >= 2 ** 31 - 2 ** 16:
+        return "a sequence too long for int32 TMA coordinates"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(3) != 1:
+            return f"{name}'s last dim is strided"
+        if t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:3]):
+            return f"{name}'s base or strides are not 16-byte aligned (TMA)"
+        if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
+            return f"{name} is broadcast (a stride-0 dim), which a TMA descriptor does not describe"
+    return _reason_for_options(q, k, options)
+
+
+def attention_forward_hopper(q, k, v, scale: float, causal: bool, *, config: Config | None = None):
+    """o, lse = softmax(scale·q·kᵀ [causal, bottom-right]) · v, and its natural-log lse.
+
+    q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D); call only where ``supported`` returned None (the CPU
+    interpreter runs it too, for tests). Returns o (B, Hq, Nq, D) contiguous in q's dtype and lse
+    (B, Hq, Nq) float32; a row with no visible key (causal, Nq > Nk) has o = 0, lse = −inf.
+    ``config``: one of ``CONFIGS`` (default: ``default_config``). Cost: like the portable kernel,
+    one pass over K/V per query tile, O(N·D) memory."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    cfg = config or default_config(D, causal, max(Nq, Nk))
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    q_block, kv_block = [1, 1, cfg.block_m, D], [1, 1, cfg.block_n, D]
+    descriptors = (TensorDescriptor(q, list(q.shape), list(q.stride()), q_block),
+                   TensorDescriptor(k, list(k.shape), list(k.stride()), kv_block),
+                   TensorDescriptor(v, list(v.shape), list(v.stride()), kv_block),
+                   TensorDescriptor(o, list(o.shape), list(o.stride()), q_block))
+    grid = (cdiv(Nq, cfg.block_m) * B * Hq,)
+    _attn_fwd_hopper_kernel[grid](
+        *descriptors, lse, Hq, Nq, Nk, scale * LOG2E,
+        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return o, lse
