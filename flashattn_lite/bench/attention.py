@@ -23,15 +23,16 @@ from .peers import MODES, PEERS, Problem, dtype_name, parse_dtype, parse_methods
 
 DEFAULTS = {
     "cuda": dict(dtype="bf16", min_n=1024, max_n=16384, lengths=None, tokens=16384, hidden=2048, head_dims="64,128",
-                 rep_ms=100.0, methods="ours,sdpa-flash,sdpa-cudnn,sdpa-efficient,flex", modes="fwd,bwd,fwd+bwd"),
+                 rep_ms=100.0, methods="ours,ours-portable,sdpa-flash,sdpa-cudnn,sdpa-efficient,flex",
+                 modes="fwd,bwd,fwd+bwd"),
     "cpu": dict(dtype="fp32", min_n=256, max_n=1024, lengths=None, tokens=1024, hidden=256, head_dims="64",
                 rep_ms=20.0, methods="ours,sdpa-flash,sdpa-math", modes="fwd,bwd,fwd+bwd"),
 }
-# --quick: ours against the two fused backends that matter, forward and backward, at short, bucket-cap
-# (8k) and long N. Most of its time is Triton autotuning ours (per d, causal, kernel, length bucket).
+# --quick: ours (as dispatched, and the portable kernels alone) against the two fused backends that
+# matter, forward and backward, at short, length-class-cap (8k) and long N.
 QUICK = {
-    "cuda": dict(head_dims="64,128", lengths="2k,8k,16k", methods="ours,sdpa-flash,sdpa-cudnn", modes="fwd,bwd",
-                 rep_ms=50.0),
+    "cuda": dict(head_dims="64,128", lengths="2k,8k,16k", methods="ours,ours-portable,sdpa-flash,sdpa-cudnn",
+                 modes="fwd,bwd", rep_ms=50.0),
     "cpu": dict(lengths="256,1k", methods="ours,sdpa-flash", modes="fwd,bwd", rep_ms=10.0),
 }
 _CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}

@@ -332,6 +332,17 @@ def _build_ours(problem: Problem, way: str) -> Runner:
     return Runner(lambda q, k, v: attention(q, k, v, causal=causal), gqa="native" if problem.group > 1 else "-")
 
 
+def _build_ours_portable(problem: Problem, way: str) -> Runner:
+    from .. import attention
+    from ..ops.attention_fwd_hopper import disabled
+    causal = problem.causal
+
+    def run(q, k, v):
+        with disabled():
+            return attention(q, k, v, causal=causal)
+    return Runner(run, gqa="native" if problem.group > 1 else "-")
+
+
 def _build_naive(problem: Problem, way: str) -> Runner:
     causal = problem.causal
     return Runner(lambda q, k, v: _naive(q, k, v, causal), gqa="native" if problem.group > 1 else "-")
@@ -362,6 +373,11 @@ def _registry() -> dict[str, Peer]:
         Peer("ours", "flashattn_lite", "flashattn_lite.attention (Triton on CUDA; tiled PyTorch twin on CPU)",
              {"fwd": "O + lse", "fwd+bwd": "O + lse + dQ,dK,dV + δ + lse·log2e"},
              _build_ours, _ours_theory),
+        Peer("ours-portable", "flashattn_lite portable",
+             "flashattn_lite.attention with the Hopper fast path off (FLASHATTN_LITE_HOPPER=0): the "
+             "portable Triton kernels everywhere",
+             {"fwd": "O + lse", "fwd+bwd": "O + lse + dQ,dK,dV + δ + lse·log2e"},
+             _build_ours_portable, _ours_theory),
         Peer("naive", "naive (fp32 softmax)", "matmul → float32 softmax → matmul, full N² scores",
              {"fwd": "8·S (fp32 scores + probs) + causal mask N²",
               "fwd+bwd": "12·S (P, dP, dS fp32; 16·S causal) + dQ,dK,dV"},
