@@ -82,6 +82,10 @@ def _reference_grads(q, k, v, opts, do, dlse, dtype, causal):
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_variant_forward_backward(shape, dtype, case):
+    if ON_GPU and dtype == torch.float32 and shape != GPU_SHAPES[0]:
+        # fp32 runs CUDA-core kernels of the same source: one GPU shape covers them, and each shape
+        # costs every option a compile of three slow-to-compile kernels.
+        pytest.skip("fp32 variants on the GPU: the first shape only")
     _, causal, opts = case
     q, k, v = _qkv(shape, dtype)
     opts = _options(opts, shape, dtype)
