@@ -35,6 +35,15 @@ def assert_close_to_ref(ours, torch_same_dtype, ref, *, eps: float, what: str = 
     assert e_ours <= 2 * e_torch + eps, f"{what}: rel err {e_ours:.3e} > 2·{e_torch:.3e} + {eps:.0e}"
 
 
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    """GPU runs use a dozen pytest workers on one GPU: give each test's cached blocks back, so a
+    worker's float64 references do not hold memory another worker's test needs."""
+    yield
+    if ON_GPU:
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def device():
     return DEVICE
