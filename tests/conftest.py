@@ -74,5 +74,7 @@ def pytest_runtest_logreport(report):
     GPU run cut by its timeout still says where the time went; xdist workers append alike)."""
     if not _TIMES or (report.when != "call" and report.outcome == "passed"):
         return
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller receives every worker's report too
+        return
     with open(_TIMES, "a") as f:
         f.write(f"{report.duration:.2f} {report.when} {report.outcome} {report.nodeid}\n")

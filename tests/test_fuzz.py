@@ -45,7 +45,7 @@ HAS_VARLEN = hasattr(fl, "attention_varlen")
 
 
 def fuzz(cpu_examples: int):
-    """Seeded settings: ``cpu_examples`` cases on the CPU (each op's cost differs), 40 on a GPU.
+    """Seeded settings: ``cpu_examples`` cases on the CPU (each op's cost differs), 12 on a GPU.
     No shrinking: under the interpreter it can take many minutes; the failing case is printed as
     drawn (small already: every size is drawn from a small range)."""
     return settings(max_examples=EXAMPLES or cpu_examples, derandomize=True, deadline=None, database=None,
