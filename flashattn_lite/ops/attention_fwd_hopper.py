@@ -1,6 +1,6 @@
 """Attention forward for Hopper (sm_90): the portable kernel's algorithm over TMA tensor descriptors.
 
-Experimental (issue #17): plain attention only — causal or not, GQA, fp16/bf16, D = Dv ∈ {64, 128},
+Plain attention only — causal or not, GQA, fp16/bf16, D = Dv ∈ {64, 128},
 q/k/v (B, H, N, D) with unit last stride and 16-byte-aligned base and strides. ``supported`` says
 whether a call is covered (and why not); the caller runs the portable kernel otherwise. The result
 is exactly ``attention_forward``'s: o (B, Hq, Nq, D) contiguous in q's dtype, lse (B, Hq, Nq)
@@ -8,10 +8,11 @@ float32 in natural log, a row with no visible key o = 0 and lse = −inf; the ba
 
 What differs from ``attention_fwd.py`` is only how tiles move: every q/k/v/o tile is one TMA copy
 through a tensor descriptor, so the compiler pipelines K/V with mbarriers and feeds wgmma from
-shared memory, and rows past a head's end read as zeros (and are not written) without a mask. The math is the same helpers: ``key_range`` splits the keys into unmasked tiles and masked
-ones (the diagonal under causal, bottom-right aligned with offset Nk − Nq, and the last partial
-tile, whose zero-padded keys are masked to −inf), ``online_softmax_update_scaled`` folds the
-scale·log2 e into the exp2, ``finalize`` writes the natural-log lse.
+shared memory, and rows past a head's end read as zeros (and are not written) without a mask.
+The math is the same helpers: ``key_range`` splits the keys into unmasked tiles and masked ones
+(the diagonal under causal, bottom-right aligned with offset Nk − Nq, and the last partial tile,
+whose zero-padded keys are masked to −inf), ``online_softmax_update_scaled`` folds the scale·log2 e
+into the exp2, ``finalize`` writes the natural-log lse.
 
 Descriptors are built on the host (``TensorDescriptor`` over the whole (B, H, N, D) tensor, 4-D,
 strides as given: no per-program setup, a few µs of host time per call).
