@@ -170,6 +170,8 @@ def test_supported_reasons():
     assert "aligned" in hopper.supported(odd, kv, kv)
     assert "strided" in hopper.supported(q.transpose(2, 3).contiguous().transpose(2, 3), kv, kv)
     assert "broadcast" in hopper.supported(q, kv.expand(1, 2, 8, 64), kv.expand(1, 2, 8, 64))
+    big = torch.empty(1, 1, 2 ** 31 // 64, 64, dtype=torch.float16, device=DEVICE)  # 4 GiB, never written
+    assert "2³¹" in hopper.supported(big, kv[:, :, :1], kv[:, :, :1])
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="dispatch to the Hopper kernel happens on sm_90 only")
