@@ -42,8 +42,10 @@ DTYPE = torch.bfloat16
 O_TOL, LSE_TOL = 2e-2, 1e-2
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def argument_parser(doc: str, kernel: str, *, sdpa_switch: bool = False) -> argparse.ArgumentParser:
+    """The Hopper benchmarks' command line (``hopper_bwd.py`` too): ``doc``'s first paragraph as the
+    description, ``kernel`` ("the Hopper kernel's") in ``--configs``' help, ``--no-sdpa`` if asked."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
                    help="directory for the JSON (default: benchmarks/results)")
@@ -53,21 +55,29 @@ def parse_args(argv=None):
     p.add_argument("--lengths", default="2048,8192,16384", help="comma-separated N (B = 16384 // N)")
     p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     p.add_argument("--configs", choices=["all", "default"], default="all",
-                   help="the Hopper kernel's whole sweep, or the config it runs by default at each point")
+                   help=f"{kernel} whole sweep, or the config it runs by default at each point")
+    if sdpa_switch:
+        p.add_argument("--no-sdpa", action="store_true", help="skip the SDPA backends")
     p.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per measurement")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return argument_parser(__doc__, "the Hopper kernel's").parse_args(argv)
 
 
 class Budget:
     """The run's seconds. A step (one timing, with its compile) starts only if the longest step so far
-    would still end within the budget, so the run ends inside it."""
+    would still end within the budget, so the run ends inside it. ``start``: the script's own start
+    (``time.monotonic()`` before its imports; this one's by default)."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, start: float = _T0):
         self.seconds = seconds
+        self.start = start
         self.longest = 0.0
 
     def elapsed(self) -> float:
-        return time.monotonic() - _T0
+        return time.monotonic() - self.start
 
     def allows(self) -> bool:
         return self.elapsed() + self.longest <= self.seconds
@@ -107,16 +117,17 @@ def sdpa_backends():
     return [("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)]
 
 
-def inputs(d, n):
+def inputs(d, n, count=3):
+    """``count`` tensors (B, H, N, d) bf16: q, k, v (and the backward's dO)."""
     b, h = TOKENS // n, HIDDEN // d
     g = torch.Generator(device=DEVICE).manual_seed(0)
-    return tuple(torch.randn(b, h, n, d, device=DEVICE, dtype=DTYPE, generator=g) for _ in range(3))
+    return tuple(torch.randn(b, h, n, d, device=DEVICE, dtype=DTYPE, generator=g) for _ in range(count))
 
 
-def time_hopper(point, q, k, v, o_ref, lse_ref, configs, budget, rep_ms) -> None:
-    """Check and time each config into ``point["hopper"]``; update ``point["hopper_best"]``."""
-    causal, scale = point["causal"], point["d"] ** -0.5
-    work = flops(point["batch"], point["heads"], point["n"], point["d"], causal)
+def time_configs(point, configs, run, check, work, budget, rep_ms) -> None:
+    """Check and time each config into ``point["hopper"]``; update ``point["hopper_best"]``.
+    ``run(cfg)``: one call at that config; ``check(out)``: the row's comparison of its output with the
+    reference, ``ok`` among it (only ok rows can be the best)."""
     rows = point.setdefault("hopper", [])
     for cfg in configs:
         row = {"config": cfg.name}
@@ -126,18 +137,17 @@ def time_hopper(point, q, k, v, o_ref, lse_ref, configs, budget, rep_ms) -> None
             continue
 
         def fn(cfg=cfg):
-            return hopper.attention_forward_hopper(q, k, v, scale, causal, config=cfg)
+            return run(cfg)
 
         def check_and_time(row=row, fn=fn):
             try:
-                o, lse = fn()  # compiles on the first call
+                out = fn()  # compiles on the first call
                 torch.cuda.synchronize()
             except Exception as e:  # a compile or launch failure of one config: record it, go on
                 row["error"] = short(e)
                 return
-            d_o, d_lse = max_diffs(o, lse, o_ref, lse_ref)
-            row.update(max_abs_diff_o=d_o, max_abs_diff_lse=d_lse, ok=bool(d_o <= O_TOL and d_lse <= LSE_TOL))
-            del o, lse
+            row.update(check(out))
+            del out
             row.update(measure(fn, work, rep_ms))
 
         budget.step(check_and_time)
@@ -145,6 +155,21 @@ def time_hopper(point, q, k, v, o_ref, lse_ref, configs, budget, rep_ms) -> None
     if good:
         best = min(good, key=lambda r: r["ms"])
         point["hopper_best"] = {"config": best["config"], "ms": best["ms"], "tflops": best["tflops"]}
+
+
+def time_hopper(point, q, k, v, o_ref, lse_ref, configs, budget, rep_ms) -> None:
+    """Check and time each config against the portable forward's o and lse."""
+    causal, scale = point["causal"], point["d"] ** -0.5
+    work = flops(point["batch"], point["heads"], point["n"], point["d"], causal)
+
+    def run(cfg):
+        return hopper.attention_forward_hopper(q, k, v, scale, causal, config=cfg)
+
+    def check(out):
+        d_o, d_lse = max_diffs(*out, o_ref, lse_ref)
+        return {"max_abs_diff_o": d_o, "max_abs_diff_lse": d_lse, "ok": bool(d_o <= O_TOL and d_lse <= LSE_TOL)}
+
+    time_configs(point, configs, run, check, work, budget, rep_ms)
 
 
 def portable_forward(q, k, v, causal):
@@ -198,7 +223,7 @@ def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
     return point
 
 
-def table_line(p) -> str:
+def table_line(p, config_width: int = 26) -> str:
     def tf(entry):
         return f"{entry['tflops']:7.1f}" if isinstance(entry, dict) and "tflops" in entry else "      -"
     best = p.get("hopper_best")
@@ -207,25 +232,25 @@ def table_line(p) -> str:
     failed = [r["config"] for r in p.get("hopper", []) if "error" in r]
     notes = (f" WRONG: {','.join(bad)}" if bad else "") + (f" failed: {','.join(failed)}" if failed else "")
     return (f"{p['d']:4d} {str(p['causal']):>6} {p['n']:6d} {tf(p.get('portable'))} {tf(best)} "
-            f"{(best or {}).get('config', '-'):>26} {speedup} {tf(p.get('sdpa-cudnn'))} {tf(p.get('sdpa-flash'))}"
+            f"{(best or {}).get('config', '-'):>{config_width}} {speedup} {tf(p.get('sdpa-cudnn'))} "
+            f"{tf(p.get('sdpa-flash'))}"
             + notes + (f" {p['error']}" if "error" in p else ""))
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    budget = Budget(args.time_budget)
-    if not torch.cuda.is_available():
-        print("hopper_fwd: needs a CUDA GPU (an sm_90 one for the Hopper kernel)", file=sys.stderr)
-        return 2
+def sweep(args, budget, name: str, kernels, run_point, *, config_width: int = 26, unit: str = "TFLOP/s",
+          **extra) -> int:
+    """The command line's points in order (``run_point(d, causal, n, configs)`` each, ``configs``
+    from ``kernels.CONFIGS`` or ``kernels.default_config``), a table line printed and the JSON
+    ``--out/<name>-<timestamp>.json`` rewritten after each; ``extra``: more top-level JSON keys."""
     head_dims = [int(x) for x in args.head_dims.split(",")]
     lengths = [int(x) for x in args.lengths.split(",")]
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    path = common.result_stem(args.out, "hopper_fwd").with_suffix(".json")
-    result = {"benchmark": "hopper_fwd", "command": common.recorded_command(sys.argv, args.out),
+    path = common.result_stem(args.out, name).with_suffix(".json")
+    result = {"benchmark": name, "command": common.recorded_command(sys.argv, args.out),
               "environment": common.environment(), "args": {k: v for k, v in vars(args).items() if k != "out"},
-              "tokens": TOKENS, "hidden": HIDDEN, "dtype": "bfloat16", "points": [], "stopped_early": False}
-    print(f"{'d':>4} {'causal':>6} {'N':>6} {'portbl':>7} {'hopper':>7} {'best config':>26} {'vs':>6} "
-          f"{'cudnn':>7} {'flash':>7}   (TFLOP/s)")
+              "tokens": TOKENS, "hidden": HIDDEN, "dtype": "bfloat16", **extra, "points": [], "stopped_early": False}
+    print(f"{'d':>4} {'causal':>6} {'N':>6} {'portbl':>7} {'hopper':>7} {'best config':>{config_width}} "
+          f"{'vs':>6} {'cudnn':>7} {'flash':>7}   ({unit})")
 
     def save():
         result["elapsed_s"] = round(budget.elapsed(), 1)
@@ -237,20 +262,30 @@ def main(argv=None) -> int:
                 if not budget.allows():
                     result["stopped_early"] = True
                     continue
-                cfgs = hopper.CONFIGS[d] if args.configs == "all" else [hopper.default_config(d, causal, n)]
+                cfgs = kernels.CONFIGS[d] if args.configs == "all" else [kernels.default_config(d, causal, n)]
                 try:
-                    point = run_point(d, causal, n, cfgs, budget, args.rep_ms)
+                    point = run_point(d, causal, n, cfgs)
                 except Exception as e:  # the point's own setup failed (e.g. out of memory): record, go on
                     point = {"d": d, "causal": causal, "n": n, "error": short(e)}
                 torch.cuda.empty_cache()
                 result["points"].append(point)
                 save()
-                print(table_line(point), flush=True)
+                print(table_line(point, config_width), flush=True)
     save()
     if result["stopped_early"]:
         print(f"time budget of {args.time_budget:.0f} s spent: later points not run")
     print(f"wrote {path} ({result['elapsed_s']} s)")
     return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    budget = Budget(args.time_budget)
+    if not torch.cuda.is_available():
+        print("hopper_fwd: needs a CUDA GPU (an sm_90 one for the Hopper kernel)", file=sys.stderr)
+        return 2
+    return sweep(args, budget, "hopper_fwd", hopper,
+                 lambda d, causal, n, cfgs: run_point(d, causal, n, cfgs, budget, args.rep_ms))
 
 
 if __name__ == "__main__":

@@ -21,36 +21,43 @@ ON_HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] == 9
 EPS = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 2e-4}
 
 
-@functools.lru_cache(maxsize=None)
-def _cannot_run() -> str | None:
-    """Why this machine cannot run the kernel, or None."""
+def cannot_run(what: str, tiny_call) -> str | None:
+    """Why this machine cannot run ``what`` (a Hopper kernel, in words), or None; ``tiny_call()``
+    runs it once on tiny CPU tensors to see whether the interpreter can (the backward's tests too)."""
     if not hopper._HAS_TMA:
         return "this triton has no tensor descriptors"
     if ON_GPU:
-        return None if ON_HOPPER else "the Hopper kernel needs an sm_90 GPU"
+        return None if ON_HOPPER else f"{what} needs an sm_90 GPU"
     if not interpreter_active():
         return "CPU without TRITON_INTERPRET=1"
     try:  # the interpreter must run descriptor loads/stores (triton 3.9 does; 3.6's fails on numpy 2.4)
+        tiny_call()
+    except Exception as e:  # noqa: BLE001 - any failure here means: skip, saying why
+        return f"the Triton interpreter cannot run {what} here ({type(e).__name__}: {e})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _cannot_run() -> str | None:
+    """Why this machine cannot run the kernel, or None."""
+    def tiny_call():
         q = torch.zeros(1, 1, 1, 64, dtype=torch.float16)
         hopper.attention_forward_hopper(q, q, q, 1.0, False)
-    except Exception as e:  # noqa: BLE001 - any failure here means: skip, saying why
-        return f"the Triton interpreter cannot run the Hopper kernel here ({type(e).__name__}: {e})"
-    return None
+    return cannot_run("the Hopper kernel", tiny_call)
 
 
 pytestmark = pytest.mark.skipif(_cannot_run() is not None, reason=str(_cannot_run()))
 
 # (B, Hq, Hkv, Nq, Nk, D): lengths 1, 17, 100 (partial tiles), Nq ≠ Nk both ways (Nq > Nk under
-# causal leaves rows with no key), GQA 2:1 and 4:1.
-CPU_SHAPES = [
+# causal leaves rows with no key), GQA 2:1 and 4:1. COMMON_*: shared with the backward's tests.
+COMMON_CPU_SHAPES = [
     (1, 1, 1, 1, 1, 64),
     (1, 2, 1, 17, 17, 64),
     (2, 4, 2, 17, 100, 64),
     (1, 2, 1, 100, 17, 64),
     (1, 2, 2, 1, 100, 128),
-    (1, 4, 1, 64, 100, 128),
 ]
-GPU_SHAPES = [
+COMMON_GPU_SHAPES = [
     (1, 2, 2, 1, 1, 64),
     (2, 4, 1, 17, 17, 64),
     (2, 8, 2, 1000, 1000, 64),
@@ -58,10 +65,17 @@ GPU_SHAPES = [
     (1, 4, 1, 1000, 4097, 64),
     (1, 2, 2, 4097, 1000, 64),
     (1, 4, 2, 1, 4097, 64),
-    (1, 4, 2, 17, 1000, 64),
 ]
-GPU_SHAPES = [s for base in GPU_SHAPES for s in (base, base[:5] + (128,))]
-SHAPES = GPU_SHAPES if ON_GPU else CPU_SHAPES
+
+
+def shapes(cpu_extra, gpu_extra):
+    """The shapes to run here: the common ones plus these; on the GPU each at d 64 and at d 128."""
+    if not ON_GPU:
+        return COMMON_CPU_SHAPES + cpu_extra
+    return [s for base in COMMON_GPU_SHAPES + gpu_extra for s in (base, base[:5] + (128,))]
+
+
+SHAPES = shapes([(1, 4, 1, 64, 100, 128)], [(1, 4, 2, 17, 1000, 64)])
 DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16, torch.float32]
 # On the GPU the default config for the shape (the sweep test and the benchmark run the others).
 CONFIGS = [None] if ON_GPU else [hopper.INTERPRETER_CONFIG]
@@ -76,7 +90,8 @@ def config_id(c):
     return "default" if c is None else c.name
 
 
-def make_qkv(shape, dtype, *, layout="bhnd", seed=0):
+def make_qkv(shape, dtype, *, layout="bhnd", seed=0, with_do=False):
+    """q, k, v (and with ``with_do`` a dO like q, drawn after them), each (B, H, N, D)."""
     b, hq, hkv, nq, nk, d = shape
     g = torch.Generator(device="cpu").manual_seed(seed)
 
@@ -85,7 +100,8 @@ def make_qkv(shape, dtype, *, layout="bhnd", seed=0):
             return torch.randn(b, n, heads, d, generator=g).to(DEVICE, dtype).transpose(1, 2)
         return torch.randn(b, heads, n, d, generator=g).to(DEVICE, dtype)
 
-    return rand(hq, nq), rand(hkv, nk), rand(hkv, nk)
+    qkv = rand(hq, nq), rand(hkv, nk), rand(hkv, nk)
+    return qkv + (rand(hq, nq),) if with_do else qkv
 
 
 def portable(q, k, v, causal):

@@ -145,6 +145,18 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse, n_heads, n_q, n
     tl.store(lse + bh.to(tl.int64) * n_q + offs_m, lse_row, mask=offs_m < n_q)
 
 
+def _tensor_reason(name: str, t: torch.Tensor) -> str | None:
+    """Why a TMA descriptor cannot take the 4-D tensor ``t`` (called ``name`` in the reason), or None:
+    last stride 1, base and other strides 16-byte aligned, no broadcast (stride-0) dim."""
+    if t.stride(3) != 1:
+        return f"{name}'s last dim is strided"
+    if t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:3]):
+        return f"{name}'s base or strides are not 16-byte aligned (TMA)"
+    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
+        return f"{name} is broadcast (a stride-0 dim), which a TMA descriptor does not describe"
+    return None
+
+
 def _reason_for_options(q, k, options) -> str | None:
     """Why the options ask for more than plain attention, or None."""
     for name, value in options.items():
@@ -245,12 +257,9 @@ def supported(q, k, v, **options) -> str | None:
     if max(q.numel(), k.numel()) >= 2 ** 31:
         return "2³¹ elements or more (the > 2³¹ tests have not run on this kernel yet)"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(3) != 1:
-            return f"{name}'s last dim is strided"
-        if t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:3]):
-            return f"{name}'s base or strides are not 16-byte aligned (TMA)"
-        if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
-            return f"{name} is broadcast (a stride-0 dim), which a TMA descriptor does not describe"
+        reason = _tensor_reason(name, t)
+        if reason is not None:
+            return reason
     return _reason_for_options(q, k, options)
 
 
