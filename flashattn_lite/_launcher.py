@@ -22,7 +22,6 @@ the interpreter, whose kernels are not compiled.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from functools import reduce
@@ -32,7 +31,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-from ._log import log_enabled, log_once
+from ._log import Recorder, log_enabled, log_once
 
 try:  # Triton ≥ 3.4 keeps launch hooks in knobs; older versions take the plain path.
     from triton import knobs as _knobs
@@ -97,19 +96,8 @@ class Launch(NamedTuple):
     path: str       # "triton" (compiled) or "interpreter"
 
 
-_recorder: list | None = None  # while explain() runs a call: every launch, appended
-
-
-@contextlib.contextmanager
-def recording():
-    """Collect the :class:`Launch` of every kernel launched inside the block (this thread's
-    calls and any other's: a diagnostic, not for concurrent use). Bound launches step aside."""
-    global _recorder
-    previous, _recorder = _recorder, []
-    try:
-        yield _recorder
-    finally:
-        _recorder = previous
+_launches = Recorder()  # while explain() runs a call: every launch, appended
+recording = _launches.recording  # the Launch of every kernel launched inside the block; bound launches step aside
 
 
 def _knob_state() -> tuple:
@@ -202,8 +190,8 @@ class Launcher:
                 return self._first(grid, args, kwargs)[0]
             self._remember(exact, entry)
         kernel, tail, meta, choice = entry
-        if _recorder is not None:
-            _recorder.append(Launch(self.name, kwargs, choice, "triton"))
+        if _launches.items is not None:
+            _launches.items.append(Launch(self.name, kwargs, choice, "triton"))
         g = grid(meta) if callable(grid) else grid
         g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
         stream = _raw_stream(device)
@@ -228,8 +216,8 @@ class Launcher:
             config = choice.config.all_kwargs()
         kernel = self.jit[grid](*args, **kwargs, **config)
         path = "interpreter" if self.interpreted else "triton"
-        if _recorder is not None:
-            _recorder.append(Launch(self.name, kwargs, choice, path))
+        if _launches.items is not None:
+            _launches.items.append(Launch(self.name, kwargs, choice, path))
         if log_enabled():
             dtypes = ",".join(str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor))
             spec = ", ".join(f"{k}={v}" for k, v in kwargs.items())
@@ -280,7 +268,7 @@ class Launcher:
             # Addresses as ints: Triton's C launcher then skips its per-tensor data_ptr() call and
             # driver pointer query (the tensors are the call site's validated CUDA tensors).
             ptrs = tuple(map(_data_ptr, tensors))
-            if (reduce(or_, ptrs, 0) & 15 or torch.cuda.current_device() != device or _recorder is not None
+            if (reduce(or_, ptrs, 0) & 15 or torch.cuda.current_device() != device or _launches.items is not None
                     or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook)
                     or _knob_state() != knobs):
                 return False

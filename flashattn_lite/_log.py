@@ -19,7 +19,29 @@ logger = logging.getLogger("flashattn_lite")
 
 _lock = threading.Lock()
 _fallbacks: Counter = Counter()
-_recorder: list | None = None  # while explain() runs a call: ("fallback" | path, where, reason)
+
+
+class Recorder:
+    """What explain() collects while it runs a call: ``items`` is a list inside a
+    ``with recorder.recording()`` block and None outside, so a hot path tests one attribute."""
+    __slots__ = ("items",)
+
+    def __init__(self):
+        self.items: list | None = None
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Collect into a new list inside the block (this thread's calls and any other's: a
+        diagnostic, not for concurrent use); nested blocks each get their own."""
+        previous, self.items = self.items, []
+        try:
+            yield self.items
+        finally:
+            self.items = previous
+
+
+_notes = Recorder()  # ("torch fallback" | path, where, reason)
+recording = _notes.recording  # every fallback and dispatch note inside the block
 
 
 def log_enabled() -> bool:
@@ -47,8 +69,8 @@ def note_fallback(where: str, reason: str, *, warn: bool = True) -> None:
     with _lock:
         _fallbacks[(where, reason)] += 1
         first = _fallbacks[(where, reason)] == 1
-        if _recorder is not None:
-            _recorder.append(("torch fallback", where, reason))
+        if _notes.items is not None:
+            _notes.items.append(("torch fallback", where, reason))
     if first:
         if warn:
             warnings.warn(f"flashattn_lite ({where}): falling back: {reason}", stacklevel=3)
@@ -58,19 +80,8 @@ def note_fallback(where: str, reason: str, *, warn: bool = True) -> None:
 def note_path(path: str, where: str, reason: str) -> None:
     """A dispatcher chose ``path`` (e.g. "hopper") at ``where`` for ``reason``: told to explain()
     only (a chosen fast path is not news worth a log line)."""
-    if _recorder is not None:
-        _recorder.append((path, where, reason))
-
-
-@contextlib.contextmanager
-def recording():
-    """Collect (path, where, reason) of every fallback and dispatch note inside the block."""
-    global _recorder
-    previous, _recorder = _recorder, []
-    try:
-        yield _recorder
-    finally:
-        _recorder = previous
+    if _notes.items is not None:
+        _notes.items.append((path, where, reason))
 
 
 def fallback_counts() -> dict:
