@@ -135,16 +135,9 @@ def test_shipped_rows_name_configs_their_kernels_can_run():
 # ---------------------------------------------------------------- lengths do not re-key launches
 
 def test_unspecialized_lengths_reuse_one_launch_entry(monkeypatch):
-    from types import SimpleNamespace
-
     from flashattn_lite import _launcher
-    from test_launcher import _FakeJit
-    monkeypatch.setattr(_launcher, "fast_launch_enabled", lambda: True)
-    monkeypatch.setattr(_launcher, "_raw_stream", lambda device: 0)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(_launcher, "_knobs", SimpleNamespace(
-        runtime=SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None, debug=False),
-        compilation=SimpleNamespace(instrumentation_mode="")))
+    from test_launcher import _FakeJit, fake_fast_path
+    fake_fast_path(monkeypatch)
     jit = _FakeJit()
     jit.params[1].do_not_specialize = True  # n: a length
     kern = _launcher.Launcher(jit)

@@ -47,14 +47,19 @@ class _FakeJit:
         return run
 
 
-@pytest.fixture
-def fake(monkeypatch):
+def fake_fast_path(monkeypatch):
+    """The fast launch path as on a GPU, with no GPU: stream 0, device 0, default Triton knobs."""
     monkeypatch.setattr(_launcher, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(_launcher, "_raw_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(_launcher, "_knobs", SimpleNamespace(
         runtime=SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None, debug=False),
         compilation=SimpleNamespace(instrumentation_mode="")))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    fake_fast_path(monkeypatch)
     jit = _FakeJit()
     return jit, _launcher.Launcher(jit, tune_key=["n", "BLOCK"])  # BLOCK: a constexpr key argument
 
