@@ -81,6 +81,8 @@ def test_warmup_from_a_model_compiles_its_layer_kinds_dense_and_padded():
     (["tune"], "--out"),
     (["tune", "--out", "table.txt"], "--out"),
     (["tune", "--out", "t.json", "--ops", "bogus"], "--ops"),
+    (["tune", "--out", "t.json", "--cache-dir", __file__], "--cache-dir"),  # a file, not a folder
+    (["tune", "--out", "t.json", "--cache-dir", ""], "--cache-dir"),
     (["first-call", "--length", "lots"], "--length"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_cli_argument_errors(argv, needle, capsys):

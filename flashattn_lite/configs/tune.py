@@ -55,6 +55,8 @@ def run(args) -> dict:
         dtypes = [_DTYPES[x] for x in (args.dtypes.split(",") if args.dtypes else base["dtypes"])]
     except (ValueError, KeyError) as e:
         raise BenchArgumentError(f"--head-dims/--lengths take ints, --dtypes names from bf16, fp16, fp32: {e}") from None
+    if args.cache_dir is not None and (not args.cache_dir or os.path.isfile(args.cache_dir)):
+        raise BenchArgumentError(f"--cache-dir must be a folder (new or existing), got {args.cache_dir!r}")
     if not torch.cuda.is_available():
         raise BenchArgumentError("tune times kernels on the GPU: no CUDA device is available")
     deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
