@@ -216,3 +216,14 @@ def test_attention_dispatches_large_plain_calls_to_it(causal):
     assert_close_to_ref(o, o_port, o_ref, eps=EPS[torch.bfloat16], what="vs the portable kernel")
     for g, gp in zip(grads, grads_port):
         assert (g.float() - gp.float()).norm() <= 2e-2 * gp.float().norm()
+
+
+def test_the_switch_takes_0_or_1_only(monkeypatch):
+    for value, on in (("1", True), ("0", False), ("", True)):
+        monkeypatch.setenv("FLASHATTN_LITE_HOPPER", value)
+        assert hopper.enabled() is on
+    monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "off")
+    with pytest.raises(ValueError, match="FLASHATTN_LITE_HOPPER"):
+        hopper.enabled()
+    with hopper.disabled():
+        assert not hopper.enabled()

@@ -199,6 +199,15 @@ TESTED_TRITON = ("3.6.",)
 MIN_WORK = 2 ** 32
 
 
+def enabled() -> bool:
+    """``FLASHATTN_LITE_HOPPER``: unset or 1 (default) on, 0 off; anything else is an error, not
+    a guess."""
+    value = os.environ.get("FLASHATTN_LITE_HOPPER", "1").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"FLASHATTN_LITE_HOPPER must be 0 or 1, got {value!r}")
+    return value != "0"
+
+
 @contextlib.contextmanager
 def disabled():
     """Inside the block, attention calls take the portable kernel (to compare both paths)."""
@@ -219,7 +228,7 @@ def disabled():
 def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:
     """Whether a plain attention forward takes this kernel (decided once per call signature by
     ``attention_forward``; the base pointers' alignment is checked on every call there)."""
-    if os.environ.get("FLASHATTN_LITE_HOPPER", "1") == "0" or not triton.__version__.startswith(TESTED_TRITON):
+    if not enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
     if supported(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
         return False
