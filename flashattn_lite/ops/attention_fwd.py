@@ -503,25 +503,36 @@ _BOUND_ENTRIES = 256
 _N_TENSORS = 12
 
 
-_HOPPER: dict = {}  # plain call signature → the Hopper kernel's entry point, or False
+_HOPPER: dict = {}  # call signature → (the Hopper kernel's entry point, explain()'s note), or False
 
 
-def _hopper_path(q, k, v, causal, causal_offset, scale):
-    """The Hopper (TMA) forward's entry point if this plain call takes it (CUDA sm_90 only), else
-    False. Imported here: that module builds on this one's helpers."""
-    if not q.is_cuda:
-        return False
-    from . import attention_fwd_hopper
+def _hopper_path(q, k, v, causal, causal_offset, scale, variant=PLAIN):
+    """(a Hopper forward's entry point, what explain() says of it) if this call (no mask or dropout)
+    takes one (CUDA sm_90 only): the Gluon kernel where it measured fastest
+    (``attention_fwd_gluon.fast_path``: plain calls), else the Triton TMA kernel
+    (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build on this
+    one's helpers."""
+    from . import attention_fwd_gluon, attention_fwd_hopper
     if len(_HOPPER) >= _BOUND_ENTRIES:
         _HOPPER.clear()
-    ok = attention_fwd_hopper.fast_path(q, k, v, causal, causal_offset, scale)
-    return attention_fwd_hopper.attention_forward_hopper if ok else False
+    if variant is PLAIN and attention_fwd_gluon.fast_path(q, k, v, causal, causal_offset, scale):
+        return attention_fwd_gluon.attention_forward_gluon, attention_fwd_gluon.PATH_NOTE
+    if not attention_fwd_hopper.fast_path(q, k, v, causal, causal_offset, scale, variant):
+        return False
+    return attention_fwd_hopper.attention_forward_hopper, attention_fwd_hopper.path_note(variant)
 
 
 def _plain_signature(q, k, v, causal, causal_offset, scale, need_lse):
     tf32 = q.dtype == torch.float32 and allow_tf32()
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
             causal, causal_offset, scale, tf32, need_lse)
+
+
+def _variant_signature(variant: Variant):
+    """What the Hopper path's decision depends on in a dense-batch variant, besides the plain
+    signature: the window sides, the softcap, and the slopes' and sinks' layouts."""
+    layout = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device)  # noqa: E731
+    return variant.left, variant.right, variant.softcap, layout(variant.alibi), layout(variant.sinks)
 
 
 def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int,
@@ -537,15 +548,16 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     B, Hq, Nq, D = q.shape
     Dv = v.shape[3]
     plain = variant is PLAIN and mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
-    if plain:
+    if mask is None and dropout_p == 0.0 and variant.seq == SEQ_DENSE:  # what the Hopper kernel may take
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, need_lse)
-        hopper = _HOPPER.get(signature)
+        key = signature if variant is PLAIN else (signature, _variant_signature(variant))
+        hopper = _HOPPER.get(key)
         if hopper is None:
-            hopper = _HOPPER[signature] = _hopper_path(q, k, v, causal, causal_offset, scale)
+            hopper = _HOPPER[key] = _hopper_path(q, k, v, causal, causal_offset, scale, variant)
         if hopper and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
-            note_path("hopper", "attention forward", "a plain fp16/bf16 call on sm_90: the TMA kernel "
-                      "(a backward runs the portable kernels)")
-            o, lse = hopper(q, k, v, scale, causal)
+            run, note = hopper
+            note_path("hopper", "attention forward", note)
+            o, lse = run(q, k, v, scale, causal, variant=variant)
             return o, lse if need_lse else None
     o, lse = output_buffers(q, Dv, variant, need_lse)
     lse_arg = q if lse is None else lse  # never written without need_lse: STORE_LSE is False

@@ -1,18 +1,25 @@
 """Attention forward for Hopper (sm_90): the portable kernel's algorithm over TMA tensor descriptors.
 
-Plain attention only — causal or not, GQA, fp16/bf16, D = Dv ∈ {64, 128},
-q/k/v (B, H, N, D) with unit last stride and 16-byte-aligned base and strides. ``supported`` says
-whether a call is covered (and why not); the caller runs the portable kernel otherwise. The result
-is exactly ``attention_forward``'s: o (B, Hq, Nq, D) contiguous in q's dtype, lse (B, Hq, Nq)
-float32 in natural log, a row with no visible key o = 0 and lse = −inf; the backward consumes it.
+Causal or not, GQA, fp16/bf16, D = Dv ∈ {64, 128}, q/k/v (B, H, N, D) with unit last stride and
+16-byte-aligned base and strides, and the score variants of a dense batch (``Variant``: softcap,
+ALiBi slopes, attention sinks, a sliding window). ``supported`` says whether a call is covered (and
+why not); the caller runs the portable kernel otherwise (masks, dropout, ranges/varlen layouts,
+Dv ≠ D, a causal_offset other than Nk − Nq). The result is exactly ``attention_forward``'s: o (B,
+Hq, Nq, D) contiguous in q's dtype, lse (B, Hq, Nq) float32 in natural log (the sink term
+included), a row with no visible key o = 0 and lse = −inf (the sink's logit, with sinks); the
+portable backward consumes it.
 
 What differs from ``attention_fwd.py`` is only how tiles move: every q/k/v/o tile is one TMA copy
 through a tensor descriptor, so the compiler pipelines K/V with mbarriers and feeds wgmma from
 shared memory, and rows past a head's end read as zeros (and are not written) without a mask.
 The math is the same helpers: ``key_range`` splits the keys into unmasked tiles and masked ones
-(the diagonal under causal, bottom-right aligned with offset Nk − Nq, and the last partial tile,
-whose zero-padded keys are masked to −inf), ``online_softmax_update_scaled`` folds the scale·log2 e
-into the exp2, ``finalize`` writes the natural-log lse.
+(the window's edges — under causal the diagonal, bottom-right aligned with offset Nk − Nq — and
+the last partial tile, whose zero-padded keys are masked to −inf; tiles outside the window are
+never visited), ``tanh``/``mask_scores`` (or ``score_tile`` with ALiBi) make the scores,
+``online_softmax_update_scaled`` folds the last positive factor (scale·log2 e, or the softcap's
+c·log2 e) into the exp2, ``add_sink`` adds the sink term and ``finalize`` writes the natural-log
+lse. Each option is a constexpr, as in the portable kernel: a plain call compiles to the code it
+compiled to before the options existed.
 
 Descriptors are built on the host (``TensorDescriptor`` over the whole (B, H, N, D) tensor, 4-D,
 strides as given: no per-program setup, a few µs of host time per call).
@@ -34,8 +41,9 @@ import triton
 import triton.language as tl
 
 from .._runtime import cdiv, interpreter_active
-from ..merge import LOG2E, finalize, online_softmax_update_scaled
-from .attention_fwd import PLAIN, SEQ_DENSE, key_range, mask_scores, query_tile
+from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
+from .attention_fwd import (PLAIN, SEQ_DENSE, Variant, causal_window, key_range, mask_scores, query_tile,
+                            score_args, score_tile, tanh)
 
 try:  # triton ≥ 3.4: TMA descriptors in the language and on the host
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -96,32 +104,54 @@ def _load_rows(desc, b, h, row, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, lo, hi, offs_m, n_q, n_k, off, qk_scale,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+def _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, lo, hi, offs_m, n_q, n_k, off, win_left, win_right,
+              qk_scale, softcap_scale, softcap2, slope2,
+              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+              ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, m, ℓ). MASKED: the tiles some row cannot fully see (the
-    causal diagonal, the last partial tile); the rest run without a compare."""
+    window's edges, the causal diagonal, the last partial tile); the rest run without a compare.
+    The scores as the portable kernel's ``_fwd_tile`` makes them: with ALiBi (a bias) the whole
+    base-2 score by ``score_tile``; otherwise masks only, which −inf survives, so the score's last
+    positive factor (scale·log2 e, or the softcap's c·log2 e) folds into the exp2."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         k = _load_rows(k_desc, b, h_kv, start_n, BLOCK_N, HEAD_DIM)
         qk = tl.dot(q_tile, k.T)
-        if MASKED:  # −inf survives the positive scale folded into the exp2 below
-            qk = mask_scores(qk, offs_m[:, None], start_n + offs_n[None, :], 0, 0, 0, n_q, n_k, off, 0, 0,
-                             True, False, CAUSAL, 0)
-        m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, qk, qk_scale)
+        rows = offs_m[:, None]
+        cols = start_n + offs_n[None, :]
+        if ALIBI:
+            s, _ = score_tile(qk, rows, cols, 0, 0, 0, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale,
+                              softcap2, slope2, MASKED, HAS_LEFT, HAS_RIGHT, 0, SOFTCAP, ALIBI, FAST_TANH)
+            m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, 1.0)
+        else:
+            if SOFTCAP:
+                x = tanh(qk * softcap_scale, FAST_TANH)
+                fold = softcap2
+            else:
+                x = qk
+                fold = qk_scale
+            if MASKED:
+                x = mask_scores(x, rows, cols, 0, 0, 0, n_q, n_k, off, win_left, win_right,
+                                True, HAS_LEFT, HAS_RIGHT, 0)
+            m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, x, fold)
         acc = acc * alpha[:, None]
         v = _load_rows(v_desc, b, h_kv, start_n, BLOCK_N, HEAD_DIM)
         acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_i, l_i
 
 
-# Lengths change from call to call: specialising on them would compile a binary per length class.
+# Lengths change from call to call: specialising on them would compile a binary per length class
+# (the backward's kernels share this list). Window sides too.
 _NOT_SPECIALIZED = ["n_q", "n_k"]
 
 
-@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
-def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse, n_heads, n_q, n_k, qk_scale,
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED + ["win_left", "win_right"])
+def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                            n_heads, n_q, n_k, win_left, win_right, qk_scale, softcap_scale, softcap2,
                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                            HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+                            ALIBI: tl.constexpr, SINKS: tl.constexpr, FAST_TANH: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m, bh, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
     q_tile = _load_rows(q_desc, b, h, start_m, BLOCK_M, HEAD_DIM)
@@ -129,16 +159,32 @@ def _attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse, n_heads, n_q, n
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    slope2 = 0.0
+    if ALIBI:  # as the portable kernel reads it: slope·log2 e of (b, h)
+        slope = tl.load(alibi + b.to(tl.int64) * stride_alibi_b + h * stride_alibi_h).to(tl.float32)
+        slope2 = slope * 1.4426950408889634
 
-    # Causal is the window's right side at 0 (no left side): lo = mid_lo = 0. Without causal the
-    # masked stage is the last partial tile alone (its zero-padded keys must not count).
+    # Causal is the window's right side at 0 (``causal_window``; HAS_RIGHT is set with it), a
+    # constant here. Without a left side lo = mid_lo = 0 and its stage has no code; without causal
+    # or a right side the last masked stage is the last partial tile alone (its zero-padded keys
+    # must not count).
+    if CAUSAL:
+        win_right = 0
     off = n_k - n_q
-    lo, mid_lo, mid_hi, hi = key_range(start_m, n_k, off, 0, 0, False, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, m_i, l_i = _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, mid_lo, mid_hi, offs_m, n_q,
-                              n_k, off, qk_scale, False, CAUSAL, HEAD_DIM, BLOCK_N)
-    acc, m_i, l_i = _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, mid_hi, hi, offs_m, n_q,
-                              n_k, off, qk_scale, True, CAUSAL, HEAD_DIM, BLOCK_N)
+    lo, mid_lo, mid_hi, hi = key_range(start_m, n_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    if HAS_LEFT:
+        acc, m_i, l_i = _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, lo, mid_lo, offs_m, n_q, n_k, off,
+                                  win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                                  True, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_N)
+    acc, m_i, l_i = _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, mid_lo, mid_hi, offs_m, n_q, n_k, off,
+                              win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                              False, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_N)
+    acc, m_i, l_i = _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, mid_hi, hi, offs_m, n_q, n_k, off,
+                              win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                              True, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_N)
 
+    if SINKS:  # one more term exp(sink) in the denominator, with no value (in the lse too)
+        m_i, l_i, acc = add_sink(m_i, l_i, acc, tl.load(sinks + h).to(tl.float32) * 1.4426950408889634)
     out, lse_row = finalize(acc, m_i, l_i)
     # Rows ≥ n_q fall outside the descriptor and are not written.
     o_desc.store([b, h, start_m, 0], out.to(q_tile.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
@@ -157,8 +203,34 @@ def _tensor_reason(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
-def _reason_for_options(q, k, options) -> str | None:
-    """Why the options ask for more than plain attention, or None."""
+def _reason_for_variant(q, variant) -> str | None:
+    """Why the forward kernel cannot take ``variant``, or None: a dense batch, window sides in
+    [−1, 2³⁰) (−1 unbounded), a finite softcap ≥ 0, ALiBi slopes float32/float64 (Hq,) or (B, Hq)
+    and sinks a unit-stride float (Hq,), both on q's device — what ``attention()`` builds."""
+    if not isinstance(variant, Variant):
+        return f"variant is a {type(variant).__name__}, not a Variant"
+    if variant.seq != SEQ_DENSE:
+        return "a ranges or varlen batch layout"
+    if not all(isinstance(side, int) and -1 <= side < 2 ** 30 for side in (variant.left, variant.right)):
+        return f"window sides {variant.left, variant.right} are not ints in [−1, 2³⁰)"
+    if not (isinstance(variant.softcap, (int, float)) and 0 <= variant.softcap < float("inf")):
+        return f"softcap {variant.softcap} is not a finite number ≥ 0"
+    (B, Hq), alibi, sinks = q.shape[:2], variant.alibi, variant.sinks
+    if alibi is not None and not (isinstance(alibi, torch.Tensor) and alibi.device == q.device
+                                  and alibi.dtype in (torch.float32, torch.float64)
+                                  and tuple(alibi.shape) in ((Hq,), (B, Hq))):
+        return "alibi slopes are not a float32/float64 (Hq,) or (B, Hq) tensor on q's device"
+    if sinks is not None and not (isinstance(sinks, torch.Tensor) and sinks.device == q.device
+                                  and sinks.is_floating_point() and tuple(sinks.shape) == (Hq,)
+                                  and (Hq == 1 or sinks.stride(0) == 1)):
+        return "sinks are not a unit-stride float (Hq,) tensor on q's device"
+    return None
+
+
+def _reason_for_options(q, k, options, variants: bool = False) -> str | None:
+    """Why the options ask for more than the kernel does, or None. ``variants``: the forward's
+    ``variant`` options (``_reason_for_variant``) are covered; without it (the backward) only plain
+    attention is."""
     for name, value in options.items():
         if name in ("causal", "need_lse", "seed"):  # the seed only matters with dropout
             continue
@@ -171,20 +243,24 @@ def _reason_for_options(q, k, options) -> str | None:
         elif name == "dropout_p":
             if value:
                 return "dropout"
-        elif name == "softcap":
-            if value:
-                return "softcap"
         elif name == "variant":
-            if value is not None and value is not PLAIN:
-                if value.left >= 0 or value.right >= 0:
-                    return "a sliding window"
-                if value.softcap or value.alibi is not None or value.sinks is not None:
-                    return "softcap, ALiBi or sinks"
-                if value.seq != SEQ_DENSE:
-                    return "a ranges or varlen batch layout"
-        elif name in ("mask", "attn_mask", "window", "sinks", "alibi_slopes"):
-            if value is not None:
-                return f"{name} is set"
+            if value is None or value is PLAIN:
+                continue
+            if variants:
+                reason = _reason_for_variant(q, value)
+                if reason is not None:
+                    return reason
+            elif value.left >= 0 or value.right >= 0:
+                return "a sliding window"
+            elif value.softcap or value.alibi is not None or value.sinks is not None:
+                return "softcap, ALiBi or sinks"
+            elif value.seq != SEQ_DENSE:
+                return "a ranges or varlen batch layout"
+        elif name in ("softcap", "mask", "attn_mask", "window", "sinks", "alibi_slopes"):
+            if value is not None and (name != "softcap" or value):
+                if variants and name not in ("mask", "attn_mask"):
+                    return f"{name} is given by name: the kernel takes it in variant= (a Variant)"
+                return "softcap" if name == "softcap" else f"{name} is set"
         else:
             return f"option {name!r} is not handled by the Hopper kernel"
     return None
@@ -210,11 +286,13 @@ def enabled() -> bool:
 
 @contextlib.contextmanager
 def disabled():
-    """Inside the block, attention calls take the portable kernel (to compare both paths)."""
-    from . import attention_fwd
+    """Inside the block, attention calls (forward and backward) take the portable kernels (to
+    compare both paths)."""
+    from . import attention_bwd, attention_fwd
     saved = os.environ.get("FLASHATTN_LITE_HOPPER")
     os.environ["FLASHATTN_LITE_HOPPER"] = "0"
     attention_fwd._HOPPER.clear()
+    attention_bwd._HOPPER.clear()
     try:
         yield
     finally:
@@ -223,17 +301,36 @@ def disabled():
         else:
             os.environ["FLASHATTN_LITE_HOPPER"] = saved
         attention_fwd._HOPPER.clear()
+        attention_bwd._HOPPER.clear()
 
 
-def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:
-    """Whether a plain attention forward takes this kernel (decided once per call signature by
-    ``attention_forward``; the base pointers' alignment is checked on every call there)."""
+def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:
+    """Whether an attention forward without mask or dropout takes this kernel (decided once per call
+    signature by ``attention_forward``; the base pointers' alignment is checked on every call there)."""
     if not enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if supported(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
+    if supported(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale, variant=variant) is not None:
         return False
     B, Hq, Nq, D = q.shape
     return B * Hq * Nq * k.shape[2] * D >= MIN_WORK
+
+
+def path_note(variant: Variant = PLAIN) -> str:
+    """What ``explain()`` says of a call this kernel takes (``note_path``)."""
+    options = [name for name, on in (("softcap", variant.softcap > 0), ("ALiBi", variant.alibi is not None),
+                                     ("sinks", variant.sinks is not None),
+                                     ("a sliding window", variant.left >= 0 or variant.right >= 0)) if on]
+    call = f"an fp16/bf16 call with {', '.join(options)}" if options else "a plain fp16/bf16 call"
+    return f"{call} on sm_90: the Triton TMA kernel (FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)"
+
+
+def _device_reason(q, k, v) -> str | None:
+    """Why q, k, v are not on a device this kernel runs on (CUDA, sm_90), or None."""
+    if not (q.is_cuda and k.device == q.device and v.device == q.device):
+        return "not CUDA tensors on one device"
+    if torch.version.hip is not None or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "not an sm_90 (Hopper) device"
+    return None
 
 
 def supported(q, k, v, **options) -> str | None:
@@ -242,16 +339,17 @@ def supported(q, k, v, **options) -> str | None:
     Covered: CUDA tensors on an sm_90 device, fp16/bf16, q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with
     Hq a multiple of Hkv and D ∈ {64, 128}, last stride 1, base and other strides 16-byte aligned
     (TMA's rules), and options no more than ``causal``, a positive ``scale``, the default
-    ``causal_offset`` (Nk − Nq) and ``need_lse``. CPU tensors are never covered, even under the
-    interpreter (the tests call ``attention_forward_hopper`` directly)."""
+    ``causal_offset`` (Nk − Nq), ``need_lse`` and a dense-batch ``variant`` (softcap, ALiBi, sinks,
+    a window: ``_reason_for_variant``); masks, dropout and ranges/varlen layouts are not, nor the
+    variant options given by name. CPU tensors are never covered, even under the interpreter (the
+    tests call ``attention_forward_hopper`` directly)."""
     if not _HAS_TMA:
         return f"triton {triton.__version__} has no tensor descriptors"
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
         return "q, k, v are not 4-D tensors"
-    if not (q.is_cuda and k.device == q.device and v.device == q.device):
-        return "not CUDA tensors on one device"
-    if torch.version.hip is not None or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "not an sm_90 (Hopper) device"
+    reason = _device_reason(q, k, v)
+    if reason is not None:
+        return reason
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtype {q.dtype} (fp16/bf16 only, one dtype for q, k, v)"
     (B, Hq, Nq, D), (Bk, Hkv, Nk, Dk) = q.shape, k.shape
@@ -269,17 +367,21 @@ def supported(q, k, v, **options) -> str | None:
         reason = _tensor_reason(name, t)
         if reason is not None:
             return reason
-    return _reason_for_options(q, k, options)
+    return _reason_for_options(q, k, options, variants=True)
 
 
-def attention_forward_hopper(q, k, v, scale: float, causal: bool, *, config: Config | None = None):
-    """o, lse = softmax(scale·q·kᵀ [causal, bottom-right]) · v, and its natural-log lse.
+def attention_forward_hopper(q, k, v, scale: float, causal: bool, *, variant: Variant = PLAIN,
+                             config: Config | None = None):
+    """o, lse = softmax(scores) · v and its natural-log lse, the scores scale·q·kᵀ with
+    ``variant``'s options (softcap, ALiBi, window; sinks in the denominator), causal bottom-right.
 
     q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D); call only where ``supported`` returned None (the CPU
-    interpreter runs it too, for tests). Returns o (B, Hq, Nq, D) contiguous in q's dtype and lse
-    (B, Hq, Nq) float32; a row with no visible key (causal, Nq > Nk) has o = 0, lse = −inf.
-    ``config``: one of ``CONFIGS`` (default: ``default_config``). Cost: like the portable kernel,
-    one pass over K/V per query tile, O(N·D) memory."""
+    interpreter runs it too, for tests). ``variant``: as ``attention_forward`` takes it (a dense
+    batch; ``causal`` caps its right side at 0 here). Returns o (B, Hq, Nq, D) contiguous in q's
+    dtype and lse (B, Hq, Nq) float32; a row with no visible key (causal with Nq > Nk, a window)
+    has o = 0, lse = −inf (with sinks: the sink's logit). ``config``: one of ``CONFIGS`` (default:
+    ``default_config``). Cost: like the portable kernel, one pass over the visible K/V tiles per
+    query tile, O(N·D) memory."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = config or default_config(D, causal, max(Nq, Nk))
@@ -290,9 +392,17 @@ def attention_forward_hopper(q, k, v, scale: float, causal: bool, *, config: Con
                    TensorDescriptor(k, list(k.shape), list(k.stride()), kv_block),
                    TensorDescriptor(v, list(v.shape), list(v.stride()), kv_block),
                    TensorDescriptor(o, list(o.shape), list(o.stride()), q_block))
+    if variant is PLAIN:  # the common call: no walk over the options
+        tensors, alibi_strides, scalars, sides = (q, q), (0, 0), (0.0, 0.0), (-1, -1)
+        flags = dict(HAS_LEFT=False, HAS_RIGHT=bool(causal), SOFTCAP=False, ALIBI=False, SINKS=False, FAST_TANH=False)
+    else:  # the options as the portable kernel takes them
+        variant = causal_window(variant, causal)
+        tensors, alibi_strides, scalars, constexprs = score_args(variant, q, scale)
+        sides = (variant.left, variant.right)
+        flags = {name: constexprs[name] for name in ("HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "ALIBI", "SINKS", "FAST_TANH")}
     grid = (cdiv(Nq, cfg.block_m) * B * Hq,)
     _attn_fwd_hopper_kernel[grid](
-        *descriptors, lse, Hq, Nq, Nk, scale * LOG2E,
-        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        *descriptors, lse, *tensors, *alibi_strides, Hq, Nq, Nk, *sides, scale * LOG2E, *scalars,
+        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse
