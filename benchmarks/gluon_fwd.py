@@ -1,0 +1,159 @@
+"""The Gluon forward (warp-specialized wgmma + TMA) against the Triton Hopper kernel and SDPA: TFLOP/s.
+
+Problem as in ``hopper_fwd.py``: bf16, 16k tokens (B·N = 16384), hidden 2048 (H = 2048 / d),
+d ∈ {64, 128}, causal or not, N ∈ {2048, 8192, 16384}, Nq = Nk. At each point: the Triton Hopper
+kernel at its default config (``attention_fwd_hopper.default_config``; its o and lse are the
+reference), every Gluon config of the sweep (``attention_fwd_gluon.CONFIGS``; the best is reported
+with its config), torch SDPA's cuDNN and flash backends. Each Gluon config's output is compared with
+the Hopper kernel's first (max |Δo|, max |Δlse|): a config off by more than bf16 rounding is marked
+wrong and never reported as the best; one that fails to compile is recorded and skipped. Timing:
+``common.time_ms`` (median, cold clean L2). TFLOP/s = 4·B·H·N²·d / t, halved under causal.
+
+JSON (with the environment) is rewritten after every point to ``--out/gluon_fwd-<timestamp>.json``;
+``--time-budget`` (seconds from the script's start): a timing starts only if the longest one so far
+would still end within it; the run then ends cleanly with what it has.
+
+    PYTHONPATH=. python benchmarks/gluon_fwd.py --out benchmarks/results --time-budget 150
+"""
+from __future__ import annotations
+
+import time
+
+_T0 = time.monotonic()  # the budget counts from here: imports and CUDA start-up included
+
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hopper_fwd import (LSE_TOL, O_TOL, TOKENS, HIDDEN, Budget, argument_parser, flops, inputs,  # noqa: E402
+                        max_diffs, measure, sdpa_backends, short, time_configs)
+
+from flashattn_lite.bench import common  # noqa: E402
+from flashattn_lite.ops import attention_fwd_gluon as glu  # noqa: E402
+from flashattn_lite.ops import attention_fwd_hopper as hopper  # noqa: E402
+
+CONFIG_WIDTH = 24
+
+
+def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
+    """A new point: the Hopper kernel (reference and peer), the Gluon configs, the SDPA backends."""
+    q, k, v = inputs(d, n)
+    b, h = q.shape[:2]
+    scale = d ** -0.5
+    work = flops(b, h, n, d, causal)
+    point = {"d": d, "causal": causal, "n": n, "batch": b, "heads": h, "gflop": round(work / 1e9, 1)}
+    reason = glu.supported(q, k, v, causal=causal)
+    if reason is not None:
+        point["error"] = f"not covered by the Gluon kernel: {reason}"
+        return point
+
+    def hopper_default():
+        return hopper.attention_forward_hopper(q, k, v, scale, causal)
+
+    def time_hopper():
+        ref = hopper_default()
+        return ref, measure(hopper_default, work, rep_ms)
+
+    (o_ref, lse_ref), point["hopper_default"] = budget.step(time_hopper)
+    point["hopper_default"]["config"] = hopper.default_config(d, causal, n).name
+
+    def run(cfg):
+        return glu.attention_forward_gluon(q, k, v, scale, causal, config=cfg)
+
+    def check(out):
+        d_o, d_lse = max_diffs(*out, o_ref, lse_ref)
+        return {"max_abs_diff_o": d_o, "max_abs_diff_lse": d_lse, "ok": bool(d_o <= O_TOL and d_lse <= LSE_TOL)}
+
+    # time_configs files its rows under the Hopper benchmark's keys: renamed here.
+    time_configs(point, configs, run, check, work, budget, rep_ms)
+    point["gluon"] = point.pop("hopper", [])
+    if "hopper_best" in point:
+        point["gluon_best"] = point.pop("hopper_best")
+
+    from torch.nn.attention import sdpa_kernel
+    for name, backend in sdpa_backends():
+        if not budget.allows():
+            point[name] = {"skipped": "time budget"}
+            continue
+
+        def peer(backend=backend):
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+        def check_and_time(name=name, peer=peer):
+            try:
+                o = peer()
+                torch.cuda.synchronize()
+            except Exception as e:  # the backend does not take this problem here
+                point[name] = {"error": short(e)}
+                return
+            point[name] = {"max_abs_diff_o": (o.float() - o_ref.float()).abs().max().item(),
+                           **measure(peer, work, rep_ms)}
+
+        budget.step(check_and_time)
+    return point
+
+
+def table_line(p) -> str:
+    def tf(entry):
+        return f"{entry['tflops']:7.1f}" if isinstance(entry, dict) and "tflops" in entry else "      -"
+    best, hop = p.get("gluon_best"), p.get("hopper_default")
+    ratio = f"{hop['ms'] / best['ms']:5.2f}x" if best and hop and "ms" in hop else "    -"
+    cudnn = p.get("sdpa-cudnn")
+    vs_cudnn = f"{cudnn['ms'] / best['ms']:5.2f}x" if best and cudnn and "ms" in cudnn else "    -"
+    bad = [r["config"] for r in p.get("gluon", []) if r.get("ok") is False]
+    failed = [r["config"] for r in p.get("gluon", []) if "error" in r]
+    notes = (f" WRONG: {','.join(bad)}" if bad else "") + (f" failed: {','.join(failed)}" if failed else "")
+    return (f"{p['d']:4d} {str(p['causal']):>6} {p['n']:6d} {tf(hop)} {tf(best)} "
+            f"{(best or {}).get('config', '-'):>{CONFIG_WIDTH}} {ratio} {tf(cudnn)} {vs_cudnn} "
+            f"{tf(p.get('sdpa-flash'))}" + notes + (f" {p['error']}" if "error" in p else ""))
+
+
+def main(argv=None) -> int:
+    args = argument_parser(__doc__, "the Gluon kernel's").parse_args(argv)
+    budget = Budget(args.time_budget, _T0)
+    if not torch.cuda.is_available():
+        print("gluon_fwd: needs a CUDA GPU (an sm_90 one for the Gluon kernel)", file=sys.stderr)
+        return 2
+    head_dims = [int(x) for x in args.head_dims.split(",")]
+    lengths = [int(x) for x in args.lengths.split(",")]
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    path = common.result_stem(args.out, "gluon_fwd").with_suffix(".json")
+    result = {"benchmark": "gluon_fwd", "command": common.recorded_command(sys.argv, args.out),
+              "environment": common.environment(), "args": {k: v for k, v in vars(args).items() if k != "out"},
+              "tokens": TOKENS, "hidden": HIDDEN, "dtype": "bfloat16", "points": [], "stopped_early": False}
+    print(f"{'d':>4} {'causal':>6} {'N':>6} {'hopper':>7} {'gluon':>7} {'best config':>{CONFIG_WIDTH}} "
+          f"{'vs hop':>6} {'cudnn':>7} {'vs cud':>6} {'flash':>7}   (TFLOP/s)")
+
+    def save():
+        result["elapsed_s"] = round(budget.elapsed(), 1)
+        common.write_text_atomic(path, json.dumps(result, indent=1))
+
+    for d in head_dims:
+        for causal in causals:
+            for n in lengths:
+                if not budget.allows():
+                    result["stopped_early"] = True
+                    continue
+                cfgs = glu.CONFIGS[d] if args.configs == "all" else [glu.default_config(d, causal, n)]
+                try:
+                    point = run_point(d, causal, n, cfgs, budget, args.rep_ms)
+                except Exception as e:  # the point's own setup failed (e.g. out of memory): record, go on
+                    point = {"d": d, "causal": causal, "n": n, "error": short(e)}
+                torch.cuda.empty_cache()
+                result["points"].append(point)
+                save()
+                print(table_line(point), flush=True)
+    save()
+    if result["stopped_early"]:
+        print(f"time budget of {args.time_budget:.0f} s spent: later points not run")
+    print(f"wrote {path} ({result['elapsed_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""Attention forward for Hopper (sm_90) in Gluon: an FA3-style warp-specialized schedule.
+
+Same contract as ``attention_forward_hopper`` (ops/attention_fwd_hopper.py): plain attention, causal
+(bottom-right aligned) or not, GQA, fp16/bf16, D ∈ {64, 128}; o (B, Hq, Nq, D) contiguous in q's
+dtype, lse (B, Hq, Nq) float32 natural log, a row with no visible key o = 0 and lse = −inf.
+
+Where the Triton kernel leaves the schedule to the compiler, here it is written out (Gluon is
+Triton's tile-level language with explicit layouts, shared memory, barriers and partitions):
+
+* One program = one query tile of ``64 · CONSUMERS`` rows of one (batch, head). Its warps are split
+  by ``gl.warp_specialize`` into a **loader** (1 warp, few registers) and ``CONSUMERS`` **consumer
+  warpgroups** (4 warps, 64 query rows each, many registers: setmaxnreg through ``worker_num_regs``).
+* The loader issues every TMA copy: the consumers' Q rows once, then K_j and V_j into a ring of
+  ``STAGES`` shared-memory slots. Each slot has three mbarriers: ``k_ready``/``v_ready`` (TMA
+  transaction counts: K and V are awaited separately so QKᵀ starts before V lands) and ``empty``
+  (one arrival per consumer when its last wgmma reading the slot has retired).
+* Each consumer runs asynchronous wgmma with FA3's intra-warpgroup overlap: in iteration j it issues
+  S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} back to back, waits for S_j only (wgmma groups retire in
+  order), and computes the softmax of S_j while the tensor cores still run P_{j-1}·V_{j-1}; then
+  it waits for that, frees slot j−1 and rescales O. P stays in registers (the register-A wgmma), the
+  softmax scale·log2 e is folded into one exp2 FMA per score.
+* ``PINGPONG`` (two or three consumers): the warpgroups take turns issuing their GEMMs (one
+  mbarrier per consumer, passed round the ring), so one's softmax runs while another's GEMMs keep
+  the tensor cores busy (FA3's inter-warpgroup ping-pong).
+* The K and V slots are freed separately: K_j as soon as S_j has retired, V_j after P_j·V_j, so the
+  loader refills K while the last P·V still runs.
+* Masks: keys past Nk (the last partial tile reads TMA zero-fill) and, under causal, keys right of
+  the diagonal (j > i + Nk − Nq) are set to −inf, only in the tiles that need it (a uniform branch
+  per tile); keys no row of the program sees are never loaded. O goes out through shared memory
+  (Q's slot, dead by then) and one TMA store, which drops rows past Nq.
+
+Measured on the H100 (``benchmarks/gluon_fwd.py``, 2026-11-24, two runs, bf16, B·N 16k tokens, best
+config per point): d 128 at N 8k / 16k 587–623 TFLOP/s non-causal, 566–661 causal (1.12–1.27× the
+Triton Hopper kernel's default, 0.92–1.13× cuDNN); d 64 at N 8k / 16k 448–514 (1.09–1.22×,
+0.96–1.14× cuDNN). At N 2k it is about the Triton kernel's speed (d 128: 500 vs 477–504, causal
+414 vs 431–434; 0.77–0.84× cuDNN): one
+program per SM (registers), each with only 16 key tiles, leaves its prologue and epilogue exposed; a
+persistent schedule would hide them.
+
+Descriptors are built on the host (4-D over the (B, H, N, D) tensors, strides as given), like the
+Triton Hopper kernel's. The Gluon imports are guarded: on a triton without Gluon, another triton
+than 3.6 (whose Gluon API this is written against) or without CUDA, the module imports and
+``supported`` says why not.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._runtime import cdiv
+from ..merge import LOG2E
+from .attention_fwd import PLAIN
+
+try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _HAS_GLUON = hasattr(gl, "warp_specialize") and hasattr(tma, "async_copy_global_to_shared")
+except Exception:  # noqa: BLE001 - any import problem means: no Gluon path here
+    _HAS_GLUON = False
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+# The Gluon API is experimental and changes between releases: the kernel is written for (and
+# compiled against) triton 3.6.
+TESTED_TRITON = ("3.6.",)
+
+
+class Config(NamedTuple):
+    """One launch configuration: ``consumers`` warpgroups of 64 query rows each, key tiles of
+    ``block_n``, ``stages`` K/V slots, ``pingpong`` (two consumers take turns issuing GEMMs),
+    ``consumer_regs`` (setmaxnreg for the consumer warpgroups; the loader gets ``LOADER_REGS``)."""
+    consumers: int
+    block_n: int
+    stages: int
+    pingpong: bool
+    consumer_regs: int = 240
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def name(self) -> str:
+        pp = "-pp" if self.pingpong else ""
+        return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{pp}-r{self.consumer_regs}"
+
+
+LOADER_REGS = 24
+
+# The sweep, per head dim. Shared memory: 2 bytes · (BLOCK_M·D for Q + stages·2·BLOCK_N·D for K/V)
+# under the H100's 227 KB (d 128, m128 n128: 224 KB at 3 stages). Registers: 65536 per SM over
+# 384 threads (2 consumers) or 512 (3): the consumers get 240 or 160, the loader 24; none spills.
+# Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
+# with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
+# d 64 n256 (spills).
+CONFIGS = {
+    64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False)],
+    128: [Config(2, 128, 3, True), Config(2, 128, 3, False), Config(3, 64, 3, True, 160),
+          Config(3, 64, 4, False, 160)],
+}
+
+
+def default_config(head_dim: int, causal: bool = False, n: int = 4096) -> Config:
+    """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the
+    H100, 2026-11-24, bf16, N 2k / 8k / 16k with B·N 16k). d 64: three ping-ponging consumers
+    (192-row tiles). d 128: two consumers with 128-key tiles and three stages (ping-pong under
+    causal), three consumers with 64-key tiles below N 8k (more, smaller programs)."""
+    if head_dim == 64:
+        return Config(3, 128, 3, True, 160)
+    if n < 8192:
+        return Config(3, 64, 3, True, 160)
+    return Config(2, 128, 3, bool(causal))
+
+
+if _HAS_GLUON:
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                b, h, h_kv, start_m, n_tiles,
+                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The loader warp: Q once, then K_j/V_j into slot j % STAGES once the consumers freed it."""
+        mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(q_desc, [b, h, start_m + 64 * c, 0], q_bar, q_smem.index(c))
+        for j in range(n_tiles):
+            s = j % STAGES
+            # A fresh barrier's "previous" phase counts as complete: the first round never waits.
+            free = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(s), free)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, h_kv, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), free)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, h_kv, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _scores(s, j, rows, n_k, off, first_masked, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                s_layout: gl.constexpr):
+        """S_j with the keys its rows cannot see set to −inf (only tiles from ``first_masked`` on)."""
+        if j * BLOCK_N >= first_masked:
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = gl.expand_dims(cols < n_k, 0)
+            if CAUSAL:
+                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
+            s = gl.where(visible, s, float("-inf"))
+        return s
+
+    @gluon.jit
+    def _softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr):
+        """Online softmax step in base 2 with the scale folded into the exponent: returns
+        (m, ℓ, P in the register-A wgmma layout, α = exp2(m_old − m_new))."""
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        alpha = gl.exp2(m_i - m_ref)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return m_new, l_i, gl.convert_layout(p.to(dtype), p_layout), alpha
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                  bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                  ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile."""
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        OTHER: gl.constexpr = (ME + 1) % CONSUMERS
+
+        row0 = start_m + 64 * ME
+        rows = row0 + gl.arange(0, 64, layout=row_layout)
+        q = q_smem.index(ME).reshape([64, HEAD_DIM])
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+        p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
+        s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(q_bar, 0)
+
+        if n_tiles > 0:
+            # Tile 0: S_0 alone (nothing to overlap it with yet).
+            mbarrier.wait(k_ready.index(0), 0)
+            if PINGPONG:
+                mbarrier.wait(turn.index(ME), 0)
+            s = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(OTHER))
+            s = warpgroup_mma_wait(0, deps=[s])
+            mbarrier.arrive(k_empty.index(0))
+            s = _scores(s, 0, rows, n_k, off, first_masked, CAUSAL, BLOCK_N, s_layout)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
+
+        for j in range(1, n_tiles):
+            cur = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(cur), (j // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            if PINGPONG:  # my turn to issue GEMMs: the other warpgroup is in its softmax
+                mbarrier.wait(turn.index(ME), j & 1)
+            s = warpgroup_mma(q, k_smem.index(cur).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(OTHER))
+            # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
+            s = warpgroup_mma_wait(1, deps=[s])
+            mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
+            s = _scores(s, j, rows, n_k, off, first_masked, CAUSAL, BLOCK_N, s_layout)
+            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
+            acc, p = warpgroup_mma_wait(0, deps=[acc, p])
+            mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            p = p_next
+
+        if n_tiles > 0:
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc, p = warpgroup_mma_wait(0, deps=[acc, p])
+            mbarrier.arrive(v_empty.index(last))
+
+        # O = acc / ℓ, lse = ln 2 · (m + log2 ℓ); an empty row gives O = 0, lse = −inf.
+        empty_row = l_i == 0.0
+        inv_l = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
+        lse_row = gl.where(empty_row, float("-inf"),
+                           (m_i + gl.log2(gl.where(empty_row, 1.0, l_i))) * 0.6931471805599453)
+        gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
+        out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
+        # Q's slot is free (its last wgmma retired above): stage O there for one TMA store, which
+        # drops the rows past Nq.
+        o_smem = q_smem.index(ME)
+        o_smem.reshape([64, HEAD_DIM]).store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem)
+        tma.store_wait(0)
+
+    # Lengths and the GQA group change from call to call: one binary for all of them.
+    @gluon.jit(do_not_specialize=["n_q", "n_k", "group"])
+    def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, n_heads, group, n_q, n_k, qk_scale,
+                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
+                               CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                               PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                               LOADER_REGS: gl.constexpr):
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        # Grid (B·Hq, query tiles), the last (under causal, heaviest) tiles of every head first.
+        bh = gl.program_id(0)
+        start_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+        b = bh // n_heads
+        h = bh % n_heads
+        h_kv = h // group
+
+        # Keys [0, hi) are visible to some row of the tile; from first_masked on, not to every row
+        # (the causal diagonal, bottom-right aligned with offset Nk − Nq, and the zero-padded tail).
+        off = n_k - n_q
+        hi = n_k
+        full_hi = n_k
+        if CAUSAL:
+            hi = gl.minimum(gl.maximum(start_m + BLOCK_M + off, 0), n_k)
+            full_hi = gl.minimum(gl.maximum(start_m + 1 + off, 0), n_k)
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+        first_masked = (full_hi // BLOCK_N) * BLOCK_N
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            mbarrier.init(v_ready.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=CONSUMERS)
+            mbarrier.init(v_empty.index(s), count=CONSUMERS)
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(turn.index(c), count=1)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(0))  # consumer 0 issues first
+        fence_async_shared()
+
+        # (The partitions' argument tuples are written out: Gluon takes no function values in
+        # variables.) Consumer 0 is the default partition; the others and the loader are workers.
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             0, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                           b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
+            ], [1], [LOADER_REGS])
+        elif CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             0, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             1, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                           b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             0, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             1, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             2, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                           b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+
+
+def supported(q, k, v, **options) -> str | None:
+    """None when ``attention_forward_gluon`` covers this call, else the reason in words: the Hopper
+    TMA kernel's rules (``attention_fwd_hopper.supported``) plus a triton whose Gluon this kernel
+    was written for."""
+    variant = options.get("variant")
+    if variant is not None and variant is not PLAIN:
+        return "softcap, ALiBi, sinks, a window or a batch layout (the Gluon kernel is plain attention only)"
+    if not _HAS_GLUON:
+        return "this triton has no Gluon Hopper API (triton.experimental.gluon)"
+    if not triton.__version__.startswith(TESTED_TRITON):
+        return f"triton {triton.__version__}: the Gluon kernel is written for triton {TESTED_TRITON[0]}x"
+    from .attention_fwd_hopper import supported as hopper_supported
+    return hopper_supported(q, k, v, **options)
+
+
+# Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, 2026-11-24,
+# bf16, B·N 16k): every non-causal point (d 128 at N 2k: 500 vs 477 TFLOP/s), causal from N 8k on
+# (d 128 at 8k / 16k: 566–661 vs 504–525); causal at N 2k it is 5–7% slower (414 vs 434 at d 128).
+CAUSAL_MIN_N = 8192
+PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized kernel (FLASHATTN_LITE_HOPPER=0 "
+             "turns the Hopper paths off)")
+
+
+def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:
+    """Whether a plain attention forward takes this kernel rather than the Triton TMA one: the
+    Triton Hopper kernel's switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``) and rules, this
+    module's triton version, and the measured crossover (``CAUSAL_MIN_N``)."""
+    from . import attention_fwd_hopper as hopper
+    if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
+        return False
+    if causal and max(q.shape[2], k.shape[2]) < CAUSAL_MIN_N:
+        return False
+    if supported(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
+        return False
+    B, Hq, Nq, D = q.shape
+    return B * Hq * Nq * k.shape[2] * D >= hopper.MIN_WORK
+
+
+_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    """A 4-D TMA descriptor over (B, H, N, D) ``t`` moving [rows, D] tiles of one head."""
+    block = [1, 1, rows, t.shape[3]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Config | None = None,
+                            variant=PLAIN):
+    """o, lse = softmax(scale·q·kᵀ [causal, bottom-right]) · v, and its natural-log lse.
+
+    q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D); call only where ``supported`` returned None. Returns o
+    (B, Hq, Nq, D) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
+    (causal, Nq > Nk) has o = 0, lse = −inf. ``config``: one of ``CONFIGS`` (default:
+    ``default_config``). ``variant``: only ``PLAIN`` (the dispatcher's uniform call)."""
+    if variant is not PLAIN:
+        raise ValueError("attention_forward_gluon: variant must be PLAIN (no softcap, ALiBi, sinks or window)")
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    cfg = config or default_config(D, causal, max(Nq, Nk))
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    grid = (B * Hq, cdiv(Nq, cfg.block_m))
+    _attn_fwd_gluon_kernel[grid](
+        _descriptor(q, 64), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), _descriptor(o, 64),
+        lse, Hq, Hq // Hkv, Nq, Nk, scale * LOG2E,
+        HEAD_DIM=D, CAUSAL=bool(causal), CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
+        STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
+        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
+    return o, lse

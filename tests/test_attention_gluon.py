@@ -1,0 +1,142 @@
+"""The Gluon forward (ops/attention_fwd_gluon.py, warp-specialized wgmma + TMA): against the float64
+reference and the Triton Hopper kernel (ops/attention_fwd_hopper.py) on the same inputs.
+
+GPU only: Gluon kernels do not run in the Triton interpreter, and the kernel is written for triton
+3.6's Gluon API on sm_90. Elsewhere the module is skipped (importing the kernel module must still
+work, which the first test checks wherever it runs).
+"""
+import pytest
+import torch
+
+from conftest import ON_GPU, assert_close_to_ref
+from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
+from flashattn_lite.ops import attention_fwd_hopper as hopper
+from flashattn_lite.reference import attention_reference
+from test_attention_hopper import EPS, check_lse, make_qkv, shape_id
+
+
+def _cannot_run() -> str | None:
+    if not ON_GPU:
+        return "Gluon kernels need a CUDA GPU (no interpreter)"
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "the Gluon kernel needs an sm_90 GPU"
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.float16, device="cuda")
+    return gluon_fwd.supported(q, q, q)
+
+
+REASON = _cannot_run()
+needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+
+def test_module_imports_and_says_why_not():
+    # On any machine: the module imports (Gluon guarded) and supported() answers in words.
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    reason = gluon_fwd.supported(q, q, q)
+    assert reason is not None and isinstance(reason, str)
+    for d, configs in gluon_fwd.CONFIGS.items():
+        assert d in gluon_fwd.HEAD_DIMS and configs
+        assert gluon_fwd.default_config(d) in configs
+
+
+# (B, Hq, Hkv, Nq, Nk): lengths 1, 17, 1000, 4097 (partial tiles), Nq ≠ Nk both ways (Nq > Nk under
+# causal leaves rows with no key), GQA 2:1 (4:1 in its own test: the Hopper kernel compiles once per
+# group, the Gluon kernel takes it at run time); each at d 64 and 128.
+SHAPES = [
+    (1, 2, 2, 1, 1),
+    (2, 4, 2, 17, 17),
+    (2, 8, 2, 1000, 1000),
+    (1, 4, 4, 4097, 4097),
+    (1, 4, 2, 1000, 4097),
+    (1, 2, 2, 4097, 1000),
+    (1, 4, 2, 1, 4097),
+    (1, 4, 2, 17, 1000),
+]
+
+
+def check(shape, dtype, causal, config, *, vs_hopper=True):
+    q, k, v = make_qkv(shape, dtype)
+    assert gluon_fwd.supported(q, k, v, causal=causal) is None
+    scale = q.shape[-1] ** -0.5
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, causal, config=config)
+    assert o.shape == q.shape and o.dtype == dtype and o.is_contiguous()
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32 and lse.is_contiguous()
+
+    o_ref, lse_ref = attention_reference(q, k, v, causal=causal)
+    o_same, _ = attention_reference(q, k, v, causal=causal, dtype=dtype)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dtype])
+    check_lse(lse, lse_ref, dtype)
+    assert (o[~torch.isfinite(lse_ref)] == 0).all()  # rows with no visible key: exactly 0, never NaN
+
+    if not vs_hopper:
+        return
+    o_hop, lse_hop = hopper.attention_forward_hopper(q, k, v, scale, causal)
+    assert_close_to_ref(o, o_hop, o_ref, eps=EPS[dtype], what="output vs the Triton Hopper kernel's error")
+    check_lse(lse, lse_hop.double(), dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", gluon_fwd.HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(s + (0,))[:-3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_forward_matches_reference_and_hopper(shape, d, dtype, causal):
+    # fp16 against the reference only: each (dtype, d, causal, group) is one more Hopper compile.
+    check(shape + (d,), dtype, causal, None, vs_hopper=dtype == torch.bfloat16)
+
+
+@needs_gpu
+def test_gqa_4_to_1():
+    check((1, 8, 2, 1000, 1000, 128), torch.bfloat16, True, None)
+    check((2, 8, 2, 333, 4097, 64), torch.bfloat16, False, None, vs_hopper=False)
+
+
+@needs_gpu
+@pytest.mark.parametrize("head_dim, config", [(d, c) for d in gluon_fwd.HEAD_DIMS for c in gluon_fwd.CONFIGS[d]],
+                         ids=lambda x: x.name if isinstance(x, gluon_fwd.Config) else f"d{x}")
+def test_every_config_on_partial_tiles(head_dim, config):
+    # Tails on both sides and the bottom-right diagonal (Nq < Nk, neither a tile multiple), GQA 2:1;
+    # causal, which has every mask the non-causal kernel has (the zero-padded keys) and the diagonal.
+    check((1, 4, 2, 1000, 1037, head_dim), torch.bfloat16, True, config)
+
+
+@needs_gpu
+def test_strided_heads_read_in_place():
+    # (B, N, H, D) storage seen as (B, H, N, D): the descriptors take the strides.
+    q, k, v = make_qkv((2, 8, 2, 1000, 777, 128), torch.float16, layout="bnhd")
+    assert not q.is_contiguous()
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.125, True)
+    oc, lsec = gluon_fwd.attention_forward_gluon(q.contiguous(), k.contiguous(), v.contiguous(), 0.125, True)
+    assert torch.equal(o, oc) and torch.equal(lse, lsec)
+
+
+def test_refuses_the_variant_options():
+    # Plain attention only: a call with softcap, ALiBi, sinks or a window is never handed to it.
+    from flashattn_lite.ops.attention_fwd import Variant
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    assert "plain attention only" in gluon_fwd.supported(q, q, q, variant=Variant(softcap=30.0))
+    with pytest.raises(ValueError, match="variant"):
+        gluon_fwd.attention_forward_gluon(q, q, q, 0.125, False, variant=Variant(softcap=30.0))
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal, n, takes_gluon", [(False, 2048, True), (True, 2048, False), (True, 8192, True)],
+                         ids=["full-2k", "causal-2k", "causal-8k"])
+def test_attention_dispatches_where_it_measured_fastest(causal, n, takes_gluon):
+    # attention() sends plain calls to the Gluon kernel non-causal at any length and causal from
+    # CAUSAL_MIN_N on, else to the Triton TMA kernel; both give what the kernel called directly
+    # gives, and the backward runs from the Gluon kernel's (o, lse).
+    from flashattn_lite import attention, explain
+    from flashattn_lite.ops import attention_fwd
+    q, k, v = make_qkv((16384 // n, 8, 8, n, n, 128), torch.bfloat16)
+    attention_fwd._HOPPER.clear()
+    how = explain(q, k, v, causal=causal, backward=False)
+    assert how.path == "hopper" and ("Gluon" in how.reason) == takes_gluon
+    direct = (gluon_fwd.attention_forward_gluon if takes_gluon else hopper.attention_forward_hopper)(
+        q, k, v, 128 ** -0.5, causal)[0]
+    assert torch.equal(attention(q, k, v, causal=causal), direct)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
+    with hopper.disabled():
+        want = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
+    for g, w in zip(grads, want):
+        assert (g.float() - w.float()).norm() <= 2e-2 * w.float().norm()
