@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .._launcher import launcher
+from .._log import note_path
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
@@ -362,12 +363,44 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
              (dq_acc * sm_scale).to(dq.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
+_HOPPER: dict = {}  # plain call signature → the Hopper backward's entry point, or False
+_HOPPER_ENTRIES = 256
+
+
+def _hopper_backward(q, k, v, causal, causal_offset, scale):
+    """The Hopper (TMA) backward's entry point if this plain call takes it, else False: decided once
+    per call signature (``attention_bwd_hopper.fast_path``, which imports this module), base-pointer
+    alignment checked on every call. The caller hands it a contiguous dO (so only dO's base
+    alignment is left to check)."""
+    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        return False
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal,
+           causal_offset, scale)
+    hopper = _HOPPER.get(key)
+    if hopper is None:
+        from . import attention_bwd_hopper
+        if len(_HOPPER) >= _HOPPER_ENTRIES:
+            _HOPPER.clear()
+        # q stands in for the contiguous dO: same shape and dtype, and its strides pass the same rules.
+        ok = attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale)
+        hopper = _HOPPER[key] = attention_bwd_hopper.attention_backward_hopper if ok else False
+    return hopper
+
+
 def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool, causal_offset: int,
                        mask: torch.Tensor | None, dropout_p: float, seed: int, variant: Variant = PLAIN):
     """Gradients (dq, dk, dv, dsinks) in the inputs' dtypes; dk, dv summed over each GQA group;
     dsinks (Hq,) float32, or None without sinks. Tensors laid out as for ``attention_forward``."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if variant is PLAIN and mask is None and dropout_p == 0.0:
+        hopper = _hopper_backward(q, k, v, causal, causal_offset, scale)
+        # autograd may hand over an expanded dO (e.g. of o.sum()): TMA takes it contiguous.
+        dense_do = do.contiguous() if hopper else None
+        if hopper and dense_do.data_ptr() % 16 == 0:
+            note_path("hopper", "attention backward", "a plain causal fp16/bf16 call on sm_90: the TMA "
+                      "kernels (FLASHATTN_LITE_HOPPER=0 turns them off)")
+            return (*hopper(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
     variant = causal_window(variant, causal)
     if dlse is not None:
         dlse = dlse.float().contiguous()  # autograd hands over expanded (stride-0) grads, e.g. from lse.sum()
