@@ -23,6 +23,8 @@ QUICK = dict(head_dims=[128], dtypes=["bf16"], lengths=[4096])
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DECODE = [(1, 4096), (1, 32768), (1, 131072), (8, 32768)]  # (batch, cache length): Hq 32, Hkv 8
 SOFTMAX_N = [1024, 2048, 4096, 8192, 16384]
+OPS = ("attention", "decode", "softmax", "variants")
+VARIANT_WINDOW = 4096  # keys of the sliding window tuned (W − 1 to the left, causal), as ``variants`` measures
 
 
 def add_arguments(parser) -> None:
@@ -32,7 +34,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--lengths", default=None, metavar="N,...",
                         help="attention lengths, B·N = 16k tokens (default 1024,4096,16384)")
     parser.add_argument("--ops", default="attention,decode,softmax", metavar="OP,...",
-                        help="from attention, decode, softmax (default all)")
+                        help="from attention, decode, softmax, variants (default: the first three; variants "
+                             "tunes causal attention with each of softcap, ALiBi, sinks, all three, and a "
+                             f"{VARIANT_WINDOW}-key window, at the attention grid's head dims, dtypes and lengths)")
     parser.add_argument("--quick", action="store_true", help="d 128, bf16, N 4096 only")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="tune into this tuning cache (kept: FLASHATTN_LITE_AUTOTUNE=1 with "
@@ -46,8 +50,8 @@ def run(args) -> dict:
     if not args.out.endswith((".json", ".py")):
         raise BenchArgumentError(f"--out must end in .json or .py, got {args.out!r}")
     ops = [o for o in args.ops.split(",") if o]
-    if not ops or set(ops) - {"attention", "decode", "softmax"}:
-        raise BenchArgumentError(f"--ops: expected names from attention, decode, softmax, got {args.ops!r}")
+    if not ops or set(ops) - set(OPS):
+        raise BenchArgumentError(f"--ops: expected names from {', '.join(OPS)}, got {args.ops!r}")
     base = {**DEFAULTS, **(QUICK if args.quick else {})}
     try:
         head_dims = [int(x) for x in args.head_dims.split(",")] if args.head_dims else base["head_dims"]
@@ -149,6 +153,18 @@ def _grid(ops, head_dims, dtypes, lengths):
                             o = attention(q, k, v, causal=causal)
                             torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
                         yield f"attention d{d} {dt} N{n}{' causal' if causal else ''}", step
+    if "variants" in ops:
+        for d in head_dims:
+            for dt in dtypes:
+                for n in lengths:
+                    for name, options in _variant_options(2048 // d):
+                        def step(d=d, dt=dt, n=n, options=options):
+                            b, h = max(1, 16384 // n), max(1, 2048 // d)
+                            q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=dt, requires_grad=True)
+                                       for _ in range(3))
+                            o = attention(q, k, v, causal=True, **options())
+                            torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+                        yield f"attention d{d} {dt} N{n} causal {name}", step
     if "decode" in ops:
         for dt in dtypes:
             for b, n in DECODE:
@@ -165,3 +181,17 @@ def _grid(ops, head_dims, dtypes, lengths):
                     y = softmax(x)
                     torch.autograd.grad(y, x, torch.ones_like(y))
                 yield f"softmax {dt} N{n}", step
+
+
+def _variant_options(heads: int):
+    """(name, a function giving ``attention``'s keyword arguments) for each variant tuned: the
+    options the variants benchmark measures (softcap 30 as Gemma 2, ALiBi's geometric slopes, sinks
+    of a trained gpt-oss's magnitude), with their own tensors per call."""
+    dev = "cuda"
+    slopes = lambda: 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=dev) / heads)  # noqa: E731
+    sinks = lambda: torch.randn(heads, device=dev)  # noqa: E731
+    return [("softcap", lambda: dict(softcap=30.0)),
+            ("alibi", lambda: dict(alibi_slopes=slopes())),
+            ("sinks", lambda: dict(sinks=sinks())),
+            ("softcap+alibi+sinks", lambda: dict(softcap=30.0, alibi_slopes=slopes(), sinks=sinks())),
+            (f"window {VARIANT_WINDOW}", lambda: dict(window=(VARIANT_WINDOW - 1, 0)))]

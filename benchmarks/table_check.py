@@ -1,0 +1,108 @@
+"""The shipped config table against autotuning, at every point of ``speed --quick`` and ``decode --quick``.
+
+The first-call issue's bar: with the table (``FLASHATTN_LITE_AUTOTUNE=0``, the default) steady-state
+speed stays within 3% of autotuned speed. Both runs happen here, one after the other, each in a
+fresh process: ``flashattn-lite speed --quick --methods ours,ours-portable`` and ``flashattn-lite
+decode --quick``, first with the table, then with ``FLASHATTN_LITE_AUTOTUNE=1`` on ``--cache-dir``
+(a tuning cache filled beforehand by ``flashattn-lite tune --cache-dir``, so no timing of configs
+happens inside the measured runs; a point the cache lacks is tuned at its first call, which the
+benchmarks' warm-up absorbs). Then, per point, table / autotuned: TFLOP/s for attention (> 1 means
+the table is faster), time for decode (autotuned ms / table ms, same sense).
+
+Writes ``--out/table_check-<timestamp>.json`` (both runs' results are kept in their own folders
+``table/`` and ``autotuned/``) and prints a line per point, marking those below 0.97.
+
+    PYTHONPATH=. python benchmarks/table_check.py --out benchmarks/results --cache-dir gpu_cache --time-budget 400
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BAR = 0.97
+
+
+def run_benchmarks(out: Path, env: dict, budget: float) -> dict:
+    """{"speed": results, "decode": results} of one pass, each benchmark given half of ``budget``."""
+    found = {}
+    for name, extra in (("speed", ["--methods", "ours,ours-portable", "--no-plot", "--no-progress"]),
+                        ("decode", [])):
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "flashattn_lite", name, "--quick", "--out", str(folder),
+               "--time-budget", str(int(budget / 2)), *extra]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, env=env, cwd=ROOT, timeout=budget / 2 + 120, check=False)
+        files = sorted(glob.glob(str(folder / "*.json")))
+        found[name] = json.load(open(files[-1]))["results"] if files else []
+    return found
+
+
+def attention_points(results) -> dict:
+    return {(r["method"], r["mode"], r["head_dim"], r["causal"], r["N"]): r["tflops"]
+            for r in results if r.get("status") == "ok" and r.get("tflops")}
+
+
+def decode_points(results) -> dict:
+    return {(r["impl"], r["layout"], r["B"], r["L"]): r["ms"]
+            for r in results if str(r.get("impl", "")).startswith("ours") and r.get("ms")}
+
+
+def compare(table: dict, tuned: dict) -> list:
+    rows = []
+    for key, t in table["speed"].items():
+        if key in tuned["speed"]:
+            rows.append({"what": "attention", "point": list(key), "table": t, "autotuned": tuned["speed"][key],
+                         "ratio": t / tuned["speed"][key]})
+    for key, t in table["decode"].items():
+        if key in tuned["decode"]:
+            rows.append({"what": "decode", "point": list(key), "table_ms": t, "autotuned_ms": tuned["decode"][key],
+                         "ratio": tuned["decode"][key] / t})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="folder for the JSON")
+    parser.add_argument("--cache-dir", required=True, help="the tuning cache the autotuned pass reads")
+    parser.add_argument("--time-budget", type=float, default=400.0, help="seconds for both passes")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.cache_dir):
+        parser.error(f"--cache-dir must be an existing folder (filled by flashattn-lite tune), got {args.cache_dir!r}")
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) / f"table_check-{stamp}"
+    t0 = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    passes = {}
+    for label, extra in (("table", {"FLASHATTN_LITE_AUTOTUNE": "0"}),
+                         ("autotuned", {"FLASHATTN_LITE_AUTOTUNE": "1",
+                                        "FLASHATTN_LITE_CACHE_DIR": os.path.abspath(args.cache_dir)})):
+        left = args.time_budget - (time.monotonic() - t0)
+        found = run_benchmarks(out / label, {**env, **extra}, left if label == "autotuned" else left / 2)
+        passes[label] = {"speed": attention_points(found["speed"]), "decode": decode_points(found["decode"])}
+    rows = compare(passes["table"], passes["autotuned"])
+    for r in rows:
+        mark = "  <-- below %.2f" % BAR if r["ratio"] < BAR else ""
+        print(f"{r['what']:9s} {' '.join(map(str, r['point'])):40s} table/autotuned {r['ratio']:.3f}{mark}")
+    ratios = [r["ratio"] for r in rows]
+    summary = {"points": len(rows), "min": min(ratios, default=None), "max": max(ratios, default=None),
+               "below_bar": sum(x < BAR for x in ratios)}
+    print("summary:", summary)
+    path = Path(args.out) / f"table_check-{stamp}.json"
+    with open(path, "w") as f:
+        json.dump({"benchmark": "table_check", "command": " ".join(sys.argv), "bar": BAR, "summary": summary,
+                   "rows": rows}, f, indent=1)
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
