@@ -4,9 +4,7 @@ Problem: bf16, 16k tokens (B·N = 16384), hidden 2048 (H = 2048 / d), d ∈ {64,
 N ∈ {2048, 8192, 16384}, Nq = Nk. At each point the forward runs once (the portable kernel, lse
 stored) outside every timing; then, on the same saved o and lse and one dO: our portable backward
 (``attention_backward``), the Hopper backward at every config of its sweep
-(``attention_bwd_hopper.CONFIGS``: two-kernel pairs ``kv:…/q:…`` and fused kernels ``fused:…``, dQ
-through fp32 atomics; the best is reported with its config, and under it the best of each family:
-``hopper_best_two_kernel`` / ``hopper_best_fused`` in the JSON), and torch SDPA's cuDNN
+(``attention_bwd_hopper.CONFIGS``; the best is reported with its config), and torch SDPA's cuDNN
 and flash backends' backward alone (one forward graph kept, ``autograd.grad`` with
 ``retain_graph`` rerun, as ``flashattn_lite.bench.peers`` times "bwd"; a backend that errors is
 recorded and skipped). Each Hopper config's gradients are first compared with the portable
@@ -43,8 +41,7 @@ from hopper_fwd import flops as forward_flops  # noqa: E402
 
 # Two correct bf16 backwards summing in different orders differ by a few bf16 roundings (2⁻⁸
 # relative) per element; over a whole gradient the relative norm of the difference stays well
-# under 1e-2. A wrong mask or a missed tile moves it to O(1). The fused kernel's dQ (fp32 atomic
-# adds in a varying order, one rounding to bf16 at the end) is one such order.
+# under 1e-2. A wrong mask or a missed tile moves it to O(1).
 REL_TOL = 2e-2
 BWD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (flashattn_lite.bench.peers.MODE_FLOP_FACTOR)
 
@@ -87,16 +84,6 @@ def time_hopper(point, saved, refs, configs, budget, rep_ms) -> None:
         return hopper.attention_backward_hopper(do, q, k, v, o, lse, scale=scale, causal=causal, config=cfg)
 
     time_configs(point, configs, run, lambda grads: grad_diffs(grads, refs), work, budget, rep_ms)
-    families = (("hopper_best_two_kernel", False), ("hopper_best_fused", True))
-    for key, fused in families:
-        good = [r for r in point["hopper"]
-                if r["config"].startswith("fused:") == fused and r.get("ok") and "ms" in r]
-        if good:
-            best = min(good, key=lambda r: r["ms"])
-            point[key] = {"config": best["config"], "ms": best["ms"], "tflops": best["tflops"]}
-    print(f"  d {point['d']} causal {point['causal']} N {point['n']}: "
-          + " | ".join(f"{key[12:]} {point[key]['tflops']} ({point[key]['config']})" if key in point
-                       else f"{key[12:]} -" for key, _ in families), flush=True)
 
 
 def time_sdpa(point, q, k, v, do, refs, budget, rep_ms) -> None:

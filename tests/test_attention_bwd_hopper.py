@@ -3,9 +3,7 @@ gradients and the portable backward, on the same saved o and lse.
 
 On the CPU the Triton interpreter runs the kernels (tensor descriptors included) in fp16/fp32 at
 tiny shapes (bf16 tl.dot is wrong in the interpreter); on an sm_90 GPU, fp16/bf16 up to 4097
-tokens at the default config, and every config of the sweep once on partial tiles. Both paths: the
-two-kernel default and the fused kernel (``fused=True``: dQ through fp32 atomics, opt-in, not
-bit-reproducible; ``test_is_deterministic`` covers the default only). Elsewhere
+tokens at the default config, and every config of the sweep once on partial tiles. Elsewhere
 (another GPU, or a triton without descriptors) the module is skipped, saying why.
 """
 import pytest
@@ -32,9 +30,7 @@ pytestmark = pytest.mark.skipif(_CANNOT_RUN is not None, reason=str(_CANNOT_RUN)
 # The forward tests' shapes (lengths 1, 17, 100, Nq ≠ Nk both ways, GQA 2:1 and on the GPU 4:1),
 # and a Nq > Nk tail at d 128 on the CPU.
 SHAPES = shapes([(1, 2, 1, 33, 20, 128)], [])
-# The default (two-kernel) config, and the fused kernel's default ("fused": dQ through fp32 atomics).
-FUSED = "fused"
-CONFIGS = [None if ON_GPU else hopper_bwd.INTERPRETER_CONFIG, FUSED]
+CONFIGS = [None] if ON_GPU else [hopper_bwd.INTERPRETER_CONFIG]
 
 
 def make_inputs(shape, dtype, *, layout="bhnd", seed=1):
@@ -59,19 +55,14 @@ def reference_grads(q, k, v, do, causal, work_dtype, dlse=None):
     return torch.autograd.grad((out, lse), leaves, (do.to(work_dtype), dlse.to(work_dtype)))
 
 
-def hopper_backward(do, q, k, v, o, lse, causal, config, dlse=None):
-    """``config``: a Config, None (the default, two kernels) or FUSED (the fused kernel's default)."""
-    fused = config == FUSED
-    return hopper_bwd.attention_backward_hopper(do, q, k, v, o, lse, scale=q.shape[-1] ** -0.5, causal=causal,
-                                                config=None if fused else config, dlse=dlse, fused=fused)
-
-
-def check_backward(shape, dtype, causal, config, *, layout="bhnd", with_dlse=False, inputs=None):
-    q, k, v, do = inputs if inputs is not None else make_inputs(shape, dtype, layout=layout)
+def check_backward(shape, dtype, causal, config, *, layout="bhnd", with_dlse=False):
+    q, k, v, do = make_inputs(shape, dtype, layout=layout)
     assert not ON_GPU or hopper_bwd.supported(q, k, v, do, causal=causal) is None
     o, lse = forward(q, k, v, causal)
     dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE) if with_dlse else None
-    ours = hopper_backward(do, q, k, v, o, lse, causal, config, dlse)
+    scale = q.shape[-1] ** -0.5
+    ours = hopper_bwd.attention_backward_hopper(do, q, k, v, o, lse, scale=scale, causal=causal, config=config,
+                                                dlse=dlse)
     port = portable_backward(do, q, k, v, o, lse, causal, dlse)
     ref = reference_grads(q, k, v, do, causal, torch.float64, dlse)
     same = reference_grads(q, k, v, do, causal, dtype, dlse)
@@ -85,7 +76,7 @@ def check_backward(shape, dtype, causal, config, *, layout="bhnd", with_dlse=Fal
     return ours
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c if c == FUSED else config_id(c))
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -100,64 +91,29 @@ def test_rows_with_no_visible_key_are_covered():
     assert (~torch.isfinite(lse)).any()
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["two-kernel", "fused"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_dlse_folds_into_delta(causal, fused):
+def test_dlse_folds_into_delta(causal):
     # The lse's own gradient (training through the lse, e.g. ring attention) goes through δ.
     shape = (1, 2, 1, 33, 20, 64) if not ON_GPU else (1, 4, 2, 1000, 777, 128)
-    config = FUSED if fused else None if ON_GPU else hopper_bwd.INTERPRETER_CONFIG
-    check_backward(shape, torch.float16, causal, config, with_dlse=True)
+    check_backward(shape, torch.float16, causal, None if ON_GPU else hopper_bwd.INTERPRETER_CONFIG, with_dlse=True)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["two-kernel", "fused"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_strided_heads_read_and_written_in_place(causal, fused):
+def test_strided_heads_read_and_written_in_place(causal):
     # (B, N, H, D) storage, as HuggingFace models hand it over: the descriptors take the strides and
-    # the gradients come back in the inputs' layout (empty_like), equal to the contiguous call's
-    # (the fused dQ up to its atomics' order: close, not equal).
+    # the gradients come back in the inputs' layout (empty_like), equal to the contiguous call's.
     shape = (2, 4, 2, 40, 37, 64) if not ON_GPU else (2, 8, 2, 1000, 777, 128)
     dtype = torch.float16
-    config = FUSED if fused else None if ON_GPU else hopper_bwd.INTERPRETER_CONFIG
+    config = None if ON_GPU else hopper_bwd.INTERPRETER_CONFIG
     ours = check_backward(shape, dtype, causal, config, layout="bnhd")
     q, k, v, do = make_inputs(shape, dtype, layout="bnhd")
     assert not q.is_contiguous() and ours[0].stride() == q.stride() and ours[1].stride() == k.stride()
     qc, kc, vc, doc = (t.contiguous() for t in (q, k, v, do))
     o, lse = forward(qc, kc, vc, causal)
-    contiguous = hopper_backward(doc, qc, kc, vc, o, lse, causal, config)
-    for name, a, c in zip(("dq", "dk", "dv"), ours, contiguous):
-        if fused and name == "dq":
-            torch.testing.assert_close(a, c, rtol=2e-3, atol=2e-3)
-        else:
-            assert torch.equal(a, c), name
-
-
-@pytest.mark.parametrize("transposed", [False, True], ids=["dS^T.K", "(K^T.dS^T)^T"])
-def test_fused_dq_product_either_way(monkeypatch, transposed):
-    # The fused kernel's dQ share as tl.trans(dSᵀ)·K (M = BLOCK_M) or trans(Kᵀ·dSᵀ) (M = D, a wgmma
-    # below 64 query rows): the rule picks by BLOCK_M, the interpreter's 16 rows would take one only.
-    monkeypatch.setattr(hopper_bwd, "_DQ_TRANSPOSED", transposed)
-    check_backward((1, 4, 2, 40, 37, 64), torch.float16, True, FUSED)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fused_partial_key_tile_with_very_negative_scores(causal):
-    # Every score ≈ −128 (lse ≈ −125): a zero-padded key past Nk scores 0, exp2(0 − lse₂) = inf,
-    # and would reach dQ as 0·inf = NaN through dSᵀ·K unless the last partial key tile is masked.
-    shape = (1, 2, 1, 33, 20, 64) if not ON_GPU else (1, 4, 2, 1000, 777, 128)
-    q, k, v, do = make_inputs(shape, torch.float16)
-    q = torch.full_like(q, -8.0) + 0.01 * q
-    k = torch.full_like(k, 2.0) + 0.01 * k
-    _, lse = forward(q, k, v, causal)
-    assert lse[torch.isfinite(lse)].max() < -100
-    check_backward(shape, torch.float16, causal, FUSED, inputs=(q, k, v, do))
-
-
-def test_default_is_deterministic_not_fused():
-    # attention_backward's dispatch takes the default config: it must stay the atomics-free pair.
-    for d in hopper_bwd.HEAD_DIMS:
-        for causal in (False, True):
-            assert not hopper_bwd.default_config(d, causal).fused
-            assert hopper_bwd.default_config(d, causal, fused=True).fused
+    contiguous = hopper_bwd.attention_backward_hopper(doc, qc, kc, vc, o, lse, scale=shape[-1] ** -0.5,
+                                                      causal=causal, config=config)
+    for a, c in zip(ours, contiguous):
+        assert torch.equal(a, c)
 
 
 def test_is_deterministic():
@@ -178,8 +134,6 @@ def test_every_swept_config_on_partial_tiles(head_dim, config):
     # The benchmark checks each config at whole-tile lengths; here the tails and the bottom-right
     # diagonal (Nq < Nk, neither a tile multiple), GQA 2:1.
     check_backward((1, 4, 2, 1000, 1037, head_dim), torch.float16, True, config)
-    if config.fused:  # and without causal: the last partial key tile masked (BOUNDARY)
-        check_backward((1, 4, 2, 1000, 1037, head_dim), torch.float16, False, config)
 
 
 def test_supported_reasons():

@@ -71,6 +71,10 @@ TABLE = {
             _decode(8192, 64, 4, 3),                    # B 1, 128k
             _decode(16384, 64, 4, 3),                   # B 8, 32k (2 splits)
             _decode(2048, 128, 4, 2, page_size=256),    # B 1, 32k, pages of 256
+            # Pages of 16 (vLLM's default): autotuned the same at every length class of
+            # ``decode --quick`` (table_check-20261124-103813.json: without these rows the first
+            # fitting config ran at 0.71–0.78× the autotuned speed).
+            *(_decode(bucket, 128, 4, 2, page_size=16) for bucket in (256, 2048, 8192, 16384, 65536)),
         ],
         # Tuned rows (with a length class) first; the older rows (no length) serve d 64 calls the
         # tuning run did not reach.

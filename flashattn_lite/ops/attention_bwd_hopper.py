@@ -1,7 +1,7 @@
 """Attention backward for Hopper (sm_90): the portable kernels' algorithm over TMA tensor descriptors.
 
-Groundwork, not wired into dispatch yet: nothing calls this module but its tests and
-``benchmarks/hopper_bwd.py``. Plain attention only, the forward Hopper module's rules (causal or
+``attention()``'s backward takes it for plain causal calls on sm_90 (``fast_path``: where it
+measured faster than the portable kernels). Plain attention only, the forward Hopper module's rules (causal or
 not, bottom-right offset Nk − Nq, GQA, fp16/bf16, D = Dv ∈ {64, 128}, TMA-aligned tensors, and
 ``do`` too). ``attention_backward_hopper`` returns exactly what the portable ``attention_backward``
 returns for such a call: (dq, dk, dv), ``torch.empty_like`` of q, k, v (their strides), in the
@@ -24,21 +24,13 @@ What TMA moves: every K, V, Q, dO tile load and the dK, dV, dQ stores. δ and ls
 row, N·4-byte rows not 16-byte aligned in general) stay plain masked loads. No atomics: each
 gradient element is written by one program, as in the portable backward (deterministic).
 
-The fused variant (opt-in: ``fused=True``, or a ``Config`` whose ``dq`` is None), FlashAttention-2/3's
-layout: steps 2 and 3 in one kernel, 5 GEMMs per (query tile, key tile) pair instead of 7.
-``_fused_hopper_kernel`` is step 2 plus, for each query tile it visits, dQ's share dS·K
-[BLOCK_M, D] added into a zeroed fp32 buffer (B, Hq, Nq, D) by a TMA reduce-add
-(``desc.atomic_add``: ``cp.reduce.async.bulk.tensor``; under the interpreter, which lacks
-descriptor atomics, ``tl.atomic_add`` on pointers); ``_dq_convert_kernel`` then writes
-dQ = buffer·scale in q's dtype and strides. Each query head owns its rows (GQA heads never collide);
-the key-tile programs of one head all add into the same rows, in an order that varies from run to
-run: dQ is **not bit-reproducible** (dK, dV are). Hence opt-in; ``default_config`` and the dispatch
-keep the two-kernel pair, which ``tests/test_invariance.py``'s bit-exact backward relies on. Extra
-memory: 4·B·Hq·Nq·D bytes (128 MiB at 16k tokens, hidden 2048).
-
 No warp specialization: triton 3.6's Hopper partitioner gave wrong results on the forward.
-Unmeasured on the GPU so far: ``benchmarks/hopper_bwd.py`` and ``tests/test_attention_bwd_hopper.py``
-are ready for the H100 (the configs below compile for sm_90 with triton 3.6 without spills).
+Measured on the H100 (``benchmarks/hopper_bwd.py``, 2026-11-24, bf16, B·N 16k): causal 1.05–1.11×
+the portable backward (d 128: 281–346 TFLOP/s), non-causal 0.82–0.99×. Tried and left out: one
+fused kernel adding dQ's share dS·K into an fp32 buffer by TMA reduce-add (5 GEMMs per tile pair
+instead of 7, FlashAttention's layout): correct but 264–271 TFLOP/s at d 128, N 16k (the pair:
+348–379): at 255 registers a thread only 16-query tiles fit, one program per SM, and without warp
+specialization the extra GEMM, the dSᵀ staging and the reduce run in series (benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
@@ -58,7 +50,7 @@ from .attention_fwd_hopper import enabled as _forward_enabled
 from .attention_fwd_hopper import Config as KernelConfig
 from .attention_fwd_hopper import supported as _forward_supported
 
-__all__ = ["CONFIGS", "DTYPES", "HEAD_DIMS", "INTERPRETER_CONFIG", "INTERPRETER_FUSED_CONFIG", "Config", "KernelConfig",
+__all__ = ["CONFIGS", "DTYPES", "HEAD_DIMS", "INTERPRETER_CONFIG", "Config", "KernelConfig",
            "attention_backward_hopper", "default_config", "fast_path", "supported"]
 
 # KernelConfig: the forward's Config, the tiles and launch shape of one backward kernel. For dK/dV:
@@ -66,19 +58,13 @@ __all__ = ["CONFIGS", "DTYPES", "HEAD_DIMS", "INTERPRETER_CONFIG", "INTERPRETER_
 # ``block_n`` keys streamed.
 
 class Config(NamedTuple):
-    """One launch configuration of the Hopper backward: the dK/dV kernel's and the dQ kernel's, or
-    (``dq`` None) the fused kernel's: one dK/dV-shaped kernel that also adds dS·K into an fp32 dQ
-    buffer with atomics (``fused``; not deterministic in dQ's last bits)."""
+    """One launch configuration of the Hopper backward: the dK/dV kernel's and the dQ kernel's."""
     dkdv: KernelConfig
-    dq: KernelConfig | None = None
-
-    @property
-    def fused(self) -> bool:
-        return self.dq is None
+    dq: KernelConfig
 
     @property
     def name(self) -> str:
-        return f"fused:{self.dkdv.name}" if self.fused else f"kv:{self.dkdv.name}/q:{self.dq.name}"
+        return f"kv:{self.dkdv.name}/q:{self.dq.name}"
 
 
 K = KernelConfig
@@ -98,20 +84,6 @@ K = KernelConfig
 # m64-n64-w4; d 64 m128-n128-w8, m64-n128-w4, m32-n128-w4; dQ d 128 m128-n32-w4. dK/dV holds two
 # fp32 [BLOCK_N, D] accumulators per program: at d 128 and BLOCK_N 128 that is 128 registers a
 # thread at 8 warps before any score tile.
-# Then the fused kernels (``Config(KernelConfig)``, dq None): each compiles for sm_90 with triton 3.6
-# (fp16/bf16, causal or not, GQA 1 and 2) without a spill, with TMA reduce-adds and wgmma only
-# (2026-11, offline ``ptxas -v``; max registers, shared memory in kB):
-#   d 64  m64-n128-w8-s2 ≤218 99 KB, m64-n128-w8-s3 ≤229 117 KB, m32-n128-w8-s3 ≤167 74 KB,
-#         m64-n64-w4-s3 ≤239 92 KB, m128-n64-w8-s2 ≤255 133 KB;
-#   d 128 m16-n128-w8-s2 ≤252 94 KB, m16-n128-w8-s3 ≤255 103 KB, m32-n64-w8-s3 ≤210 103 KB,
-#         m64-n64-w8-s2 ≤255 140 KB, m64-n64-w8-s3 ≤255 174 KB.
-# Left out for spilling: d 128 m32-n128-w8 (s2 causal, s3), m64-n64-w4, m32-n64-w4 (causal),
-# m128-n64-w8, any 16-warp tile; d 64 m128-n128-w8. Below 64 query rows the dQ share is computed
-# transposed (Kᵀ·dSᵀ, M = D) to stay a wgmma; at 64 and up as dSᵀᵀ·K (``_dq_transposed``).
-# Measured on the H100 (2026-11-24, bf16, d 128, N 16k, non-causal / causal TFLOP/s): m16-n128-w8-s3
-# 271 / 264, m16-n128-w8-s2 209 / 248, m64-n64-w8-s3 205 / 206, m64-n64-w8-s2 200 / 199,
-# m32-n64-w8-s3 162 / 173; the two-kernel pair's best 379 / 348. m16-n128-w8-s3 with the dQ
-# share untransposed (mma.sync): 222; with pointer atomics (red.global) instead of TMA reduce: 113.
 CONFIGS = {
     64: [Config(K(64, 128, 8, 2), K(128, 64, 8, 2)),
          Config(K(64, 128, 8, 3), K(128, 64, 8, 3)),
@@ -122,31 +94,20 @@ CONFIGS = {
           Config(K(32, 128, 8, 2), K(128, 32, 8, 3)),
           Config(K(64, 64, 8, 3), K(64, 64, 4, 3)),
           Config(K(16, 128, 8, 3), K(64, 32, 4, 3)),
-          Config(K(32, 64, 4, 3), K(64, 64, 4, 2)),
-          Config(K(16, 128, 8, 2)), Config(K(16, 128, 8, 3)), Config(K(32, 64, 8, 3)),
-          Config(K(64, 64, 8, 2)), Config(K(64, 64, 8, 3))],
+          Config(K(32, 64, 4, 3), K(64, 64, 4, 2))],
 }
-CONFIGS[64] += [Config(K(64, 128, 8, 2)), Config(K(64, 128, 8, 3)), Config(K(32, 128, 8, 3)),
-                Config(K(64, 64, 4, 3)), Config(K(128, 64, 8, 2))]
 del K
 # The interpreter runs every element on the CPU: the smallest tiles tl.dot takes.
 INTERPRETER_CONFIG = Config(KernelConfig(16, 16, 4, 1), KernelConfig(16, 16, 4, 1))
-INTERPRETER_FUSED_CONFIG = Config(KernelConfig(16, 16, 4, 1))
-# The fused kernel's default: d 128 the sweep's fastest fused config on the H100 (2026-11-24, bf16,
-# N 16k, causal or not: 271 / 264 TFLOP/s, below the two-kernel pair's 379 / 348); d 64 a guess.
-FUSED_DEFAULT = {64: Config(KernelConfig(64, 128, 8, 2)), 128: Config(KernelConfig(16, 128, 8, 3))}
 
 
-def default_config(head_dim: int, causal: bool = False, n: int = 4096, *, fused: bool = False) -> Config:
+def default_config(head_dim: int, causal: bool = False, n: int = 4096) -> Config:
     """The sweep's fastest config (``benchmarks/hopper_bwd.py`` on the H100, 2026-11-24, bf16, N 2k /
     8k / 16k with B·N 16k: ``hopper_bwd-20261124-101042.json``), or the interpreter's tiny tiles.
     32 × 64 dK/dV tiles with 4 warps won 11 of the 12 points (d 128 causal 16k: 32 × 128 with 8
-    warps, 2% ahead). ``fused``: the fused kernel's config instead (opt-in: dQ through atomics is
-    not bit-reproducible; slower than the pair on the H100 so far: ``FUSED_DEFAULT``)."""
+    warps, 2% ahead)."""
     if interpreter_active():
-        return INTERPRETER_FUSED_CONFIG if fused else INTERPRETER_CONFIG
-    if fused:
-        return FUSED_DEFAULT[head_dim]
+        return INTERPRETER_CONFIG
     return CONFIGS[head_dim][3 if head_dim == 64 else 4]
 
 
@@ -220,104 +181,6 @@ def _dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse2,
 
 
 @triton.jit
-def _fused_stage(dk, dv, k_t, v_t, q_desc, do_desc, dq_desc, dq_acc, lse2, delta, b, h_kv, n_heads, lo, hi, offs_n,
-                 n_q, n_k, off, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
-                 DESC_ATOMIC: tl.constexpr, DQ_TRANSPOSED: tl.constexpr):
-    """``_dkdv_stage`` plus dQ: each visited query tile's dQ share dS·K [BLOCK_M, HEAD_DIM] (fp32,
-    unscaled) is added into the fp32 buffer: a TMA reduce-add through ``dq_desc`` (rows past n_q
-    fall outside it and are dropped), or under the interpreter (no descriptor atomics there) masked
-    ``tl.atomic_add`` on ``dq_acc``, dense (B, Hq, Nq, D)."""
-    offs_m0 = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    n_tiles = tl.cdiv(hi - lo, BLOCK_M)
-    for t in tl.range(0, GROUP * n_tiles):
-        if GROUP == 1:
-            h = h_kv
-            start_m = lo + t * BLOCK_M
-        else:
-            h = h_kv * GROUP + t // n_tiles
-            start_m = lo + (t % n_tiles) * BLOCK_M
-        start_m = tl.multiple_of(start_m, BLOCK_M)
-        offs_m = start_m + offs_m0
-        row_ok = offs_m < n_q
-        row = (b * n_heads + h).to(tl.int64) * n_q + offs_m  # lse, δ and dq_acc rows: dense (B, Hq, Nq)
-        q_t = _load_rows(q_desc, b, h, start_m, BLOCK_M, HEAD_DIM)
-        do_t = _load_rows(do_desc, b, h, start_m, BLOCK_M, HEAD_DIM)
-        l2 = tl.load(lse2 + row, mask=row_ok, other=float("inf"))
-        st, _ = score_tile(tl.dot(k_t, tl.trans(q_t), input_precision=PRECISION), offs_m[None, :],
-                           offs_n[:, None], 0, 0, 0, n_q, n_k, off, 0, 0, qk_scale, 0.0, 0.0, 0.0,
-                           MASKED, False, CAUSAL, 0, False, False, False)
-        pt = tl.math.exp2(st - l2[None, :])
-        d = tl.load(delta + row, mask=row_ok, other=0.0)
-        dpt = tl.dot(v_t, tl.trans(do_t), input_precision=PRECISION)
-        dv = tl.dot(pt.to(do_t.dtype), do_t, dv, input_precision=PRECISION)
-        dst = (pt * (dpt - d[None, :])).to(q_t.dtype)
-        dk = tl.dot(dst, q_t, dk, input_precision=PRECISION)
-        if DQ_TRANSPOSED:  # dQᵀ = Kᵀ·dSᵀ: M = HEAD_DIM, a wgmma at any BLOCK_M
-            dq = tl.trans(tl.dot(tl.trans(k_t), dst, input_precision=PRECISION))
-        else:  # M = BLOCK_M: below 64 rows not a wgmma (mma.sync)
-            dq = tl.dot(tl.trans(dst), k_t, input_precision=PRECISION)
-        if DESC_ATOMIC:
-            dq_desc.atomic_add([b, h, start_m, 0], dq.reshape(1, 1, BLOCK_M, HEAD_DIM))
-        else:
-            tl.atomic_add(dq_acc + row[:, None] * HEAD_DIM + offs_d[None, :], dq, mask=row_ok[:, None])
-    return dk, dv
-
-
-@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
-def _fused_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, dq_acc, lse2, delta,
-                         n_heads, n_kv_heads, n_q, n_k, qk_scale, sm_scale,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BOUNDARY: tl.constexpr, DESC_ATOMIC: tl.constexpr, DQ_TRANSPOSED: tl.constexpr):
-    """``_dkdv_hopper_kernel`` that also accumulates dQ (``_fused_stage``). One difference in the
-    masking: without causal, the last key tile when partial runs masked (keys ≥ n_k at −inf): its
-    zero-padded keys' Pᵀ (exp2(0 − lse₂), unbounded for a very negative lse) would reach dQ through
-    dSᵀ·K as 0·inf. Under causal that tile lies in the diagonal band, masked already."""
-    tile, bh_kv = tile_and_slab(tl.cdiv(n_k, BLOCK_N))
-    start_n = tile * BLOCK_N
-    b = bh_kv // n_kv_heads
-    h_kv = bh_kv % n_kv_heads
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    k_t = _load_rows(k_desc, b, h_kv, start_n, BLOCK_N, HEAD_DIM)
-    v_t = _load_rows(v_desc, b, h_kv, start_n, BLOCK_N, HEAD_DIM)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-
-    off = n_k - n_q
-    lo, mid_lo, mid_hi, hi = query_range(start_n, n_q, off, 0, 0, False, CAUSAL, BLOCK_M, BLOCK_N)
-    if CAUSAL:
-        dk, dv = _fused_stage(dk, dv, k_t, v_t, q_desc, do_desc, dq_desc, dq_acc, lse2, delta, b, h_kv, n_heads,
-                              lo, mid_lo, offs_n, n_q, n_k, off, qk_scale, True, CAUSAL, GROUP, HEAD_DIM, BLOCK_M,
-                              PRECISION, DESC_ATOMIC, DQ_TRANSPOSED)
-        dk, dv = _fused_stage(dk, dv, k_t, v_t, q_desc, do_desc, dq_desc, dq_acc, lse2, delta, b, h_kv, n_heads,
-                              mid_lo, mid_hi, offs_n, n_q, n_k, off, qk_scale, False, CAUSAL, GROUP, HEAD_DIM,
-                              BLOCK_M, PRECISION, DESC_ATOMIC, DQ_TRANSPOSED)
-    else:
-        dk, dv = _fused_stage(dk, dv, k_t, v_t, q_desc, do_desc, dq_desc, dq_acc, lse2, delta, b, h_kv, n_heads,
-                              lo, hi, offs_n, n_q, n_k, off, qk_scale, BOUNDARY, CAUSAL, GROUP, HEAD_DIM, BLOCK_M,
-                              PRECISION, DESC_ATOMIC, DQ_TRANSPOSED)
-
-    dk_desc.store([b, h_kv, start_n, 0], (dk * sm_scale).to(k_t.dtype).reshape(1, 1, BLOCK_N, HEAD_DIM))
-    dv_desc.store([b, h_kv, start_n, 0], dv.to(v_t.dtype).reshape(1, 1, BLOCK_N, HEAD_DIM))
-
-
-@triton.jit
-def _dq_convert_kernel(dq_acc, dq, stride_b, stride_h, stride_n, n_heads, n_q, sm_scale,
-                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """dq = dq_acc·scale in dq's dtype and strides (last stride 1): ``BLOCK`` rows of one head."""
-    tile, bh = tile_and_slab(tl.cdiv(n_q, BLOCK))
-    offs_m = tile * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    ok = (offs_m < n_q)[:, None]
-    acc = tl.load(dq_acc + (bh.to(tl.int64) * n_q + offs_m)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok)
-    base = dq + (bh // n_heads).to(tl.int64) * stride_b + (bh % n_heads).to(tl.int64) * stride_h
-    tl.store(base + offs_m.to(tl.int64)[:, None] * stride_n + offs_d[None, :],
-             (acc * sm_scale).to(dq.dtype.element_ty), mask=ok)
-
-
-@triton.jit
 def _dq_stage(dq, q_t, do_t, l2, d, k_desc, v_desc, b, h_kv, lo, hi, offs_m, n_q, n_k, off, qk_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
               PRECISION: tl.constexpr):
@@ -382,21 +245,12 @@ def supported(q, k, v, do, **options) -> str | None:
     return _tensor_reason("do", do) or _reason_for_options(q, k, options)
 
 
-_DQ_TRANSPOSED = None  # probe switch: None = the rule below
-
-
-def _dq_transposed(kv: KernelConfig) -> bool:
-    if _DQ_TRANSPOSED is not None:
-        return _DQ_TRANSPOSED
-    return kv.block_m < 64
-
-
 def _descriptor(t, rows):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
 
 
 def attention_backward_hopper(do, q, k, v, o, lse, *, scale: float, causal: bool, config: Config | None = None,
-                              dlse: torch.Tensor | None = None, fused: bool = False):
+                              dlse: torch.Tensor | None = None):
     """(dq, dk, dv) of o = softmax(scale·q·kᵀ [causal, bottom-right]) · v, given the forward's o and
     natural-log lse (B, Hq, Nq) float32 (−inf on rows with no visible key).
 
@@ -407,7 +261,7 @@ def attention_backward_hopper(do, q, k, v, o, lse, *, scale: float, causal: bool
     ``default_config``). ``dlse``: the lse's own gradient (B, Hq, Nq), or None."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config or default_config(D, causal, max(Nq, Nk), fused=fused)
+    cfg = config or default_config(D, causal, max(Nq, Nk))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     lse = lse.contiguous()  # the forward's lse already is: (B, Hq, Nq) rows N apart
     if dlse is not None:
@@ -421,21 +275,6 @@ def attention_backward_hopper(do, q, k, v, o, lse, *, scale: float, causal: bool
 
     common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), PRECISION=precision_for(q.dtype))
     kv, qc = cfg.dkdv, cfg.dq
-    if cfg.fused:
-        # Zeros: rows no key tile reaches (no visible key, or none at all) stay 0.
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        interpreted = interpreter_active()
-        _fused_hopper_kernel[(cdiv(Nk, kv.block_n) * B * Hkv,)](
-            _descriptor(q, kv.block_m), _descriptor(k, kv.block_n), _descriptor(v, kv.block_n),
-            _descriptor(do, kv.block_m), _descriptor(dk, kv.block_n), _descriptor(dv, kv.block_n),
-            _descriptor(dq_acc, kv.block_m), dq_acc, lse2, delta, Hq, Hkv, Nq, Nk, scale * LOG2E, scale, **common,
-            BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, BOUNDARY=not causal and Nk % kv.block_n != 0,
-            DESC_ATOMIC=not interpreted, DQ_TRANSPOSED=_dq_transposed(kv), num_warps=kv.num_warps,
-            num_stages=kv.num_stages)
-        conv_m = 16 if interpreted else 32
-        _dq_convert_kernel[(cdiv(Nq, conv_m) * B * Hq,)](dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), Hq,
-                                                         Nq, scale, HEAD_DIM=D, BLOCK=conv_m, num_warps=4)
-        return dq, dk, dv
     _dkdv_hopper_kernel[(cdiv(Nk, kv.block_n) * B * Hkv,)](
         _descriptor(q, kv.block_m), _descriptor(k, kv.block_n), _descriptor(v, kv.block_n),
         _descriptor(do, kv.block_m), _descriptor(dk, kv.block_n), _descriptor(dv, kv.block_n),
