@@ -30,17 +30,19 @@ ROOT = Path(__file__).resolve().parents[1]
 BAR = 0.97
 
 
-def run_benchmarks(out: Path, env: dict, budget: float) -> dict:
-    """{"speed": results, "decode": results} of one pass, each benchmark given half of ``budget``."""
-    found = {}
+def run_benchmarks(out: Path, env: dict, budget: float, names=("speed", "decode")) -> dict:
+    """{"speed": results, "decode": results} of one pass, the benchmarks sharing ``budget``."""
+    found = {"speed": [], "decode": []}
     for name, extra in (("speed", ["--methods", "ours,ours-portable", "--no-plot", "--no-progress"]),
                         ("decode", [])):
+        if name not in names:
+            continue
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "flashattn_lite", name, "--quick", "--out", str(folder),
-               "--time-budget", str(int(budget / 2)), *extra]
+               "--time-budget", str(int(budget / len(names))), *extra]
         print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, env=env, cwd=ROOT, timeout=budget / 2 + 120, check=False)
+        subprocess.run(cmd, env=env, cwd=ROOT, timeout=budget / len(names) + 120, check=False)
         files = sorted(glob.glob(str(folder / "*.json")))
         found[name] = json.load(open(files[-1]))["results"] if files else []
     return found
@@ -74,6 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for the JSON")
     parser.add_argument("--cache-dir", required=True, help="the tuning cache the autotuned pass reads")
     parser.add_argument("--time-budget", type=float, default=400.0, help="seconds for both passes")
+    parser.add_argument("--benchmarks", default="speed,decode", help="from speed, decode (default both)")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.cache_dir):
         parser.error(f"--cache-dir must be an existing folder (filled by flashattn-lite tune), got {args.cache_dir!r}")
@@ -86,7 +89,8 @@ def main(argv=None) -> int:
                          ("autotuned", {"FLASHATTN_LITE_AUTOTUNE": "1",
                                         "FLASHATTN_LITE_CACHE_DIR": os.path.abspath(args.cache_dir)})):
         left = args.time_budget - (time.monotonic() - t0)
-        found = run_benchmarks(out / label, {**env, **extra}, left if label == "autotuned" else left / 2)
+        found = run_benchmarks(out / label, {**env, **extra}, left if label == "autotuned" else left / 2,
+                               tuple(args.benchmarks.split(",")))
         passes[label] = {"speed": attention_points(found["speed"]), "decode": decode_points(found["decode"])}
     rows = compare(passes["table"], passes["autotuned"])
     for r in rows:

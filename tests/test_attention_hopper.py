@@ -14,6 +14,7 @@ import torch
 
 from conftest import DEVICE, ON_GPU, assert_close_to_ref
 from flashattn_lite._runtime import interpreter_active
+from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
 from flashattn_lite.ops import attention_fwd_hopper as hopper
 from flashattn_lite.ops import attention_fwd
 from flashattn_lite.ops.attention import _variant
@@ -463,7 +464,10 @@ def test_attention_dispatches_large_calls_to_it(case):
     tested = triton.__version__.startswith(hopper.TESTED_TRITON)
     e = explain(q, k, v, causal=causal, backward=False, **options)  # the forward's path
     assert (e.path == "hopper") == tested
-    assert not tested or e.reason == "attention forward: " + hopper.path_note(as_variant(q, k, options))
+    # Plain calls the Gluon kernel covers go there (tests/test_attention_gluon.py), the rest here.
+    gluon = not options and gluon_fwd.fast_path(q, k, v, causal, 0, 128 ** -0.5)
+    note = gluon_fwd.PATH_NOTE if gluon else hopper.path_note(as_variant(q, k, options))
+    assert not tested or e.reason == "attention forward: " + note
     o = attention(q, k, v, causal=causal, **options)
     grads = torch.autograd.grad(o.float().square().sum(), leaves)
     with hopper.disabled():
