@@ -21,7 +21,6 @@ import time
 
 _T0 = time.monotonic()  # the budget counts from here: imports and CUDA start-up included
 
-import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -29,10 +28,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hopper_fwd import (LSE_TOL, O_TOL, TOKENS, HIDDEN, Budget, argument_parser, flops, inputs,  # noqa: E402
-                        max_diffs, measure, sdpa_backends, short, time_configs)
+from hopper_fwd import (LSE_TOL, O_TOL, Budget, argument_parser, flops, inputs, max_diffs, measure,  # noqa: E402
+                        sweep, time_configs, time_sdpa_forward)
 
-from flashattn_lite.bench import common  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as glu  # noqa: E402
 from flashattn_lite.ops import attention_fwd_hopper as hopper  # noqa: E402
 
@@ -74,31 +72,11 @@ def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
     if "hopper_best" in point:
         point["gluon_best"] = point.pop("hopper_best")
 
-    from torch.nn.attention import sdpa_kernel
-    for name, backend in sdpa_backends():
-        if not budget.allows():
-            point[name] = {"skipped": "time budget"}
-            continue
-
-        def peer(backend=backend):
-            with sdpa_kernel([backend]):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-
-        def check_and_time(name=name, peer=peer):
-            try:
-                o = peer()
-                torch.cuda.synchronize()
-            except Exception as e:  # the backend does not take this problem here
-                point[name] = {"error": short(e)}
-                return
-            point[name] = {"max_abs_diff_o": (o.float() - o_ref.float()).abs().max().item(),
-                           **measure(peer, work, rep_ms)}
-
-        budget.step(check_and_time)
+    time_sdpa_forward(point, q, k, v, o_ref, work, budget, rep_ms)
     return point
 
 
-def table_line(p) -> str:
+def table_line(p, config_width: int = CONFIG_WIDTH) -> str:
     def tf(entry):
         return f"{entry['tflops']:7.1f}" if isinstance(entry, dict) and "tflops" in entry else "      -"
     best, hop = p.get("gluon_best"), p.get("hopper_default")
@@ -109,7 +87,7 @@ def table_line(p) -> str:
     failed = [r["config"] for r in p.get("gluon", []) if "error" in r]
     notes = (f" WRONG: {','.join(bad)}" if bad else "") + (f" failed: {','.join(failed)}" if failed else "")
     return (f"{p['d']:4d} {str(p['causal']):>6} {p['n']:6d} {tf(hop)} {tf(best)} "
-            f"{(best or {}).get('config', '-'):>{CONFIG_WIDTH}} {ratio} {tf(cudnn)} {vs_cudnn} "
+            f"{(best or {}).get('config', '-'):>{config_width}} {ratio} {tf(cudnn)} {vs_cudnn} "
             f"{tf(p.get('sdpa-flash'))}" + notes + (f" {p['error']}" if "error" in p else ""))
 
 
@@ -119,40 +97,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gluon_fwd: needs a CUDA GPU (an sm_90 one for the Gluon kernel)", file=sys.stderr)
         return 2
-    head_dims = [int(x) for x in args.head_dims.split(",")]
-    lengths = [int(x) for x in args.lengths.split(",")]
-    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    path = common.result_stem(args.out, "gluon_fwd").with_suffix(".json")
-    result = {"benchmark": "gluon_fwd", "command": common.recorded_command(sys.argv, args.out),
-              "environment": common.environment(), "args": {k: v for k, v in vars(args).items() if k != "out"},
-              "tokens": TOKENS, "hidden": HIDDEN, "dtype": "bfloat16", "points": [], "stopped_early": False}
-    print(f"{'d':>4} {'causal':>6} {'N':>6} {'hopper':>7} {'gluon':>7} {'best config':>{CONFIG_WIDTH}} "
-          f"{'vs hop':>6} {'cudnn':>7} {'vs cud':>6} {'flash':>7}   (TFLOP/s)")
-
-    def save():
-        result["elapsed_s"] = round(budget.elapsed(), 1)
-        common.write_text_atomic(path, json.dumps(result, indent=1))
-
-    for d in head_dims:
-        for causal in causals:
-            for n in lengths:
-                if not budget.allows():
-                    result["stopped_early"] = True
-                    continue
-                cfgs = glu.CONFIGS[d] if args.configs == "all" else [glu.default_config(d, causal, n)]
-                try:
-                    point = run_point(d, causal, n, cfgs, budget, args.rep_ms)
-                except Exception as e:  # the point's own setup failed (e.g. out of memory): record, go on
-                    point = {"d": d, "causal": causal, "n": n, "error": short(e)}
-                torch.cuda.empty_cache()
-                result["points"].append(point)
-                save()
-                print(table_line(point), flush=True)
-    save()
-    if result["stopped_early"]:
-        print(f"time budget of {args.time_budget:.0f} s spent: later points not run")
-    print(f"wrote {path} ({result['elapsed_s']} s)")
-    return 0
+    header = (f"{'d':>4} {'causal':>6} {'N':>6} {'hopper':>7} {'gluon':>7} {'best config':>{CONFIG_WIDTH}} "
+              f"{'vs hop':>6} {'cudnn':>7} {'vs cud':>6} {'flash':>7}")
+    return sweep(args, budget, "gluon_fwd", glu,
+                 lambda d, causal, n, cfgs: run_point(d, causal, n, cfgs, budget, args.rep_ms),
+                 config_width=CONFIG_WIDTH, line=table_line, header=header)
 
 
 if __name__ == "__main__":

@@ -198,8 +198,15 @@ def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
 
     (o_ref, lse_ref), point["portable"] = budget.step(time_portable)
     time_hopper(point, q, k, v, o_ref, lse_ref, configs, budget, rep_ms)
+    time_sdpa_forward(point, q, k, v, o_ref, work, budget, rep_ms)
+    return point
 
+
+def time_sdpa_forward(point, q, k, v, o_ref, work, budget, rep_ms) -> None:
+    """torch SDPA's cuDNN and flash forwards on the point's inputs into ``point[name]``, each output
+    compared with ``o_ref`` first (a backend that errors is recorded and skipped)."""
     from torch.nn.attention import sdpa_kernel
+    causal, scale = point["causal"], point["d"] ** -0.5
     for name, backend in sdpa_backends():
         if not budget.allows():
             point[name] = {"skipped": "time budget"}
@@ -207,7 +214,7 @@ def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
 
         def peer(backend=backend):
             with sdpa_kernel([backend]):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=d ** -0.5)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
         def check_and_time(name=name, peer=peer):
             try:
@@ -220,7 +227,6 @@ def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
                            **measure(peer, work, rep_ms)}
 
         budget.step(check_and_time)
-    return point
 
 
 def table_line(p, config_width: int = 26) -> str:
@@ -238,10 +244,11 @@ def table_line(p, config_width: int = 26) -> str:
 
 
 def sweep(args, budget, name: str, kernels, run_point, *, config_width: int = 26, unit: str = "TFLOP/s",
-          **extra) -> int:
+          line=table_line, header: str | None = None, **extra) -> int:
     """The command line's points in order (``run_point(d, causal, n, configs)`` each, ``configs``
-    from ``kernels.CONFIGS`` or ``kernels.default_config``), a table line printed and the JSON
-    ``--out/<name>-<timestamp>.json`` rewritten after each; ``extra``: more top-level JSON keys."""
+    from ``kernels.CONFIGS`` or ``kernels.default_config``), a table line printed (``line(point,
+    config_width)`` under ``header``) and the JSON ``--out/<name>-<timestamp>.json`` rewritten after
+    each; ``extra``: more top-level JSON keys."""
     head_dims = [int(x) for x in args.head_dims.split(",")]
     lengths = [int(x) for x in args.lengths.split(",")]
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
@@ -249,8 +256,10 @@ def sweep(args, budget, name: str, kernels, run_point, *, config_width: int = 26
     result = {"benchmark": name, "command": common.recorded_command(sys.argv, args.out),
               "environment": common.environment(), "args": {k: v for k, v in vars(args).items() if k != "out"},
               "tokens": TOKENS, "hidden": HIDDEN, "dtype": "bfloat16", **extra, "points": [], "stopped_early": False}
-    print(f"{'d':>4} {'causal':>6} {'N':>6} {'portbl':>7} {'hopper':>7} {'best config':>{config_width}} "
-          f"{'vs':>6} {'cudnn':>7} {'flash':>7}   ({unit})")
+    if header is None:
+        header = (f"{'d':>4} {'causal':>6} {'N':>6} {'portbl':>7} {'hopper':>7} {'best config':>{config_width}} "
+                  f"{'vs':>6} {'cudnn':>7} {'flash':>7}")
+    print(f"{header}   ({unit})")
 
     def save():
         result["elapsed_s"] = round(budget.elapsed(), 1)
@@ -270,7 +279,7 @@ def sweep(args, budget, name: str, kernels, run_point, *, config_width: int = 26
                 torch.cuda.empty_cache()
                 result["points"].append(point)
                 save()
-                print(table_line(point, config_width), flush=True)
+                print(line(point, config_width), flush=True)
     save()
     if result["stopped_early"]:
         print(f"time budget of {args.time_budget:.0f} s spent: later points not run")
