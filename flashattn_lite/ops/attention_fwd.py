@@ -85,6 +85,20 @@ def mask_scores(s, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k
 
 
 @triton.jit
+def fold_factor(qk, qk_scale, softcap_scale, softcap2, SOFTCAP: tl.constexpr, FAST_TANH: tl.constexpr):
+    """(x, factor) with base-2 score = x·factor, for scores with masks only (no bias): −inf
+    survives a positive factor, so the caller folds it into the exponent's FMA. The factor is the
+    scale·log2 e, or with softcap c·log2 e after x = tanh(qk·scale/c)."""
+    if SOFTCAP:
+        x = tanh(qk * softcap_scale, FAST_TANH)
+        factor = softcap2
+    else:
+        x = qk
+        factor = qk_scale
+    return x, factor
+
+
+@triton.jit
 def score_tile(qk, rows, cols, mask_base, stride_mask_m, stride_mask_n, n_q, n_k, off, win_left, win_right,
                qk_scale, softcap_scale, softcap2, slope2,
                BOUNDARY: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -207,14 +221,7 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
         k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
     qk = tl.dot(q, k, input_precision=PRECISION)
     if FOLD_SCALE:
-        # Masks only (no bias, positive factor): −inf stays −inf, so the last factor of the score
-        # (the scale, or the softcap's c·log2 e) folds into the exponent's FMA.
-        if SOFTCAP:
-            x = tanh(qk * softcap_scale, FAST_TANH)
-            fold = softcap2
-        else:
-            x = qk
-            fold = qk_scale
+        x, fold = fold_factor(qk, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
         s = mask_scores(x, offs_m[:, None], cols[None, :], mask_base, stride_mask_m, stride_mask_n, n_q, n_k,
                         off, win_left, win_right, BOUNDARY, HAS_LEFT, HAS_RIGHT, MASK_KIND)
         m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, fold)

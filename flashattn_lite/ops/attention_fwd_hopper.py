@@ -42,8 +42,8 @@ import triton.language as tl
 
 from .._runtime import cdiv, interpreter_active
 from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
-from .attention_fwd import (PLAIN, SEQ_DENSE, Variant, causal_window, key_range, mask_scores, query_tile,
-                            score_args, score_tile, tanh)
+from .attention_fwd import (PLAIN, SEQ_DENSE, Variant, causal_window, fold_factor, key_range, mask_scores,
+                            query_tile, score_args, score_tile)
 
 try:  # triton ≥ 3.4: TMA descriptors in the language and on the host
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -125,12 +125,7 @@ def _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, lo, hi, offs_m, n_
                               softcap2, slope2, MASKED, HAS_LEFT, HAS_RIGHT, 0, SOFTCAP, ALIBI, FAST_TANH)
             m_i, l_i, p, alpha = online_softmax_update_scaled(m_i, l_i, s, 1.0)
         else:
-            if SOFTCAP:
-                x = tanh(qk * softcap_scale, FAST_TANH)
-                fold = softcap2
-            else:
-                x = qk
-                fold = qk_scale
+            x, fold = fold_factor(qk, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
             if MASKED:
                 x = mask_scores(x, rows, cols, 0, 0, 0, n_q, n_k, off, win_left, win_right,
                                 True, HAS_LEFT, HAS_RIGHT, 0)
