@@ -78,6 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("--time-budget", type=float, default=400.0, help="seconds for both passes")
     parser.add_argument("--benchmarks", default="speed,decode", help="from speed, decode (default both)")
     args = parser.parse_args(argv)
+    names = tuple(args.benchmarks.split(","))
+    if not names or set(names) - {"speed", "decode"}:
+        parser.error(f"--benchmarks: expected names from speed, decode, got {args.benchmarks!r}")
     if not os.path.isdir(args.cache_dir):
         parser.error(f"--cache-dir must be an existing folder (filled by flashattn-lite tune), got {args.cache_dir!r}")
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
                                         "FLASHATTN_LITE_CACHE_DIR": os.path.abspath(args.cache_dir)})):
         left = args.time_budget - (time.monotonic() - t0)
         found = run_benchmarks(out / label, {**env, **extra}, left if label == "autotuned" else left / 2,
-                               tuple(args.benchmarks.split(",")))
+                               names)
         passes[label] = {"speed": attention_points(found["speed"]), "decode": decode_points(found["decode"])}
     rows = compare(passes["table"], passes["autotuned"])
     for r in rows:

@@ -257,3 +257,21 @@ def test_results_record_the_output_folder_as_a_placeholder():
     entry = ["/some/env/site-packages/flashattn_lite/__main__.py", "memory", "--out", "/d"]
     assert common.recorded_command(entry, "/d") == "flashattn-lite memory --out $OUT"
     assert common.recorded_command(["/usr/local/bin/flashattn-lite", "speed"], "x") == "flashattn-lite speed"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--out", ".", "--cache-dir", "/no/such/folder"], "--cache-dir"),
+    (["--out", ".", "--cache-dir", ".", "--benchmarks", "speeds"], "--benchmarks"),
+    (["--out", ".", "--cache-dir", ".", "--benchmarks", ""], "--benchmarks"),
+    (["--out", ".", "--cache-dir", ".", "--time-budget", "soon"], "--time-budget"),
+], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_table_check_argument_errors(argv, needle, capsys):
+    # benchmarks/table_check.py (GPU): a bad argument is a usage error naming it, before any run.
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "table_check.py"
+    spec = importlib.util.spec_from_file_location("table_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err

@@ -92,7 +92,8 @@ def test_cli_argument_errors(argv, needle, capsys):
 
 @pytest.mark.skipif(ON_GPU, reason="without a GPU")
 def test_gpu_only_subcommands_say_so(capsys, tmp_path):
-    for argv in (["first-call", "--out", str(tmp_path)], ["tune", "--out", str(tmp_path / "t.json")]):
+    for argv in (["first-call", "--out", str(tmp_path)], ["tune", "--out", str(tmp_path / "t.json")],
+                 ["tune", "--out", str(tmp_path / "t.json"), "--ops", "attention,variants"]):  # a valid op list
         status, _, err = run_cli(argv, capsys)
         assert status == 2 and "GPU" in err
 

@@ -25,7 +25,7 @@ from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
 from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
-                            query_tile, score_args, score_tile, seq_args, sequence, varlen_tile)
+                            query_tile, score_args, score_tile, seq_args, sequence, varlen_tile, _plain_signature)
 
 
 @launcher
@@ -374,8 +374,7 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale):
     alignment is left to check)."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return False
-    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal,
-           causal_offset, scale)
+    key = _plain_signature(q, k, v, causal, causal_offset, scale, True)
     hopper = _HOPPER.get(key)
     if hopper is None:
         from . import attention_bwd_hopper
