@@ -1,0 +1,77 @@
+"""The sm_90 PTX of the portable and the TMA attention forward at a few option sets, hashed: a refactor
+of shared @triton.jit helpers that leaves every hash unchanged leaves the kernels that ran on the GPU
+unchanged. Needs no GPU, only a triton with the CUDA backend (the GPU's version: 3.6).
+
+    python benchmarks/ptx_hashes.py OLD_CHECKOUT > old.txt; python benchmarks/ptx_hashes.py . > new.txt
+    diff old.txt new.txt
+
+Debug sections, file names, source locations and labels are dropped before hashing (they move with
+the source, not the code)."""
+import hashlib, sys
+sys.path.insert(0, sys.argv[1])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import flashattn_lite.ops.attention_fwd as f
+import flashattn_lite.ops.attention_fwd_hopper as h
+
+T = GPUTarget("cuda", 90, 32)
+PTRS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "lse": "*fp32", "mask": "*bf16", "sinks": "*fp32",
+        "alibi": "*fp32", "q_starts": "*i32", "q_ends": "*i32", "k_starts": "*i32", "k_ends": "*i32"}
+FLOATS = {"qk_scale", "softcap_scale", "softcap2", "drop_scale"}
+
+def portable(opts):
+    J = f._attn_fwd_kernel.jit
+    ce = dict(GROUP=1, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_D=128, BLOCK_DV=128, HAS_LEFT=False, HAS_RIGHT=True,
+              MASK_KIND=0, SOFTCAP=False, ALIBI=False, SINKS=False, SEQ=0, FAST_TANH=False, DROPOUT=False,
+              PRECISION="tf32", FOLD_SCALE=True, STORE_LSE=True, BLOCK_M=128, BLOCK_N=64)
+    ce.update(opts)
+    sig, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(J.params):
+        n = p.name
+        if p.is_constexpr:
+            sig[n] = "constexpr"; constexprs[(i,)] = ce[n]
+        elif n in PTRS:
+            sig[n] = PTRS[n]; attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in FLOATS:
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+    k = triton.compile(ASTSource(J, sig, constexprs, attrs), target=T, options=dict(num_warps=8, num_stages=3))
+    return k.asm["ptx"]
+
+def tma(opts, causal=True):
+    J = h._attn_fwd_hopper_kernel
+    ce = dict(GROUP=1, HEAD_DIM=128, CAUSAL=causal, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, ALIBI=False,
+              SINKS=False, FAST_TANH=False, BLOCK_M=128, BLOCK_N=64)
+    ce.update(opts)
+    sig, constexprs, attrs = {}, {}, {}
+    for i, n in enumerate(J.arg_names):
+        if n in ce:
+            sig[n] = "constexpr"; constexprs[(i,)] = ce[n]
+        elif n in ("q_desc", "o_desc"):
+            sig[n] = "tensordesc<bf16[1,1,128,128]>"
+        elif n in ("k_desc", "v_desc"):
+            sig[n] = "tensordesc<bf16[1,1,64,128]>"
+        elif n in ("lse", "sinks", "alibi"):
+            sig[n] = "*fp32"; attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in FLOATS:
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+    k = triton.compile(ASTSource(J, sig, constexprs, attrs), target=T, options=dict(num_warps=8, num_stages=3))
+    return k.asm["ptx"]
+
+def body(ptx):  # the code only: no debug sections, file names or source locations
+    ptx = ptx.split(".section\t.debug")[0]
+    return "\n".join(l for l in (x.strip() for x in ptx.splitlines())
+                     if not l.startswith(("//", ".file", ".loc", "$L__")) and ".loc" not in l)
+
+cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(SOFTCAP=True, FAST_TANH=True)),
+         ("portable softcap window", portable, dict(SOFTCAP=True, FAST_TANH=True, HAS_LEFT=True)),
+         ("portable alibi", portable, dict(ALIBI=True, FOLD_SCALE=False)),
+         ("tma plain", tma, {}), ("tma softcap", tma, dict(SOFTCAP=True, FAST_TANH=True)),
+         ("tma softcap window", tma, dict(SOFTCAP=True, FAST_TANH=True, HAS_LEFT=True)),
+         ("tma alibi+sinks", tma, dict(ALIBI=True, SINKS=True))]
+for name, fn, opts in cases:
+    print(name, hashlib.sha1(body(fn(opts)).encode()).hexdigest()[:12], flush=True)
