@@ -374,8 +374,8 @@ def _registry() -> dict[str, Peer]:
              {"fwd": "O + lse", "fwd+bwd": "O + lse + dQ,dK,dV + δ + lse·log2e"},
              _build_ours, _ours_theory),
         Peer("ours-portable", "flashattn_lite portable",
-             "flashattn_lite.attention with the Hopper fast path off (FLASHATTN_LITE_HOPPER=0): the "
-             "portable Triton kernels everywhere",
+             "flashattn_lite.attention with the Hopper paths off (FLASHATTN_LITE_HOPPER=0: no Gluon or "
+             "TMA forward, no TMA backward): the portable Triton kernels everywhere",
              {"fwd": "O + lse", "fwd+bwd": "O + lse + dQ,dK,dV + δ + lse·log2e"},
              _build_ours_portable, _ours_theory),
         Peer("naive", "naive (fp32 softmax)", "matmul → float32 softmax → matmul, full N² scores",
