@@ -74,6 +74,9 @@ def run(args) -> dict:
             step()
             torch.cuda.synchronize()
             print(f"tuned {label} ({time.perf_counter() - t0:.1f} s)", flush=True)
+            # rewritten after every shape, so a run cut short by its caller keeps what it tuned
+            table = table_of_tuned(arch_of(torch.cuda.current_device()))
+            _write(args.out, table)
     table = table_of_tuned(arch_of(torch.cuda.current_device()))
     _write(args.out, table)
     print(f"wrote {sum(map(len, table['kernels'].values()))} rows to {args.out}")
