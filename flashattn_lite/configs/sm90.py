@@ -55,6 +55,27 @@ _TUNED_ROWS = [
     for c in (False, True) for n in (4096, 8192)
 ]
 
+# The backwards of causal attention with an option (``flashattn-lite tune --ops variants``, d 128 bf16,
+# N 8k: softcap 30, ALiBi, both, a 4k-key window). The forwards of these calls take the Hopper TMA kernel
+# on sm_90. fp16 takes bf16's rows, as it picked them for the plain backwards.
+_TUNED_VARIANTS = "flashattn-lite tune --ops variants on the H100, triton 3.6, 2026-11-24 (d 128 bf16, N 8k)"
+_VARIANT_ROWS = [  # (kernel, option flags, BLOCK_M, BLOCK_N, warps, stages)
+    ("_bwd_dkdv_kernel", {"SOFTCAP": True}, 64, 128, 8, 2),
+    ("_bwd_dkdv_kernel", {"ALIBI": True}, 64, 128, 8, 2),
+    ("_bwd_dkdv_kernel", {"SOFTCAP": True, "ALIBI": True}, 64, 128, 8, 3),
+    ("_bwd_dkdv_kernel", {"HAS_LEFT": True}, 64, 128, 8, 2),
+    ("_bwd_dq_kernel", {"SOFTCAP": True}, 64, 64, 4, 2),
+    ("_bwd_dq_kernel", {"ALIBI": True}, 128, 128, 8, 2),
+    ("_bwd_dq_kernel", {"SOFTCAP": True, "ALIBI": True}, 64, 64, 4, 2),
+    ("_bwd_dq_kernel", {"HAS_LEFT": True}, 128, 128, 8, 2),
+]
+
+
+def _variants(kernel):
+    return [_attn(128, True, bm, bn, w, s, _TUNED_VARIANTS, dtype=dt, n_bucket=8192, GROUP=1, **flags)
+            for name, flags, bm, bn, w, s in _VARIANT_ROWS if name == kernel
+            for dt in ("bfloat16", "float16")]
+
 
 def _tuned(kernel):
     group = {} if kernel == "_attn_fwd_kernel" else {"GROUP": 1}
@@ -81,9 +102,9 @@ TABLE = {
         "_attn_fwd_kernel": _tuned("_attn_fwd_kernel") + [_attn(d, c, 128, 64, 8, 3, _ATTN_RUN1)
                                                           for d in (64, 128) for c in (False, True)],
         # dK/dV: "64×128" recorded without warps/stages; (8, 2) is the first of that shape that fits.
-        "_bwd_dkdv_kernel": _tuned("_bwd_dkdv_kernel") + [
+        "_bwd_dkdv_kernel": _tuned("_bwd_dkdv_kernel") + _variants("_bwd_dkdv_kernel") + [
             _attn(d, c, 64, 128, 8, 2, "NOTES.md run 1 (64x128; warps/stages: first fit)", GROUP=1)
             for d in (64, 128) for c in (False, True)],
-        "_bwd_dq_kernel": _tuned("_bwd_dq_kernel"),
+        "_bwd_dq_kernel": _tuned("_bwd_dq_kernel") + _variants("_bwd_dq_kernel"),
     },
 }
