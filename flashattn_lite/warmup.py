@@ -65,9 +65,16 @@ def layer_options(config) -> tuple:
     return tuple(options) or (dict(common),)
 
 
+# One length in each range where the kernels' configs stay the same, so a call at any length finds
+# its kernels compiled once each of these ran: the shipped table's rows (4k for lengths up to 4k, 8k
+# above: the buckets are powers of two up to 8k) and the Hopper kernels' ``default_config`` switches
+# (8k, and 16k for the TMA forward at d 128 causal). ``tests/test_warmup.py`` checks it against them.
+LENGTH_CLASSES = (4096, 6144, 8192, 16384)
+
+
 def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,), backward: bool = True,
-           decode: bool = False, softmax: bool = False, length: int = 4096, device=None,
-           progress: bool = True, **options) -> list[str]:
+           decode: bool = False, softmax: bool = False, length: int = 4096, max_length: int | None = None,
+           device=None, progress: bool = True, **options) -> list[str]:
     """Compile the kernels for every combination of the given variants; returns their labels.
 
     Args:
@@ -80,7 +87,10 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         backward: also compile the backward kernels.
         decode: also compile ``decode`` (one new token against a cache of ``length`` positions).
         softmax: also compile ``softmax`` rows of ``length`` elements (forward and backward).
-        length: the dummy sequence length; it only matters where a table picks configs by length.
+        length: the dummy sequence length of decode and softmax, and the first one of attention.
+        max_length: on a GPU, attention is also compiled at each length where its configs change
+            (``LENGTH_CLASSES``) up to this one (default: all of them), and on sm_90 at a size that
+            takes the Hopper kernels (calls of ≥ ``MIN_WORK``), so no later length compiles.
         device: default the current CUDA device. On the CPU only ``TRITON_INTERPRET=1`` runs
             kernels; otherwise there is nothing to compile and the result is empty.
         progress: a tqdm progress bar when tqdm is installed.
@@ -107,11 +117,16 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
             raise TypeError(f"causal must hold bools, got {c!r}")
     if type(length) is not int or length < 1:
         raise ValueError(f"length must be an int ≥ 1, got {length!r}")
+    if max_length is not None and (type(max_length) is not int or max_length < 1):
+        raise ValueError(f"max_length must be an int ≥ 1 or None, got {max_length!r}")
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if not runs_triton(torch.empty(0, device=device)):
         log_once(("warmup", str(device)), f"warmup: nothing to compile on {device} (no Triton kernels run there)")
         return []
 
+    # The interpreter runs one config at every length: the dummy length is enough there.
+    lengths = [length] if device.type != "cuda" else sorted(
+        {length, *(n for n in LENGTH_CLASSES if max_length is None or n <= max_length)})
     tasks = []
     for (d, dv), dt, g in itertools.product(head_dims, dtypes, gqa):
         for c, (opts, padded) in itertools.product(causal, variants):
@@ -119,7 +134,7 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
             label += "".join(f" {k}" for k in opts) + (" padded" if padded else "")
             tasks.append((label + (" fwd+bwd" if backward else " fwd"),
                           lambda d=d, dv=dv, dt=dt, g=g, c=c, opts=opts, padded=padded: _attention(
-                              d, dv, dt, g, kv_heads, c, backward, length, device, opts, padded)))
+                              d, dv, dt, g, kv_heads, c, backward, lengths, device, opts, padded)))
         if decode:
             tasks.append((f"decode {_name(dt)} d{d} gqa{g}",
                           lambda d=d, dv=dv, dt=dt, g=g: _decode(d, dv, dt, g, kv_heads, length, device)))
@@ -151,20 +166,35 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _attention(d, dv, dtype, group, kv_heads, causal, backward, length, device, options, padded=False):
+def _attention(d, dv, dtype, group, kv_heads, causal, backward, lengths, device, options, padded=False):
+    """At each length: one call on the portable kernels (what short or small calls take), then, on
+    sm_90, one with enough work to take the Hopper kernels (``MIN_WORK``) where the call is theirs."""
+    from .ops import attention_fwd_hopper as hopper
+    hopper_gpu = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and not padded
+    for n in lengths:
+        with hopper.disabled():
+            _attention_call(1, d, dv, dtype, group, kv_heads, causal, backward, n, device, options, padded)
+        if hopper_gpu:
+            batch = -(-hopper.MIN_WORK // (group * kv_heads * n * n * d))
+            _attention_call(batch, d, dv, dtype, group, kv_heads, causal, backward, n, device, options, padded)
+
+
+def _attention_call(batch, d, dv, dtype, group, kv_heads, causal, backward, length, device, options, padded):
     from .ops.attention import attention_core
-    q = torch.randn(1, group * kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
-    k = torch.randn(1, kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
-    v = torch.randn(1, kv_heads, length, dv, device=device, dtype=dtype, requires_grad=backward)
+    q = torch.randn(batch, group * kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
+    k = torch.randn(batch, kv_heads, length, d, device=device, dtype=dtype, requires_grad=backward)
+    v = torch.randn(batch, kv_heads, length, dv, device=device, dtype=dtype, requires_grad=backward)
     options = dict(options)
     if options.get("sinks") is True:
         options["sinks"] = torch.zeros(q.shape[1], device=device)
     if padded:
-        rows = torch.tensor([[0, length]], dtype=torch.int32, device=device)
+        rows = torch.tensor([[0, length]] * batch, dtype=torch.int32, device=device)
         options.update(q_ranges=rows, k_ranges=rows)
     o = attention_core(q, k, v, causal=causal, **options)
     if backward:
         torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+        with torch.no_grad():  # the forward that stores no lse (evaluation, inference) is its own kernel
+            attention_core(q, k, v, causal=causal, **options)
 
 
 def _decode(d, dv, dtype, group, kv_heads, length, device):
@@ -208,6 +238,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--decode", action="store_true", help="also decode")
     parser.add_argument("--softmax", action="store_true", help="also softmax")
     parser.add_argument("--length", type=int, default=4096, help="dummy sequence length (default 4096)")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="compile attention's configs for lengths up to this (default: every length class)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -217,7 +249,7 @@ def run(args) -> list[str]:
     try:
         labels = warmup(args.model, head_dims=args.head_dims, dtypes=args.dtypes, gqa=args.gqa, causal=causal,
                         backward=not args.no_backward, decode=args.decode, softmax=args.softmax,
-                        length=args.length, progress=not args.no_progress)
+                        length=args.length, max_length=args.max_length, progress=not args.no_progress)
     except (ValueError, TypeError) as e:
         raise BenchArgumentError(str(e)) from None
     print("\n".join(labels) if labels else "nothing to compile: no CUDA device (and TRITON_INTERPRET is not 1)")

@@ -35,6 +35,7 @@ def test_nothing_to_compile_on_the_cpu_twin(torch_cpu_path):
     (dict(gqa=[0]), ValueError, "gqa"),
     (dict(causal=("yes",)), TypeError, "causal"),
     (dict(length=0), ValueError, "length"),
+    (dict(max_length=0), ValueError, "max_length"),
     (dict(model=SimpleNamespace(hidden_size=64)), ValueError, "model"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_arguments_name_themselves(kwargs, error, needle):
@@ -104,3 +105,60 @@ def test_cli_warmup_prints_what_it_compiled(capsys):
                                 "--no-backward", "--no-progress"], capsys)
     assert status == 0, err
     assert out.strip() == "attention float16 d16 gqa1 causal fwd"
+
+
+def test_length_classes_cover_every_config_switch(monkeypatch):
+    """warmup compiles attention at its dummy length and at each of ``LENGTH_CLASSES``: every length a
+    call may have must pick the configs (and the Hopper kernel) of one of those, or its first call
+    would compile. Checked against the Hopper modules' rules and the shipped sm_90 table."""
+    from flashattn_lite import configs
+    from flashattn_lite.ops import attention_bwd_hopper, attention_fwd, attention_fwd_gluon, attention_fwd_hopper
+    from flashattn_lite.warmup import LENGTH_CLASSES
+    for module in (attention_fwd_hopper, attention_bwd_hopper, attention_fwd):
+        monkeypatch.setattr(module, "interpreter_active", lambda: False)
+
+    def portable(kernel, d, causal, n):
+        key = {"dtype": "bfloat16", "HEAD_DIM": d, "HEAD_DIM_V": d, "HAS_LEFT": False, "HAS_RIGHT": causal,
+               "MASK_KIND": 0, "SOFTCAP": False, "ALIBI": False, "SEQ": 0, "DROPOUT": False,
+               "n_bucket": attention_fwd.length_bucket(n, n)}
+        key.update({"SINKS": False} if kernel == "_attn_fwd_kernel" else {"GROUP": 1})
+        return str(configs.lookup(kernel, key, "sm90", "n_bucket"))
+
+    def chosen(d, causal, n):
+        return (attention_fwd_hopper.default_config(d, causal, n), attention_fwd_gluon.default_config(d, causal, n),
+                attention_bwd_hopper.default_config(d, causal, n), causal and n >= attention_fwd_gluon.CAUSAL_MIN_N,
+                *(portable(kernel, d, causal, n) for kernel in ("_attn_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel")))
+
+    lengths = sorted({2 ** e + x for e in range(18) for x in (-1, 0, 1)} - {0})
+    for d in (64, 128):
+        for causal in (False, True):
+            warmed = {chosen(d, causal, n) for n in (4096, *LENGTH_CLASSES)}  # 4096: the default length
+            for n in lengths:
+                assert chosen(d, causal, n) in warmed, (d, causal, n)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="counts the kernels compiled for the GPU")
+def test_after_warmup_no_length_compiles():
+    """After warmup of a variant, calls at any length (short or long, each length class, the Hopper
+    kernels' sizes) load no new kernel binary in this process."""
+    import triton
+    from flashattn_lite.ops import (attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_gluon,
+                                    attention_fwd_hopper)
+
+    def binaries():
+        jits = [getattr(v, "jit", v) for m in (attention_fwd, attention_bwd, attention_fwd_hopper,
+                                              attention_fwd_gluon, attention_bwd_hopper) for v in vars(m).values()]
+        return sum(len(cache[0]) for j in jits if isinstance(j, triton.runtime.JITFunction)
+                   for cache in j.device_caches.values())
+
+    fa.warmup(head_dims=[128], dtypes=[torch.bfloat16], causal=(False, True), progress=False)
+    before = binaries()
+    for n in (100, 3000, 4097, 6000, 8192, 12345, 16384, 20000):
+        for causal in (False, True):
+            q, k, v = (torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            o = fa.attention(q, k, v, causal=causal)
+            o.backward(torch.randn_like(o))
+            with torch.no_grad():
+                fa.attention(q, k, v, causal=causal)
+            assert binaries() == before, (n, causal)
