@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BAR = 0.97
 
 
-def run_benchmarks(out: Path, env: dict, budget: float, names=("speed", "decode")) -> dict:
+def run_benchmarks(out: Path, env: dict, budget: float, names=("speed", "decode"), speed_args=()) -> dict:
     """{"speed": results, "decode": results} of one pass, the benchmarks sharing ``budget``."""
     found = {"speed": [], "decode": []}
-    for name, extra in (("speed", ["--methods", "ours,ours-portable", "--no-plot", "--no-progress"]),
+    for name, extra in (("speed", ["--methods", "ours,ours-portable", "--no-plot", "--no-progress", *speed_args]),
                         ("decode", [])):
         if name not in names:
             continue
@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", required=True, help="the tuning cache the autotuned pass reads")
     parser.add_argument("--time-budget", type=float, default=400.0, help="seconds for both passes")
     parser.add_argument("--benchmarks", default="speed,decode", help="from speed, decode (default both)")
+    parser.add_argument("--speed-args", default="", metavar="ARGS",
+                        help='more options for speed, e.g. "--head-dims 128" (default none)')
     args = parser.parse_args(argv)
     names = tuple(args.benchmarks.split(","))
     if not names or set(names) - {"speed", "decode"}:
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
                                         "FLASHATTN_LITE_CACHE_DIR": os.path.abspath(args.cache_dir)})):
         left = args.time_budget - (time.monotonic() - t0)
         found = run_benchmarks(out / label, {**env, **extra}, left if label == "autotuned" else left / 2,
-                               names)
+                               names, args.speed_args.split())
         passes[label] = {"speed": attention_points(found["speed"]), "decode": decode_points(found["decode"])}
     rows = compare(passes["table"], passes["autotuned"])
     for r in rows:
