@@ -29,7 +29,7 @@ from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_R
 
 
 @launcher
-@triton.jit(do_not_specialize=["n_q"])
+@triton.jit(do_not_specialize=["n_q", "n_heads"])
 def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
                     stride_ob, stride_oh, stride_om, stride_od,
                     stride_dob, stride_doh, stride_dom, stride_dod,

@@ -148,7 +148,7 @@ def _dkdv_stage(dk, dv, k_t, v_t, q_desc, do_desc, lse2, delta, b, h_kv, n_heads
     return dk, dv
 
 
-@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED + ["n_kv_heads"])
 def _dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse2, delta,
                         n_heads, n_kv_heads, n_q, n_k, qk_scale, sm_scale,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,

@@ -244,13 +244,14 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
     return acc, m_i, l_i
 
 
-# Lengths, offsets, the lse's strides (its rows are N apart) and the dropout seed change from call to
-# call: specialising on them (Triton's "== 1" and "divisible by 16") would compile a new binary for a
-# new length and pays nothing here (no load is vectorised along a length). q/k/v strides stay
-# specialised: N·D is divisible by 16 for the usual head dims at every N, and their divisibility
-# is what lets tile rows load as vectors.
+# Lengths, offsets, the lse's strides (its rows are N apart), the dropout seed and the head count
+# change from call to call (the head count between models, or between warmup's dummy call and the
+# model's): specialising on them (Triton's "== 1" and "divisible by 16") would compile a new binary
+# for a new length or head count and pays nothing here (no load is vectorised along them). q/k/v
+# strides stay specialised: N·D is divisible by 16 for the usual head dims at every N, and their
+# divisibility is what lets tile rows load as vectors.
 NOT_SPECIALIZED = ["n_q", "n_k", "n_seq", "off", "win_left", "win_right", "seed", "drop_threshold", "n_bucket",
-                   "stride_lse_b", "stride_lse_h"]
+                   "stride_lse_b", "stride_lse_h", "n_heads"]
 
 
 def _fwd_configs():

@@ -136,9 +136,9 @@ def _kv_stage(acc, m_i, l_i, q_tile, k_desc, v_desc, b, h_kv, lo, hi, offs_m, n_
     return acc, m_i, l_i
 
 
-# Lengths change from call to call: specialising on them would compile a binary per length class
-# (the backward's kernels share this list). Window sides too.
-_NOT_SPECIALIZED = ["n_q", "n_k"]
+# Lengths and head counts change from call to call: specialising on them would compile a binary per
+# length class or head count (the backward's kernels share this list). Window sides too.
+_NOT_SPECIALIZED = ["n_q", "n_k", "n_heads"]
 
 
 @triton.jit(do_not_specialize=_NOT_SPECIALIZED + ["win_left", "win_right"])
