@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every kernel family under NVIDIA compute-sanitizer: memcheck (out-of-bounds / misaligned accesses),
 # racecheck (shared-memory hazards) and synccheck (barrier misuse: the split softmax and decode
-# stages wait on each other). Small shapes, one python driver, FLASHATTN_LITE_AUTOTUNE=0.
+# stages wait on each other). Small shapes, one python driver, FLASHATTN_LITE_AUTOTUNE=0. On sm_90 the
+# Hopper kernels (Gluon and TMA forwards, the TMA backward) are called directly too.
 #   bash benchmarks/sanitize.sh                 # reports under $OUT (default sanitize_out/)
 #   TOOLS="memcheck" bash benchmarks/sanitize.sh
 # Prints one line per tool (errors found) and exits non-zero if any tool found an error, failed or
@@ -79,6 +80,23 @@ for bs in (16, 128):
     kp, vp = r(3 * width, 2, bs, 64), r(3 * width, 2, bs, 64)
     for splits in (None, 1, 3):
         fl.decode(q, kp, vp, lens, block_table=table, num_splits=splits)
+
+# the Hopper kernels (sm_90 only; entry points called directly: small shapes stay under MIN_WORK):
+# the Gluon and Triton TMA forwards, the TMA forward with every score option, the TMA backward
+if torch.cuda.get_device_capability() == (9, 0):
+    from flashattn_lite.ops import attention_bwd_hopper, attention_fwd_gluon, attention_fwd_hopper
+    from flashattn_lite.ops.attention_fwd import Variant
+    q, k, v = r(1, 4, 300, 128, dtype=torch.bfloat16), r(1, 2, 333, 128, dtype=torch.bfloat16), \
+        r(1, 2, 333, 128, dtype=torch.bfloat16)
+    for causal in (False, True):
+        if attention_fwd_gluon.supported(q, k, v) is None:
+            attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, causal)
+        o, lse = attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, causal)
+        attention_bwd_hopper.attention_backward_hopper(torch.randn_like(o), q, k, v, o, lse, scale=0.088,
+                                                       causal=causal)
+    options = Variant(left=40, right=0, softcap=20.0, alibi=torch.rand(4, device=dev),
+                      sinks=torch.randn(4, device=dev))
+    attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, True, variant=options)
 torch.cuda.synchronize()
 print("ok")
 EOF
