@@ -6,6 +6,11 @@
 # - Tests (default: all of tests/) run with FLASHATTN_LITE_AUTOTUNE=0 (first fitting config; they check
 #   results, not speed) on WORKERS pytest workers (default 6: 16 ran the GPU out of memory on the
 #   float64 references), killed after TEST_TIMEOUT seconds (default 300 with BENCH, else TOTAL - 30).
+#   DIST (default worksteal) is pytest-xdist's --dist: each worker starts on its own slice of the tests
+#   and idle workers take over the unstarted half of the longest queue, so a run of slow tests (the
+#   fuzz tests sit together) does not leave one worker busy while the others idle, as "load" did.
+#   The fuzz tests draw a few cases each here (tests/test_fuzz.py); a larger budget is a call of its
+#   own: TESTS=tests/test_fuzz.py FLASHATTN_LITE_FUZZ_EXAMPLES=30 bash benchmarks/gpu_check.sh
 #   Each test's PASSED/FAILED line goes to $OUT/tests.log as it ends (-v), so a killed run still says
 #   what failed; FAILED/ERROR lines are printed. TESTS="" skips the tests.
 #   Each test's duration goes to $OUT/test_times.txt as it ends (the slowest are printed).
@@ -30,7 +35,7 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 status=0
 if [ -n "${TESTS-tests}" ]; then
   test_timeout=${TEST_TIMEOUT:-$([ -n "${BENCH:-}" ] && echo 300 || echo $((TOTAL - 30)))}
-  FLASHATTN_LITE_AUTOTUNE=0 FLASHATTN_LITE_TEST_TIMES="$OUT/test_times.txt" timeout "$test_timeout" python -m pytest -v --tb=line -n "${WORKERS:-6}" ${TESTS:-tests} \
+  FLASHATTN_LITE_AUTOTUNE=0 FLASHATTN_LITE_TEST_TIMES="$OUT/test_times.txt" timeout "$test_timeout" python -m pytest -v --tb=line -n "${WORKERS:-6}" --dist "${DIST:-worksteal}" ${TESTS:-tests} \
     > "$OUT/tests.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1

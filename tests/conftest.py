@@ -20,6 +20,41 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [torch.float16, torch.bfloat16, torch.float32] if ON_GPU else [torch.float16, torch.float32]
 
 
+def gpu_fp32_only(**allowed):
+    """Mark a test whose float32 items run on the GPU only where each named parameter takes one of
+    the ``allowed`` values: ``@gpu_fp32_only(shape=[SMALL_ODD, LARGE], causal=[False, True])``.
+
+    float32 kernels do their dots on CUDA cores and compile slowly (tens of seconds each), while
+    fp16/bf16 keep the full GPU grid and the CPU interpreter runs every item (this mark is inert
+    there). Each use says in one comment line why its float32 subset is enough. The other items are
+    deselected at collection (pytest reports them as deselected)."""
+    return pytest.mark.gpu_fp32_only(**allowed)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu_fp32_only(**allowed): on the GPU, float32 items only where each named "
+                            "parameter takes an allowed value (conftest.gpu_fp32_only)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not ON_GPU:
+        return
+    keep, drop = [], []
+    for item in items:
+        mark = item.get_closest_marker("gpu_fp32_only")
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if mark is not None and params.get("dtype") is torch.float32:
+            unknown = set(mark.kwargs) - set(params)
+            assert not unknown, f"{item.nodeid}: gpu_fp32_only names no parameter {sorted(unknown)}"
+            if any(params[name] not in values for name, values in mark.kwargs.items()):
+                drop.append(item)
+                continue
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     """‖a − ref‖ / ‖ref‖, with ‖ref‖ floored at an RMS of 1e-3 so exact zeros (a softmax over one
     key has no gradient) are compared absolutely instead of dividing by nothing."""

@@ -3,7 +3,7 @@ backward (sinks included) against the float64 reference, alone and combined."""
 import pytest
 import torch
 
-from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, rel_err
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only, rel_err
 from flashattn_lite import attention, attention_varlen
 from flashattn_lite.ops.attention import attention_core
 from flashattn_lite.reference import attention_reference, attention_varlen_reference
@@ -28,6 +28,11 @@ CASES = [
 CPU_SHAPES = [(2, 4, 2, 17, 23, 16, 8), (1, 2, 1, 40, 17, 32, 32)]
 GPU_SHAPES = [(2, 8, 2, 1000, 1000, 64, 64), (1, 4, 1, 257, 4097, 128, 128), (1, 4, 4, 1000, 300, 96, 80)]
 SHAPES = (CPU_SHAPES[1:] + GPU_SHAPES) if ON_GPU else CPU_SHAPES  # on the GPU one tiny shape is enough
+# float32 on the GPU: CUDA-core dots of the fp16/bf16 kernels' source (those run every case at every
+# shape), slow to compile (three kernels per option set): one shape of multi-tile windows; "all" switches
+# every option's code on (both window sides — causal is the right side at 0 —, softcap with the exact
+# tanh, sinks, per-batch ALiBi), then both window sides alone (wide, and zero-width), and sinks alone.
+FP32_GPU_CASES = [c for c in CASES if c[0] in ("all", "window-both", "window-0-0", "sinks")]
 
 
 def _shape_id(s):
@@ -81,11 +86,8 @@ def _reference_grads(q, k, v, opts, do, dlse, dtype, causal):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@gpu_fp32_only(shape=GPU_SHAPES[:1], case=FP32_GPU_CASES)
 def test_variant_forward_backward(shape, dtype, case):
-    if ON_GPU and dtype == torch.float32 and shape != GPU_SHAPES[0]:
-        # fp32 runs CUDA-core kernels of the same source: one GPU shape covers them, and each shape
-        # costs every option a compile of three slow-to-compile kernels.
-        pytest.skip("fp32 variants on the GPU: the first shape only")
     _, causal, opts = case
     q, k, v = _qkv(shape, dtype)
     opts = _options(opts, shape, dtype)
@@ -161,9 +163,12 @@ VARLEN_LENS = ([5, 0, 17, 33, 1], [5, 3, 17, 40, 9])
 GPU_VARLEN_LENS = ([1, 1000, 4097, 17, 513], [1, 1000, 4097, 300, 1024])
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("window-both", "softcap-causal", "all")] +
-                         [("causal", True, {})], ids=lambda c: c[0])
+VARLEN_CASES = [c for c in CASES if c[0] in ("window-both", "softcap-causal", "all")] + [("causal", True, {})]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: c[0])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@gpu_fp32_only(case=[c for c in VARLEN_CASES if c[0] in ("all", "causal")])  # with and without the maxima
 def test_varlen_matches_each_sequence_alone(dtype, case):
     _, causal, opts = case
     lens_q, lens_k = GPU_VARLEN_LENS if ON_GPU else VARLEN_LENS

@@ -13,6 +13,10 @@ from flashattn_lite.nn import MultiheadAttention
 
 import os
 BACKEND = os.environ.get("FA_TEST_BACKEND") or ("inductor" if ON_GPU else "aot_eager")
+# The op's registration and the compiled dropout are dtype-free; on the GPU they run in fp16, whose
+# kernels compile in seconds (float32's took two minutes per test there; float32 dropout and the
+# compiled float32 module run in test_sdpa.py and below).
+OP_DTYPE = torch.float16 if ON_GPU else torch.float32
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +35,8 @@ def test_custom_ops_pass_opcheck(request, path):
         if ON_GPU:
             pytest.skip("the PyTorch twin runs on CPU tensors")
         request.getfixturevalue("torch_cpu_path")
-    q = torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True)
-    k = torch.randn(1, 1, 7, 16, device=DEVICE, requires_grad=True)
+    q = torch.randn(1, 2, 5, 16, device=DEVICE, dtype=OP_DTYPE, requires_grad=True)
+    k = torch.randn(1, 1, 7, 16, device=DEVICE, dtype=OP_DTYPE, requires_grad=True)
     mask = torch.rand(1, 1, 5, 7, device=DEVICE) > 0.3
     mask[..., 0] = True
     seed = torch.tensor(1234)
@@ -96,7 +100,7 @@ def test_compiled_module_matches_eager_forward_and_backward(with_mask, monkeypat
 def test_compiled_dropout_no_graph_break_and_fresh_masks():
     def f(q, k, v):
         return flashattn_lite.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
-    q = torch.randn(1, 2, 8, 16, device=DEVICE, requires_grad=True)
+    q = torch.randn(1, 2, 8, 16, device=DEVICE, dtype=OP_DTYPE, requires_grad=True)
     cf = torch.compile(f, fullgraph=True, backend=BACKEND)
     a, b = cf(q, q, q), cf(q, q, q)
     assert not torch.equal(a, b), "each call of the compiled graph draws a new seed"

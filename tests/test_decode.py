@@ -3,7 +3,7 @@ sequence against float64 attention over that sequence's valid keys (causal, bott
 import pytest
 import torch
 
-from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only
 from flashattn_lite import attention, decode
 from flashattn_lite.ops import decode as decode_module
 from flashattn_lite.ops.decode import MAX_SPLITS, MIN_SPLIT_LEN, WAVES, choose_num_splits
@@ -106,10 +106,16 @@ CASES = {**CPU_CASES, **(GPU_CASES if ON_GPU else {})}
 SPLITS = [None, 1, 3, 64] if ON_GPU else [None, 1, 3, 12]
 PARAMS = [(dtype, name, s) for dtype in DTYPES for name in CASES for s in SPLITS
           if ON_GPU or dtype != torch.float32 or s in (None, 3)]
+# float32 on the GPU, as on the CPU, at auto and 3 splits (the split logic is dtype-free), on the cases
+# of each kind: ragged with length 1, odd D ≠ Dv, an empty sequence, odd pages with Nq 4, two row tiles,
+# and 256-key pages over 9000 keys (fp16/bf16 run every case).
+FP32_GPU_CASES = ["contig-gqa2-nq1-ragged", "contig-mha-d40-dv24", "contig-empty-seq", "paged12-mqa-nq4",
+                  "paged32-rowblocks", "paged256-llama-nq4"]
 
 
 @pytest.mark.parametrize("dtype,name,num_splits", PARAMS,
                          ids=[f"{str(d).split('.')[-1]}-{n}-splits{s}" for d, n, s in PARAMS])
+@gpu_fp32_only(name=FP32_GPU_CASES, num_splits=[None, 3])
 def test_decode_matches_attention(dtype, name, num_splits):
     B, Hq, Hkv, Nq, D, Dv, lengths, bs, cap = CASES[name]
     q, kc, vc, seqlens, table, dk, dv = make_cache(B, Hq, Hkv, Nq, D, Dv, lengths, block_size=bs, capacity=cap,

@@ -14,7 +14,7 @@ import flashattn_lite as fl
 from flashattn_lite.ops import softmax as sm
 from flashattn_lite.reference import dtype_eps
 
-from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only
 
 # The interpreter evaluates exp(-inf), log(0), 0/0 in numpy, which warns; the results are checked.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -423,6 +423,9 @@ gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
                          ids=["3x70000", "300x70000", "2x1M", "2x2M+5", "1x4M+3"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT.get)
 @pytest.mark.parametrize("op", list(OPS))
+# float32 on the GPU: 2×1M takes the same 4-byte split settings as 3×70000 (SPLIT_DEFAULTS), and 300 rows
+# differ from 3 only in the (dtype-free) row grid and strategy choice: three sizes cover every float32 setting.
+@gpu_fp32_only(R=[3, 2, 1], N=[70000, 2 ** 21 + 5, 2 ** 22 + 3])
 def test_gpu_long_rows(op, dtype, R, N, strategy, fused, monkeypatch):
     if not fused and strategy == "two_pass":
         pytest.skip("two_pass never waits")
