@@ -10,7 +10,7 @@
 # under ~8 minutes). The driver runs once without the sanitizer first, so Triton compiles outside it.
 set -uo pipefail
 OUT=${OUT:-sanitize_out}
-TOOLS=${TOOLS:-memcheck racecheck synccheck}
+TOOLS=${TOOLS:-memcheck racecheck synccheck consan}
 TOOL_TIMEOUT=${TOOL_TIMEOUT:-130}
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1 FLASHATTN_LITE_AUTOTUNE=0
@@ -101,6 +101,34 @@ torch.cuda.synchronize()
 print("ok")
 EOF
 
+# Triton's concurrency sanitizer (ConSan: TRITON_INSTRUMENTATION_MODE=consan) for the Gluon kernels:
+# racecheck does not model their mbarrier/TMA handoffs between warp groups; ConSan instruments every
+# shared-memory access against the kernel's barriers and asserts on the device on a race.
+CONSAN="$OUT/consan_driver.py"
+cat > "$CONSAN" <<'EOF'
+"""The Gluon kernels under ConSan (compiled with instrumentation): small odd shapes, every config."""
+import torch
+import triton
+from flashattn_lite.ops import attention_fwd_gluon, attention_fwd_hopper
+
+scratch = lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")  # noqa: E731
+triton.set_allocator(scratch)
+if hasattr(triton.runtime._allocation, "set_profile_allocator"):
+    triton.runtime._allocation.set_profile_allocator(scratch)
+if torch.cuda.get_device_capability() == (9, 0) and attention_fwd_gluon._HAS_GLUON:
+    torch.manual_seed(0)
+    for d in (64, 128):
+        q = torch.randn(1, 4, 300, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 2, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        for causal in (False, True):
+            for config in attention_fwd_gluon.CONFIGS[d]:
+                o, _ = attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, causal, config=config)
+                ref, _ = attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, causal)
+                assert (o.float() - ref.float()).abs().max() < 0.05, (d, causal, config)
+torch.cuda.synchronize()
+print("ok")
+EOF
+
 echo "warm-up (compiles the kernels outside the sanitizer)"
 if ! timeout 300 python "$DRIVER" > "$OUT/warmup.log" 2>&1; then
   tail -20 "$OUT/warmup.log"; echo "the driver fails without the sanitizer: see $OUT/warmup.log"; exit 1
@@ -109,10 +137,17 @@ status=0
 summary=""
 for tool in $TOOLS; do
   log="$OUT/sanitize-$tool.log"
-  timeout "$TOOL_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit 50 \
-    python "$DRIVER" > "$log" 2>&1
+  if [ "$tool" = consan ]; then  # Triton's own concurrency sanitizer, for the Gluon kernels (see above)
+    TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "$TOOL_TIMEOUT" python "$CONSAN" > "$log" 2>&1
+  else
+    timeout "$TOOL_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit 50 \
+      python "$DRIVER" > "$log" 2>&1
+  fi
   rc=$?
-  errors=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$log" | awk '{s += $3} END {print s + 0}')
+  # memcheck/synccheck end with "ERROR SUMMARY: N errors", racecheck with "RACECHECK SUMMARY: N hazards
+  # displayed (E errors, W warnings)"; ConSan fails the launch with a device-side assert.
+  errors=$(grep -Eo "ERROR SUMMARY: [0-9]+|\([0-9]+ errors," "$log" | grep -Eo "[0-9]+" | awk '{s += $1} END {print s + 0}')
+  [ "$tool" = consan ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && errors=$((errors + 1))
   if [ "$rc" -eq 124 ]; then
     line="$tool: TIMEOUT after ${TOOL_TIMEOUT}s ($errors errors reported so far)"; status=1
   elif ! grep -q "^ok$" "$log"; then
