@@ -251,7 +251,7 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
 # strides stay specialised: N·D is divisible by 16 for the usual head dims at every N, and their
 # divisibility is what lets tile rows load as vectors.
 NOT_SPECIALIZED = ["n_q", "n_k", "n_seq", "off", "win_left", "win_right", "seed", "drop_threshold", "n_bucket",
-                   "stride_lse_b", "stride_lse_h", "n_heads"]
+                   "stride_lse_b", "stride_lse_h", "n_heads", "n_kv_heads"]
 
 
 def _fwd_configs():
