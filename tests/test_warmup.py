@@ -163,4 +163,16 @@ def test_after_warmup_no_length_compiles():
             with torch.no_grad():
                 fa.attention(q, k, v, causal=causal)
             new = binaries() - before
-            assert not new, f"N {n}, causal {causal}: new binaries {sorted(new)}"
+            assert not new, f"N {n}, causal {causal}: new binaries:\n" + "\n".join(
+                _closest_difference(name, key, before) for name, key in sorted(new))
+
+
+def _closest_difference(name, key, known) -> str:
+    """A new binary's specialization key against the closest known one of the same kernel: the
+    positions (argument index) that differ."""
+    parts = lambda text: text.replace("[", "").replace("]", "").split("), (")  # noqa: E731
+    new = parts(key)
+    diffs = [[(i, a, b) for i, (a, b) in enumerate(zip(parts(other), new)) if a != b]
+             for kernel, other in known if kernel == name]
+    best = min(diffs, key=len, default=None)
+    return f"{name}: " + ("no binary of it before" if best is None else f"differs from the closest at {best}")

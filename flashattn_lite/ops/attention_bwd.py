@@ -363,26 +363,34 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
              (dq_acc * sm_scale).to(dq.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-_HOPPER: dict = {}  # plain call signature → the Hopper backward's entry point, or False
+_HOPPER: dict = {}  # plain call signature → (a Hopper backward's entry point, explain()'s note), or False
 _HOPPER_ENTRIES = 256
 
 
 def _hopper_backward(q, k, v, causal, causal_offset, scale):
-    """The Hopper (TMA) backward's entry point if this plain call takes it, else False: decided once
-    per call signature (``attention_bwd_hopper.fast_path``, which imports this module), base-pointer
-    alignment checked on every call. The caller hands it a contiguous dO (so only dO's base
-    alignment is left to check)."""
+    """(a Hopper backward's entry point, what explain() says of it) if this plain call takes one,
+    else False: the Gluon warp-specialized backward where its ``fast_path`` says so, else the
+    Triton TMA pair (``attention_bwd_hopper.fast_path``). Decided once per call signature (both
+    modules import this one), base-pointer alignment checked on every call. The caller hands it a
+    contiguous dO (so only dO's base alignment is left to check)."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return False
     key = _plain_signature(q, k, v, causal, causal_offset, scale, True)
     hopper = _HOPPER.get(key)
     if hopper is None:
-        from . import attention_bwd_hopper
+        from . import attention_bwd_gluon, attention_bwd_hopper
         if len(_HOPPER) >= _HOPPER_ENTRIES:
             _HOPPER.clear()
         # q stands in for the contiguous dO: same shape and dtype, and its strides pass the same rules.
-        ok = attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale)
-        hopper = _HOPPER[key] = attention_bwd_hopper.attention_backward_hopper if ok else False
+        if attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale):
+            hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.PATH_NOTE)
+        elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):
+            hopper = (attention_bwd_hopper.attention_backward_hopper,
+                      "a plain causal fp16/bf16 call on sm_90: the TMA kernels (FLASHATTN_LITE_HOPPER=0 turns "
+                      "them off)")
+        else:
+            hopper = False
+        _HOPPER[key] = hopper
     return hopper
 
 
@@ -397,9 +405,9 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
         # autograd may hand over an expanded dO (e.g. of o.sum()): TMA takes it contiguous.
         dense_do = do.contiguous() if hopper else None
         if hopper and dense_do.data_ptr() % 16 == 0:
-            note_path("hopper", "attention backward", "a plain causal fp16/bf16 call on sm_90: the TMA "
-                      "kernels (FLASHATTN_LITE_HOPPER=0 turns them off)")
-            return (*hopper(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
+            run, note = hopper
+            note_path("hopper", "attention backward", note)
+            return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
     variant = causal_window(variant, causal)
     if dlse is not None:
         dlse = dlse.float().contiguous()  # autograd hands over expanded (stride-0) grads, e.g. from lse.sum()

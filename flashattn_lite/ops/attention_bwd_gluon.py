@@ -1,0 +1,632 @@
+"""Attention backward for Hopper (sm_90) in Gluon: a warp-specialized schedule in the spirit of
+FlashAttention-3's backward.
+
+Same contract as ``attention_backward_hopper`` (ops/attention_bwd_hopper.py): plain attention,
+causal (bottom-right, offset Nk − Nq) or not, GQA, fp16/bf16, D = Dv ∈ {64, 128}; returns (dq, dk,
+dv), ``torch.empty_like`` of q, k, v (their strides) in the inputs' dtype, dk/dv summed over each
+GQA group. The math is the portable backward's (``attention_bwd.py``): δ = rowsum(dO ∘ O) − dlse,
+lse₂ = lse·log2 e (+inf on rows with no visible key, whose P is then 0), and per (key tile, query
+tile) pair
+
+    Sᵀ = K·Qᵀ,  Pᵀ = exp2(Sᵀ·scale·log2 e − lse₂),  dV += Pᵀ·dO,  dPᵀ = V·dOᵀ,
+    dSᵀ = Pᵀ ∘ (dPᵀ − δ),  dK += dSᵀ·Q,  dQ += dS·K            (dK, dQ times scale at the end)
+
+The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
+
+* ``gl.warp_specialize`` splits the warps into a **loader** (1 warp, 24 registers) and two
+  **consumer warpgroups** (4 warps each, setmaxnreg 240); consumer c owns keys [64c, 64c + 64) of
+  the tile and keeps its dK, dV accumulators (fp32, 128 registers a thread at D 128) in registers.
+* The loader TMA-loads K and V once (one 64-row box per consumer), then streams, for every query
+  head of the GQA group and every query tile the key tile is visible to, Q, dO (BLOCK_M rows) and the
+  rows' lse₂ and δ into a ring of ``STAGES`` shared-memory slots: ``ready`` barriers count the TMA
+  bytes, ``empty`` barriers one arrival per consumer once its last wgmma reading the slot retired.
+* Each consumer issues Sᵀ and dPᵀ as two asynchronous wgmmas (K, V and Q, dO all in shared memory),
+  computes Pᵀ while dPᵀ still runs, issues dV += Pᵀ·dO with Pᵀ from registers (the forward's
+  register-A wgmma), then dSᵀ and dK += dSᵀ·Q the same way. Pᵀ is rounded to the input dtype once
+  and that copy also feeds dSᵀ (the portable kernels multiply the fp32 Pᵀ): one more rounding of a
+  factor that is rounded again before its GEMM, and no fp32 Pᵀ held across the dPᵀ wait.
+* dQ (``fused_dq``): each consumer writes its dSᵀ block, transposed, to shared memory; once every
+  consumer's block is there (an mbarrier, ``ds_ready``) dQ = dS·K is one more wgmma chain per 64
+  columns of D, issued behind dV and dK (D 128: consumer c takes columns [64c, 64c + 64) at every
+  step; D 64: the consumers take turns by step), scaled, staged in shared memory and added to an
+  fp32 dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``; Gluon 3.6 has the op in its
+  IR builder but no Python name: ``_tma_reduce_add``). ``ds_bufs`` sets of dS buffers rotate by
+  step, each reused once every consumer's dQ wgmma of its last use retired (``ds_free``); two sets
+  let the consumers drift a step apart. A last pass turns the buffer into dq (``Tensor.copy_``).
+  5 GEMMs per tile pair, as in FlashAttention; the fp32 adds arrive in any order, so dq is not
+  bit-reproducible from run to run (dk and dv are).
+  Without ``fused_dq`` the kernel computes dK, dV only and dq comes from the Triton TMA backward's
+  dQ kernel (``attention_bwd_hopper._dq_hopper_kernel``): 7 GEMMs, deterministic.
+* Causal: query tiles wholly above the diagonal are never loaded; the diagonal band (and, in the
+  last key tile, keys past Nk, which TMA fills with zeros) is masked with a uniform branch per step.
+  Query rows past Nq read as zeros with lse₂ = +inf (lse₂ and δ are padded to whole tiles), so P = 0.
+  Without causal the query tiles are visited starting at a rotation by the key tile's index, so the
+  programs of one head reduce-add into different dQ rows at a time.
+* dK·scale and dV leave through shared memory (the consumer's own K, V boxes, dead by then) and one
+  TMA store each (rows past Nk are dropped).
+
+The Gluon imports are guarded like the forward's (``attention_fwd_gluon``): on a triton without
+Gluon, another triton than 3.6, or without CUDA the module imports and ``supported`` says why not.
+Gluon kernels do not run in the Triton interpreter.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._runtime import cdiv
+from ..merge import LOG2E
+from .attention_fwd import precision_for
+
+try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
+    import triton
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin as _builtin
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _HAS_GLUON = (hasattr(gl, "warp_specialize") and hasattr(tma, "async_copy_global_to_shared")
+                  and hasattr(_ir, "DESCRIPTOR_REDUCE_KIND"))
+except Exception:  # noqa: BLE001 - any import problem means: no Gluon path here
+    _HAS_GLUON = False
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+TESTED_TRITON = ("3.6.",)
+LOADER_REGS = 24
+DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle span of bf16 K
+
+
+class Config(NamedTuple):
+    """One launch configuration: ``consumers`` warpgroups of 64 keys each (key tiles of
+    ``64 · consumers``), query tiles of ``block_m`` rows streamed through ``stages`` slots,
+    ``fused_dq`` (dQ by TMA reduce-add in this kernel; else the Triton dQ kernel), ``ds_bufs``
+    (fused dQ: sets of dS buffers, 2 lets a consumer write step i + 1's dS while another's dQ
+    wgmma of step i still reads its set), ``consumer_regs`` (setmaxnreg for the consumers; the
+    loader gets ``LOADER_REGS``)."""
+    consumers: int
+    block_m: int
+    stages: int
+    fused_dq: bool
+    ds_bufs: int = 2
+    consumer_regs: int = 240
+
+    @property
+    def block_n(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def name(self) -> str:
+        dq = f"fdq{self.ds_bufs}" if self.fused_dq else "tdq"
+        return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}"
+
+
+# The sweep, per head dim. Compiled offline for sm_90a with triton 3.6 (fp16 and bf16, causal or
+# not, GQA group 1 and 2; 2026-11, ``ptxas -v``): shared memory d 64 s3-fdq2 146 KiB, s4-fdq2 162,
+# s3-fdq1 130, s3-tdq 82; d 128 s2-fdq2 193 KiB, s2-tdq 129, s3-tdq 162. Consumers at most 238 of
+# their 240 registers, the loader 16 of 24. Spills: none at d 64; d 128 fused 0–100 bytes (a few
+# 32-bit scalars reloaded per step; bf16 causal GQA the most), d 128 tdq 0–20 bytes. Left
+# out: d 128 with one dS set (230–440 bytes of spills: its loop-invariant wgmma descriptors), d 128
+# fused with 3 stages (over 227 KiB with two dS sets), 128-row query tiles (registers).
+CONFIGS = {
+    64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
+    128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
+}
+
+
+def default_config(head_dim: int, causal: bool = False, n: int = 4096, deterministic: bool = False) -> Config:
+    """The sweep's fastest config (``benchmarks/gluon_bwd.py`` on the H100, 2026-11-24, bf16, N 2k /
+    8k / 16k with B·N 16k: ``gluon_bwd-20261124-131528.json``): fused dQ with two dS sets, 2 stages
+    at d 128 (418–486 TFLOP/s), 4 at d 64 (286–399; 3 stages with one dS set ties at causal 2k).
+    ``deterministic`` (``torch.use_deterministic_algorithms``): dq by the Triton dQ kernel instead
+    of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64: 268–330; still 1.06–1.20×
+    the Triton TMA pair)."""
+    if deterministic:
+        return Config(2, 64, 3, False)
+    return Config(2, 64, 2, True, 2) if head_dim == 128 else Config(2, 64, 4, True, 2)
+
+
+def _pad_rows(n_q: int) -> int:
+    """lse₂ and δ rows are padded to whole 128-row tiles (TMA-aligned, no masks on the loads)."""
+    return cdiv(n_q, 128) * 128
+
+
+if _HAS_GLUON:
+
+    _DQC = gl.constexpr(DQ_COLS)  # the kernels' name for it (globals must be constexpr there)
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """global[box at coord] += shared ``src`` (``cp.reduce.async.bulk.tensor .add``), tracked like
+        a TMA store (``tma.store_wait``). Gluon 3.6 has the op in its IR builder but no Python name
+        for it."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
+
+    @gluon.jit
+    def _query_tile(it, n_tiles, lo, rot, h_kv, GROUP: gl.constexpr, ROTATE: gl.constexpr, BLOCK_M: gl.constexpr):
+        """Step ``it`` of a program's flat loop over (query head of the group, query tile): the head
+        and the tile's first row. Loader and consumers walk the same sequence."""
+        if GROUP == 1:
+            g = 0
+            i = it
+        else:
+            g = it // n_tiles
+            i = it % n_tiles
+        if ROTATE:
+            i = (i + rot) % n_tiles
+        return h_kv * GROUP + g, lo + i * BLOCK_M
+
+    @gluon.jit
+    def _loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
+                q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
+                b, h_kv, start_n, n_heads, lo, n_tiles, rot,
+                CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
+                BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+        """The loader warp: K and V once, then Q, dO, lse₂, δ of step ``it`` into slot it % STAGES
+        once every consumer freed it."""
+        mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n + 64 * c, 0], kv_bar, k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n + 64 * c, 0], kv_bar, v_smem.index(c))
+        step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        for it in range(GROUP * n_tiles):
+            s = it % STAGES
+            # A fresh barrier's "previous" phase counts as complete: the first round never waits.
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            h, start_m = _query_tile(it, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
+            bar = ready.index(s)
+            mbarrier.expect(bar, step_bytes)
+            tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], bar, q_smem.index(s))
+            tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], bar, do_smem.index(s))
+            tma.async_copy_global_to_shared(lse_desc, [b * n_heads + h, start_m], bar, lse_smem.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [b * n_heads + h, start_m], bar, delta_smem.index(s))
+
+    @gluon.jit
+    def _row(smem, s, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
+        """Slot ``s``'s lse₂ or δ row as [1, BLOCK_M] in the score layout (one value per query
+        column, broadcast over the keys)."""
+        row = smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, st_layout))
+        return gl.expand_dims(row, 0)
+
+    @gluon.jit
+    def _masked(pt, keys, start_m, n_k, off, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                st_layout: gl.constexpr):
+        """Pᵀ with the pairs no query sees set to 0: keys past Nk (zero-filled by TMA) and, under
+        causal, keys right of the diagonal (key > query + Nk − Nq)."""
+        visible = gl.expand_dims(keys < n_k, 1)
+        if CAUSAL:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+            visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + off, 0))
+        return gl.where(visible, pt, 0.0)
+
+    @gluon.jit
+    def _dq_issue(ds_smem, ds_buf, k_smem, COL: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr):
+        """Issue dQ[:, COL:COL+64] = dS·K[:, COL:COL+64] over every consumer's 64 keys: one chained
+        asynchronous wgmma per consumer, dS and K both from shared memory."""
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, _DQC, 16])
+        dq = gl.zeros([BLOCK_M, _DQC], gl.float32, layout=dq_layout)
+        for c in gl.static_range(CONSUMERS):
+            k_cols = k_smem.index(c).reshape([64, HEAD_DIM])
+            if HEAD_DIM != _DQC:
+                k_cols = k_cols.slice(COL, _DQC, dim=1)
+            dq = warpgroup_mma(ds_smem.index(ds_buf * CONSUMERS + c), k_cols, dq, use_acc=c > 0, is_async=True)
+        return dq
+
+    @gluon.jit
+    def _dq_reduce(dq, dq_stage, dq_desc, b, h, start_m, sm_scale, COL: gl.constexpr, ME: gl.constexpr,
+                   BLOCK_M: gl.constexpr):
+        """dQ·scale into the fp32 buffer: staged in this consumer's buffer, one TMA reduce-add (rows
+        past Nq fall outside the descriptor)."""
+        # The buffer is free once the previous reduce read it; only the issuing threads can wait on
+        # a TMA op, the barrier tells the rest of the warpgroup.
+        tma.store_wait(0)
+        gl.thread_barrier()
+        stage = dq_stage.index(ME)
+        stage.reshape([BLOCK_M, _DQC]).store(dq * sm_scale)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [b, h, start_m, COL], stage)
+
+    @gluon.jit
+    def _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc, ds_ready, ds_free, empty_s,
+                 b, h, start_m, sm_scale, COL: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+        """The end of a step for a consumer computing dQ columns COL..COL+63: once every consumer's
+        dS block is in, issue the dQ wgmmas behind dV and dK, retire all three, free the Q/dO slot
+        and the dS set, then reduce-add dQ."""
+        mbarrier.wait(ds_ready.index(ds_buf), use & 1)
+        dq = _dq_issue(ds_smem, ds_buf, k_smem, COL, CONSUMERS, HEAD_DIM, BLOCK_M)
+        dv, dk, pa, dsa, dq = warpgroup_mma_wait(0, deps=[dv, dk, pa, dsa, dq])
+        mbarrier.arrive(empty_s)
+        mbarrier.arrive(ds_free.index(ds_buf))
+        _dq_reduce(dq, dq_stage, dq_desc, b, h, start_m, sm_scale, COL, ME, BLOCK_M)
+        return dv, dk
+
+    @gluon.jit
+    def _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty_s, FUSED_DQ: gl.constexpr):
+        """The end of a step without dQ work here: retire dV and dK, free the Q/dO slot (and the dS
+        set, which this consumer does not read)."""
+        dv, dk, pa, dsa = warpgroup_mma_wait(0, deps=[dv, dk, pa, dsa])
+        mbarrier.arrive(empty_s)
+        if FUSED_DQ:
+            mbarrier.arrive(ds_free.index(ds_buf))
+        return dv, dk
+
+    @gluon.jit
+    def _consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
+                  kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
+                  b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
+                  ME: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
+                  CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr):
+        """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile."""
+        dtype: gl.constexpr = k_smem.dtype
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        # D 128: consumer c computes dQ columns [64c, 64c + 64) at every step; D 64 (one block of
+        # columns): the consumers take turns by step.
+        SPLIT_COLS: gl.constexpr = HEAD_DIM // _DQC == CONSUMERS
+
+        k_me = k_smem.index(ME).reshape([64, HEAD_DIM])
+        v_me = v_smem.index(ME).reshape([64, HEAD_DIM])
+        keys = start_n + 64 * ME + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
+        tail = start_n + 64 * (ME + 1) > n_k  # this warpgroup holds zero-filled keys past Nk
+        dk = gl.zeros([64, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([64, HEAD_DIM], gl.float32, layout=kv_layout)
+        st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
+        n_steps = GROUP * n_tiles
+        mbarrier.wait(kv_bar, 0)
+
+        for it in range(n_steps):
+            s = it % STAGES
+            h, start_m = _query_tile(it, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+            do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+            st = warpgroup_mma(k_me, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_me, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            lse2 = _row(lse_smem, s, BLOCK_M, st_layout)
+            st = warpgroup_mma_wait(1, deps=[st])  # Sᵀ retired; dPᵀ may still run
+            pt = gl.exp2(st * qk_scale - lse2)
+            if (start_m < mid) | tail:
+                pt = _masked(pt, keys, start_m, n_k, off, CAUSAL, BLOCK_M, st_layout)
+            # Pᵀ rounded once to the input dtype serves both dV (the A operand, same registers:
+            # the conversion is trivial) and dSᵀ, so no fp32 copy stays live across the wait.
+            p16 = pt.to(dtype)
+            pa = gl.convert_layout(p16, a_layout, assert_trivial=True)
+            dv = warpgroup_mma(pa, do_t, dv, is_async=True)
+            delta = _row(delta_smem, s, BLOCK_M, st_layout)
+            dpt = warpgroup_mma_wait(1, deps=[dpt])  # dPᵀ retired; dV may still run
+            dst = (p16.to(gl.float32) * (dpt - delta)).to(dtype)
+            dsa = gl.convert_layout(dst, a_layout, assert_trivial=True)
+            dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
+
+            ds_buf = it % DS_BUFS
+            use = it // DS_BUFS
+            if FUSED_DQ:
+                # Share dSᵀ through dS set ds_buf: once every consumer's dQ wgmmas of the set's
+                # previous use retired, write this warpgroup's block (as dS, queries × keys) and
+                # say so (the arrive is lowered after a warpgroup barrier: every part is written).
+                mbarrier.wait(ds_free.index(ds_buf), (use & 1) ^ 1)
+                ds_smem.index(ds_buf * CONSUMERS + ME).store(gl.permute(dst, (1, 0)))
+                fence_async_shared()
+                mbarrier.arrive(ds_ready.index(ds_buf))
+                if SPLIT_COLS:
+                    dv, dk = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc, ds_ready,
+                                      ds_free, empty.index(s), b, h, start_m, sm_scale, ME * _DQC, ME, CONSUMERS,
+                                      HEAD_DIM, BLOCK_M)
+                else:  # (new names: a runtime branch may not retype the accumulators it takes in)
+                    if it % CONSUMERS == ME:
+                        dv_out, dk_out = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc,
+                                                  ds_ready, ds_free, empty.index(s), b, h, start_m, sm_scale, 0, ME,
+                                                  CONSUMERS, HEAD_DIM, BLOCK_M)
+                    else:
+                        dv_out, dk_out = _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty.index(s), FUSED_DQ)
+                    dv = dv_out
+                    dk = dk_out
+            else:
+                dv, dk = _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty.index(s), FUSED_DQ)
+
+        if FUSED_DQ:
+            tma.store_wait(0)
+            if n_steps > 0:  # every consumer's dQ wgmmas read K: all retired before K is reused
+                last = n_steps - 1
+                mbarrier.wait(ds_free.index(last % DS_BUFS), (last // DS_BUFS) & 1)
+        # dK·scale and dV through this warpgroup's own K and V boxes (every wgmma reading them has
+        # retired) and one TMA store each; rows past Nk fall outside the descriptors.
+        k_me.store((dk * sm_scale).to(dtype))
+        v_me.store(dv.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, [b, h_kv, start_n + 64 * ME, 0], k_smem.index(ME))
+        tma.async_copy_shared_to_global(dv_desc, [b, h_kv, start_n + 64 * ME, 0], v_smem.index(ME))
+        tma.store_wait(0)
+
+    # Lengths and the GQA group's position change from call to call: one binary for all of them.
+    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k"])
+    def _attn_bwd_gluon_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
+                               n_heads, n_kv_heads, n_q, n_k, qk_scale, sm_scale,
+                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr,
+                               CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                               FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                               LOADER_REGS: gl.constexpr):
+        BLOCK_N: gl.constexpr = 64 * CONSUMERS
+        ROTATE: gl.constexpr = not CAUSAL
+        # Key tiles of one KV head on consecutive programs (they share its Q and dO in L2), the
+        # first tiles (under causal the heaviest) first.
+        pid = gl.program_id(0)
+        n_key_tiles = gl.cdiv(n_k, BLOCK_N)
+        tile = pid % n_key_tiles
+        bh_kv = pid // n_key_tiles
+        b = bh_kv // n_kv_heads
+        h_kv = bh_kv % n_kv_heads
+        start_n = tile * BLOCK_N
+
+        # Query tiles [lo, q_end) see some key of the tile; from mid on, every key (causal,
+        # bottom-right: query i sees key j ≤ i + Nk − Nq).
+        off = n_k - n_q
+        q_end = gl.cdiv(n_q, BLOCK_M) * BLOCK_M
+        lo = start_n * 0
+        mid = start_n * 0
+        rot = start_n * 0
+        if CAUSAL:
+            lo = gl.minimum((gl.maximum(start_n - off, 0) // BLOCK_M) * BLOCK_M, q_end)
+            mid = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M, q_end)
+        else:
+            rot = tile
+        n_tiles = (q_end - lo) // BLOCK_M
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                               delta_desc.layout)
+        if FUSED_DQ:
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS * CONSUMERS, BLOCK_M, 64], ds_layout)
+            dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS] + dq_desc.block_type.shape, dq_desc.layout)
+        else:  # unused placeholders (the partitions take the same arguments either way)
+            ds_smem = k_smem
+            dq_stage = k_smem
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=CONSUMERS)
+        for i in gl.static_range(DS_BUFS):
+            mbarrier.init(ds_ready.index(i), count=CONSUMERS)
+            mbarrier.init(ds_free.index(i), count=CONSUMERS)
+        fence_async_shared()
+
+        # (The partitions' argument tuples are written out: Gluon takes no function values in
+        # variables.) Consumer 0 is the default partition; the others and the loader are workers.
+        gl.static_assert(CONSUMERS == 2, "two consumer warpgroups (the dQ split assumes it)")
+        gl.warp_specialize([
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
+                         kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
+                         b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
+                         0, CONSUMERS, GROUP, ROTATE, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
+                         kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
+                         b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
+                         1, CONSUMERS, GROUP, ROTATE, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
+            (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
+                       q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
+                       b, h_kv, start_n, n_heads, lo, n_tiles, rot,
+                       CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+def supported(q, k, v, do, **options) -> str | None:
+    """None when ``attention_backward_gluon`` covers this call, else the reason in words: plain
+    attention only, a triton whose Gluon this kernel was written for, and the Triton TMA backward's
+    rules (``attention_bwd_hopper.supported``: CUDA sm_90, shapes, fp16/bf16, D = Dv ∈ {64, 128},
+    TMA alignment of q, k, v and do, the options)."""
+    reason = _variant_reason(options.get("variant"))
+    if reason is not None:
+        return reason
+    if not _HAS_GLUON:
+        return "this triton has no Gluon Hopper API (triton.experimental.gluon) with TMA reduce"
+    if not triton.__version__.startswith(TESTED_TRITON):
+        return f"triton {triton.__version__}: the Gluon backward is written for triton {TESTED_TRITON[0]}x"
+    from .attention_bwd_hopper import supported as hopper_supported
+    return hopper_supported(q, k, v, do, **options)
+
+
+PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backward (dQ by TMA reduce-add, "
+             "or by the Triton dQ kernel under torch.use_deterministic_algorithms; FLASHATTN_LITE_HOPPER=0 "
+             "turns the Hopper paths off)")
+
+
+def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:
+    """Whether a plain attention backward takes this kernel (decided once per call signature by
+    ``attention_backward``; base-pointer alignment is checked on every call there): the Hopper
+    paths' switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``), this module's triton, and its rules.
+    Measured faster than the Triton TMA pair and the portable backward at every point of its sweep
+    (``gluon_bwd-20261124-131528.json``: 1.15–1.43× the TMA pair, causal or not, d 64 and 128)."""
+    from . import attention_fwd_hopper as hopper
+    if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
+        return False
+    if supported(q, k, v, do, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
+        return False
+    B, Hq, Nq, D = q.shape
+    return B * Hq * Nq * k.shape[2] * D >= hopper.MIN_WORK
+
+
+def _variant_reason(variant) -> str | None:
+    """Why ``variant`` is more than plain attention (in words), or None (None and ``PLAIN`` are)."""
+    from .attention_fwd import SEQ_DENSE, Variant
+    if variant is None:
+        return None
+    if not isinstance(variant, Variant):
+        return f"variant is a {type(variant).__name__}, not a Variant"
+    if (variant.left >= 0 or variant.right >= 0 or variant.softcap or variant.alibi is not None
+            or variant.sinks is not None or variant.seq != SEQ_DENSE):
+        return "softcap, ALiBi, sinks, a window or a batch layout (the Gluon backward is plain attention only)"
+    return None
+
+
+_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def _descriptor(t: torch.Tensor, block: list, layout=None) -> "TensorDescriptor":
+    """A TMA descriptor over ``t`` (its shape and strides) moving ``block`` tiles, in the default
+    (largest) swizzle for the block unless ``layout`` says otherwise."""
+    if layout is None:
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
+    """lse₂ or δ, (B·Hq, padded Nq) float32, in [1, block_m] boxes: unswizzled (a single row)."""
+    return _descriptor(t, [1, block_m], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+
+
+def _row_stats(do, o, lse, dlse, n_pad: int):
+    """δ = rowsum(dO ∘ O) − dlse and lse₂ = lse·log2 e (+inf where lse = −inf), by the portable
+    preprocess kernel, as (B·Hq, n_pad) float32 rows padded with δ = 0 and lse₂ = +inf (P = 0 on the
+    padding rows). Also returns the unpadded (B, Hq, Nq) pair, which the Triton dQ kernel reads."""
+    from .attention_bwd import _bwd_preprocess
+    B, Hq, Nq, D = o.shape
+    lse = lse.contiguous()
+    if dlse is not None:
+        dlse = dlse.float().contiguous()
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
+    _bwd_preprocess[(cdiv(Nq, 64) * B * Hq,)](
+        o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq,
+        HEAD_DIM_V=D, BLOCK_DV=D, HAS_DLSE=dlse is not None, BLOCK_M=64)
+    delta_pad = torch.zeros((B * Hq, n_pad), device=o.device, dtype=torch.float32)
+    lse2_pad = torch.full((B * Hq, n_pad), float("inf"), device=o.device, dtype=torch.float32)
+    delta_pad[:, :Nq] = delta.view(B * Hq, Nq)
+    lse2_pad[:, :Nq] = lse2.view(B * Hq, Nq)
+    return (delta_pad, lse2_pad), (delta, lse2)
+
+
+def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
+    """The kernel's shared memory, barriers aside (the offline compile's figure less ~0.5 KB): the K
+    and V boxes, the ring of Q, dO, lse₂, δ slots and, with ``fused_dq``, the dS sets and one fp32
+    dQ staging buffer per consumer."""
+    m, d, c = cfg.block_m, head_dim, cfg.consumers
+    total = 2 * c * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4)
+    if cfg.fused_dq:
+        total += cfg.ds_bufs * c * m * 64 * itemsize + c * m * DQ_COLS * 4
+    return total
+
+
+SMEM_LIMIT = 227 * 1024  # shared memory a block may opt into on sm_90
+SMEM_SLACK = 1024  # barriers and alignment on top of shared_memory_bytes
+
+
+def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
+    """Why the kernel cannot run ``cfg`` at ``head_dim``, or None: two consumer warpgroups, 64-row
+    query tiles, 1 or 2 dS sets, and the shared memory within sm_90's limit."""
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim} (only {HEAD_DIMS})"
+    if cfg.consumers != 2 or cfg.block_m != 64:
+        return f"config {cfg.name}: the kernel takes two consumers of 64 keys and 64-row query tiles"
+    if cfg.stages < 1 or cfg.ds_bufs not in (1, 2):
+        return f"config {cfg.name}: stages ≥ 1 and 1 or 2 dS sets"
+    need = shared_memory_bytes(head_dim, cfg, itemsize) + SMEM_SLACK
+    if need > SMEM_LIMIT:
+        return f"config {cfg.name} at head dim {head_dim} needs {need} B of shared memory (limit {SMEM_LIMIT})"
+    return None
+
+
+def launch_plan(q, k, cfg: Config, causal: bool) -> dict:
+    """What the kernel launch is given, without launching (the CPU tests check it): the grid (one
+    program per key tile of each (batch, KV head)), the constexprs, the padded lse₂/δ rows and the
+    fp32 dQ buffer's shape (None without ``fused_dq``)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    return dict(
+        grid=(cdiv(Nk, cfg.block_n) * B * Hkv,),
+        constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), GROUP=Hq // Hkv, CONSUMERS=cfg.consumers,
+                        BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
+                        DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
+                        LOADER_REGS=LOADER_REGS),
+        row_stats_shape=(B * Hq, _pad_rows(Nq)),
+        dq_acc_shape=(B, Hq, Nq, D) if cfg.fused_dq else None,
+    )
+
+
+def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool, config: Config | None = None,
+                             dlse: torch.Tensor | None = None, variant=None):
+    """(dq, dk, dv) of o = softmax(scale·q·kᵀ [causal, bottom-right]) · v, given the forward's o and
+    natural-log lse (B, Hq, Nq) float32 (−inf on rows with no visible key).
+
+    The same result as ``attention_backward_hopper`` (and the portable ``attention_backward`` with
+    causal_offset Nk − Nq): ``empty_like`` of q, k, v in their dtype, dk/dv summed over each GQA
+    group. Call only where ``supported`` returned None (an sm_90 GPU; Gluon does not run in the
+    interpreter). ``config``: one of ``CONFIGS`` (default: ``default_config``); ``dlse``: the lse's
+    own gradient (B, Hq, Nq), or None; ``variant``: None or ``PLAIN`` only. A config or variant the
+    kernel does not take raises ValueError before anything runs."""
+    reason = _variant_reason(variant)
+    if reason is not None:
+        raise ValueError(f"attention_backward_gluon: {reason}")
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    cfg = config or default_config(D, causal, max(Nq, Nk), torch.are_deterministic_algorithms_enabled())
+    reason = config_reason(D, cfg, q.element_size())
+    if reason is not None:
+        raise ValueError(f"attention_backward_gluon: {reason}")
+    plan = launch_plan(q, k, cfg, causal)
+    (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, plan["row_stats_shape"][1])
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+
+    m, box = cfg.block_m, [1, 1, 64, D]
+    if cfg.fused_dq:
+        dq_acc = torch.zeros(plan["dq_acc_shape"], device=q.device, dtype=torch.float32)
+        dq_desc = _descriptor(dq_acc, [1, 1, m, DQ_COLS])
+    else:
+        dq = torch.empty_like(q)
+        dq_desc = _descriptor(dq, [1, 1, m, D])  # a placeholder the kernel does not touch
+    _attn_bwd_gluon_kernel[plan["grid"]](
+        _descriptor(q, [1, 1, m, D]), _descriptor(k, box), _descriptor(v, box), _descriptor(do, [1, 1, m, D]),
+        _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
+        _descriptor(dk, box), _descriptor(dv, box),
+        Hq, Hkv, Nq, Nk, scale * LOG2E, scale, **plan["constexprs"], num_warps=4)
+
+    if cfg.fused_dq:
+        dq = _dq_from_buffer(dq_acc, q)
+    else:
+        _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
+    return dq, dk, dv
+
+
+def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """dq as the portable backward returns it (``empty_like(q)``: q's strides and dtype) from the
+    dense fp32 buffer the kernel reduce-added into (already times scale)."""
+    dq = torch.empty_like(q)
+    dq.copy_(dq_acc)
+    return dq
+
+
+def _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal):
+    """dq by the Triton TMA backward's dQ kernel at its default config (the non-fused configs)."""
+    from . import attention_bwd_hopper as hop
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    qc = hop.default_config(D, causal, max(Nq, Nk)).dq
+    hop._dq_hopper_kernel[(cdiv(Nq, qc.block_m) * B * Hq,)](
+        hop._descriptor(q, qc.block_m), hop._descriptor(k, qc.block_n), hop._descriptor(v, qc.block_n),
+        hop._descriptor(do, qc.block_m), hop._descriptor(dq, qc.block_m),
+        lse2, delta, Hq, Nq, Nk, scale * LOG2E, scale,
+        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), PRECISION=precision_for(q.dtype),
+        BLOCK_M=qc.block_m, BLOCK_N=qc.block_n, num_warps=qc.num_warps, num_stages=qc.num_stages)
