@@ -2,7 +2,7 @@
 # Every kernel family under NVIDIA compute-sanitizer: memcheck (out-of-bounds / misaligned accesses),
 # racecheck (shared-memory hazards) and synccheck (barrier misuse: the split softmax and decode
 # stages wait on each other). Small shapes, one python driver, FLASHATTN_LITE_AUTOTUNE=0. On sm_90 the
-# Hopper kernels (Gluon and TMA forwards, the TMA backward) are called directly too.
+# Hopper kernels (Gluon and TMA forwards and backwards) are called directly too.
 #   bash benchmarks/sanitize.sh                 # reports under $OUT (default sanitize_out/)
 #   TOOLS="memcheck" bash benchmarks/sanitize.sh
 # Prints one line per tool (errors found) and exits non-zero if any tool found an error, failed or
@@ -84,7 +84,7 @@ for bs in (16, 128):
 # the Hopper kernels (sm_90 only; entry points called directly: small shapes stay under MIN_WORK):
 # the Gluon and Triton TMA forwards, the TMA forward with every score option, the TMA backward
 if torch.cuda.get_device_capability() == (9, 0):
-    from flashattn_lite.ops import attention_bwd_hopper, attention_fwd_gluon, attention_fwd_hopper
+    from flashattn_lite.ops import attention_bwd_gluon, attention_bwd_hopper, attention_fwd_gluon, attention_fwd_hopper
     from flashattn_lite.ops.attention_fwd import Variant
     q, k, v = r(1, 4, 300, 128, dtype=torch.bfloat16), r(1, 2, 333, 128, dtype=torch.bfloat16), \
         r(1, 2, 333, 128, dtype=torch.bfloat16)
@@ -94,6 +94,9 @@ if torch.cuda.get_device_capability() == (9, 0):
         o, lse = attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, causal)
         attention_bwd_hopper.attention_backward_hopper(torch.randn_like(o), q, k, v, o, lse, scale=0.088,
                                                        causal=causal)
+        if attention_bwd_gluon.supported(q, k, v, q) is None:
+            attention_bwd_gluon.attention_backward_gluon(torch.randn_like(o), q, k, v, o, lse, scale=0.088,
+                                                         causal=causal)
     options = Variant(left=40, right=0, softcap=20.0, alibi=torch.rand(4, device=dev),
                       sinks=torch.randn(4, device=dev))
     attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, True, variant=options)
@@ -106,10 +109,11 @@ EOF
 # shared-memory access against the kernel's barriers and asserts on the device on a race.
 CONSAN="$OUT/consan_driver.py"
 cat > "$CONSAN" <<'EOF'
-"""The Gluon kernels under ConSan (compiled with instrumentation): small odd shapes, every config."""
+"""The Gluon kernels (forward, backward) under ConSan (compiled with instrumentation): small odd
+shapes, every config, each checked against the Triton TMA kernels."""
 import torch
 import triton
-from flashattn_lite.ops import attention_fwd_gluon, attention_fwd_hopper
+from flashattn_lite.ops import attention_bwd_gluon, attention_bwd_hopper, attention_fwd_gluon, attention_fwd_hopper
 
 scratch = lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")  # noqa: E731
 triton.set_allocator(scratch)
@@ -125,6 +129,14 @@ if torch.cuda.get_device_capability() == (9, 0) and attention_fwd_gluon._HAS_GLU
                 o, _ = attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, causal, config=config)
                 ref, _ = attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, causal)
                 assert (o.float() - ref.float()).abs().max() < 0.05, (d, causal, config)
+            o, lse = attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, causal)
+            do = torch.randn_like(o)
+            want = attention_bwd_hopper.attention_backward_hopper(do, q, k, v, o, lse, scale=0.088, causal=causal)
+            for config in attention_bwd_gluon.CONFIGS[d]:
+                got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
+                                                                   config=config)
+                for a, w in zip(got, want):
+                    assert (a.float() - w.float()).norm() <= 2e-2 * w.float().norm(), (d, causal, config)
 torch.cuda.synchronize()
 print("ok")
 EOF
