@@ -1,6 +1,7 @@
-"""The sm_90 PTX of the portable and the TMA attention forward at a few option sets, hashed: a refactor
-of shared @triton.jit helpers that leaves every hash unchanged leaves the kernels that ran on the GPU
-unchanged. Needs no GPU, only a triton with the CUDA backend (the GPU's version: 3.6).
+"""The sm_90 PTX of the portable, the TMA and the Gluon attention forward at a few option sets, hashed: a
+refactor of shared @triton.jit helpers that leaves every hash unchanged leaves the kernels that ran on
+the GPU unchanged. Needs no GPU, only a triton with the CUDA backend (the GPU's version: 3.6; the Gluon
+kernel's lines say "unavailable" on another, or in a checkout whose Gluon module has no ``_launch``).
 
     python benchmarks/ptx_hashes.py OLD_CHECKOUT > old.txt; python benchmarks/ptx_hashes.py . > new.txt
     diff old.txt new.txt
@@ -62,6 +63,26 @@ def tma(opts, causal=True):
     k = triton.compile(ASTSource(J, sig, constexprs, attrs), target=T, options=dict(num_warps=8, num_stages=3))
     return k.asm["ptx"]
 
+def gluon(opts, causal=True, d=128):
+    """The Gluon forward as ``attention_forward_gluon`` launches it (``_launch`` on CPU tensors, bound
+    by Triton's own argument specialisation), at its default config for N 8k."""
+    import torch
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+    import flashattn_lite.ops.attention_fwd_gluon as g
+    B, H, N = 2, 4, 1024
+    q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
+    tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(B, H, dtype=torch.float64), sinks=torch.zeros(H))
+    variant = f.Variant(**{"alibi" if n == "alibi_bh" else n: tensors.get(n, v) for n, v in opts.items()})
+    cfg = g.default_config(d, causal, 8192, variant.alibi is not None)
+    _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg,
+                                variant if opts else f.PLAIN)
+    J, backend = g._attn_fwd_gluon_kernel, make_backend(T)
+    bound, spec, options = create_function_from_signature(J.signature, J.params, backend)(*args, **kwargs)
+    options, sig, constexprs, attrs = J._pack_args(backend, kwargs, bound, spec, options)
+    return triton.compile(GluonASTSource(J, sig, constexprs, attrs), target=T, options=options.__dict__).asm["ptx"]
+
 def body(ptx):  # the code only: no debug sections, file names or source locations
     ptx = ptx.split(".section\t.debug")[0]
     return "\n".join(l for l in (x.strip() for x in ptx.splitlines())
@@ -72,6 +93,16 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("portable alibi", portable, dict(ALIBI=True, FOLD_SCALE=False)),
          ("tma plain", tma, {}), ("tma softcap", tma, dict(SOFTCAP=True, FAST_TANH=True)),
          ("tma softcap window", tma, dict(SOFTCAP=True, FAST_TANH=True, HAS_LEFT=True)),
-         ("tma alibi+sinks", tma, dict(ALIBI=True, SINKS=True))]
+         ("tma alibi+sinks", tma, dict(ALIBI=True, SINKS=True)),
+         ("gluon plain", gluon, {}), ("gluon softcap", gluon, dict(softcap=30.0)),
+         ("gluon alibi (B, H)", gluon, dict(alibi_bh=True)),
+         ("gluon softcap+alibi+sinks", gluon, dict(softcap=30.0, alibi=True, sinks=True))]
 for name, fn, opts in cases:
-    print(name, hashlib.sha1(body(fn(opts)).encode()).hexdigest()[:12], flush=True)
+    try:
+        ptx = fn(opts)
+    except Exception as e:  # noqa: BLE001 - an older checkout or another triton: say so, go on
+        if fn is not gluon:
+            raise
+        print(name, "unavailable", f"({type(e).__name__}: {str(e)[:80]})", flush=True)
+        continue
+    print(name, hashlib.sha1(body(ptx).encode()).hexdigest()[:12], flush=True)

@@ -101,13 +101,14 @@ def test_strided_heads_read_in_place():
     assert torch.equal(o, oc) and torch.equal(lse, lsec)
 
 
-def test_refuses_the_variant_options():
-    # Plain attention only: a call with softcap, ALiBi, sinks or a window is never handed to it.
+def test_refuses_a_window():
+    # softcap, ALiBi and sinks are its options (tests/test_attention_gluon_variants.py); a sliding
+    # window is never handed to it (the Triton TMA kernel takes windows).
     from flashattn_lite.ops.attention_fwd import Variant
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    assert "plain attention only" in gluon_fwd.supported(q, q, q, variant=Variant(softcap=30.0))
-    with pytest.raises(ValueError, match="variant"):
-        gluon_fwd.attention_forward_gluon(q, q, q, 0.125, False, variant=Variant(softcap=30.0))
+    assert "window" in gluon_fwd.supported(q, q, q, variant=Variant(left=4))
+    with pytest.raises(ValueError, match="window"):
+        gluon_fwd.attention_forward_gluon(q, q, q, 0.125, False, variant=Variant(left=4))
 
 
 @needs_gpu

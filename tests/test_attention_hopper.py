@@ -470,9 +470,10 @@ def test_attention_dispatches_large_calls_to_it(case):
     tested = triton.__version__.startswith(hopper.TESTED_TRITON)
     e = explain(q, k, v, causal=causal, backward=False, **options)  # the forward's path
     assert (e.path == "hopper") == tested
-    # Plain calls the Gluon kernel covers go there (tests/test_attention_gluon.py), the rest here.
-    gluon = not options and gluon_fwd.fast_path(q, k, v, causal, 0, 128 ** -0.5)
-    note = gluon_fwd.PATH_NOTE if gluon else hopper.path_note(as_variant(q, k, options))
+    # Calls the Gluon kernel covers go there (tests/test_attention_gluon*.py), the rest here.
+    variant = as_variant(q, k, options)
+    gluon = gluon_fwd.fast_path(q, k, v, causal, 0, 128 ** -0.5, variant)
+    note = gluon_fwd.path_note(variant) if gluon else hopper.path_note(variant)
     assert not tested or e.reason == "attention forward: " + note
     o = attention(q, k, v, causal=causal, **options)
     grads = torch.autograd.grad(o.float().square().sum(), leaves)

@@ -517,14 +517,14 @@ _HOPPER: dict = {}  # call signature → (the Hopper kernel's entry point, expla
 def _hopper_path(q, k, v, causal, causal_offset, scale, variant=PLAIN):
     """(a Hopper forward's entry point, what explain() says of it) if this call (no mask or dropout)
     takes one (CUDA sm_90 only): the Gluon kernel where it measured fastest
-    (``attention_fwd_gluon.fast_path``: plain calls), else the Triton TMA kernel
-    (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build on this
-    one's helpers."""
+    (``attention_fwd_gluon.fast_path``: plain, softcap, ALiBi, sinks; no window), else the Triton
+    TMA kernel (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build
+    on this one's helpers."""
     from . import attention_fwd_gluon, attention_fwd_hopper
     if len(_HOPPER) >= _BOUND_ENTRIES:
         _HOPPER.clear()
-    if variant is PLAIN and attention_fwd_gluon.fast_path(q, k, v, causal, causal_offset, scale):
-        return attention_fwd_gluon.attention_forward_gluon, attention_fwd_gluon.PATH_NOTE
+    if attention_fwd_gluon.fast_path(q, k, v, causal, causal_offset, scale, variant):
+        return attention_fwd_gluon.attention_forward_gluon, attention_fwd_gluon.path_note(variant)
     if not attention_fwd_hopper.fast_path(q, k, v, causal, causal_offset, scale, variant):
         return False
     return attention_fwd_hopper.attention_forward_hopper, attention_fwd_hopper.path_note(variant)

@@ -1,8 +1,10 @@
 """Attention forward for Hopper (sm_90) in Gluon: an FA3-style warp-specialized schedule.
 
-Same contract as ``attention_forward_hopper`` (ops/attention_fwd_hopper.py): plain attention, causal
-(bottom-right aligned) or not, GQA, fp16/bf16, D ∈ {64, 128}; o (B, Hq, Nq, D) contiguous in q's
-dtype, lse (B, Hq, Nq) float32 natural log, a row with no visible key o = 0 and lse = −inf.
+Same contract as ``attention_forward_hopper`` (ops/attention_fwd_hopper.py) less sliding windows:
+causal (bottom-right aligned) or not, GQA, fp16/bf16, D ∈ {64, 128}, and the score options of a
+dense batch in ``variant``: softcap, ALiBi slopes, attention sinks; o (B, Hq, Nq, D) contiguous in
+q's dtype, lse (B, Hq, Nq) float32 natural log (the sink term included), a row with no visible key
+o = 0 and lse = −inf (the sink's logit, with sinks).
 
 Where the Triton kernel leaves the schedule to the compiler, here it is written out (Gluon is
 Triton's tile-level language with explicit layouts, shared memory, barriers and partitions):
@@ -28,6 +30,11 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   the diagonal (j > i + Nk − Nq) are set to −inf, only in the tiles that need it (a uniform branch
   per tile); keys no row of the program sees are never loaded. O goes out through shared memory
   (Q's slot, dead by then) and one TMA store, which drops rows past Nq.
+* Options (``SOFTCAP``, ``ALIBI``, ``SINKS``: constexprs, so a plain call compiles to the code it
+  compiled to before they existed; their unused arguments are passed as None, which Triton makes
+  constexprs, so its parameter list is unchanged too): the scores as the portable kernels make them,
+  through their @triton.jit helpers (a Gluon function may call one whose ops are elementwise:
+  ``fold_factor``'s tanh, ``add_sink``), in the consumers' softmax, which overlaps the wgmma.
 
 Measured on the H100 (``benchmarks/gluon_fwd.py``, 2026-11-24, two runs, bf16, B·N 16k tokens, best
 config per point): d 128 at N 8k / 16k 587–623 TFLOP/s non-causal, 566–661 causal (1.12–1.27× the
@@ -49,8 +56,8 @@ from typing import NamedTuple
 import torch
 
 from .._runtime import cdiv
-from ..merge import LOG2E
-from .attention_fwd import PLAIN
+from ..merge import LOG2E, add_sink
+from .attention_fwd import PLAIN, SEQ_DENSE, Variant, fold_factor, score_args
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     import triton
@@ -94,7 +101,9 @@ LOADER_REGS = 24
 
 # The sweep, per head dim. Shared memory: 2 bytes · (BLOCK_M·D for Q + stages·2·BLOCK_N·D for K/V)
 # under the H100's 227 KB (d 128, m128 n128: 224 KB at 3 stages). Registers: 65536 per SM over
-# 384 threads (2 consumers) or 512 (3): the consumers get 240 or 160, the loader 24; none spills.
+# 384 threads (2 consumers) or 512 (3): the consumers get 240 or 160, the loader 24; none spills
+# (triton 3.6, sm_90), with softcap, ALiBi and sinks too, but for ALiBi in the d 64 three-consumer
+# configs (``default_config`` gives ALiBi at d 64 the two-consumer one).
 # Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
@@ -105,13 +114,14 @@ CONFIGS = {
 }
 
 
-def default_config(head_dim: int, causal: bool = False, n: int = 4096) -> Config:
+def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False) -> Config:
     """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the
     H100, 2026-11-24, bf16, N 2k / 8k / 16k with B·N 16k). d 64: three ping-ponging consumers
-    (192-row tiles). d 128: two consumers with 128-key tiles and three stages (ping-pong under
-    causal), three consumers with 64-key tiles below N 8k (more, smaller programs)."""
+    (192-row tiles); with ALiBi (whose bias spills those consumers' 160 registers) two. d 128: two
+    consumers with 128-key tiles and three stages (ping-pong under causal), three consumers with
+    64-key tiles below N 8k (more, smaller programs)."""
     if head_dim == 64:
-        return Config(3, 128, 3, True, 160)
+        return Config(2, 128, 3, False) if alibi else Config(3, 128, 3, True, 160)
     if n < 8192:
         return Config(3, 64, 3, True, 160)
     return Config(2, 128, 3, bool(causal))
@@ -139,16 +149,28 @@ if _HAS_GLUON:
             tma.async_copy_global_to_shared(v_desc, [b, h_kv, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _scores(s, j, rows, n_k, off, first_masked, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
-                s_layout: gl.constexpr):
-        """S_j with the keys its rows cannot see set to −inf (only tiles from ``first_masked`` on)."""
+    def _scores(s, j, rows, cols_f, n_k, off, first_masked, qk_scale, softcap_scale, softcap2, slope,
+                CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr,
+                BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """(x, fold): S_j's base-2 scores as x·fold, fold > 0 for ``_softmax`` to fold into its exp2
+        (the portable kernels' ``fold_factor``: S and scale·log2 e, or with softcap c
+        tanh(S·scale/c) and c·log2 e, ``tanh.approx.f32`` for 16-bit inputs), ALiBi's
+        slope·log2 e·|i + off − j| subtracted from x over that fold (``slope``), and the keys its
+        rows cannot see set to −inf (only tiles from ``first_masked`` on)."""
+        s, fold = fold_factor(s, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
+        if ALIBI:
+            # |i + off − j| as the difference of a per-row float and ``cols_f`` (0 … BLOCK_N − 1,
+            # made once per consumer): exact below 2²⁴, one add per score and no int→float
+            # conversion (the ALiBi helper of the portable kernels converts per score).
+            rows_f = (rows + (off - j * BLOCK_N)).to(gl.float32)
+            s = s - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols_f, 0))
         if j * BLOCK_N >= first_masked:
             cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             visible = gl.expand_dims(cols < n_k, 0)
             if CAUSAL:
                 visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
             s = gl.where(visible, s, float("-inf"))
-        return s
+        return s, fold
 
     @gluon.jit
     def _softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr):
@@ -164,9 +186,16 @@ if _HAS_GLUON:
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                   bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
+                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile."""
+        """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile.
+
+        The scores are the portable kernels' (scale, softcap, ALiBi, masks: ``_scores``), with the
+        softmax's positive factor folded into the exp2's FMA even under ALiBi: its bias is
+        subtracted divided by that factor (``slope``), where the portable kernels add it to the
+        base-2 score (the same score up to float32 rounding; no multiply per score)."""
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -184,6 +213,15 @@ if _HAS_GLUON:
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
         p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
         s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+        slope = 0.0
+        cols_f = 0.0
+        if ALIBI:  # slope·log2 e of (b, h) as the portable kernels read it, over _scores' fold
+            slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
+            if SOFTCAP:
+                slope = slope * 1.4426950408889634 / softcap2
+            else:
+                slope = slope * 1.4426950408889634 / qk_scale
+            cols_f = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
         mbarrier.wait(q_bar, 0)
 
         if n_tiles > 0:
@@ -197,8 +235,9 @@ if _HAS_GLUON:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(0))
-            s = _scores(s, 0, rows, n_k, off, first_masked, CAUSAL, BLOCK_N, s_layout)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
+            s, fold = _scores(s, 0, rows, cols_f, n_k, off, first_masked, qk_scale, softcap_scale, softcap2, slope,
+                              CAUSAL, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
 
         for j in range(1, n_tiles):
             cur = j % STAGES
@@ -215,8 +254,9 @@ if _HAS_GLUON:
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
             s = warpgroup_mma_wait(1, deps=[s])
             mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
-            s = _scores(s, j, rows, n_k, off, first_masked, CAUSAL, BLOCK_N, s_layout)
-            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
+            s, fold = _scores(s, j, rows, cols_f, n_k, off, first_masked, qk_scale, softcap_scale, softcap2, slope,
+                              CAUSAL, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
+            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -229,6 +269,13 @@ if _HAS_GLUON:
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(last))
 
+        if SINKS:  # one more term exp(sink) in the denominator, with no value (in the lse too)
+            # ``add_sink`` scales acc by the rows' factor: it takes the rows in acc's layout.
+            o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+            sink = gl.load(sinks + h).to(gl.float32) * 1.4426950408889634
+            m_o, l_o, acc = add_sink(gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), acc, sink)
+            m_i = gl.convert_layout(m_o, row_layout)
+            l_i = gl.convert_layout(l_o, row_layout)
         # O = acc / ℓ, lse = ln 2 · (m + log2 ℓ); an empty row gives O = 0, lse = −inf.
         empty_row = l_i == 0.0
         inv_l = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
@@ -244,10 +291,12 @@ if _HAS_GLUON:
         tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem)
         tma.store_wait(0)
 
-    # Lengths and the GQA group change from call to call: one binary for all of them.
-    @gluon.jit(do_not_specialize=["n_q", "n_k", "group"])
-    def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, n_heads, group, n_q, n_k, qk_scale,
-                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
+    # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
+    @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads"])
+    def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                               n_heads, group, n_q, n_k, qk_scale, softcap_scale, softcap2,
+                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                               ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr):
@@ -298,7 +347,9 @@ if _HAS_GLUON:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
-                             0, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                             0, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             HEAD_DIM, BLOCK_N, STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                            b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
             ], [1], [LOADER_REGS])
@@ -306,10 +357,14 @@ if _HAS_GLUON:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
-                             0, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                             0, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             HEAD_DIM, BLOCK_N, STAGES)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
-                             1, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                             1, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             HEAD_DIM, BLOCK_N, STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                            b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -317,25 +372,47 @@ if _HAS_GLUON:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
-                             0, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                             0, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             HEAD_DIM, BLOCK_N, STAGES)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
-                             1, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                             1, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             HEAD_DIM, BLOCK_N, STAGES)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
-                             2, CONSUMERS, PINGPONG, CAUSAL, HEAD_DIM, BLOCK_N, STAGES)),
+                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                             2, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             HEAD_DIM, BLOCK_N, STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                            b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
+def _variant_reason(variant) -> str | None:
+    """Why this kernel cannot express ``variant`` at all, or None: it takes softcap, ALiBi and sinks
+    over a dense batch; a sliding window is left to the Triton TMA kernel, ranges/varlen layouts to
+    the portable one. (The options' tensors are checked by ``attention_fwd_hopper.supported``.)"""
+    if variant is None or variant is PLAIN:
+        return None
+    if not isinstance(variant, Variant):
+        return f"variant is a {type(variant).__name__}, not a Variant"
+    if variant.left >= 0 or variant.right >= 0:
+        return "a sliding window (the Gluon kernel takes softcap, ALiBi and sinks; windows take the Triton TMA kernel)"
+    if variant.seq != SEQ_DENSE:
+        return "a ranges or varlen batch layout"
+    return None
+
+
 def supported(q, k, v, **options) -> str | None:
     """None when ``attention_forward_gluon`` covers this call, else the reason in words: the Hopper
-    TMA kernel's rules (``attention_fwd_hopper.supported``) plus a triton whose Gluon this kernel
-    was written for."""
-    variant = options.get("variant")
-    if variant is not None and variant is not PLAIN:
-        return "softcap, ALiBi, sinks, a window or a batch layout (the Gluon kernel is plain attention only)"
+    TMA kernel's rules (``attention_fwd_hopper.supported``: a dense-batch ``variant`` with softcap,
+    ALiBi slopes, sinks; no mask, dropout, ranges/varlen or unknown option) less sliding windows,
+    plus a triton whose Gluon this kernel was written for."""
+    reason = _variant_reason(options.get("variant"))
+    if reason is not None:
+        return reason
     if not _HAS_GLUON:
         return "this triton has no Gluon Hopper API (triton.experimental.gluon)"
     if not triton.__version__.startswith(TESTED_TRITON):
@@ -347,21 +424,36 @@ def supported(q, k, v, **options) -> str | None:
 # Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, 2026-11-24,
 # bf16, B·N 16k): every non-causal point (d 128 at N 2k: 500 vs 477 TFLOP/s), causal from N 8k on
 # (d 128 at 8k / 16k: 566–661 vs 504–525); causal at N 2k it is 5–7% slower (414 vs 434 at d 128).
+# Calls with softcap, ALiBi or sinks follow the same rule.
 CAUSAL_MIN_N = 8192
-PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized kernel (FLASHATTN_LITE_HOPPER=0 "
-             "turns the Hopper paths off)")
 
 
-def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:
-    """Whether a plain attention forward takes this kernel rather than the Triton TMA one: the
-    Triton Hopper kernel's switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``) and rules, this
-    module's triton version, and the measured crossover (``CAUSAL_MIN_N``)."""
+def path_note(variant: Variant = PLAIN) -> str:
+    """What ``explain()`` says of a call this kernel takes (``note_path``), naming its options like
+    ``attention_fwd_hopper.path_note``."""
+    options = [name for name, on in (("softcap", variant.softcap > 0), ("ALiBi", variant.alibi is not None),
+                                     ("sinks", variant.sinks is not None)) if on]
+    call = f"an fp16/bf16 call with {', '.join(options)}" if options else "a plain fp16/bf16 call"
+    return f"{call} on sm_90: the Gluon warp-specialized kernel (FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)"
+
+
+PATH_NOTE = path_note(PLAIN)
+
+
+def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:
+    """Whether an attention forward (plain, or softcap/ALiBi/sinks without a window) takes this
+    kernel rather than the Triton TMA one: the Triton Hopper kernel's switches
+    (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``) and rules, this module's triton version and
+    ``supported``, and the measured crossover (``CAUSAL_MIN_N``)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
     if causal and max(q.shape[2], k.shape[2]) < CAUSAL_MIN_N:
         return False
-    if supported(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
+    options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
+    if variant is not PLAIN:
+        options["variant"] = variant
+    if supported(q, k, v, **options) is not None:
         return False
     B, Hq, Nq, D = q.shape
     return B * Hq * Nq * k.shape[2] * D >= hopper.MIN_WORK
@@ -377,26 +469,60 @@ def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
+_PLAIN_ARGS = (None,) * 6
+_PLAIN_FLAGS = dict(SOFTCAP=False, ALIBI=False, SINKS=False, FAST_TANH=False)
+
+
+def _option_args(variant: Variant, q: torch.Tensor, scale: float):
+    """(sinks, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2) and the option flags
+    of a launch, as the portable kernels take them (``score_args``). What a call does not use is
+    None: the launch drops it (a None argument is a constexpr), so a plain call compiles to the
+    kernel it compiled to before the options existed, parameter list included."""
+    if variant is PLAIN:
+        return _PLAIN_ARGS, _PLAIN_FLAGS
+    _, alibi_strides, softcap_scalars, constexprs = score_args(variant, q, scale)
+    flags = {name: constexprs[name] for name in _PLAIN_FLAGS}
+    args = (variant.sinks, variant.alibi, *(alibi_strides if flags["ALIBI"] else (None, None)),
+            *(softcap_scalars if flags["SOFTCAP"] else (None, None)))
+    return args, flags
+
+
+def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: Variant = PLAIN):
+    """(grid, args, keyword args) of the kernel writing o and lse for this call
+    (``attention_forward_gluon``'s launch; ``benchmarks/ptx_hashes.py`` compiles from it without a
+    GPU)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    options, flags = _option_args(variant, q, scale)
+    sinks, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2 = options
+    grid = (B * Hq, cdiv(Nq, cfg.block_m))
+    args = (_descriptor(q, 64), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), _descriptor(o, 64),
+            lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, scale * LOG2E,
+            softcap_scale, softcap2)
+    kwargs = dict(HEAD_DIM=D, CAUSAL=bool(causal), **flags, CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
+                  STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
+                  CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
+    return grid, args, kwargs
+
+
 def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Config | None = None,
-                            variant=PLAIN):
-    """o, lse = softmax(scale·q·kᵀ [causal, bottom-right]) · v, and its natural-log lse.
+                            variant: Variant = PLAIN):
+    """o, lse = softmax(scores) · v and its natural-log lse, the scores scale·q·kᵀ with
+    ``variant``'s options (softcap, ALiBi; sinks in the denominator), causal bottom-right.
 
     q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D); call only where ``supported`` returned None. Returns o
     (B, Hq, Nq, D) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
-    (causal, Nq > Nk) has o = 0, lse = −inf. ``config``: one of ``CONFIGS`` (default:
-    ``default_config``). ``variant``: only ``PLAIN`` (the dispatcher's uniform call)."""
+    (causal, Nq > Nk) has o = 0, lse = −inf (with sinks: the sink's logit). ``config``: one of
+    ``CONFIGS`` (default: ``default_config``). ``variant``: as ``attention_forward`` takes it, a
+    dense batch without a window (ValueError otherwise)."""
     if variant is not PLAIN:
-        raise ValueError("attention_forward_gluon: variant must be PLAIN (no softcap, ALiBi, sinks or window)")
+        reason = _variant_reason(variant)
+        if reason is not None:
+            raise ValueError(f"attention_forward_gluon: variant: {reason}")
     B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config or default_config(D, causal, max(Nq, Nk))
+    cfg = config or default_config(D, causal, max(Nq, k.shape[2]), variant.alibi is not None)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    grid = (B * Hq, cdiv(Nq, cfg.block_m))
-    _attn_fwd_gluon_kernel[grid](
-        _descriptor(q, 64), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), _descriptor(o, 64),
-        lse, Hq, Hq // Hkv, Nq, Nk, scale * LOG2E,
-        HEAD_DIM=D, CAUSAL=bool(causal), CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
-        STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
-        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
+    grid, args, kwargs = _launch(q, k, v, o, lse, scale, causal, cfg, variant)
+    _attn_fwd_gluon_kernel[grid](*args, **kwargs)
     return o, lse
