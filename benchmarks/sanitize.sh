@@ -100,6 +100,8 @@ if torch.cuda.get_device_capability() == (9, 0):
     options = Variant(left=40, right=0, softcap=20.0, alibi=torch.rand(4, device=dev),
                       sinks=torch.randn(4, device=dev))
     attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, True, variant=options)
+    if attention_fwd_gluon.supported(q, k, v) is None:
+        attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, True, variant=options._replace(left=-1, right=-1))
 torch.cuda.synchronize()
 print("ok")
 EOF
