@@ -275,3 +275,19 @@ def test_table_check_argument_errors(argv, needle, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(argv)
     assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_ours_portable_turns_the_hopper_paths_off_for_the_whole_measurement():
+    # The benchmarks time the backward after the forward returned: the Hopper paths must stay off
+    # for every call made inside the runner's context, not only inside the forward.
+    import os
+
+    import torch
+
+    from flashattn_lite.bench.peers import PEERS, Problem
+    problem = Problem(batch=1, heads=2, kv_heads=2, seqlen=16, head_dim=16, dtype=torch.float32, causal=True,
+                      device="cpu")
+    runner = PEERS["ours-portable"].build(problem, "-")
+    with runner.context():
+        assert os.environ.get("FLASHATTN_LITE_HOPPER") == "0"
+    assert os.environ.get("FLASHATTN_LITE_HOPPER") != "0"
