@@ -10,7 +10,9 @@ as P = exp2(S·scale·log2 e − lse₂) and never stores them:
 3. ``_bwd_dq_kernel``: one program per query tile; loops over key tiles, accumulating dQ.
 
 No atomics: each output element is written by exactly one program, so gradients are
-bit-identical from run to run.
+bit-identical from run to run. (``attention_backward`` hands large plain fp16/bf16 calls on sm_90
+to the Gluon backward, ``attention_bwd_gluon``, whose dq is not bit-reproducible unless
+``torch.use_deterministic_algorithms(True)``; or to the TMA pair, ``attention_bwd_hopper``.)
 """
 from __future__ import annotations
 

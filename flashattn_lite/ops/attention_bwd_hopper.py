@@ -1,7 +1,9 @@
 """Attention backward for Hopper (sm_90): the portable kernels' algorithm over TMA tensor descriptors.
 
-``attention()``'s backward takes it for plain causal calls on sm_90 (``fast_path``: where it
-measured faster than the portable kernels). Plain attention only, the forward Hopper module's rules (causal or
+``attention()``'s backward takes it for plain causal calls on sm_90 only where the Gluon backward
+(``attention_bwd_gluon``, tried first) does not run (``fast_path``: where it measured faster than
+the portable kernels); the Gluon backward also runs this module's dQ kernel under
+``torch.use_deterministic_algorithms``. Plain attention only, the forward Hopper module's rules (causal or
 not, bottom-right offset Nk − Nq, GQA, fp16/bf16, D = Dv ∈ {64, 128}, TMA-aligned tensors, and
 ``do`` too). ``attention_backward_hopper`` returns exactly what the portable ``attention_backward``
 returns for such a call: (dq, dk, dv), ``torch.empty_like`` of q, k, v (their strides), in the
