@@ -170,7 +170,8 @@ def _attention(d, dv, dtype, group, kv_heads, causal, backward, lengths, device,
     """At each length: one call on the portable kernels (what short or small calls take), then, on
     sm_90, one with enough work to take the Hopper kernels (``MIN_WORK``) where the call is theirs."""
     from .ops import attention_fwd_hopper as hopper
-    hopper_gpu = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and not padded
+    hopper_gpu = (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and not padded
+                  and hopper.enabled() and dtype in hopper.DTYPES and d == dv and d in hopper.HEAD_DIMS)
     for n in lengths:
         with hopper.disabled():
             _attention_call(1, d, dv, dtype, group, kv_heads, causal, backward, n, device, options, padded)

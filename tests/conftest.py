@@ -43,6 +43,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         mark = item.get_closest_marker("gpu_fp32_only")
         params = getattr(getattr(item, "callspec", None), "params", {})
+        assert mark is None or "dtype" in params, f"{item.nodeid}: gpu_fp32_only needs a 'dtype' parameter"
         if mark is not None and params.get("dtype") is torch.float32:
             unknown = set(mark.kwargs) - set(params)
             assert not unknown, f"{item.nodeid}: gpu_fp32_only names no parameter {sorted(unknown)}"

@@ -406,3 +406,53 @@ def test_attention_backward_dispatch(monkeypatch, loss):
     if ON_GPU:
         q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
         assert "Gluon warp-specialized backward" in str(fa.explain(q, k, v, causal=True, backward=True))
+
+
+def test_deterministic_mode_rules(monkeypatch):
+    # Under torch.use_deterministic_algorithms: d 64 non-causal calls keep the portable kernels (the
+    # one-writer dQ config measured slower than them there), the rest take the one-writer config,
+    # and an explicit fused-dQ config is refused before launch, as torch refuses such ops.
+    import triton
+    from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
+    monkeypatch.setattr(gluon_bwd, "_HAS_GLUON", True)
+    monkeypatch.setattr(gluon_bwd, "TESTED_TRITON", (triton.__version__,))
+    monkeypatch.setattr(gluon_bwd, "supported", lambda *args, **kwargs: None)
+    monkeypatch.setattr(hopper_fwd, "enabled", lambda: True)
+    for d in (64, 128):
+        q = torch.empty(8, 16, 4096, d, device="meta")
+        for causal in (False, True):
+            assert gluon_bwd.fast_path(q, q, q, q, causal, 0, 0.1)
+            assert gluon_bwd.fast_path(q, q, q, q, causal, 0, 0.1, deterministic=True) == (d == 128 or causal)
+            assert not gluon_bwd.default_config(d, causal, 4096, deterministic=True).fused_dq
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    fused = gluon_bwd.default_config(64)
+    assert fused.fused_dq
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
+            gluon_bwd.attention_backward_gluon(q, q, q, q, q, q[..., 0].float(), scale=0.1, causal=False,
+                                               config=fused)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@needs_gpu
+def test_attention_backward_is_bit_identical_in_deterministic_mode():
+    # Through attention(): the dispatch decision is cached per determinism setting, so switching the
+    # mode on after a call with it off still gives the one-writer dq.
+    import flashattn_lite as fa
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q0, k0, v0 = (torch.randn(2, 8, 2048, 128, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+
+    def grads():
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        o = fa.attention(q, k, v, causal=True)
+        return torch.autograd.grad(o.float().square().sum(), (q, k, v))
+
+    grads()  # decided and cached with the mode off
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = grads(), grads()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))

@@ -112,7 +112,8 @@ def test_length_classes_cover_every_config_switch(monkeypatch):
     call may have must pick the configs (and the Hopper kernel) of one of those, or its first call
     would compile. Checked against the Hopper modules' rules and the shipped sm_90 table."""
     from flashattn_lite import configs
-    from flashattn_lite.ops import attention_bwd_hopper, attention_fwd, attention_fwd_gluon, attention_fwd_hopper
+    from flashattn_lite.ops import (attention_bwd_gluon, attention_bwd_hopper, attention_fwd, attention_fwd_gluon,
+                                    attention_fwd_hopper)
     from flashattn_lite.warmup import LENGTH_CLASSES
     for module in (attention_fwd_hopper, attention_bwd_hopper, attention_fwd):
         monkeypatch.setattr(module, "interpreter_active", lambda: False)
@@ -126,7 +127,8 @@ def test_length_classes_cover_every_config_switch(monkeypatch):
 
     def chosen(d, causal, n):
         return (attention_fwd_hopper.default_config(d, causal, n), attention_fwd_gluon.default_config(d, causal, n),
-                attention_bwd_hopper.default_config(d, causal, n), causal and n >= attention_fwd_gluon.CAUSAL_MIN_N,
+                attention_bwd_hopper.default_config(d, causal, n), attention_bwd_gluon.default_config(d, causal, n),
+                causal and n >= attention_fwd_gluon.CAUSAL_MIN_N,
                 *(portable(kernel, d, causal, n) for kernel in ("_attn_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel")))
 
     lengths = sorted({2 ** e + x for e in range(18) for x in (-1, 0, 1)} - {0})
@@ -142,12 +144,12 @@ def test_after_warmup_no_length_compiles():
     """After warmup of a variant, calls at any length (short or long, each length class, the Hopper
     kernels' sizes) load no new kernel binary in this process."""
     import triton
-    from flashattn_lite.ops import (attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_gluon,
-                                    attention_fwd_hopper)
+    from flashattn_lite.ops import (attention_bwd, attention_bwd_gluon, attention_bwd_hopper, attention_fwd,
+                                    attention_fwd_gluon, attention_fwd_hopper)
 
     def binaries():  # {(kernel, Triton's specialization key)} of every binary loaded in this process
         jits = {name: getattr(v, "jit", v) for m in (attention_fwd, attention_bwd, attention_fwd_hopper,
-                                                    attention_fwd_gluon, attention_bwd_hopper)
+                                                    attention_fwd_gluon, attention_bwd_hopper, attention_bwd_gluon)
                 for name, v in vars(m).items()}
         return {(name, str(key)) for name, j in jits.items() if isinstance(j, triton.runtime.JITFunction)
                 for cache in j.device_caches.values() for key in cache[0]}

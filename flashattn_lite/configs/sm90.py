@@ -56,8 +56,9 @@ _TUNED_ROWS = [
 ]
 
 # The backwards of causal attention with an option (``flashattn-lite tune --ops variants``, d 128 bf16,
-# N 8k: softcap 30, ALiBi, both, a 4k-key window). The forwards of these calls take the Hopper TMA kernel
-# on sm_90. fp16 takes bf16's rows, as it picked them for the plain backwards.
+# N 8k: softcap 30, ALiBi, both, a 4k-key window). The forwards of these calls take the Hopper kernels
+# on sm_90 (Gluon, or TMA for windows and short causal calls). fp16 takes bf16's rows, as it picked them
+# for the plain backwards.
 _TUNED_VARIANTS = "flashattn-lite tune --ops variants on the H100, triton 3.6, 2026-11-24 (d 128 bf16, N 8k)"
 _VARIANT_ROWS = [  # (kernel, option flags, BLOCK_M, BLOCK_N, warps, stages)
     ("_bwd_dkdv_kernel", {"SOFTCAP": True}, 64, 128, 8, 2),

@@ -377,14 +377,15 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale):
     contiguous dO (so only dO's base alignment is left to check)."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return False
-    key = _plain_signature(q, k, v, causal, causal_offset, scale, True)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    key = (_plain_signature(q, k, v, causal, causal_offset, scale, True), deterministic)
     hopper = _HOPPER.get(key)
     if hopper is None:
         from . import attention_bwd_gluon, attention_bwd_hopper
         if len(_HOPPER) >= _HOPPER_ENTRIES:
             _HOPPER.clear()
         # q stands in for the contiguous dO: same shape and dtype, and its strides pass the same rules.
-        if attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale):
+        if attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
             hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.PATH_NOTE)
         elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):
             hopper = (attention_bwd_hopper.attention_backward_hopper,

@@ -51,6 +51,7 @@ Gluon kernels do not run in the Triton interpreter.
 """
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -122,8 +123,8 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     8k / 16k with B·N 16k: ``gluon_bwd-20261124-131528.json``): fused dQ with two dS sets, 2 stages
     at d 128 (418–486 TFLOP/s), 4 at d 64 (286–399; 3 stages with one dS set ties at causal 2k).
     ``deterministic`` (``torch.use_deterministic_algorithms``): dq by the Triton dQ kernel instead
-    of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64: 268–330; still 1.06–1.20×
-    the Triton TMA pair)."""
+    of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64: 268–330; 1.08–1.24× the
+    Triton TMA pair)."""
     if deterministic:
         return Config(2, 64, 3, False)
     return Config(2, 64, 2, True, 2) if head_dim == 128 else Config(2, 64, 4, True, 2)
@@ -454,14 +455,18 @@ PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backwa
              "turns the Hopper paths off)")
 
 
-def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:
-    """Whether a plain attention backward takes this kernel (decided once per call signature by
-    ``attention_backward``; base-pointer alignment is checked on every call there): the Hopper
-    paths' switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``), this module's triton, and its rules.
-    Measured faster than the Triton TMA pair and the portable backward at every point of its sweep
-    (``gluon_bwd-20261124-131528.json``: 1.15–1.43× the TMA pair, causal or not, d 64 and 128)."""
+def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deterministic: bool = False) -> bool:
+    """Whether a plain attention backward takes this kernel (decided once per call signature and
+    determinism setting by ``attention_backward``; base-pointer alignment is checked on every call
+    there): the Hopper paths' switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``), this module's
+    triton, and its rules. Measured (``gluon_bwd-20261124-131528.json``): the default (fused dQ)
+    configs 1.15–1.43× the TMA pair and faster than the portable backward everywhere; the
+    deterministic configs 1.08–1.24× the TMA pair, but at d 64 non-causal 0.95–0.96× the portable
+    backward from 8k tokens, so ``deterministic`` d 64 non-causal calls keep the portable kernels."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
+        return False
+    if deterministic and q.shape[3] == 64 and not causal:
         return False
     if supported(q, k, v, do, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
         return False
@@ -579,10 +584,17 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     kernel does not take raises ValueError before anything runs."""
     reason = _variant_reason(variant)
     if reason is not None:
-        raise ValueError(f"attention_backward_gluon: {reason}")
+        raise ValueError(f"attention_backward_gluon: variant: {reason}")
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config or default_config(D, causal, max(Nq, Nk), torch.are_deterministic_algorithms_enabled())
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
+    if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
+        message = (f"attention_backward_gluon: config {cfg.name} adds dq by fp32 reduce-adds in any order, "
+                   "which torch.use_deterministic_algorithms(True) forbids; pass a config with fused_dq=False")
+        if not torch.is_deterministic_algorithms_warn_only_enabled():
+            raise RuntimeError(message)
+        warnings.warn(message)
     reason = config_reason(D, cfg, q.element_size())
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: {reason}")
