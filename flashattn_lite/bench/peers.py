@@ -294,7 +294,27 @@ def _ours_theory(p: Problem, mode: str, way: str) -> int:
         if mode == "fwd":
             return _out(p) + p.row_stats_bytes + acc + 4 * chunk + up
         return _out(p) + p.row_stats_bytes + _grads(p) + 6 * chunk + 2 * up
-    return _flash_like_theory(lambda p: 0, lambda p: 2 * p.row_stats_bytes)(p, mode, way)
+    return _flash_like_theory(lambda p: 0, lambda p: 2 * p.row_stats_bytes + _gluon_dq_bytes(p))(p, mode, way)
+
+
+def _gluon_dq_bytes(p: Problem) -> int:
+    """What the Gluon backward adds where a large plain call on sm_90 takes it: the float32 dQ it
+    reduce-adds into (as FlashAttention's backwards keep) and δ, lse₂ padded to 128-row tiles."""
+    from ..ops import attention_bwd_gluon as gluon
+    from ..ops import attention_fwd_hopper as hopper
+    takes = (p.device == "cuda" and torch.cuda.get_device_capability() == (9, 0) and gluon._HAS_GLUON
+             and hopper.enabled() and _triton_version().startswith(gluon.TESTED_TRITON)
+             and not torch.are_deterministic_algorithms_enabled() and p.dtype in gluon.DTYPES
+             and p.head_dim in gluon.HEAD_DIMS and p.batch * p.heads * p.seqlen ** 2 * p.head_dim >= hopper.MIN_WORK)
+    if not takes:
+        return 0
+    padded = p.batch * p.heads * (-(-p.seqlen // 128) * 128) * 4
+    return p.batch * p.heads * p.seqlen * p.head_dim * 4 + 2 * padded
+
+
+def _triton_version() -> str:
+    import triton
+    return triton.__version__
 
 
 def _flex_theory(p: Problem, mode: str, way: str) -> int:
