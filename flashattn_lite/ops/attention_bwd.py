@@ -388,9 +388,7 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale):
         if attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
             hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.PATH_NOTE)
         elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):
-            hopper = (attention_bwd_hopper.attention_backward_hopper,
-                      "a plain causal fp16/bf16 call on sm_90: the TMA kernels (FLASHATTN_LITE_HOPPER=0 turns "
-                      "them off)")
+            hopper = (attention_bwd_hopper.attention_backward_hopper, attention_bwd_hopper.PATH_NOTE)
         else:
             hopper = False
         _HOPPER[key] = hopper

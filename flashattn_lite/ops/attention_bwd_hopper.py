@@ -53,7 +53,7 @@ from .attention_fwd_hopper import Config as KernelConfig
 from .attention_fwd_hopper import supported as _forward_supported
 
 __all__ = ["CONFIGS", "DTYPES", "HEAD_DIMS", "INTERPRETER_CONFIG", "Config", "KernelConfig",
-           "attention_backward_hopper", "default_config", "fast_path", "supported"]
+           "PATH_NOTE", "attention_backward_hopper", "default_config", "fast_path", "supported"]
 
 # KernelConfig: the forward's Config, the tiles and launch shape of one backward kernel. For dK/dV:
 # ``block_n`` keys held per program, ``block_m`` queries streamed; for dQ: ``block_m`` queries held,
@@ -288,6 +288,9 @@ def attention_backward_hopper(do, q, k, v, o, lse, *, scale: float, causal: bool
         lse2, delta, Hq, Nq, Nk, scale * LOG2E, scale, **common,
         BLOCK_M=qc.block_m, BLOCK_N=qc.block_n, num_warps=qc.num_warps, num_stages=qc.num_stages)
     return dq, dk, dv
+
+
+PATH_NOTE = "a plain causal fp16/bf16 call on sm_90: the TMA kernels (FLASHATTN_LITE_HOPPER=0 turns them off)"
 
 
 def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float) -> bool:

@@ -429,12 +429,10 @@ CAUSAL_MIN_N = 8192
 
 
 def path_note(variant: Variant = PLAIN) -> str:
-    """What ``explain()`` says of a call this kernel takes (``note_path``), naming its options like
-    ``attention_fwd_hopper.path_note``."""
-    options = [name for name, on in (("softcap", variant.softcap > 0), ("ALiBi", variant.alibi is not None),
-                                     ("sinks", variant.sinks is not None)) if on]
-    call = f"an fp16/bf16 call with {', '.join(options)}" if options else "a plain fp16/bf16 call"
-    return f"{call} on sm_90: the Gluon warp-specialized kernel (FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)"
+    """What ``explain()`` says of a call this kernel takes (``note_path``): the TMA kernel's words
+    with this kernel's name."""
+    from .attention_fwd_hopper import path_note as hopper_note
+    return hopper_note(variant, "the Gluon warp-specialized kernel")
 
 
 PATH_NOTE = path_note(PLAIN)

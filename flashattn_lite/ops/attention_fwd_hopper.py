@@ -310,13 +310,14 @@ def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: 
     return B * Hq * Nq * k.shape[2] * D >= MIN_WORK
 
 
-def path_note(variant: Variant = PLAIN) -> str:
-    """What ``explain()`` says of a call this kernel takes (``note_path``)."""
+def path_note(variant: Variant = PLAIN, kernel: str = "the Triton TMA kernel") -> str:
+    """What ``explain()`` says of a call a Hopper forward takes (``note_path``): its options, then
+    ``kernel`` (the Gluon module passes its own name)."""
     options = [name for name, on in (("softcap", variant.softcap > 0), ("ALiBi", variant.alibi is not None),
                                      ("sinks", variant.sinks is not None),
                                      ("a sliding window", variant.left >= 0 or variant.right >= 0)) if on]
     call = f"an fp16/bf16 call with {', '.join(options)}" if options else "a plain fp16/bf16 call"
-    return f"{call} on sm_90: the Triton TMA kernel (FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)"
+    return f"{call} on sm_90: {kernel} (FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)"
 
 
 def _device_reason(q, k, v) -> str | None:
