@@ -58,7 +58,6 @@ import torch
 
 from .._runtime import cdiv
 from ..merge import LOG2E
-from .attention_fwd import precision_for
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     import triton
@@ -507,16 +506,9 @@ def _row_stats(do, o, lse, dlse, n_pad: int):
     """δ = rowsum(dO ∘ O) − dlse and lse₂ = lse·log2 e (+inf where lse = −inf), by the portable
     preprocess kernel, as (B·Hq, n_pad) float32 rows padded with δ = 0 and lse₂ = +inf (P = 0 on the
     padding rows). Also returns the unpadded (B, Hq, Nq) pair, which the Triton dQ kernel reads."""
-    from .attention_bwd import _bwd_preprocess
+    from .attention_bwd_hopper import row_stats
     B, Hq, Nq, D = o.shape
-    lse = lse.contiguous()
-    if dlse is not None:
-        dlse = dlse.float().contiguous()
-    delta = torch.empty_like(lse)
-    lse2 = torch.empty_like(lse)
-    _bwd_preprocess[(cdiv(Nq, 64) * B * Hq,)](
-        o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq,
-        HEAD_DIM_V=D, BLOCK_DV=D, HAS_DLSE=dlse is not None, BLOCK_M=64)
+    delta, lse2 = row_stats(do, o, lse, dlse)
     delta_pad = torch.zeros((B * Hq, n_pad), device=o.device, dtype=torch.float32)
     lse2_pad = torch.full((B * Hq, n_pad), float("inf"), device=o.device, dtype=torch.float32)
     delta_pad[:, :Nq] = delta.view(B * Hq, Nq)
@@ -633,12 +625,5 @@ def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal):
     """dq by the Triton TMA backward's dQ kernel at its default config (the non-fused configs)."""
     from . import attention_bwd_hopper as hop
-    B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    qc = hop.default_config(D, causal, max(Nq, Nk)).dq
-    hop._dq_hopper_kernel[(cdiv(Nq, qc.block_m) * B * Hq,)](
-        hop._descriptor(q, qc.block_m), hop._descriptor(k, qc.block_n), hop._descriptor(v, qc.block_n),
-        hop._descriptor(do, qc.block_m), hop._descriptor(dq, qc.block_m),
-        lse2, delta, Hq, Nq, Nk, scale * LOG2E, scale,
-        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), PRECISION=precision_for(q.dtype),
-        BLOCK_M=qc.block_m, BLOCK_N=qc.block_n, num_warps=qc.num_warps, num_stages=qc.num_stages)
+    D, n = q.shape[3], max(q.shape[2], k.shape[2])
+    hop.dq_into(dq, do, q, k, v, lse2, delta, scale, causal, hop.default_config(D, causal, n).dq)

@@ -53,7 +53,8 @@ from .attention_fwd_hopper import Config as KernelConfig
 from .attention_fwd_hopper import supported as _forward_supported
 
 __all__ = ["CONFIGS", "DTYPES", "HEAD_DIMS", "INTERPRETER_CONFIG", "Config", "KernelConfig",
-           "PATH_NOTE", "attention_backward_hopper", "default_config", "fast_path", "supported"]
+           "PATH_NOTE", "attention_backward_hopper", "default_config", "dq_into", "fast_path", "row_stats",
+           "supported"]
 
 # KernelConfig: the forward's Config, the tiles and launch shape of one backward kernel. For dK/dV:
 # ``block_n`` keys held per program, ``block_m`` queries streamed; for dQ: ``block_m`` queries held,
@@ -265,6 +266,22 @@ def attention_backward_hopper(do, q, k, v, o, lse, *, scale: float, causal: bool
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = config or default_config(D, causal, max(Nq, Nk))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta, lse2 = row_stats(do, o, lse, dlse)
+    kv = cfg.dkdv
+    _dkdv_hopper_kernel[(cdiv(Nk, kv.block_n) * B * Hkv,)](
+        _descriptor(q, kv.block_m), _descriptor(k, kv.block_n), _descriptor(v, kv.block_n),
+        _descriptor(do, kv.block_m), _descriptor(dk, kv.block_n), _descriptor(dv, kv.block_n),
+        lse2, delta, Hq, Hkv, Nq, Nk, scale * LOG2E, scale,
+        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), PRECISION=precision_for(q.dtype),
+        BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages)
+    dq_into(dq, do, q, k, v, lse2, delta, scale, causal, cfg.dq)
+    return dq, dk, dv
+
+
+def row_stats(do, o, lse, dlse):
+    """(δ, lse₂), (B, Hq, Nq) float32, by the portable preprocess kernel: δ = rowsum(dO ∘ O) − dlse,
+    lse₂ = lse·log2 e (+inf where lse = −inf). The Gluon backward reads them too."""
+    B, Hq, Nq, Dv = o.shape
     lse = lse.contiguous()  # the forward's lse already is: (B, Hq, Nq) rows N apart
     if dlse is not None:
         dlse = dlse.float().contiguous()
@@ -273,21 +290,21 @@ def attention_backward_hopper(do, q, k, v, o, lse, *, scale: float, causal: bool
     pre_m = 16 if interpreter_active() else 64
     _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq,
-        HEAD_DIM_V=D, BLOCK_DV=D, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
+        HEAD_DIM_V=Dv, BLOCK_DV=Dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
+    return delta, lse2
 
-    common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), PRECISION=precision_for(q.dtype))
-    kv, qc = cfg.dkdv, cfg.dq
-    _dkdv_hopper_kernel[(cdiv(Nk, kv.block_n) * B * Hkv,)](
-        _descriptor(q, kv.block_m), _descriptor(k, kv.block_n), _descriptor(v, kv.block_n),
-        _descriptor(do, kv.block_m), _descriptor(dk, kv.block_n), _descriptor(dv, kv.block_n),
-        lse2, delta, Hq, Hkv, Nq, Nk, scale * LOG2E, scale, **common,
-        BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages)
+
+def dq_into(dq, do, q, k, v, lse2, delta, scale: float, causal: bool, qc: KernelConfig) -> None:
+    """dq (one writer per element: deterministic) by ``_dq_hopper_kernel`` with tiles ``qc``; the
+    Gluon backward's deterministic configs use it too."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
     _dq_hopper_kernel[(cdiv(Nq, qc.block_m) * B * Hq,)](
         _descriptor(q, qc.block_m), _descriptor(k, qc.block_n), _descriptor(v, qc.block_n),
         _descriptor(do, qc.block_m), _descriptor(dq, qc.block_m),
-        lse2, delta, Hq, Nq, Nk, scale * LOG2E, scale, **common,
+        lse2, delta, Hq, Nq, Nk, scale * LOG2E, scale,
+        GROUP=Hq // Hkv, HEAD_DIM=D, CAUSAL=bool(causal), PRECISION=precision_for(q.dtype),
         BLOCK_M=qc.block_m, BLOCK_N=qc.block_n, num_warps=qc.num_warps, num_stages=qc.num_stages)
-    return dq, dk, dv
 
 
 PATH_NOTE = "a plain causal fp16/bf16 call on sm_90: the TMA kernels (FLASHATTN_LITE_HOPPER=0 turns them off)"
