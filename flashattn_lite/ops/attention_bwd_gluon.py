@@ -58,6 +58,7 @@ import torch
 
 from .._runtime import cdiv
 from ..merge import LOG2E
+from .attention_fwd_gluon import tma_descriptor
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     import triton
@@ -486,20 +487,9 @@ def _variant_reason(variant) -> str | None:
     return None
 
 
-_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-
-def _descriptor(t: torch.Tensor, block: list, layout=None) -> "TensorDescriptor":
-    """A TMA descriptor over ``t`` (its shape and strides) moving ``block`` tiles, in the default
-    (largest) swizzle for the block unless ``layout`` says otherwise."""
-    if layout is None:
-        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-
-
 def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
     """lse₂ or δ, (B·Hq, padded Nq) float32, in [1, block_m] boxes: unswizzled (a single row)."""
-    return _descriptor(t, [1, block_m], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    return tma_descriptor(t, [1, block_m], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 
 
 def _row_stats(do, o, lse, dlse, n_pad: int):
@@ -597,14 +587,15 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     m, box = cfg.block_m, [1, 1, 64, D]
     if cfg.fused_dq:
         dq_acc = torch.zeros(plan["dq_acc_shape"], device=q.device, dtype=torch.float32)
-        dq_desc = _descriptor(dq_acc, [1, 1, m, DQ_COLS])
+        dq_desc = tma_descriptor(dq_acc, [1, 1, m, DQ_COLS])
     else:
         dq = torch.empty_like(q)
-        dq_desc = _descriptor(dq, [1, 1, m, D])  # a placeholder the kernel does not touch
+        dq_desc = tma_descriptor(dq, [1, 1, m, D])  # a placeholder the kernel does not touch
     _attn_bwd_gluon_kernel[plan["grid"]](
-        _descriptor(q, [1, 1, m, D]), _descriptor(k, box), _descriptor(v, box), _descriptor(do, [1, 1, m, D]),
+        tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
+        tma_descriptor(do, [1, 1, m, D]),
         _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
-        _descriptor(dk, box), _descriptor(dv, box),
+        tma_descriptor(dk, box), tma_descriptor(dv, box),
         Hq, Hkv, Nq, Nk, scale * LOG2E, scale, **plan["constexprs"], num_warps=4)
 
     if cfg.fused_dq:

@@ -457,14 +457,21 @@ def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: 
     return B * Hq * Nq * k.shape[2] * D >= hopper.MIN_WORK
 
 
-_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def tma_descriptor(t: torch.Tensor, block: list, layout=None) -> "TensorDescriptor":
+    """A Gluon TMA descriptor over ``t`` (its shape and strides) moving ``block`` tiles, in the
+    default (largest) swizzle for the block unless ``layout`` says otherwise. The Gluon backward
+    builds its descriptors with it too."""
+    if layout is None:
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
 def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
     """A 4-D TMA descriptor over (B, H, N, D) ``t`` moving [rows, D] tiles of one head."""
-    block = [1, 1, rows, t.shape[3]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return tma_descriptor(t, [1, 1, rows, t.shape[3]])
 
 
 _PLAIN_ARGS = (None,) * 6
