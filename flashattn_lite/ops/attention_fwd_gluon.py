@@ -342,7 +342,7 @@ if _HAS_GLUON:
         fence_async_shared()
 
         # (The partitions' argument tuples are written out: Gluon takes no function values in
-        # variables.) Consumer 0 is the default partition; the others and the loader are workers.
+        # variables, and a tuple held in a variable turns its constexprs into tensors (tried).) Consumer 0 is the default partition; the others and the loader are workers.
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
