@@ -17,6 +17,8 @@ from conftest import DEVICE, ON_GPU, assert_close_to_ref
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
 from flashattn_lite.ops.attention_fwd import PLAIN, Variant
 from flashattn_lite.reference import attention_reference
+from test_attention_gluon import SHAPES  # the forward's: lengths 1, 17, 1000, 4097, Nq ≠ Nk, GQA 2:1
+from test_attention_hopper import EPS
 
 
 def _cannot_run() -> str | None:
@@ -30,7 +32,6 @@ def _cannot_run() -> str | None:
 
 REASON = _cannot_run()
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
-EPS = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}  # test_attention_hopper.EPS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,19 +276,6 @@ def check_backward(shape, dtype, causal, config, *, layout="bhnd", with_dlse=Fal
     hidden = ~torch.isfinite(lse)
     assert (ours[0][hidden] == 0).all()
     return ours
-
-
-# (B, Hq, Hkv, Nq, Nk): lengths 1, 17, 1000, 4097 (partial tiles), Nq ≠ Nk both ways (Nq > Nk under
-# causal leaves rows with no key), GQA 2:1 (4:1 in its own test); each at d 64 and 128.
-SHAPES = [
-    (1, 2, 2, 1, 1),
-    (2, 4, 2, 17, 17),
-    (2, 8, 2, 1000, 1000),
-    (1, 4, 4, 4097, 4097),
-    (1, 4, 2, 1000, 4097),
-    (1, 2, 2, 4097, 1000),
-    (1, 4, 2, 1, 4097),
-]
 
 
 def _shape_id(s):

@@ -17,19 +17,9 @@ from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, Variant
 from flashattn_lite.reference import attention_reference
 from test_attention_hopper import (EPS, _cannot_run as hopper_cannot_run, as_variant, check_lse, hidden_rows,
                                    make_qkv, shape_id, variant_options)
+from test_attention_gluon import SHAPES, needs_gpu
 
 
-def _cannot_run() -> str | None:
-    if not ON_GPU:
-        return "Gluon kernels need a CUDA GPU (no interpreter)"
-    if torch.cuda.get_device_capability()[0] != 9:
-        return "the Gluon kernel needs an sm_90 GPU"
-    q = torch.zeros(1, 1, 8, 64, dtype=torch.float16, device="cuda")
-    return gluon_fwd.supported(q, q, q)
-
-
-REASON = _cannot_run()
-needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 faked_device = pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
 
 # (name, options as test_attention_hopper.variant_options takes them): each option alone, ALiBi
@@ -199,18 +189,8 @@ def test_attention_hands_the_variant_to_it(sm90, monkeypatch, case):
 
 # ---------------------------------------------------------------- the kernel (sm_90 GPU)
 
-# (B, Hq, Hkv, Nq, Nk): lengths 1, 17, 1000, 4097 (partial tiles), Nq ≠ Nk both ways (Nq > Nk under
-# causal leaves rows with no key: o = 0, lse = −inf or the sink), GQA 2:1 and 4:1.
-SHAPES = [
-    (1, 2, 2, 1, 1),
-    (2, 4, 2, 17, 17),
-    (2, 8, 2, 1000, 1000),
-    (1, 4, 4, 4097, 4097),
-    (1, 4, 2, 1000, 4097),
-    (1, 2, 2, 4097, 1000),
-    (1, 4, 2, 1, 4097),
-    (1, 4, 2, 17, 1000),
-]
+# SHAPES (test_attention_gluon): lengths 1, 17, 1000, 4097, Nq ≠ Nk both ways (Nq > Nk under causal
+# leaves rows with no key: o = 0, lse = −inf or the sink), GQA 2:1 and 4:1.
 # (d, dtype, causal): each option set meets each shape once and each of these 8 once.
 SETTINGS = [(d, dtype, causal) for causal in (True, False) for dtype in (torch.bfloat16, torch.float16)
             for d in (128, 64)]
