@@ -21,47 +21,35 @@ PTRS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "lse": "*fp32", 
         "alibi": "*fp32", "q_starts": "*i32", "q_ends": "*i32", "k_starts": "*i32", "k_ends": "*i32"}
 FLOATS = {"qk_scale", "softcap_scale", "softcap2", "drop_scale"}
 
-def portable(opts):
-    J = f._attn_fwd_kernel.jit
-    ce = dict(GROUP=1, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_D=128, BLOCK_DV=128, HAS_LEFT=False, HAS_RIGHT=True,
-              MASK_KIND=0, SOFTCAP=False, ALIBI=False, SINKS=False, SEQ=0, FAST_TANH=False, DROPOUT=False,
-              PRECISION="tf32", FOLD_SCALE=True, STORE_LSE=True, BLOCK_M=128, BLOCK_N=64)
-    ce.update(opts)
-    sig, constexprs, attrs = {}, {}, {}
-    for i, p in enumerate(J.params):
-        n = p.name
-        if p.is_constexpr:
-            sig[n] = "constexpr"; constexprs[(i,)] = ce[n]
-        elif n in PTRS:
-            sig[n] = PTRS[n]; attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in FLOATS:
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-    k = triton.compile(ASTSource(J, sig, constexprs, attrs), target=T, options=dict(num_warps=8, num_stages=3))
-    return k.asm["ptx"]
-
-def tma(opts, causal=True):
-    J = h._attn_fwd_hopper_kernel
-    ce = dict(GROUP=1, HEAD_DIM=128, CAUSAL=causal, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, ALIBI=False,
-              SINKS=False, FAST_TANH=False, BLOCK_M=128, BLOCK_N=64)
-    ce.update(opts)
+def compile_ptx(J, ce, types):
+    """PTX of @triton.jit ``J`` for sm_90: constexprs from ``ce``, other arguments typed by ``types``
+    (name -> type; pointers are 16-byte aligned), the rest fp32 scalars (FLOATS) or i32."""
     sig, constexprs, attrs = {}, {}, {}
     for i, n in enumerate(J.arg_names):
         if n in ce:
             sig[n] = "constexpr"; constexprs[(i,)] = ce[n]
-        elif n in ("q_desc", "o_desc"):
-            sig[n] = "tensordesc<bf16[1,1,128,128]>"
-        elif n in ("k_desc", "v_desc"):
-            sig[n] = "tensordesc<bf16[1,1,64,128]>"
-        elif n in ("lse", "sinks", "alibi"):
-            sig[n] = "*fp32"; attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in FLOATS:
-            sig[n] = "fp32"
+        elif n in types:
+            sig[n] = types[n]
+            if types[n].startswith("*"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            sig[n] = "i32"
+            sig[n] = "fp32" if n in FLOATS else "i32"
     k = triton.compile(ASTSource(J, sig, constexprs, attrs), target=T, options=dict(num_warps=8, num_stages=3))
     return k.asm["ptx"]
+
+def portable(opts):
+    ce = dict(GROUP=1, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_D=128, BLOCK_DV=128, HAS_LEFT=False, HAS_RIGHT=True,
+              MASK_KIND=0, SOFTCAP=False, ALIBI=False, SINKS=False, SEQ=0, FAST_TANH=False, DROPOUT=False,
+              PRECISION="tf32", FOLD_SCALE=True, STORE_LSE=True, BLOCK_M=128, BLOCK_N=64)
+    return compile_ptx(f._attn_fwd_kernel.jit, {**ce, **opts}, PTRS)
+
+def tma(opts, causal=True):
+    ce = dict(GROUP=1, HEAD_DIM=128, CAUSAL=causal, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, ALIBI=False,
+              SINKS=False, FAST_TANH=False, BLOCK_M=128, BLOCK_N=64)
+    types = {"q_desc": "tensordesc<bf16[1,1,128,128]>", "o_desc": "tensordesc<bf16[1,1,128,128]>",
+             "k_desc": "tensordesc<bf16[1,1,64,128]>", "v_desc": "tensordesc<bf16[1,1,64,128]>",
+             "lse": "*fp32", "sinks": "*fp32", "alibi": "*fp32"}
+    return compile_ptx(h._attn_fwd_hopper_kernel, {**ce, **opts}, types)
 
 def gluon(opts, causal=True, d=128):
     """The Gluon forward as ``attention_forward_gluon`` launches it (``_launch`` on CPU tensors, bound
