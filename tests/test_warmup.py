@@ -79,6 +79,8 @@ def test_warmup_from_a_model_compiles_its_layer_kinds_dense_and_padded():
     (["warmup", "--dtypes", "int8"], "--dtypes"),
     (["warmup", "--head-dims", "0"], "head_dims"),
     (["warmup", "--causal", "maybe"], "--causal"),
+    (["warmup", "--max-length", "0"], "max_length"),
+    (["warmup", "--max-length", "lots"], "--max-length"),
     (["tune"], "--out"),
     (["tune", "--out", "table.txt"], "--out"),
     (["tune", "--out", "t.json", "--ops", "bogus"], "--ops"),
