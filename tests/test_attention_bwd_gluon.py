@@ -199,11 +199,14 @@ def _box(t, b, h, start, n):
     return out
 
 
-def model_backward(do, q, k, v, o, lse, scale, causal, cfg):
+def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=None):
     """(dq, dk, dv) computed the way the kernel schedules it, in float64: per program (key tile,
     batch, KV head) the query range [lo, q_end) with masks only from lo to mid or in a warpgroup
     holding keys past Nk, rotated start without causal, the GQA group as one flat loop, padded
-    lse₂/δ rows, dQ columns per consumer (D 128) or per step (D 64), rows past the ends dropped."""
+    lse₂/δ rows, dQ columns per consumer (D 128) or per step (D 64), rows past the ends dropped.
+    The options as the kernel computes them: ``softcap`` (x = tanh(Sᵀ·scale/c), fold c·log2 e, dSᵀ
+    times 1 − x²), ALiBi ``slopes`` (B, Hq) subtracted over the fold from x as slope·log2 e/fold ·
+    |query − (key − off)|."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group, M, C = Hq // Hkv, cfg.block_m, cfg.consumers
@@ -240,7 +243,14 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg):
             ds = []
             for c in range(C):
                 keys = start_n + 64 * c + torch.arange(64)
-                pt = torch.exp2(kc[c] @ qt.T * scale * LOG2E - l2)
+                x, fold = kc[c] @ qt.T, scale * LOG2E
+                if softcap:
+                    x, fold = torch.tanh(x * (scale / softcap)), softcap * LOG2E
+                t = x
+                if slopes is not None:
+                    rows = (start_m + torch.arange(M)).double()
+                    x = x - slopes[b, h] * LOG2E / fold * (rows[None, :] - (keys - off).double()[:, None]).abs()
+                pt = torch.exp2(x * fold - l2)
                 if start_m < mid or start_n + 64 * (c + 1) > Nk:
                     visible = (keys < Nk)[:, None].expand(64, M)
                     if causal:
@@ -248,7 +258,7 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg):
                     pt = torch.where(visible, pt, 0.0)
                 assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
                 dvc[c] += pt @ dot
-                dst = pt * (vc[c] @ dot.T - dl)
+                dst = (pt * (1 - t * t) if softcap else pt) * (vc[c] @ dot.T - dl)
                 dkc[c] += dst @ qt
                 ds.append(dst.T)
             if cfg.fused_dq:
@@ -283,6 +293,43 @@ def test_schedule_model_matches_reference(shape, causal, d):
     want = torch.autograd.grad(o, leaves, do)
     got = model_backward(do, q, k, v, o.detach(), lse.detach(), d ** -0.5, causal, gluon_bwd.CONFIGS[d][0])
     for name, a, w in zip(("dq", "dk", "dv"), got, want):
+        floor = 1e-3 * w.numel() ** 0.5
+        assert ((a - w).norm() / w.norm().clamp_min(floor)).item() < 1e-10, name
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("opts", [dict(softcap=2.5), dict(alibi="h"), dict(alibi="bh"), dict(sinks=True),
+                                  dict(softcap=4.0, alibi="bh", sinks=True)],
+                         ids=["softcap", "alibi-h", "alibi-bh", "sinks", "all"])
+@pytest.mark.parametrize("shape, d", [((1, 4, 2, 130, 129), 64), ((1, 2, 2, 37, 300), 128), ((1, 2, 1, 300, 37), 64)],
+                         ids=["b1-h4:2-q130-k129-d64", "b1-h2:2-q37-k300-d128", "b1-h2:1-q300-k37-d64"])
+def test_schedule_model_with_options_matches_reference(shape, d, opts, causal):
+    # The options' math as the kernel does it (the score fold, ALiBi's distance from the transposed
+    # tile's keys and query columns, softcap's derivative; sinks only in the saved lse, and dsinks
+    # by sinks_grad from δ), in float64 against autograd through the reference.
+    from flashattn_lite.ops.attention_bwd import sinks_grad
+    from test_attention_hopper import variant_options
+    B, Hq, Hkv, Nq, Nk = shape
+    g = torch.Generator().manual_seed(1)
+    q, do = (torch.randn(B, Hq, Nq, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Nk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    options = {n: (t.double().cpu() if isinstance(t, torch.Tensor) else t)
+               for n, t in variant_options(opts, shape + (d,)).items()}
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    if "sinks" in options:
+        options["sinks"] = options["sinks"].requires_grad_()
+        leaves.append(options["sinks"])
+    o, lse = attention_reference(*leaves[:3], causal=causal, dtype=torch.float64, **options)
+    want = torch.autograd.grad(o, leaves, do)
+    slopes = options.get("alibi_slopes")
+    if slopes is not None:
+        slopes = slopes.expand(B, Hq)
+    got = model_backward(do, q, k, v, o.detach(), lse.detach(), d ** -0.5, causal, gluon_bwd.CONFIGS[d][0],
+                         softcap=options.get("softcap", 0.0), slopes=slopes)
+    if "sinks" in options:
+        delta = (do * o.detach()).sum(-1)
+        got = got + (sinks_grad(options["sinks"].detach(), lse.detach(), delta),)
+    for name, a, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
         floor = 1e-3 * w.numel() ** 0.5
         assert ((a - w).norm() / w.norm().clamp_min(floor)).item() < 1e-10, name
 

@@ -120,6 +120,10 @@ class Config(NamedTuple):
 # 32-bit scalars reloaded per step; bf16 causal GQA the most), d 128 tdq 0–20 bytes. Left
 # out: d 128 with one dS set (230–440 bytes of spills: its loop-invariant wgmma descriptors), d 128
 # fused with 3 stages (over 227 KiB with two dS sets), 128-row query tiles (registers).
+# With the options (same compile, 2026-11-24; sinks alone compile to the plain kernel, PTX hash
+# equal): d 64 spills 0–20 bytes (all three, causal), none otherwise; d 128 fused: ALiBi 28–76
+# (plain 0–72), softcap 100–248, softcap + ALiBi 112–332 (the dSᵀ factor Pᵀ ∘ (1 − tanh²), 16
+# registers, is live across the dPᵀ wait with Pᵀ for dV; bf16/fp16 causal GQA the most).
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
