@@ -1,7 +1,8 @@
-"""The sm_90 PTX of the portable, the TMA and the Gluon attention forward at a few option sets, hashed: a
-refactor of shared @triton.jit helpers that leaves every hash unchanged leaves the kernels that ran on
-the GPU unchanged. Needs no GPU, only a triton with the CUDA backend (the GPU's version: 3.6; the Gluon
-kernel's lines say "unavailable" on another, or in a checkout whose Gluon module has no ``_launch``).
+"""The sm_90 PTX of the portable, the TMA and the Gluon attention forward and of the Gluon backward at a
+few option sets, hashed: a refactor of shared @triton.jit helpers that leaves every hash unchanged leaves
+the kernels that ran on the GPU unchanged. Needs no GPU, only a triton with the CUDA backend (the GPU's
+version: 3.6; the Gluon kernels' lines say "unavailable" on another, or in a checkout whose Gluon module
+has no ``_launch``).
 
     python benchmarks/ptx_hashes.py OLD_CHECKOUT > old.txt; python benchmarks/ptx_hashes.py . > new.txt
     diff old.txt new.txt
@@ -71,6 +72,27 @@ def gluon(opts, causal=True, d=128):
     options, sig, constexprs, attrs = J._pack_args(backend, kwargs, bound, spec, options)
     return triton.compile(GluonASTSource(J, sig, constexprs, attrs), target=T, options=options.__dict__).asm["ptx"]
 
+def gluon_bwd(opts, causal=True, d=128):
+    """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors, bound
+    by Triton's own argument specialisation), at its default config (fused dQ), GQA 2:1."""
+    import torch
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+    import flashattn_lite.ops.attention_bwd_gluon as g
+    B, H, N = 2, 4, 1024
+    q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
+    tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(B, H, dtype=torch.float64), sinks=torch.zeros(H))
+    variant = f.Variant(**{"alibi" if n == "alibi_bh" else n: tensors.get(n, v) for n, v in opts.items()})
+    cfg = g.default_config(d, causal, 8192)
+    rows = torch.zeros(B * H, 1024)
+    _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg,
+                                variant if opts else f.PLAIN, dq_acc=torch.zeros(B, H, N, d))
+    J, backend = g._attn_bwd_gluon_kernel, make_backend(T)
+    bound, spec, options = create_function_from_signature(J.signature, J.params, backend)(*args, **kwargs)
+    options, sig, constexprs, attrs = J._pack_args(backend, kwargs, bound, spec, options)
+    return triton.compile(GluonASTSource(J, sig, constexprs, attrs), target=T, options=options.__dict__).asm["ptx"]
+
 def body(ptx):  # the code only: no debug sections, file names or source locations
     ptx = ptx.split(".section\t.debug")[0]
     return "\n".join(l for l in (x.strip() for x in ptx.splitlines())
@@ -84,12 +106,16 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("tma alibi+sinks", tma, dict(ALIBI=True, SINKS=True)),
          ("gluon plain", gluon, {}), ("gluon softcap", gluon, dict(softcap=30.0)),
          ("gluon alibi (B, H)", gluon, dict(alibi_bh=True)),
-         ("gluon softcap+alibi+sinks", gluon, dict(softcap=30.0, alibi=True, sinks=True))]
+         ("gluon softcap+alibi+sinks", gluon, dict(softcap=30.0, alibi=True, sinks=True)),
+         ("gluon bwd plain", gluon_bwd, {}), ("gluon bwd sinks", gluon_bwd, dict(sinks=True)),
+         ("gluon bwd softcap", gluon_bwd, dict(softcap=30.0)),
+         ("gluon bwd alibi (B, H)", gluon_bwd, dict(alibi_bh=True)),
+         ("gluon bwd softcap+alibi+sinks", gluon_bwd, dict(softcap=30.0, alibi=True, sinks=True))]
 for name, fn, opts in cases:
     try:
         ptx = fn(opts)
     except Exception as e:  # noqa: BLE001 - an older checkout or another triton: say so, go on
-        if fn is not gluon:
+        if fn not in (gluon, gluon_bwd):
             raise
         print(name, "unavailable", f"({type(e).__name__}: {str(e)[:80]})", flush=True)
         continue

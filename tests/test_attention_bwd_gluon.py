@@ -15,7 +15,7 @@ import torch
 
 from conftest import DEVICE, ON_GPU, assert_close_to_ref
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
-from flashattn_lite.ops.attention_fwd import PLAIN, Variant
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, Variant
 from flashattn_lite.reference import attention_reference
 from test_attention_gluon import SHAPES  # the forward's: lengths 1, 17, 1000, 4097, Nq ≠ Nk, GQA 2:1
 from test_attention_hopper import EPS
@@ -47,16 +47,60 @@ def test_module_imports_and_says_why_not():
 
 
 def test_refuses_the_variant_options():
-    # Plain attention only, said before anything about the device; PLAIN and None are plain.
+    # Softcap, ALiBi and sinks are taken; windows and ranges/varlen layouts are refused, said before
+    # anything about the device; PLAIN and None are plain.
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    for variant in (Variant(softcap=30.0), Variant(left=16), Variant(sinks=torch.zeros(2))):
-        assert "plain attention only" in gluon_bwd.supported(q, q, q, q, variant=variant)
-        with pytest.raises(ValueError, match="plain attention only"):
+    refused = ((Variant(left=16), "window"), (Variant(right=0, softcap=30.0), "window"),
+               (Variant(seq=SEQ_RANGES), "ranges"), ((3, 0), "Variant"))
+    for variant, why in refused:
+        assert why in gluon_bwd.supported(q, q, q, q, variant=variant)
+        with pytest.raises(ValueError, match=why):
             gluon_bwd.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.125, causal=False,
                                                variant=variant)
-    for variant in (None, PLAIN):
+    for variant in (None, PLAIN, Variant(softcap=30.0), Variant(sinks=torch.zeros(2)),
+                    Variant(alibi=torch.zeros(2), softcap=5.0, sinks=torch.zeros(2))):
+        assert gluon_bwd._variant_reason(variant) is None
         reason = gluon_bwd.supported(q, q, q, q, variant=variant)
-        assert reason is None or "plain attention" not in reason
+        assert reason is None or not any(word in reason for word in ("window", "ranges", "plain attention"))
+
+
+def test_softcap_and_alibi_need_the_fused_dq():
+    # The Triton dQ kernel (the deterministic configs) is plain only: refused before anything runs.
+    q = torch.zeros(1, 2, 8, 128, dtype=torch.float16)
+    tdq = gluon_bwd.CONFIGS[128][1]
+    assert not tdq.fused_dq
+    for variant in (Variant(softcap=30.0), Variant(alibi=torch.zeros(2))):
+        with pytest.raises(ValueError, match="fused_dq"):
+            gluon_bwd.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.125, causal=True,
+                                               config=tdq, variant=variant)
+
+
+def test_option_arguments_are_none_unless_used():
+    # What a launch does not use is None (a constexpr the launch drops): a plain call and a call with
+    # sinks only compile to the plain kernel; softcap and ALiBi pass their scalars and flags as the
+    # portable kernels take them (score_args).
+    q = torch.zeros(2, 4, 8, 64, dtype=torch.float16)
+    for variant in (PLAIN, None, Variant(sinks=torch.zeros(4))):
+        args, flags = gluon_bwd._option_args(variant, q, 0.125)
+        assert args == (None,) * 5 and flags == dict(SOFTCAP=False, ALIBI=False, FAST_TANH=False)
+    slopes = torch.rand(2, 4, dtype=torch.float64)
+    args, flags = gluon_bwd._option_args(Variant(softcap=4.0, alibi=slopes, sinks=torch.zeros(4)), q, 0.125)
+    alibi, stride_b, stride_h, softcap_scale, softcap2 = args
+    assert alibi is slopes and (stride_b, stride_h) == slopes.stride()
+    assert softcap_scale == 0.125 / 4.0 and softcap2 == pytest.approx(4.0 * 1.4426950408889634)
+    assert flags["SOFTCAP"] and flags["ALIBI"]
+    args, flags = gluon_bwd._option_args(Variant(alibi=torch.rand(4)), q, 0.125)
+    assert args[1:] == (0, 1, None, None) and flags == dict(SOFTCAP=False, ALIBI=True, FAST_TANH=False)
+    plan = gluon_bwd.launch_plan(q, q, gluon_bwd.CONFIGS[64][0], True, Variant(softcap=4.0))
+    assert plan["constexprs"]["SOFTCAP"] and not plan["constexprs"]["ALIBI"]
+
+
+def test_path_note_names_the_options():
+    every = Variant(softcap=3.0, alibi=torch.zeros(4), sinks=torch.zeros(4))
+    assert gluon_bwd.path_note(PLAIN) == gluon_bwd.PATH_NOTE == gluon_bwd.path_note(None)
+    note = gluon_bwd.path_note(every)
+    assert "Gluon warp-specialized backward" in note and all(w in note for w in ("softcap", "ALiBi", "sinks"))
+    assert "softcap" not in gluon_bwd.path_note(Variant(sinks=torch.zeros(4)))
 
 
 def test_configs_fit_and_default_is_swept():
@@ -156,11 +200,14 @@ def _box(t, b, h, start, n):
     return out
 
 
-def model_backward(do, q, k, v, o, lse, scale, causal, cfg):
+def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=None):
     """(dq, dk, dv) computed the way the kernel schedules it, in float64: per program (key tile,
     batch, KV head) the query range [lo, q_end) with masks only from lo to mid or in a warpgroup
     holding keys past Nk, rotated start without causal, the GQA group as one flat loop, padded
-    lse₂/δ rows, dQ columns per consumer (D 128) or per step (D 64), rows past the ends dropped."""
+    lse₂/δ rows, dQ columns per consumer (D 128) or per step (D 64), rows past the ends dropped.
+    The options as the kernel computes them: ``softcap`` (x = tanh(Sᵀ·scale/c), fold c·log2 e, dSᵀ
+    times 1 − x²), ALiBi ``slopes`` (B, Hq) subtracted over the fold from x as slope·log2 e/fold ·
+    |query − (key − off)|."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group, M, C = Hq // Hkv, cfg.block_m, cfg.consumers
@@ -197,7 +244,14 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg):
             ds = []
             for c in range(C):
                 keys = start_n + 64 * c + torch.arange(64)
-                pt = torch.exp2(kc[c] @ qt.T * scale * LOG2E - l2)
+                x, fold = kc[c] @ qt.T, scale * LOG2E
+                if softcap:
+                    x, fold = torch.tanh(x * (scale / softcap)), softcap * LOG2E
+                t = x
+                if slopes is not None:
+                    rows = (start_m + torch.arange(M)).double()
+                    x = x - slopes[b, h] * LOG2E / fold * (rows[None, :] - (keys - off).double()[:, None]).abs()
+                pt = torch.exp2(x * fold - l2)
                 if start_m < mid or start_n + 64 * (c + 1) > Nk:
                     visible = (keys < Nk)[:, None].expand(64, M)
                     if causal:
@@ -205,7 +259,7 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg):
                     pt = torch.where(visible, pt, 0.0)
                 assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
                 dvc[c] += pt @ dot
-                dst = pt * (vc[c] @ dot.T - dl)
+                dst = (pt * (1 - t * t) if softcap else pt) * (vc[c] @ dot.T - dl)
                 dkc[c] += dst @ qt
                 ds.append(dst.T)
             if cfg.fused_dq:
@@ -240,6 +294,43 @@ def test_schedule_model_matches_reference(shape, causal, d):
     want = torch.autograd.grad(o, leaves, do)
     got = model_backward(do, q, k, v, o.detach(), lse.detach(), d ** -0.5, causal, gluon_bwd.CONFIGS[d][0])
     for name, a, w in zip(("dq", "dk", "dv"), got, want):
+        floor = 1e-3 * w.numel() ** 0.5
+        assert ((a - w).norm() / w.norm().clamp_min(floor)).item() < 1e-10, name
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("opts", [dict(softcap=2.5), dict(alibi="h"), dict(alibi="bh"), dict(sinks=True),
+                                  dict(softcap=4.0, alibi="bh", sinks=True)],
+                         ids=["softcap", "alibi-h", "alibi-bh", "sinks", "all"])
+@pytest.mark.parametrize("shape, d", [((1, 4, 2, 130, 129), 64), ((1, 2, 2, 37, 300), 128), ((1, 2, 1, 300, 37), 64)],
+                         ids=["b1-h4:2-q130-k129-d64", "b1-h2:2-q37-k300-d128", "b1-h2:1-q300-k37-d64"])
+def test_schedule_model_with_options_matches_reference(shape, d, opts, causal):
+    # The options' math as the kernel does it (the score fold, ALiBi's distance from the transposed
+    # tile's keys and query columns, softcap's derivative; sinks only in the saved lse, and dsinks
+    # by sinks_grad from δ), in float64 against autograd through the reference.
+    from flashattn_lite.ops.attention_bwd import sinks_grad
+    from test_attention_hopper import variant_options
+    B, Hq, Hkv, Nq, Nk = shape
+    g = torch.Generator().manual_seed(1)
+    q, do = (torch.randn(B, Hq, Nq, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Nk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    options = {n: (t.double().cpu() if isinstance(t, torch.Tensor) else t)
+               for n, t in variant_options(opts, shape + (d,)).items()}
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    if "sinks" in options:
+        options["sinks"] = options["sinks"].requires_grad_()
+        leaves.append(options["sinks"])
+    o, lse = attention_reference(*leaves[:3], causal=causal, dtype=torch.float64, **options)
+    want = torch.autograd.grad(o, leaves, do)
+    slopes = options.get("alibi_slopes")
+    if slopes is not None:
+        slopes = slopes.expand(B, Hq)
+    got = model_backward(do, q, k, v, o.detach(), lse.detach(), d ** -0.5, causal, gluon_bwd.CONFIGS[d][0],
+                         softcap=options.get("softcap", 0.0), slopes=slopes)
+    if "sinks" in options:
+        delta = (do * o.detach()).sum(-1)
+        got = got + (sinks_grad(options["sinks"].detach(), lse.detach(), delta),)
+    for name, a, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
         floor = 1e-3 * w.numel() ** 0.5
         assert ((a - w).norm() / w.norm().clamp_min(floor)).item() < 1e-10, name
 
@@ -444,3 +535,218 @@ def test_attention_backward_is_bit_identical_in_deterministic_mode():
     finally:
         torch.use_deterministic_algorithms(False)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+# ---------------------------------------------------------------------------------------------
+# The score options (softcap, ALiBi, sinks): what is taken, where attention() sends it, and on an
+# sm_90 GPU the gradients against float64 and the portable backward on the same saved o and lse.
+# ---------------------------------------------------------------------------------------------
+
+# (name, options as test_attention_hopper.variant_options takes them): each alone, ALiBi slopes (Hq,)
+# and (B, Hq), and all three together.
+OPTION_SETS = [
+    ("softcap", dict(softcap=2.5)),
+    ("alibi-h", dict(alibi="h")),
+    ("alibi-bh", dict(alibi="bh")),
+    ("sinks", dict(sinks=True)),
+    ("all", dict(softcap=4.0, sinks=True, alibi="bh")),
+]
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    """As on an sm_90 GPU with the tested triton, at any size (CPU tensors pass the device check;
+    nothing here launches a kernel). The cache of backward decisions starts and ends empty."""
+    import triton
+    from flashattn_lite.ops import attention_bwd
+    from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
+    monkeypatch.setattr(hopper_fwd, "_device_reason", lambda q, k, v: None)
+    monkeypatch.setattr(hopper_fwd, "TESTED_TRITON", (triton.__version__,))
+    monkeypatch.setattr(hopper_fwd, "MIN_WORK", 0)
+    monkeypatch.setattr(gluon_bwd, "TESTED_TRITON", (triton.__version__,))
+    monkeypatch.setattr(gluon_bwd, "_HAS_GLUON", True)
+    monkeypatch.delenv("FLASHATTN_LITE_HOPPER", raising=False)
+    attention_bwd._HOPPER.clear()
+    yield
+    attention_bwd._HOPPER.clear()
+
+
+def _variant_call(opts, shape=(2, 4, 2, 17, 23, 64), dtype=torch.float16):
+    from test_attention_hopper import as_variant, make_qkv, variant_options
+    q, k, v = make_qkv(shape, dtype)
+    return q, k, v, as_variant(q, k, variant_options(opts, shape))
+
+
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+@pytest.mark.parametrize("case", OPTION_SETS, ids=lambda c: c[0])
+def test_supported_and_fast_path_take_each_option(sm90, case):
+    _, opts = case
+    q, k, v, variant = _variant_call(opts)
+    for causal in (False, True):
+        assert gluon_bwd.supported(q, k, v, q, causal=causal, variant=variant) is None
+        assert gluon_bwd.supported(q, k, v, q, causal=causal, scale=0.3, dlse=None, variant=variant) is None
+        assert gluon_bwd.fast_path(q, q, k, v, causal, 6, 0.125, variant=variant)
+        # Deterministic mode: softcap and ALiBi need the fused dQ, so they keep the portable kernels.
+        sinks_only = variant.softcap == 0 and variant.alibi is None
+        assert gluon_bwd.fast_path(q, q, k, v, causal, 6, 0.125, True, variant=variant) == (sinks_only and causal)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+def test_supported_refuses_the_rest(sm90):
+    q, k, v, every = _variant_call(dict(softcap=4.0, sinks=True, alibi="bh"))
+    reason = gluon_bwd.supported
+    for left, right in ((3, -1), (-1, 2), (0, 0)):
+        assert "window" in reason(q, k, v, q, causal=True, variant=every._replace(left=left, right=right))
+    assert "ranges" in reason(q, k, v, q, variant=every._replace(seq=SEQ_RANGES))
+    assert "dropout" in reason(q, k, v, q, variant=every, dropout_p=0.1)
+    assert "causal_offset" in reason(q, k, v, q, causal=True, causal_offset=2, variant=every)
+    assert "alibi" in reason(q, k, v, q, variant=every._replace(alibi=every.alibi.half()))
+    assert "sinks" in reason(q, k, v, q, variant=every._replace(sinks=every.sinks[:3]))
+    assert "dtype" in reason(q.float(), k.float(), v.float(), q.float(), variant=every)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+def test_backward_decision_is_keyed_by_the_variant(sm90):
+    # attention_backward's cache: one decision per (call signature, variant signature); a window
+    # never takes a Hopper backward (the TMA pair is plain only); the note names the options.
+    from flashattn_lite.ops import attention_bwd, attention_bwd_hopper
+    q, k, v, every = _variant_call(dict(softcap=4.0, sinks=True, alibi="h"))
+    off = k.shape[2] - q.shape[2]
+    run, note = attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every)
+    assert run is gluon_bwd.attention_backward_gluon and note == gluon_bwd.path_note(every)
+    assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every)[0] is run
+    assert len(attention_bwd._HOPPER) == 1
+    softer = every._replace(softcap=8.0)
+    assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, softer)[0] is run
+    assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, PLAIN)[0] is run
+    assert len(attention_bwd._HOPPER) == 3
+    assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every._replace(left=3)) is False
+    torch.use_deterministic_algorithms(True)
+    try:  # softcap/ALiBi under deterministic mode: the portable kernels, not the TMA pair
+        assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every) is False
+        assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, PLAIN)[0] is run
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert attention_bwd_hopper.attention_backward_hopper is not run
+
+
+@pytest.mark.parametrize("case", OPTION_SETS + [("window", dict(window=(5, None), softcap=4.0))],
+                         ids=lambda c: c[0])
+def test_attention_backward_dispatch_with_options(monkeypatch, case):
+    # attention()'s backward hands a call with options (no window) to the Gluon backward with its
+    # Variant and takes dq, dk, dv and dsinks from it. On the CPU the decision is faked and the
+    # portable backward on the same inputs stands in for the kernel (same contract), checking the
+    # plumbing: the sinks' gradient reaches sinks.grad. A window keeps the portable kernels.
+    import flashattn_lite as fa
+    from flashattn_lite.ops import attention_bwd
+    from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
+    from test_attention_hopper import variant_options
+    name, opts = case
+    calls = []
+    real = gluon_bwd.attention_backward_gluon
+
+    def stand_in(do, q, k, v, o, lse, *, scale, causal, dlse=None, variant=None, config=None):
+        assert config is None and gluon_bwd._variant_reason(variant) is None and variant is not None
+        calls.append((causal, variant))
+        if ON_GPU:
+            return real(do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, variant=variant)
+        with hopper_fwd.disabled():
+            return attention_bwd.attention_backward(do, q, k, v, o, lse, dlse, scale=scale, causal=causal,
+                                                    causal_offset=k.shape[2] - q.shape[2], mask=None,
+                                                    dropout_p=0.0, seed=0, variant=variant)
+
+    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", stand_in)
+    if not ON_GPU:
+        monkeypatch.setattr(gluon_bwd, "fast_path", lambda *args, **kwargs: hopper_fwd.enabled())
+    monkeypatch.setattr(attention_bwd, "_HOPPER", {})
+    shape, dtype = ((1, 8, 4, 2048, 2048, 128), torch.bfloat16) if ON_GPU else ((1, 4, 2, 20, 37, 64), torch.float16)
+    B, Hq, Hkv, Nq, Nk, D = shape
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    q0 = torch.randn(B, Hq, Nq, D, generator=g, device=DEVICE).to(dtype)
+    k0, v0 = (torch.randn(B, Hkv, Nk, D, generator=g, device=DEVICE).to(dtype) for _ in range(2))
+    options = variant_options(opts, shape)
+
+    def grads(causal):
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        extra = dict(options)
+        leaves = [q, k, v]
+        if "sinks" in extra:
+            extra["sinks"] = extra["sinks"].clone().requires_grad_()
+            leaves.append(extra["sinks"])
+        o, lse = fa.attention(q, k, v, causal=causal, return_lse=True, **extra)
+        total = o.float().square().sum() + lse[lse.isfinite()].sum()
+        return torch.autograd.grad(total, leaves)
+
+    for causal in (True, False):
+        calls.clear()
+        got = grads(causal)
+        assert len(calls) == (0 if name == "window" else 1)
+        if calls:
+            assert calls[0][0] == causal and calls[0][1].softcap == opts.get("softcap", 0.0)
+            assert (calls[0][1].left, calls[0][1].right) == (-1, -1)
+        with hopper_fwd.disabled():
+            want = grads(causal)
+        assert len(calls) == (0 if name == "window" else 1)
+        for a, w in zip(got, want):
+            assert a.shape == w.shape and a.dtype == w.dtype
+            assert (a.float() - w.float()).norm() <= 2e-2 * w.float().norm() + 1e-6
+
+
+# (option set, head dim, causal, dtype, shape): every option set at d 64 and 128, causal or not, in
+# fp16 and bf16 over 40 cases; shapes with partial tiles (odd lengths), Nq ≠ Nk both ways (rows with
+# no visible key under causal: with sinks their lse is the sink's logit) and GQA 2:1 and 4:1.
+VARIANT_BWD_SHAPES = [(1, 4, 2, 1000, 1037), (2, 4, 1, 517, 517), (1, 2, 2, 1037, 300), (1, 8, 4, 4097, 4097)]
+VARIANT_BWD_CASES = [
+    (name, d, causal, dtype, VARIANT_BWD_SHAPES[(i + 2 * j + (d == 128)) % len(VARIANT_BWD_SHAPES)])
+    for i, (name, _) in enumerate(OPTION_SETS) for j, d in enumerate((64, 128))
+    for causal in (False, True) for dtype in (torch.float16, torch.bfloat16)
+]
+
+
+def _variant_case_id(case):
+    name, d, causal, dtype, shape = case
+    return f"{name}-d{d}-{'causal' if causal else 'full'}-{str(dtype)[6:]}-" + _shape_id(shape)
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", VARIANT_BWD_CASES, ids=_variant_case_id)
+def test_options_match_reference_and_portable(case):
+    from test_attention_bwd_hopper import make_inputs
+    from test_attention_hopper import as_variant, portable, variant_options
+    from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
+    from flashattn_lite.ops.attention_bwd import attention_backward
+    name, d, causal, dtype, shape = case
+    opts = dict(OPTION_SETS)[name]
+    q, k, v, do = make_inputs(shape + (d,), dtype)
+    options = variant_options(opts, shape + (d,))
+    variant = as_variant(q, k, options)
+    assert gluon_bwd.supported(q, k, v, do, causal=causal, variant=variant) is None
+    o, lse = portable(q, k, v, causal, variant)  # the saved o and lse (sinks in the lse)
+    scale = d ** -0.5
+    dq, dk, dv, dsinks = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal,
+                                                            variant=variant)
+    with hopper_fwd.disabled():
+        port = attention_backward(do, q, k, v, o, lse, None, scale=scale, causal=causal,
+                                  causal_offset=k.shape[2] - q.shape[2], mask=None, dropout_p=0.0, seed=0,
+                                  variant=variant)
+
+    def reference(work_dtype):
+        ref_opts = {n: (t.detach().to(work_dtype).requires_grad_() if n == "sinks" else t)
+                    for n, t in options.items()}
+        leaves = [t.detach().to(work_dtype).requires_grad_() for t in (q, k, v)]
+        out, _ = attention_reference(*leaves, causal=causal, dtype=work_dtype, **ref_opts)
+        wrt = leaves + ([ref_opts["sinks"]] if "sinks" in ref_opts else [])
+        return torch.autograd.grad(out, wrt, do.to(work_dtype))
+
+    ref, same = reference(torch.float64), reference(dtype)
+    eps = 2 * EPS[dtype] + (2e-3 if "softcap" in opts else 0.0)  # tanh.approx.f32 in both kernels' scores
+    for what, a, p, s, r, x in zip(("dq", "dk", "dv"), (dq, dk, dv), port[:3], same, ref, (q, k, v)):
+        assert a.shape == x.shape and a.dtype == dtype and a.stride() == p.stride(), what
+        assert_close_to_ref(a, s, r, eps=eps, what=what)
+        assert_close_to_ref(a, p, r, eps=eps, what=f"{what} vs the portable backward's error")
+    if "sinks" in opts:
+        assert dsinks is not None and dsinks.shape == variant.sinks.shape and dsinks.dtype == variant.sinks.dtype
+        torch.testing.assert_close(dsinks.float(), port[3].float(), rtol=1e-4, atol=1e-4)  # same δ and lse
+        assert_close_to_ref(dsinks, same[3], ref[3], eps=eps, what="dsinks")
+    else:
+        assert dsinks is None and port[3] is None

@@ -27,7 +27,8 @@ from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
 from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
-                            query_tile, score_args, score_tile, seq_args, sequence, varlen_tile, _plain_signature)
+                            query_tile, score_args, score_tile, seq_args, sequence, varlen_tile, _plain_signature,
+                            _variant_signature, SEQ_DENSE)
 
 
 @launcher
@@ -365,27 +366,36 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
              (dq_acc * sm_scale).to(dq.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-_HOPPER: dict = {}  # plain call signature → (a Hopper backward's entry point, explain()'s note), or False
+_HOPPER: dict = {}  # call signature → (a Hopper backward's entry point, explain()'s note), or False
 _HOPPER_ENTRIES = 256
 
 
-def _hopper_backward(q, k, v, causal, causal_offset, scale):
-    """(a Hopper backward's entry point, what explain() says of it) if this plain call takes one,
-    else False: the Gluon warp-specialized backward where its ``fast_path`` says so, else the
-    Triton TMA pair (``attention_bwd_hopper.fast_path``). Decided once per call signature (both
-    modules import this one), base-pointer alignment checked on every call. The caller hands it a
-    contiguous dO (so only dO's base alignment is left to check)."""
+def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = PLAIN):
+    """(a Hopper backward's entry point, what explain() says of it) if this call (no mask or
+    dropout) takes one, else False: the Gluon warp-specialized backward where its ``fast_path``
+    says so (plain, or softcap/ALiBi/sinks without a window over a dense batch), else for a plain
+    call the Triton TMA pair (``attention_bwd_hopper.fast_path``). Decided once per call signature
+    (with the variant's, ``_variant_signature``, as the forward keys it; both modules import this
+    one), base-pointer alignment checked on every call. The caller hands it a contiguous dO (so
+    only dO's base alignment is left to check)."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return False
     deterministic = torch.are_deterministic_algorithms_enabled()
     key = (_plain_signature(q, k, v, causal, causal_offset, scale, True), deterministic)
+    if variant is not PLAIN:
+        key = (*key, _variant_signature(variant))
     hopper = _HOPPER.get(key)
     if hopper is None:
         from . import attention_bwd_gluon, attention_bwd_hopper
         if len(_HOPPER) >= _HOPPER_ENTRIES:
             _HOPPER.clear()
         # q stands in for the contiguous dO: same shape and dtype, and its strides pass the same rules.
-        if attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
+        if variant is not PLAIN:
+            gluon = attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic,
+                                                  variant=variant)
+            hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.path_note(variant)) \
+                if gluon else False
+        elif attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
             hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.PATH_NOTE)
         elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):
             hopper = (attention_bwd_hopper.attention_backward_hopper, attention_bwd_hopper.PATH_NOTE)
@@ -401,14 +411,18 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     dsinks (Hq,) float32, or None without sinks. Tensors laid out as for ``attention_forward``."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    if variant is PLAIN and mask is None and dropout_p == 0.0:
-        hopper = _hopper_backward(q, k, v, causal, causal_offset, scale)
+    if mask is None and dropout_p == 0.0 and (variant is PLAIN or (
+            variant.seq == SEQ_DENSE and variant.left < 0 and variant.right < 0)):
+        hopper = _hopper_backward(q, k, v, causal, causal_offset, scale, variant)
         # autograd may hand over an expanded dO (e.g. of o.sum()): TMA takes it contiguous.
         dense_do = do.contiguous() if hopper else None
         if hopper and dense_do.data_ptr() % 16 == 0:
             run, note = hopper
             note_path("hopper", "attention backward", note)
-            return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
+            if variant is PLAIN:
+                return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
+            # The Gluon backward with the options: (dq, dk, dv, dsinks), as below.
+            return run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, variant=variant)
     variant = causal_window(variant, causal)
     if dlse is not None:
         dlse = dlse.float().contiguous()  # autograd hands over expanded (stride-0) grads, e.g. from lse.sum()
@@ -452,12 +466,18 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
         q, k, v, do, dq, lse2, delta, mask_arg, alibi_arg, *seq_ptrs,
         *sq, *sk, *sv, *sdo, *sdq, *tail,
         Hq, Nq, Nk, n_seq, *window, *drop, n_bucket, **common)
-    dsinks = None
-    if variant.sinks is not None:
-        # d lse/d sink = P_sink = exp(sink − lse), and ∂L/∂sink = −Σ_rows δ·P_sink (δ includes dlse).
-        lse3 = lse.view(-1, Hq, lse.shape[-1])
-        p_sink = torch.exp(variant.sinks.float().view(1, Hq, 1) - lse3)
-        contrib = torch.where(torch.isfinite(lse3), -delta.view_as(lse3) * p_sink, torch.zeros_like(p_sink))
-        dsinks = contrib.sum((0, 2)).to(variant.sinks.dtype)
+    dsinks = sinks_grad(variant.sinks, lse, delta) if variant.sinks is not None else None
     return dq, dk, dv, dsinks
+
+
+def sinks_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """∂L/∂sinks (Hq,) in the sinks' dtype from the forward's lse (sink included) and δ (dlse
+    included), both in the lse's layout: d lse/d sink = P_sink = exp(sink − lse), so
+    ∂L/∂sink_h = −Σ_rows of head h δ·P_sink (rows with lse = −inf give 0). The Gluon backward uses
+    it too."""
+    Hq = sinks.shape[0]
+    lse3 = lse.view(-1, Hq, lse.shape[-1])
+    p_sink = torch.exp(sinks.float().view(1, Hq, 1) - lse3)
+    contrib = torch.where(torch.isfinite(lse3), -delta.view_as(lse3) * p_sink, torch.zeros_like(p_sink))
+    return contrib.sum((0, 2)).to(sinks.dtype)
 

@@ -4,9 +4,16 @@ FlashAttention-3's backward.
 Same contract as ``attention_backward_hopper`` (ops/attention_bwd_hopper.py): plain attention,
 causal (bottom-right, offset Nk − Nq) or not, GQA, fp16/bf16, D = Dv ∈ {64, 128}; returns (dq, dk,
 dv), ``torch.empty_like`` of q, k, v (their strides) in the inputs' dtype, dk/dv summed over each
-GQA group. The math is the portable backward's (``attention_bwd.py``): δ = rowsum(dO ∘ O) − dlse,
-lse₂ = lse·log2 e (+inf on rows with no visible key, whose P is then 0), and per (key tile, query
-tile) pair
+GQA group. Also the Gluon forward's options (a ``variant``: softcap, ALiBi slopes, sinks; no window,
+a dense batch), as the constexprs ``SOFTCAP``, ``ALIBI``, ``FAST_TANH`` of the same kernel (the
+options' arguments are None otherwise, so a plain call's code is what it was); sinks need nothing
+in the kernel (the saved lse has the sink in it) and their gradient is the portable backward's
+reduction of δ (``attention_bwd.sinks_grad``).
+
+The math is the portable backward's (``attention_bwd.py``): δ = rowsum(dO ∘ O) − dlse, lse₂ =
+lse·log2 e (+inf on rows with no visible key, whose P is then 0), and per (key tile, query tile)
+pair (plain attention; the options change Sᵀ's scores as ``score_tile`` does, and softcap
+multiplies dSᵀ by 1 − tanh²)
 
     Sᵀ = K·Qᵀ,  Pᵀ = exp2(Sᵀ·scale·log2 e − lse₂),  dV += Pᵀ·dO,  dPᵀ = V·dOᵀ,
     dSᵀ = Pᵀ ∘ (dPᵀ − δ),  dK += dSᵀ·Q,  dQ += dS·K            (dK, dQ times scale at the end)
@@ -58,6 +65,7 @@ import torch
 
 from .._runtime import cdiv
 from ..merge import LOG2E
+from .attention_fwd import PLAIN, SEQ_DENSE, Variant, fold_factor, score_args
 from .attention_fwd_gluon import tma_descriptor
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -112,6 +120,10 @@ class Config(NamedTuple):
 # 32-bit scalars reloaded per step; bf16 causal GQA the most), d 128 tdq 0–20 bytes. Left
 # out: d 128 with one dS set (230–440 bytes of spills: its loop-invariant wgmma descriptors), d 128
 # fused with 3 stages (over 227 KiB with two dS sets), 128-row query tiles (registers).
+# With the options (same compile, 2026-11-24; sinks alone compile to the plain kernel, PTX hash
+# equal): d 64 spills 0–20 bytes (all three, causal), none otherwise; d 128 fused: ALiBi 28–76
+# (plain 0–72), softcap 100–248, softcap + ALiBi 112–332 (the dSᵀ factor Pᵀ ∘ (1 − tanh²), 16
+# registers, is live across the dPᵀ wait with Pᵀ for dV; bf16/fp16 causal GQA the most).
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
@@ -264,10 +276,19 @@ if _HAS_GLUON:
     def _consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                   kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                   b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
+                  alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
-                  CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr,
+                  FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr):
-        """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile."""
+        """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
+
+        Options (constexprs; a plain call compiles to the code it compiled to without them): the
+        scores are the portable backward's (``score_tile``): softcap c·tanh(s·scale/c)
+        (``fold_factor``, ``tanh.approx.f32`` for 16-bit inputs) with its derivative 1 − tanh² in
+        dSᵀ, ALiBi's slope·|i + off − j| subtracted over the exp2's factor as the Gluon forward
+        does (no gradient to the slopes). Sinks change nothing here: the saved lse has the sink in
+        it, so P = exp(S − lse) is the same formula (dsinks is a host-side reduction of δ)."""
         dtype: gl.constexpr = k_smem.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -286,6 +307,12 @@ if _HAS_GLUON:
         dv = gl.zeros([64, HEAD_DIM], gl.float32, layout=kv_layout)
         st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
         n_steps = GROUP * n_tiles
+        keys_f = 0.0
+        cols_f = 0.0
+        if ALIBI:  # |i + off − j| = |query − (key − off)|: exact float differences below 2²⁴
+            keys_f = (keys - off).to(gl.float32)
+            if SOFTCAP:  # the query columns 0 … BLOCK_M − 1 as floats, made once (see below)
+                cols_f = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout)).to(gl.float32)
         mbarrier.wait(kv_bar, 0)
 
         for it in range(n_steps):
@@ -296,19 +323,44 @@ if _HAS_GLUON:
             do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             st = warpgroup_mma(k_me, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_me, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            slope = 0.0
+            if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
+                slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
+                if SOFTCAP:
+                    slope = slope * 1.4426950408889634 / softcap2
+                else:
+                    slope = slope * 1.4426950408889634 / qk_scale
             lse2 = _row(lse_smem, s, BLOCK_M, st_layout)
             st = warpgroup_mma_wait(1, deps=[st])  # Sᵀ retired; dPᵀ may still run
-            pt = gl.exp2(st * qk_scale - lse2)
+            # Base-2 scores x·fold: Sᵀ and scale·log2 e, or tanh(Sᵀ·scale/c) and c·log2 e.
+            x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
+            t = x  # tanh(·) under softcap, for its derivative
+            if ALIBI:
+                # The query rows as floats: converted per step, or with softcap from columns made
+                # once (16 registers across the loop). Whichever ptxas spilled less at d 128
+                # (triton 3.6, sm_90a): ALiBi alone 28–76 bytes per step-converted against 16–136
+                # kept; with softcap 112–332 kept against 360–464 per step-converted.
+                if SOFTCAP:
+                    rows_f = cols_f + start_m.to(gl.float32)
+                else:
+                    rows_f = (start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                rows_f = gl.expand_dims(rows_f, 0)
+                x = x - slope * gl.abs(rows_f - gl.expand_dims(keys_f, 1))
+            pt = gl.exp2(x * fold - lse2)
             if (start_m < mid) | tail:
                 pt = _masked(pt, keys, start_m, n_k, off, CAUSAL, BLOCK_M, st_layout)
             # Pᵀ rounded once to the input dtype serves both dV (the A operand, same registers:
             # the conversion is trivial) and dSᵀ, so no fp32 copy stays live across the wait.
             p16 = pt.to(dtype)
+            if SOFTCAP:  # Pᵀ ∘ (1 − tanh²), rounded once like Pᵀ: the factor of dSᵀ
+                pd16 = (pt * (1.0 - t * t)).to(dtype)
+            else:
+                pd16 = p16
             pa = gl.convert_layout(p16, a_layout, assert_trivial=True)
             dv = warpgroup_mma(pa, do_t, dv, is_async=True)
             delta = _row(delta_smem, s, BLOCK_M, st_layout)
             dpt = warpgroup_mma_wait(1, deps=[dpt])  # dPᵀ retired; dV may still run
-            dst = (p16.to(gl.float32) * (dpt - delta)).to(dtype)
+            dst = (pd16.to(gl.float32) * (dpt - delta)).to(dtype)
             dsa = gl.convert_layout(dst, a_layout, assert_trivial=True)
             dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
 
@@ -356,7 +408,9 @@ if _HAS_GLUON:
     @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k"])
     def _attn_bwd_gluon_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
                                n_heads, n_kv_heads, n_q, n_k, qk_scale, sm_scale,
-                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr,
+                               alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                               ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, GROUP: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr):
@@ -422,11 +476,15 @@ if _HAS_GLUON:
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
-                         0, CONSUMERS, GROUP, ROTATE, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
+                         alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                         0, CONSUMERS, GROUP, ROTATE, CAUSAL, SOFTCAP, ALIBI, FAST_TANH, FUSED_DQ, HEAD_DIM,
+                         BLOCK_M, STAGES, DS_BUFS)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
-                         1, CONSUMERS, GROUP, ROTATE, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
+                         alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                         1, CONSUMERS, GROUP, ROTATE, CAUSAL, SOFTCAP, ALIBI, FAST_TANH, FUSED_DQ, HEAD_DIM,
+                         BLOCK_M, STAGES, DS_BUFS)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot,
@@ -436,10 +494,14 @@ if _HAS_GLUON:
 
 def supported(q, k, v, do, **options) -> str | None:
     """None when ``attention_backward_gluon`` covers this call, else the reason in words: plain
-    attention only, a triton whose Gluon this kernel was written for, and the Triton TMA backward's
-    rules (``attention_bwd_hopper.supported``: CUDA sm_90, shapes, fp16/bf16, D = Dv ∈ {64, 128},
-    TMA alignment of q, k, v and do, the options)."""
-    reason = _variant_reason(options.get("variant"))
+    attention or a dense-batch ``variant`` with softcap, ALiBi slopes, sinks (no window:
+    ``_variant_reason``; the options' tensors as the Hopper forward takes them,
+    ``attention_fwd_hopper._reason_for_variant``), a triton whose Gluon this kernel was written
+    for, and the Triton TMA backward's rules (``attention_bwd_hopper.supported``: CUDA sm_90,
+    shapes, fp16/bf16, D = Dv ∈ {64, 128}, TMA alignment of q, k, v and do, the other options)."""
+    options = dict(options)
+    variant = options.pop("variant", None)
+    reason = _variant_reason(variant)
     if reason is not None:
         return reason
     if not _HAS_GLUON:
@@ -447,7 +509,11 @@ def supported(q, k, v, do, **options) -> str | None:
     if not triton.__version__.startswith(TESTED_TRITON):
         return f"triton {triton.__version__}: the Gluon backward is written for triton {TESTED_TRITON[0]}x"
     from .attention_bwd_hopper import supported as hopper_supported
-    return hopper_supported(q, k, v, do, **options)
+    reason = hopper_supported(q, k, v, do, **options)
+    if reason is None and variant is not None and variant is not PLAIN:
+        from .attention_fwd_hopper import _reason_for_variant
+        reason = _reason_for_variant(q, variant)
+    return reason
 
 
 PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backward (dQ by TMA reduce-add, "
@@ -455,36 +521,62 @@ PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backwa
              "turns the Hopper paths off)")
 
 
-def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deterministic: bool = False) -> bool:
-    """Whether a plain attention backward takes this kernel (decided once per call signature and
-    determinism setting by ``attention_backward``; base-pointer alignment is checked on every call
-    there): the Hopper paths' switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``), this module's
-    triton, and its rules. Measured (``gluon_bwd-20261124-131528.json``): the default (fused dQ)
-    configs 1.15–1.43× the TMA pair and faster than the portable backward everywhere; the
-    deterministic configs 1.08–1.24× the TMA pair, but at d 64 non-causal 0.95–0.96× the portable
-    backward from 8k tokens, so ``deterministic`` d 64 non-causal calls keep the portable kernels."""
+def path_note(variant: Variant = PLAIN) -> str:
+    """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
+    the Hopper forward's words for the options with this kernel's name."""
+    if variant is None or variant is PLAIN:
+        return PATH_NOTE
+    from .attention_fwd_hopper import path_note as hopper_note
+    return hopper_note(variant, "the Gluon warp-specialized backward (dQ by TMA reduce-add)")
+
+
+def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deterministic: bool = False,
+              variant: Variant = PLAIN) -> bool:
+    """Whether an attention backward (plain, or softcap/ALiBi/sinks without a window) takes this
+    kernel (decided once per call signature, variant signature and determinism setting by
+    ``attention_backward``; base-pointer alignment is checked on every call there): the Hopper
+    paths' switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``), this module's triton, and its rules.
+    Measured (``gluon_bwd-20261124-131528.json``): the default (fused dQ) configs 1.15–1.43× the TMA
+    pair and faster than the portable backward everywhere; the deterministic configs 1.08–1.24× the
+    TMA pair, but at d 64 non-causal 0.95–0.96× the portable backward from 8k tokens, so
+    ``deterministic`` d 64 non-causal calls keep the portable kernels. Calls with softcap or ALiBi
+    need the fused dQ (the Triton dQ kernel is plain only): under ``deterministic`` they keep the
+    portable kernels (sinks alone change nothing in the kernel). (The options' speed against the
+    portable backward is not measured yet.)"""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if deterministic and q.shape[3] == 64 and not causal:
+    if deterministic and ((q.shape[3] == 64 and not causal) or _score_options(variant)):
         return False
-    if supported(q, k, v, do, causal=causal, causal_offset=causal_offset, scale=scale) is not None:
+    options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
+    if variant is not PLAIN:
+        options["variant"] = variant
+    if supported(q, k, v, do, **options) is not None:
         return False
     B, Hq, Nq, D = q.shape
     return B * Hq * Nq * k.shape[2] * D >= hopper.MIN_WORK
 
 
 def _variant_reason(variant) -> str | None:
-    """Why ``variant`` is more than plain attention (in words), or None (None and ``PLAIN`` are)."""
-    from .attention_fwd import SEQ_DENSE, Variant
-    if variant is None:
+    """Why this kernel cannot express ``variant`` at all (in words), or None: it takes softcap,
+    ALiBi and sinks over a dense batch (None and ``PLAIN`` are plain); sliding windows and
+    ranges/varlen layouts are left to the portable backward."""
+    if variant is None or variant is PLAIN:
         return None
     if not isinstance(variant, Variant):
         return f"variant is a {type(variant).__name__}, not a Variant"
-    if (variant.left >= 0 or variant.right >= 0 or variant.softcap or variant.alibi is not None
-            or variant.sinks is not None or variant.seq != SEQ_DENSE):
-        return "softcap, ALiBi, sinks, a window or a batch layout (the Gluon backward is plain attention only)"
+    if variant.left >= 0 or variant.right >= 0:
+        return ("a sliding window (the Gluon backward takes softcap, ALiBi and sinks; windows take the portable "
+                "backward)")
+    if variant.seq != SEQ_DENSE:
+        return "a ranges or varlen batch layout (the Gluon backward takes a dense batch)"
     return None
+
+
+def _is_plain(variant) -> bool:
+    """No option the kernel's constexprs would switch on (None, ``PLAIN`` or an empty Variant)."""
+    return variant is None or variant is PLAIN or (not variant.softcap and variant.alibi is None
+                                                   and variant.sinks is None)
 
 
 def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
@@ -536,16 +628,17 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
     return None
 
 
-def launch_plan(q, k, cfg: Config, causal: bool) -> dict:
+def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> dict:
     """What the kernel launch is given, without launching (the CPU tests check it): the grid (one
-    program per key tile of each (batch, KV head)), the constexprs, the padded lse₂/δ rows and the
-    fp32 dQ buffer's shape (None without ``fused_dq``)."""
+    program per key tile of each (batch, KV head)), the constexprs (the option flags as the
+    portable kernels set them, ``score_args``; all off for a plain call or sinks only), the padded
+    lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     return dict(
         grid=(cdiv(Nk, cfg.block_n) * B * Hkv,),
-        constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), GROUP=Hq // Hkv, CONSUMERS=cfg.consumers,
-                        BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
+        constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0)[1], GROUP=Hq // Hkv,
+                        CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
                         DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
                         LOADER_REGS=LOADER_REGS),
         row_stats_shape=(B * Hq, _pad_rows(Nq)),
@@ -553,8 +646,50 @@ def launch_plan(q, k, cfg: Config, causal: bool) -> dict:
     )
 
 
+_PLAIN_ARGS = (None,) * 5
+_PLAIN_FLAGS = dict(SOFTCAP=False, ALIBI=False, FAST_TANH=False)
+
+
+def _option_args(variant, q: torch.Tensor, scale: float):
+    """(alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2) and the option flags of a
+    launch, as the portable kernels take them (``score_args``). What a call does not use is None:
+    the launch drops it (a None argument is a constexpr), so a plain call, or one with sinks only
+    (the kernel has nothing to do for them), compiles to the kernel it compiled to before the
+    options existed, parameter list included."""
+    if _is_plain(variant):
+        return _PLAIN_ARGS, _PLAIN_FLAGS
+    _, alibi_strides, softcap_scalars, constexprs = score_args(variant, q, scale)
+    flags = {name: constexprs[name] for name in _PLAIN_FLAGS}
+    args = (variant.alibi, *(alibi_strides if flags["ALIBI"] else (None, None)),
+            *(softcap_scalars if flags["SOFTCAP"] else (None, None)))
+    return args, flags
+
+
+def _score_options(variant) -> bool:
+    """Whether the kernel's scores differ from plain attention's (softcap or ALiBi; sinks do not)."""
+    return not _is_plain(variant) and (variant.softcap > 0 or variant.alibi is not None)
+
+
+def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg: Config,
+            variant: Variant = PLAIN, dq_acc: torch.Tensor | None = None):
+    """(grid, args, keyword args) of the kernel launch (``attention_backward_gluon``'s; the PTX
+    hashes, ``benchmarks/ptx_hashes.py``, compile from it without a GPU). ``dq_acc``: the fp32 dQ
+    buffer with ``fused_dq``; else ``dq`` stands in for it (the kernel does not touch it)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    plan = launch_plan(q, k, cfg, causal, variant)
+    options, _ = _option_args(variant, q, scale)
+    m, box = cfg.block_m, [1, 1, 64, D]
+    dq_desc = tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]) if cfg.fused_dq else tma_descriptor(dq, [1, 1, m, D])
+    args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
+            tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
+            tma_descriptor(dk, box), tma_descriptor(dv, box),
+            Hq, Hkv, Nq, Nk, scale * LOG2E, scale, *options)
+    return plan["grid"], args, dict(**plan["constexprs"], num_warps=4)
+
+
 def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool, config: Config | None = None,
-                             dlse: torch.Tensor | None = None, variant=None):
+                             dlse: torch.Tensor | None = None, variant: Variant | None = None):
     """(dq, dk, dv) of o = softmax(scale·q·kᵀ [causal, bottom-right]) · v, given the forward's o and
     natural-log lse (B, Hq, Nq) float32 (−inf on rows with no visible key).
 
@@ -562,8 +697,12 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     causal_offset Nk − Nq): ``empty_like`` of q, k, v in their dtype, dk/dv summed over each GQA
     group. Call only where ``supported`` returned None (an sm_90 GPU; Gluon does not run in the
     interpreter). ``config``: one of ``CONFIGS`` (default: ``default_config``); ``dlse``: the lse's
-    own gradient (B, Hq, Nq), or None; ``variant``: None or ``PLAIN`` only. A config or variant the
-    kernel does not take raises ValueError before anything runs."""
+    own gradient (B, Hq, Nq), or None. ``variant``: None, or a Variant as ``attention_backward``
+    takes it (softcap, ALiBi slopes, sinks; a dense batch, no window), the lse the forward saved
+    with it (sinks included); then the portable backward's four gradients come back, (dq, dk, dv,
+    dsinks), dsinks (Hq,) in the sinks' dtype or None. Softcap and ALiBi need a ``fused_dq`` config
+    (the Triton dQ kernel is plain only). A config or variant the kernel does not take raises
+    ValueError before anything runs."""
     reason = _variant_reason(variant)
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: variant: {reason}")
@@ -571,6 +710,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
+    if _score_options(variant) and not cfg.fused_dq:
+        raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap and ALiBi need a fused_dq config "
+                         "(the Triton dQ kernel is plain only), which torch.use_deterministic_algorithms(True) "
+                         "does not allow by default")
     if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
         message = (f"attention_backward_gluon: config {cfg.name} adds dq by fp32 reduce-adds in any order, "
                    "which torch.use_deterministic_algorithms(True) forbids; pass a config with fused_dq=False")
@@ -580,29 +723,26 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     reason = config_reason(D, cfg, q.element_size())
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: {reason}")
-    plan = launch_plan(q, k, cfg, causal)
-    (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, plan["row_stats_shape"][1])
+    n_pad = _pad_rows(Nq)
+    (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, n_pad)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-
-    m, box = cfg.block_m, [1, 1, 64, D]
-    if cfg.fused_dq:
-        dq_acc = torch.zeros(plan["dq_acc_shape"], device=q.device, dtype=torch.float32)
-        dq_desc = tma_descriptor(dq_acc, [1, 1, m, DQ_COLS])
-    else:
-        dq = torch.empty_like(q)
-        dq_desc = tma_descriptor(dq, [1, 1, m, D])  # a placeholder the kernel does not touch
-    _attn_bwd_gluon_kernel[plan["grid"]](
-        tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
-        tma_descriptor(do, [1, 1, m, D]),
-        _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
-        tma_descriptor(dk, box), tma_descriptor(dv, box),
-        Hq, Hkv, Nq, Nk, scale * LOG2E, scale, **plan["constexprs"], num_warps=4)
+    dq_acc = torch.zeros((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
+    dq = None if cfg.fused_dq else torch.empty_like(q)
+    grid, args, kwargs = _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
+                                 PLAIN if variant is None else variant, dq_acc)
+    _attn_bwd_gluon_kernel[grid](*args, **kwargs)
 
     if cfg.fused_dq:
         dq = _dq_from_buffer(dq_acc, q)
     else:
         _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
-    return dq, dk, dv
+    if variant is None:
+        return dq, dk, dv
+    dsinks = None
+    if variant.sinks is not None:
+        from .attention_bwd import sinks_grad
+        dsinks = sinks_grad(variant.sinks, lse, delta)
+    return dq, dk, dv, dsinks
 
 
 def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
