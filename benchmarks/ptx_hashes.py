@@ -6,11 +6,16 @@ has no ``_launch``).
 
     python benchmarks/ptx_hashes.py OLD_CHECKOUT > old.txt; python benchmarks/ptx_hashes.py . > new.txt
     diff old.txt new.txt
+    python benchmarks/ptx_hashes.py . --ptxas   # each hash with ptxas -v's registers and spills (sm_90a)
+
+A checkout from before the Gluon window compiles the window lines (listed last) without the window:
+their hashes are then its plain kernels'.
 
 Debug sections, file names, source locations and labels are dropped before hashing (they move with
 the source, not the code)."""
-import hashlib, sys
+import hashlib, re, subprocess, sys, tempfile
 sys.path.insert(0, sys.argv[1])
+PTXAS = "--ptxas" in sys.argv[2:]
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -54,8 +59,11 @@ def tma(opts, causal=True):
 
 def gluon(opts, causal=True, d=128):
     """The Gluon forward as ``attention_forward_gluon`` launches it (``_launch`` on CPU tensors, bound
-    by Triton's own argument specialisation), at its default config for N 8k."""
+    by Triton's own argument specialisation), at its default config for N 8k (``causal`` and ``d``
+    may come in ``opts``; window sides as ``left``/``right``)."""
     import torch
+    opts = dict(opts)
+    causal, d = opts.pop("causal", causal), opts.pop("d", d)
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
@@ -64,7 +72,10 @@ def gluon(opts, causal=True, d=128):
     q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
     tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(B, H, dtype=torch.float64), sinks=torch.zeros(H))
     variant = f.Variant(**{"alibi" if n == "alibi_bh" else n: tensors.get(n, v) for n, v in opts.items()})
-    cfg = g.default_config(d, causal, 8192, variant.alibi is not None)
+    try:  # the window's config rule (a checkout from before windows takes three arguments)
+        cfg = g.default_config(d, causal, 8192, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+    except TypeError:
+        cfg = g.default_config(d, causal, 8192, variant.alibi is not None)
     _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg,
                                 variant if opts else f.PLAIN)
     J, backend = g._attn_fwd_gluon_kernel, make_backend(T)
@@ -110,7 +121,35 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd plain", gluon_bwd, {}), ("gluon bwd sinks", gluon_bwd, dict(sinks=True)),
          ("gluon bwd softcap", gluon_bwd, dict(softcap=30.0)),
          ("gluon bwd alibi (B, H)", gluon_bwd, dict(alibi_bh=True)),
-         ("gluon bwd softcap+alibi+sinks", gluon_bwd, dict(softcap=30.0, alibi=True, sinks=True))]
+         ("gluon bwd softcap+alibi+sinks", gluon_bwd, dict(softcap=30.0, alibi=True, sinks=True)),
+         ("gluon d64 plain", gluon, dict(d=64)),
+         ("gluon d64 softcap+sinks", gluon, dict(d=64, softcap=30.0, sinks=True)),
+         # Sliding windows (causal caps the right side at 0): the window group's call, both sides,
+         # the right side alone, every option with a causal window; d 64 too (three consumers, but
+         # two for a left side with softcap: ``default_config``).
+         ("gluon causal window", gluon, dict(left=4095)),
+         ("gluon window both", gluon, dict(left=300, right=40, causal=False)),
+         ("gluon window right", gluon, dict(right=40, causal=False)),
+         ("gluon causal window+all", gluon, dict(left=4095, softcap=30.0, alibi=True, sinks=True)),
+         ("gluon d64 causal window", gluon, dict(left=4095, d=64)),
+         ("gluon d64 window both+softcap+sinks", gluon, dict(left=300, right=40, causal=False, d=64, softcap=30.0,
+                                                              sinks=True)),
+         ("gluon d64 window right+softcap", gluon, dict(right=40, causal=False, d=64, softcap=30.0))]
+
+
+def ptxas(ptx):
+    """ptxas -v's registers and spill bytes of the kernel (sm_90a), as triton's own ptxas reports."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f.name, "-o", "/dev/null"],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return f"regs {','.join(regs)} spills {','.join(f'{a}/{b}' for a, b in spills)}"
+
+
 for name, fn, opts in cases:
     try:
         ptx = fn(opts)
@@ -119,4 +158,4 @@ for name, fn, opts in cases:
             raise
         print(name, "unavailable", f"({type(e).__name__}: {str(e)[:80]})", flush=True)
         continue
-    print(name, hashlib.sha1(body(ptx).encode()).hexdigest()[:12], flush=True)
+    print(name, hashlib.sha1(body(ptx).encode()).hexdigest()[:12], *([ptxas(ptx)] if PTXAS else []), flush=True)

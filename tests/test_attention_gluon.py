@@ -101,14 +101,16 @@ def test_strided_heads_read_in_place():
     assert torch.equal(o, oc) and torch.equal(lse, lsec)
 
 
-def test_refuses_a_window():
-    # softcap, ALiBi and sinks are its options (tests/test_attention_gluon_variants.py); a sliding
-    # window is never handed to it (the Triton TMA kernel takes windows).
-    from flashattn_lite.ops.attention_fwd import Variant
+def test_takes_a_window_refuses_ranges():
+    # softcap, ALiBi, sinks and sliding windows are its options (tests/test_attention_gluon_variants.py,
+    # tests/test_attention_gluon_window.py); ranges/varlen layouts are never handed to it.
+    from flashattn_lite.ops.attention_fwd import SEQ_RANGES, Variant
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    assert "window" in gluon_fwd.supported(q, q, q, variant=Variant(left=4))
-    with pytest.raises(ValueError, match="window"):
-        gluon_fwd.attention_forward_gluon(q, q, q, 0.125, False, variant=Variant(left=4))
+    assert gluon_fwd._variant_reason(Variant(left=4)) is None
+    assert gluon_fwd._variant_reason(Variant(left=4, right=0, softcap=3.0)) is None
+    assert "ranges" in gluon_fwd.supported(q, q, q, variant=Variant(left=4, seq=SEQ_RANGES))
+    with pytest.raises(ValueError, match="ranges"):
+        gluon_fwd.attention_forward_gluon(q, q, q, 0.125, False, variant=Variant(left=4, seq=SEQ_RANGES))
 
 
 @needs_gpu

@@ -1,5 +1,5 @@
-"""The Gluon forward's score options (ops/attention_fwd_gluon.py: softcap, ALiBi, sinks; windows stay
-with the TMA kernel): what it takes and refuses, where ``attention()`` sends each option, and on an
+"""The Gluon forward's score options (ops/attention_fwd_gluon.py: softcap, ALiBi, sinks; its sliding
+windows are tests/test_attention_gluon_window.py's): what it takes and refuses, where ``attention()`` sends each option, and on an
 sm_90 GPU its o and lse against the float64 reference and the Triton TMA kernel on the same inputs.
 
 The dispatch tests run anywhere on a faked sm_90 device (CPU tensors; nothing is launched, or the TMA
@@ -80,11 +80,9 @@ def test_supported_refuses_the_rest(sm90):
     q, k, v = make_qkv(SHAPE, torch.float16)
     every = as_variant(q, k, options_for(dict(softcap=4.0, sinks=True, alibi="bh"), SHAPE))
     reason = gluon_fwd.supported
-    # Windows (either side, alone or with the other options) are the TMA kernel's.
-    for window in ((3, None), (None, 2), (0, 0)):
-        assert "window" in reason(q, k, v, variant=as_variant(q, k, dict(window=window)))
-        left, right = (-1 if side is None else side for side in window)
-        assert "window" in reason(q, k, v, causal=True, variant=every._replace(left=left, right=right))
+    # Windows are taken (tests/test_attention_gluon_window.py), sides out of range are not.
+    assert "window" in reason(q, k, v, variant=every._replace(left=-2))
+    assert "window" in reason(q, k, v, variant=every._replace(right=2 ** 30))
     assert "ranges" in reason(q, k, v, variant=every._replace(seq=SEQ_RANGES))
     assert "Variant" in reason(q, k, v, variant=(3, 0))
     assert "mask" in reason(q, k, v, variant=every, attn_mask=torch.ones(1, 1, 17, 23, dtype=torch.bool))
@@ -100,7 +98,7 @@ def test_supported_refuses_the_rest(sm90):
 def test_forward_refuses_what_it_does_not_take():
     # Raised before anything is launched, so on any machine.
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16, device=DEVICE)
-    for variant in (Variant(left=4), Variant(right=0, softcap=30.0), Variant(seq=SEQ_RANGES), (3, 0)):
+    for variant in (Variant(seq=SEQ_RANGES), Variant(left=4, seq=SEQ_RANGES), (3, 0)):
         with pytest.raises(ValueError, match="variant"):
             gluon_fwd.attention_forward_gluon(q, q, q, 0.125, False, variant=variant)
 
@@ -121,16 +119,16 @@ def test_path_note_names_the_options():
                                                                                        sinks=True, alibi="h"))],
                          ids=lambda c: c[0])
 def test_dispatch_under_the_plain_length_rules(sm90, case):
-    # Options without a window take the Gluon kernel where plain calls do: non-causal at any length,
-    # causal from CAUSAL_MIN_N on; the rest (and causal below it) the TMA kernel, explain()'s note
-    # naming the options either way.
+    # Options take the Gluon kernel where plain calls do: non-causal at any length, causal from
+    # CAUSAL_MIN_N on, a window counting as causal (tests/test_attention_gluon_window.py); the rest
+    # the TMA kernel, explain()'s note naming the options either way.
     name, opts = case
     n_long = gluon_fwd.CAUSAL_MIN_N
     for causal, nq, nk in ((False, 17, 23), (True, 17, 23), (True, 40, n_long), (True, n_long, 40)):
         shape = (1, 2, 1, nq, nk, 64)
         q, k, v = make_qkv(shape, torch.float16)
         variant = as_variant(q, k, options_for(opts, shape, name))
-        to_gluon = "window" not in opts and (not causal or max(nq, nk) >= n_long)
+        to_gluon = not (causal or "window" in opts) or max(nq, nk) >= n_long
         assert gluon_fwd.fast_path(q, k, v, causal, nk - nq, 0.125, variant) == to_gluon
         run, note = attention_fwd._hopper_path(q, k, v, causal, nk - nq, 0.125, variant)
         if to_gluon:
@@ -256,7 +254,7 @@ GPU_DISPATCH = OPTION_SETS + [("window", dict(window=(8, None)))]  # 296 keys at
 def test_attention_sends_each_option_to_it(case):
     # A Gluon-size call (non-causal, 2k tokens, MIN_WORK): attention() takes the Gluon kernel with
     # each option (explain() names it and the options) and gives what the kernel called directly
-    # gives; a window takes the TMA kernel.
+    # gives; a window below CAUSAL_MIN_N takes the TMA kernel (it counts as causal there).
     from flashattn_lite import attention, explain
     name, opts = case
     shape = (1, 8, 2, 2048, 2048, 128)

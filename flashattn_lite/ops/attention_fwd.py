@@ -517,8 +517,8 @@ _HOPPER: dict = {}  # call signature → (the Hopper kernel's entry point, expla
 def _hopper_path(q, k, v, causal, causal_offset, scale, variant=PLAIN):
     """(a Hopper forward's entry point, what explain() says of it) if this call (no mask or dropout)
     takes one (CUDA sm_90 only): the Gluon kernel where it measured fastest
-    (``attention_fwd_gluon.fast_path``: plain, softcap, ALiBi, sinks; no window), else the Triton
-    TMA kernel (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build
+    (``attention_fwd_gluon.fast_path``: plain, window, softcap, ALiBi, sinks; causal or windowed
+    calls from its ``CAUSAL_MIN_N`` on), else the Triton TMA kernel (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build
     on this one's helpers."""
     from . import attention_fwd_gluon, attention_fwd_hopper
     if len(_HOPPER) >= _BOUND_ENTRIES:

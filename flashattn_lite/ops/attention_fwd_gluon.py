@@ -1,10 +1,10 @@
 """Attention forward for Hopper (sm_90) in Gluon: an FA3-style warp-specialized schedule.
 
-Same contract as ``attention_forward_hopper`` (ops/attention_fwd_hopper.py) less sliding windows:
-causal (bottom-right aligned) or not, GQA, fp16/bf16, D ∈ {64, 128}, and the score options of a
-dense batch in ``variant``: softcap, ALiBi slopes, attention sinks; o (B, Hq, Nq, D) contiguous in
-q's dtype, lse (B, Hq, Nq) float32 natural log (the sink term included), a row with no visible key
-o = 0 and lse = −inf (the sink's logit, with sinks).
+Same contract as ``attention_forward_hopper`` (ops/attention_fwd_hopper.py): causal (bottom-right
+aligned) or not, GQA, fp16/bf16, D ∈ {64, 128}, and the score options of a dense batch in
+``variant``: a sliding window, softcap, ALiBi slopes, attention sinks; o (B, Hq, Nq, D) contiguous
+in q's dtype, lse (B, Hq, Nq) float32 natural log (the sink term included), a row with no visible
+key o = 0 and lse = −inf (the sink's logit, with sinks).
 
 Where the Triton kernel leaves the schedule to the compiler, here it is written out (Gluon is
 Triton's tile-level language with explicit layouts, shared memory, barriers and partitions):
@@ -28,7 +28,14 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   loader refills K while the last P·V still runs.
 * Masks: keys past Nk (the last partial tile reads TMA zero-fill) and, under causal, keys right of
   the diagonal (j > i + Nk − Nq) are set to −inf, only in the tiles that need it (a uniform branch
-  per tile); keys no row of the program sees are never loaded. O goes out through shared memory
+  per tile); keys no row of the program sees are never loaded.
+* Sliding windows (FlashAttention-2's: key j visible to query i iff i + off − left ≤ j ≤
+  i + off + right, off = Nk − Nq, a side −1 unbounded, causal capping right at 0): ``HAS_LEFT`` /
+  ``HAS_RIGHT`` constexprs, the sides runtime ints (one binary for every width). ``key_tiles`` (the
+  portable kernels' ``key_range``) gives each program its band of key tiles: the loader loads only
+  those (from ``lo``), so a window of W keys costs O(N·W); the consumers mask the tiles crossing the
+  band's edges (``_band``) and run the rest unmasked. A call without a window compiles to the kernel
+  it compiled to before windows (``benchmarks/ptx_hashes.py``). O goes out through shared memory
   (Q's slot, dead by then) and one TMA store, which drops rows past Nq.
 * Options (``SOFTCAP``, ``ALIBI``, ``SINKS``: constexprs, so a plain call compiles to the code it
   compiled to before they existed; their unused arguments are passed as None, which Triton makes
@@ -54,13 +61,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
 from .._runtime import cdiv
 from ..merge import LOG2E, add_sink
-from .attention_fwd import PLAIN, SEQ_DENSE, Variant, fold_factor, score_args
+
+from .attention_fwd import PLAIN, SEQ_DENSE, Variant, causal_window, fold_factor, key_range, score_args
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
-    import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
@@ -102,8 +111,10 @@ LOADER_REGS = 24
 # The sweep, per head dim. Shared memory: 2 bytes · (BLOCK_M·D for Q + stages·2·BLOCK_N·D for K/V)
 # under the H100's 227 KB (d 128, m128 n128: 224 KB at 3 stages). Registers: 65536 per SM over
 # 384 threads (2 consumers) or 512 (3): the consumers get 240 or 160, the loader 24; none spills
-# (triton 3.6, sm_90), with softcap, ALiBi and sinks too, but for ALiBi in the d 64 three-consumer
-# configs (``default_config`` gives ALiBi at d 64 the two-consumer one).
+# (triton 3.6, sm_90), with softcap, ALiBi, sinks and windows too, but for ALiBi in the d 64
+# three-consumer configs, and with a window's left side softcap in those and ALiBi in every
+# three-consumer config (``default_config`` gives those calls two consumers;
+# ``benchmarks/ptx_hashes.py --ptxas`` reports registers and spills).
 # Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
@@ -114,62 +125,131 @@ CONFIGS = {
 }
 
 
-def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False) -> Config:
+def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False, softcap: bool = False,
+                   left: bool = False) -> Config:
     """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the
     H100, 2026-11-24, bf16, N 2k / 8k / 16k with B·N 16k). d 64: three ping-ponging consumers
-    (192-row tiles); with ALiBi (whose bias spills those consumers' 160 registers) two. d 128: two
-    consumers with 128-key tiles and three stages (ping-pong under causal), three consumers with
-    64-key tiles below N 8k (more, smaller programs)."""
+    (192-row tiles); with ALiBi (whose bias spills those consumers' 160 registers), or a window's
+    left side with softcap (8 bytes), two. d 128: two consumers with 128-key tiles and three stages
+    (ping-pong under causal), three consumers with 64-key tiles below N 8k (more, smaller
+    programs), but for a left side with ALiBi, which spills those (two consumers then; windows are
+    not measured below 8k: ``CAUSAL_MIN_N``)."""
     if head_dim == 64:
-        return Config(2, 128, 3, False) if alibi else Config(3, 128, 3, True, 160)
-    if n < 8192:
+        return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
+    if n < 8192 and not (left and alibi):
         return Config(3, 64, 3, True, 160)
     return Config(2, 128, 3, bool(causal))
+
+@triton.jit
+def key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
+              HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key tiles of the query tile [start_m, start_m + BLOCK_M): (lo, n_tiles, mid_lo, mid_hi).
+    The program loads the ``n_tiles`` tiles of keys from ``lo`` (a multiple of BLOCK_N); keys
+    outside them are visible to no row of the tile, so a window of W keys costs O(W) per row. Of
+    those, the tiles of [mid_lo, mid_hi) are visible to every row (no mask); the others are masked.
+    Without a window (``HAS_LEFT``/``HAS_RIGHT`` False): keys [0, hi), the causal diagonal
+    bottom-right aligned (offset ``off`` = Nk − Nq) and the zero-padded tail masked, as before
+    windows existed. With one: the portable kernels' ``key_range``, causal as the right side at 0
+    (``win_right`` is then not read). Called by the Gluon kernel and, in the interpreter, by the
+    tests."""
+    if HAS_LEFT or HAS_RIGHT:
+        right = win_right
+        if CAUSAL:
+            right = 0
+        lo, mid_lo, mid_hi, hi = key_range(start_m, n_k, off, win_left, right, HAS_LEFT, HAS_RIGHT or CAUSAL,
+                                           BLOCK_M, BLOCK_N)
+        n_tiles = tl.cdiv(hi, BLOCK_N) - lo // BLOCK_N
+    else:
+        hi = n_k
+        full_hi = n_k
+        if CAUSAL:
+            hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), n_k)
+            full_hi = tl.minimum(tl.maximum(start_m + 1 + off, 0), n_k)
+        lo = 0
+        mid_lo = 0
+        n_tiles = tl.cdiv(hi, BLOCK_N)
+        mid_hi = (full_hi // BLOCK_N) * BLOCK_N
+    return lo, n_tiles, mid_lo, mid_hi
 
 
 if _HAS_GLUON:
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                b, h, h_kv, start_m, n_tiles,
-                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The loader warp: Q once, then K_j/V_j into slot j % STAGES once the consumers freed it."""
+                b, h, h_kv, start_m, lo, n_tiles,
+                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr):
+        """The loader warp: Q once, then K_j/V_j (keys from ``lo`` on under a window's left side, else
+        from 0) into slot j % STAGES once the consumers freed it."""
         mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
         for c in gl.static_range(CONSUMERS):
             tma.async_copy_global_to_shared(q_desc, [b, h, start_m + 64 * c, 0], q_bar, q_smem.index(c))
         for j in range(n_tiles):
             s = j % STAGES
+            key = j * BLOCK_N
+            if HAS_LEFT:
+                key = lo + j * BLOCK_N
             # A fresh barrier's "previous" phase counts as complete: the first round never waits.
             free = ((j // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(s), free)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, h_kv, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, 0], k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), free)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [b, h_kv, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+            tma.async_copy_global_to_shared(v_desc, [b, h_kv, key, 0], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _scores(s, j, rows, cols_f, n_k, off, first_masked, qk_scale, softcap_scale, softcap2, slope,
-                CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr,
-                BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-        """(x, fold): S_j's base-2 scores as x·fold, fold > 0 for ``_softmax`` to fold into its exp2
-        (the portable kernels' ``fold_factor``: S and scale·log2 e, or with softcap c
-        tanh(S·scale/c) and c·log2 e, ``tanh.approx.f32`` for 16-bit inputs), ALiBi's
-        slope·log2 e·|i + off − j| subtracted from x over that fold (``slope``), and the keys its
-        rows cannot see set to −inf (only tiles from ``first_masked`` on)."""
+    def _band(cols, rows, n_k, off, win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+        """Which keys ``cols`` ([1, BLOCK_N]) the query ``rows`` see under the window: keys
+        [first, last] of row i, first = i + off − win_left, last = min(i + off + win_right, Nk − 1)
+        (the portable kernels' ``mask_scores``, the window and the keys past Nk), with the bounds made
+        per row: a compare per side and score, where that helper's three spilled the d 64
+        three-consumer configs."""
+        last = gl.full_like(rows, 0) + (n_k - 1)
+        if HAS_RIGHT:
+            last = gl.minimum(rows + (off + win_right), n_k - 1)
+        visible = cols <= gl.expand_dims(last, 1)
+        if HAS_LEFT:
+            visible = visible & (cols >= gl.expand_dims(rows + (off - win_left), 1))
+        return visible
+
+    @gluon.jit
+    def _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale, softcap_scale,
+                softcap2, slope,
+                CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+                ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """(x, fold): the scores of the j-th loaded key tile (keys from ``key`` = j·BLOCK_N, + ``lo``
+        under a window's left side) as base-2 scores x·fold, fold > 0 for
+        ``_softmax`` to fold into its exp2 (the portable kernels' ``fold_factor``: S and scale·log2 e,
+        or with softcap c tanh(S·scale/c) and c·log2 e, ``tanh.approx.f32`` for 16-bit inputs), ALiBi's
+        slope·log2 e·|i + off − j| subtracted from x over that fold (``slope``), and the keys its rows
+        cannot see set to −inf, only in the tiles outside [mid_lo, mid_hi) (``key_tiles``): without a
+        window, keys past Nk and right of the causal diagonal; with one (``HAS_LEFT``/``HAS_RIGHT``,
+        causal as the right side at 0), the keys outside the band (``_band``)."""
         s, fold = fold_factor(s, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
+        key = j * BLOCK_N
+        if HAS_LEFT:
+            key = lo + j * BLOCK_N
         if ALIBI:
             # |i + off − j| as the difference of a per-row float and ``cols_f`` (0 … BLOCK_N − 1,
             # made once per consumer): exact below 2²⁴, one add per score and no int→float
             # conversion (the ALiBi helper of the portable kernels converts per score).
-            rows_f = (rows + (off - j * BLOCK_N)).to(gl.float32)
+            rows_f = (rows + (off - key)).to(gl.float32)
             s = s - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols_f, 0))
-        if j * BLOCK_N >= first_masked:
-            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            visible = gl.expand_dims(cols < n_k, 0)
-            if CAUSAL:
-                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
-            s = gl.where(visible, s, float("-inf"))
+        if HAS_LEFT or HAS_RIGHT:
+            if (key < mid_lo) | (key >= mid_hi):
+                right = win_right
+                if CAUSAL:  # the diagonal: the right side at 0 (``win_right`` is None then)
+                    right = 0
+                cols = gl.expand_dims(key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+                s = gl.where(_band(cols, rows, n_k, off, win_left, right, HAS_LEFT, HAS_RIGHT or CAUSAL), s,
+                             float("-inf"))
+        else:
+            if key >= mid_hi:
+                cols = key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                visible = gl.expand_dims(cols < n_k, 0)
+                if CAUSAL:
+                    visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
+                s = gl.where(visible, s, float("-inf"))
         return s, fold
 
     @gluon.jit
@@ -185,10 +265,11 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                  bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                  bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale,
                   softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
-                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                  SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile.
 
@@ -235,8 +316,9 @@ if _HAS_GLUON:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(0))
-            s, fold = _scores(s, 0, rows, cols_f, n_k, off, first_masked, qk_scale, softcap_scale, softcap2, slope,
-                              CAUSAL, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
+            s, fold = _scores(s, 0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+                              softcap_scale, softcap2, slope,
+                              CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
             m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
 
         for j in range(1, n_tiles):
@@ -254,8 +336,9 @@ if _HAS_GLUON:
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
             s = warpgroup_mma_wait(1, deps=[s])
             mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
-            s, fold = _scores(s, j, rows, cols_f, n_k, off, first_masked, qk_scale, softcap_scale, softcap2, slope,
-                              CAUSAL, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
+            s, fold = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+                              softcap_scale, softcap2, slope,
+                              CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
             m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
@@ -292,10 +375,12 @@ if _HAS_GLUON:
         tma.store_wait(0)
 
     # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
-    @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads"])
+    # Window sides too (a side the call does not have is None: a constexpr, no parameter).
+    @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads", "win_left", "win_right"])
     def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                               n_heads, group, n_q, n_k, qk_scale, softcap_scale, softcap2,
-                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                               n_heads, group, n_q, n_k, win_left, win_right, qk_scale, softcap_scale, softcap2,
+                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                               HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                                ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -308,16 +393,10 @@ if _HAS_GLUON:
         h = bh % n_heads
         h_kv = h // group
 
-        # Keys [0, hi) are visible to some row of the tile; from first_masked on, not to every row
-        # (the causal diagonal, bottom-right aligned with offset Nk − Nq, and the zero-padded tail).
+        # Key tiles [lo, lo + n_tiles·BLOCK_N) are loaded; outside [mid_lo, mid_hi) they are masked.
         off = n_k - n_q
-        hi = n_k
-        full_hi = n_k
-        if CAUSAL:
-            hi = gl.minimum(gl.maximum(start_m + BLOCK_M + off, 0), n_k)
-            full_hi = gl.minimum(gl.maximum(start_m + 1 + off, 0), n_k)
-        n_tiles = gl.cdiv(hi, BLOCK_N)
-        first_masked = (full_hi // BLOCK_N) * BLOCK_N
+        lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                                BLOCK_M, BLOCK_N)
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
@@ -346,60 +425,65 @@ if _HAS_GLUON:
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                             qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             0, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
                              HEAD_DIM, BLOCK_N, STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
+                           b, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT)),
             ], [1], [LOADER_REGS])
         elif CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                             qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             0, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
                              HEAD_DIM, BLOCK_N, STAGES)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                             qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             1, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
                              HEAD_DIM, BLOCK_N, STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
+                           b, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                             qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             0, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
                              HEAD_DIM, BLOCK_N, STAGES)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                             qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             1, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
                              HEAD_DIM, BLOCK_N, STAGES)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, n_tiles, first_masked, qk_scale,
+                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                             qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             2, CONSUMERS, PINGPONG, CAUSAL, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                             2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
                              HEAD_DIM, BLOCK_N, STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           b, h, h_kv, start_m, n_tiles, CONSUMERS, BLOCK_N, STAGES)),
+                           b, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
 def _variant_reason(variant) -> str | None:
-    """Why this kernel cannot express ``variant`` at all, or None: it takes softcap, ALiBi and sinks
-    over a dense batch; a sliding window is left to the Triton TMA kernel, ranges/varlen layouts to
-    the portable one. (The options' tensors are checked by ``attention_fwd_hopper.supported``.)"""
+    """Why this kernel cannot express ``variant`` at all, or None: it takes a sliding window,
+    softcap, ALiBi and sinks over a dense batch; ranges/varlen layouts are left to the portable
+    kernel. (The options' tensors and the window sides' range are checked by
+    ``attention_fwd_hopper.supported``.)"""
     if variant is None or variant is PLAIN:
         return None
     if not isinstance(variant, Variant):
         return f"variant is a {type(variant).__name__}, not a Variant"
-    if variant.left >= 0 or variant.right >= 0:
-        return "a sliding window (the Gluon kernel takes softcap, ALiBi and sinks; windows take the Triton TMA kernel)"
     if variant.seq != SEQ_DENSE:
         return "a ranges or varlen batch layout"
     return None
@@ -407,9 +491,9 @@ def _variant_reason(variant) -> str | None:
 
 def supported(q, k, v, **options) -> str | None:
     """None when ``attention_forward_gluon`` covers this call, else the reason in words: the Hopper
-    TMA kernel's rules (``attention_fwd_hopper.supported``: a dense-batch ``variant`` with softcap,
-    ALiBi slopes, sinks; no mask, dropout, ranges/varlen or unknown option) less sliding windows,
-    plus a triton whose Gluon this kernel was written for."""
+    TMA kernel's rules (``attention_fwd_hopper.supported``: a dense-batch ``variant`` with a sliding
+    window, softcap, ALiBi slopes, sinks; no mask, dropout, ranges/varlen or unknown option), plus a
+    triton whose Gluon this kernel was written for."""
     reason = _variant_reason(options.get("variant"))
     if reason is not None:
         return reason
@@ -424,8 +508,19 @@ def supported(q, k, v, **options) -> str | None:
 # Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, 2026-11-24,
 # bf16, B·N 16k): every non-causal point (d 128 at N 2k: 500 vs 477 TFLOP/s), causal from N 8k on
 # (d 128 at 8k / 16k: 566–661 vs 504–525); causal at N 2k it is 5–7% slower (414 vs 434 at d 128).
-# Calls with softcap, ALiBi or sinks follow the same rule.
+# Calls with softcap, ALiBi or sinks follow the same rule. A sliding-window call counts as causal
+# for it whether or not it is causal (``_short``): its programs see a band of keys, not all of them,
+# which is what made causal calls at 2k short; its length is the call's (max(Nq, Nk)), not the
+# window's, so a causal 4k window at 32k is long. Not measured below 8k with windows: there they
+# stay with the TMA kernel.
 CAUSAL_MIN_N = 8192
+
+
+def _short(causal: bool, variant: Variant, n_q: int, n_k: int) -> bool:
+    """Whether the call is below the Gluon kernel's crossover (``CAUSAL_MIN_N``): causal or windowed
+    at max(Nq, Nk) < CAUSAL_MIN_N."""
+    banded = causal or variant.left >= 0 or variant.right >= 0
+    return banded and max(n_q, n_k) < CAUSAL_MIN_N
 
 
 def path_note(variant: Variant = PLAIN) -> str:
@@ -439,14 +534,14 @@ PATH_NOTE = path_note(PLAIN)
 
 
 def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:
-    """Whether an attention forward (plain, or softcap/ALiBi/sinks without a window) takes this
-    kernel rather than the Triton TMA one: the Triton Hopper kernel's switches
-    (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``) and rules, this module's triton version and
-    ``supported``, and the measured crossover (``CAUSAL_MIN_N``)."""
+    """Whether an attention forward (plain, or a window, softcap, ALiBi, sinks) takes this kernel
+    rather than the Triton TMA one: the Triton Hopper kernel's switches (``FLASHATTN_LITE_HOPPER``,
+    ``MIN_WORK``) and rules, this module's triton version and ``supported``, and the measured
+    crossover (``CAUSAL_MIN_N``; a window counts as causal there: ``_short``)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if causal and max(q.shape[2], k.shape[2]) < CAUSAL_MIN_N:
+    if _short(causal, variant, q.shape[2], k.shape[2]):
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
@@ -474,20 +569,34 @@ def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
     return tma_descriptor(t, [1, 1, rows, t.shape[3]])
 
 
-_PLAIN_ARGS = (None,) * 6
-_PLAIN_FLAGS = dict(SOFTCAP=False, ALIBI=False, SINKS=False, FAST_TANH=False)
+_PLAIN_ARGS = (None,) * 8
+_PLAIN_FLAGS = dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, ALIBI=False, SINKS=False, FAST_TANH=False)
 
 
-def _option_args(variant: Variant, q: torch.Tensor, scale: float):
-    """(sinks, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2) and the option flags
-    of a launch, as the portable kernels take them (``score_args``). What a call does not use is
-    None: the launch drops it (a None argument is a constexpr), so a plain call compiles to the
-    kernel it compiled to before the options existed, parameter list included."""
+def window_flags(variant: Variant, causal: bool) -> tuple[bool, bool]:
+    """(HAS_LEFT, HAS_RIGHT) of a launch: the window's sides after ``causal_window`` (causal caps
+    the right side at 0), with a causal call's right side left to ``CAUSAL`` (the kernel's diagonal)
+    and a causal call without a left side the plain causal kernel (its window is the diagonal)."""
+    variant = causal_window(variant, causal)
+    has_left = variant.left >= 0
+    has_right = variant.right >= 0 and not causal
+    return has_left, has_right
+
+
+def _option_args(variant: Variant, q: torch.Tensor, scale: float, causal: bool = False):
+    """(sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2)
+    and the option flags of a launch, as the portable kernels take them (``score_args``; the window
+    as ``window_flags`` says). What a call does not use is None: the launch drops it (a None
+    argument is a constexpr), so a plain call compiles to the kernel it compiled to before the
+    options existed, parameter list included, and a call without a window to the one before
+    windows."""
     if variant is PLAIN:
         return _PLAIN_ARGS, _PLAIN_FLAGS
     _, alibi_strides, softcap_scalars, constexprs = score_args(variant, q, scale)
     flags = {name: constexprs[name] for name in _PLAIN_FLAGS}
+    flags["HAS_LEFT"], flags["HAS_RIGHT"] = window_flags(variant, causal)
     args = (variant.sinks, variant.alibi, *(alibi_strides if flags["ALIBI"] else (None, None)),
+            variant.left if flags["HAS_LEFT"] else None, variant.right if flags["HAS_RIGHT"] else None,
             *(softcap_scalars if flags["SOFTCAP"] else (None, None)))
     return args, flags
 
@@ -498,12 +607,12 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     GPU)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    options, flags = _option_args(variant, q, scale)
-    sinks, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2 = options
+    options, flags = _option_args(variant, q, scale, causal)
+    sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
     grid = (B * Hq, cdiv(Nq, cfg.block_m))
     args = (_descriptor(q, 64), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), _descriptor(o, 64),
-            lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, scale * LOG2E,
-            softcap_scale, softcap2)
+            lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
+            scale * LOG2E, softcap_scale, softcap2)
     kwargs = dict(HEAD_DIM=D, CAUSAL=bool(causal), **flags, CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
                   STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
@@ -513,19 +622,22 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
 def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Config | None = None,
                             variant: Variant = PLAIN):
     """o, lse = softmax(scores) · v and its natural-log lse, the scores scale·q·kᵀ with
-    ``variant``'s options (softcap, ALiBi; sinks in the denominator), causal bottom-right.
+    ``variant``'s options (sliding window, softcap, ALiBi; sinks in the denominator), causal
+    bottom-right (``causal`` caps the window's right side at 0).
 
     q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D); call only where ``supported`` returned None. Returns o
     (B, Hq, Nq, D) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
-    (causal, Nq > Nk) has o = 0, lse = −inf (with sinks: the sink's logit). ``config``: one of
-    ``CONFIGS`` (default: ``default_config``). ``variant``: as ``attention_forward`` takes it, a
-    dense batch without a window (ValueError otherwise)."""
+    (causal with Nq > Nk, a window) has o = 0, lse = −inf (with sinks: the sink's logit). Key tiles
+    outside a window are never loaded (``key_tiles``): O(N·W) work. ``config``: one of ``CONFIGS``
+    (default: ``default_config``). ``variant``: as ``attention_forward`` takes it, a dense batch
+    (ValueError otherwise)."""
     if variant is not PLAIN:
         reason = _variant_reason(variant)
         if reason is not None:
             raise ValueError(f"attention_forward_gluon: variant: {reason}")
     B, Hq, Nq, D = q.shape
-    cfg = config or default_config(D, causal, max(Nq, k.shape[2]), variant.alibi is not None)
+    cfg = config or default_config(D, causal, max(Nq, k.shape[2]), variant.alibi is not None, variant.softcap > 0,
+                                   variant.left >= 0)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     grid, args, kwargs = _launch(q, k, v, o, lse, scale, causal, cfg, variant)
