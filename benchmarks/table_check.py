@@ -58,12 +58,33 @@ def decode_points(results) -> dict:
             for r in results if str(r.get("impl", "")).startswith("ours") and r.get("ms")}
 
 
+def reads_the_table(point) -> bool:
+    """Whether attention at ``point`` (method, mode, d, causal, N; the speed benchmark's shapes: bf16,
+    B·N 16k tokens, hidden 2048) launches a kernel whose config comes from the table. The Gluon
+    Hopper kernels take fixed configs (``default_config``) with or without autotuning: both passes
+    run the same binaries there, and their ratio is run-to-run spread, not the table's doing. The
+    ``ours-portable`` method runs the portable kernels, which always read it."""
+    method, mode, d, causal, n = point
+    if method != "ours":
+        return True
+    import torch
+    from flashattn_lite.explain import explain
+    b, h = max(1, 16384 // n), max(1, 2048 // d)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=mode != "fwd")
+               for _ in range(3))
+    launches = explain(q, k, v, causal=causal).kernels
+    if mode != "fwd":  # the backward's kernels: those not in the forward alone
+        forward = {(x.name, x.config) for x in explain(q.detach(), k.detach(), v.detach(), causal=causal).kernels}
+        launches = [x for x in launches if (x.name, x.config) not in forward]
+    return any(x.config is not None for x in launches)
+
+
 def compare(table: dict, tuned: dict) -> list:
     rows = []
     for key, t in table["speed"].items():
         if key in tuned["speed"]:
             rows.append({"what": "attention", "point": list(key), "table": t, "autotuned": tuned["speed"][key],
-                         "ratio": t / tuned["speed"][key]})
+                         "ratio": t / tuned["speed"][key], "reads_table": reads_the_table(key)})
     for key, t in table["decode"].items():
         if key in tuned["decode"]:
             rows.append({"what": "decode", "point": list(key), "table_ms": t, "autotuned_ms": tuned["decode"][key],
@@ -100,10 +121,14 @@ def main(argv=None) -> int:
     rows = compare(passes["table"], passes["autotuned"])
     for r in rows:
         mark = "  <-- below %.2f" % BAR if r["ratio"] < BAR else ""
+        if not r.get("reads_table", True):
+            mark = "  (fixed-config kernels in both passes: run-to-run spread, not counted)"
         print(f"{r['what']:9s} {' '.join(map(str, r['point'])):40s} table/autotuned {r['ratio']:.3f}{mark}")
-    ratios = [r["ratio"] for r in rows]
-    summary = {"points": len(rows), "min": min(ratios, default=None), "max": max(ratios, default=None),
-               "below_bar": sum(x < BAR for x in ratios)}
+    ratios = [r["ratio"] for r in rows if r.get("reads_table", True)]
+    spread = [r["ratio"] for r in rows if not r.get("reads_table", True)]
+    summary = {"points": len(ratios), "min": min(ratios, default=None), "max": max(ratios, default=None),
+               "below_bar": sum(x < BAR for x in ratios), "fixed_config_points": len(spread),
+               "fixed_config_ratio_range": [min(spread), max(spread)] if spread else None}
     print("summary:", summary)
     path = Path(args.out) / f"table_check-{stamp}.json"
     with open(path, "w") as f:

@@ -7,7 +7,8 @@ Three groups of points, every column of a group measured in the same process on 
   over full causal, and TFLOP/s counted on the (query, key) pairs each actually computes, so a
   kernel that visits only the band scores the same TFLOP/s as the full one.
 - ``options``: plain causal attention against each of softcap, sinks and ALiBi, and all of them
-  together, at one N; the cost of each over plain, forward and backward.
+  together, at one N; the cost of each over plain, forward and backward (cases timed in turn over
+  three rounds, the median of each).
 - ``varlen``: a packed batch of mixed lengths (seeded) against the dense kernel on a batch with the
   same number of tokens, TFLOP/s counted per sequence.
 
@@ -65,7 +66,11 @@ def _tflops(pairs: int, heads: int, d: int, ms: float, mode: str) -> float:
 
 def _timers(fn, leaves, rep_ms):
     """{mode: ms} for the forward alone and forward+backward."""
-    out = {"fwd": common.time_ms(lambda: fn(), rep_ms=rep_ms)}
+    return {mode: common.time_ms(step, rep_ms=rep_ms) for mode, step in _steps(fn, leaves).items()}
+
+
+def _steps(fn, leaves):
+    """{mode: callable}: the forward alone, and forward+backward (warmed up here)."""
     grad_out = None
 
     def step():
@@ -76,8 +81,18 @@ def _timers(fn, leaves, rep_ms):
         torch.autograd.grad(o, leaves, grad_out)
 
     common.warm_up(step, "fwd+bwd")
-    out["fwd+bwd"] = common.time_ms(step, rep_ms=rep_ms)
-    return out
+    return {"fwd": fn, "fwd+bwd": step}
+
+
+def _interleaved(steps: dict, rep_ms: float, rounds: int = 3) -> dict:
+    """{(case, mode): median ms} timing every case once per round, cases in turn: a drift of the
+    card's clocks or temperature during the run then moves every case alike instead of the later
+    ones (the options' costs are a few percent, the size of that drift)."""
+    times = {key: [] for key in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            times[key].append(common.time_ms(step, rep_ms=rep_ms))
+    return {key: sorted(t)[len(t) // 2] for key, t in times.items()}
 
 
 def _qkv(b, h, n, d, dtype, device, seed=0):
@@ -138,18 +153,21 @@ def _options_group(cfg, writer, dtype, device):
     cases = [("plain", {}), ("softcap 50", dict(softcap=50.0)), ("sinks", dict(sinks=sinks)),
              ("alibi", dict(alibi_slopes=slopes)),
              ("all three", dict(softcap=50.0, sinks=sinks, alibi_slopes=slopes))]
-    base = {}
+    steps = {}
     for name, opts in cases:
         if not writer.start(group="options", case=name):
             continue
         fn = lambda opts=opts: attention(q, k, v, causal=True, **opts)
         common.warm_up(fn, name)
         leaves = (q, k, v) + ((sinks,) if "sinks" in opts else ())
-        for mode, ms in _timers(fn, leaves, cfg["rep_ms"]).items():
-            base.setdefault(mode, ms)
-            writer.add(dict(group="options", case=name, mode=mode, n=n, batch=b, heads=h, head_dim=d, ms=ms,
-                            tflops=_tflops(b * _pairs_causal_window(n, None), h, d, ms, mode),
-                            cost=ms / base[mode] - 1.0))
+        steps.update({(name, mode): step for mode, step in _steps(fn, leaves).items()})
+    times = _interleaved(steps, cfg["rep_ms"])
+    base = {}
+    for (name, mode), ms in times.items():
+        base.setdefault(mode, ms)
+        writer.add(dict(group="options", case=name, mode=mode, n=n, batch=b, heads=h, head_dim=d, ms=ms,
+                        tflops=_tflops(b * _pairs_causal_window(n, None), h, d, ms, mode),
+                        cost=ms / base[mode] - 1.0))
 
 
 def mixed_lengths(tokens: int, seed: int = 0, lo: int = 128) -> list[int]:
