@@ -58,6 +58,22 @@ def decode_points(results) -> dict:
             for r in results if str(r.get("impl", "")).startswith("ours") and r.get("ms")}
 
 
+def merged_table(path: str, out: Path) -> Path:
+    """The shipped table of this GPU with the rows of ``path`` in front, as a JSON file in ``out``."""
+    import torch
+    from flashattn_lite.configs import arch_of, load_table
+    arch = arch_of(torch.cuda.current_device())
+    kernels = {name: list(rows) for name, rows in load_table(arch).items()}
+    with open(path) as f:
+        for name, rows in json.load(f)["kernels"].items():
+            kernels[name] = rows + kernels.get(name, [])
+    out.mkdir(parents=True, exist_ok=True)
+    merged = out / "table.json"
+    with open(merged, "w") as f:
+        json.dump({"arch": arch, "kernels": kernels}, f, indent=1)
+    return merged
+
+
 def reads_the_table(point) -> bool:
     """Whether attention at ``point`` (method, mode, d, causal, N; the speed benchmark's shapes: bf16,
     B·N 16k tokens, hidden 2048) launches a kernel whose config comes from the table. The Gluon
@@ -98,6 +114,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", required=True, help="the tuning cache the autotuned pass reads")
     parser.add_argument("--time-budget", type=float, default=400.0, help="seconds for both passes")
     parser.add_argument("--benchmarks", default="speed,decode", help="from speed, decode (default both)")
+    parser.add_argument("--table", metavar="FILE.json",
+                        help="rows written by `flashattn-lite tune --out FILE.json`, tried on top of the shipped "
+                             "table in the table pass (a length class the shipped table lacks, before "
+                             "adding it to configs/sm90.py)")
     parser.add_argument("--speed-args", default="", metavar="ARGS",
                         help='more options for speed, e.g. "--head-dims 128" (default none)')
     args = parser.parse_args(argv)
@@ -110,6 +130,8 @@ def main(argv=None) -> int:
     out = Path(args.out) / f"table_check-{stamp}"
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if args.table:
+        env["FLASHATTN_LITE_CONFIG_TABLE"] = str(merged_table(args.table, out))
     passes = {}
     for label, extra in (("table", {"FLASHATTN_LITE_AUTOTUNE": "0"}),
                          ("autotuned", {"FLASHATTN_LITE_AUTOTUNE": "1",

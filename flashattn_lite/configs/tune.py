@@ -139,8 +139,10 @@ class _env:
 
 def _grid(ops, head_dims, dtypes, lengths):
     """(label, step) for every shape to tune: the speed benchmark's attention grid (B·N = 16k tokens,
-    hidden 2048), the decode sweep's cases, softmax rows kept on chip."""
+    hidden 2048), the decode sweep's cases, softmax rows kept on chip. Attention runs the portable
+    kernels (the Hopper fast path off): the table serves them; the Hopper kernels take fixed configs."""
     from ..ops.attention import attention
+    from ..ops.attention_fwd_hopper import disabled as hopper_disabled
     from ..ops.decode import decode
     from ..ops.softmax import softmax
     dev = "cuda"
@@ -153,8 +155,9 @@ def _grid(ops, head_dims, dtypes, lengths):
                             b, h = max(1, 16384 // n), max(1, 2048 // d)
                             q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=dt, requires_grad=True)
                                        for _ in range(3))
-                            o = attention(q, k, v, causal=causal)
-                            torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+                            with hopper_disabled():
+                                o = attention(q, k, v, causal=causal)
+                                torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
                         yield f"attention d{d} {dt} N{n}{' causal' if causal else ''}", step
     if "variants" in ops:
         for d in head_dims:
@@ -165,8 +168,9 @@ def _grid(ops, head_dims, dtypes, lengths):
                             b, h = max(1, 16384 // n), max(1, 2048 // d)
                             q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=dt, requires_grad=True)
                                        for _ in range(3))
-                            o = attention(q, k, v, causal=True, **options())
-                            torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+                            with hopper_disabled():
+                                o = attention(q, k, v, causal=True, **options())
+                                torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
                         yield f"attention d{d} {dt} N{n} causal {name}", step
     if "decode" in ops:
         for dt in dtypes:
