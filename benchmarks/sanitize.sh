@@ -119,10 +119,12 @@ backward (default configs; CONSAN_CONFIGS=all: every config) on a small odd GQA 
 against the float64 reference (autograd), so no other Triton kernel is compiled with
 instrumentation. An instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the
 script runs the four cases as parallel processes."""
-import os, sys
+import faulthandler, os, sys
 import torch
 import triton
 from flashattn_lite.ops import attention_bwd_gluon, attention_fwd_gluon
+
+faulthandler.enable()
 from flashattn_lite.reference import attention_reference
 
 d, causal = int(sys.argv[1]), sys.argv[2] == "causal"
@@ -141,13 +143,16 @@ if torch.cuda.get_device_capability() == (9, 0) and attention_fwd_gluon._HAS_GLU
     every = os.environ.get("CONSAN_CONFIGS") == "all"
     for config in attention_fwd_gluon.CONFIGS[d] if every else [attention_fwd_gluon.default_config(d, causal)]:
         o, lse = attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, causal, config=config)
+        torch.cuda.synchronize()
         assert (o.double() - ref).abs().max() < 0.05, (d, causal, config)
+        print(f"forward {config}: clean", flush=True)
     for config in attention_bwd_gluon.CONFIGS[d] if every else [attention_bwd_gluon.default_config(d, causal)]:
         got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
                                                            config=config)
+        torch.cuda.synchronize()
         for a, w in zip(got, want):
             assert (a.double() - w).norm() <= 2e-2 * w.norm(), (d, causal, config)
-    torch.cuda.synchronize()
+        print(f"backward {config}: clean", flush=True)
     print(f"d {d} causal {causal}: forward and backward clean", flush=True)
 print("ok")
 EOF
@@ -166,13 +171,14 @@ for tool in $TOOLS; do
     rc=0
     for case in "64 plain" "64 causal" "128 plain" "128 causal"; do  # one process each, in parallel
       TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "${CONSAN_TIMEOUT:-300}" \
-        python "$CONSAN" $case > "$log.${case// /-}" 2>&1 &
+        python "$CONSAN" $case > "$log.${case// /-}" 2>&1 || echo "exit status $?" >> "$log.${case// /-}" &
     done
     for job in $(jobs -p); do wait "$job"; r=$?; [ $r -ne 0 ] && [ $rc -ne 124 ] && rc=$r; done
-    cat "$log".* > "$log"
+    for f in "$log".*; do echo "== ${f##*.}"; grep -v "^ok$" "$f"; done > "$log"
     # "ok" once in the summary only when all four cases printed it
-    sed -i '/^ok$/d' "$log"
     [ "$(cat "$log".* | grep -c "^ok$")" -eq 4 ] && echo ok >> "$log"
+    grep -E "^== |exit status|clean$|Error|assert" "$log" | head -30
+    (exit $rc)
   else
     timeout "$TOOL_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit 50 \
       python "$DRIVER" > "$log" 2>&1
