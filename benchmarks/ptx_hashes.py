@@ -85,8 +85,11 @@ def gluon(opts, causal=True, d=128):
 
 def gluon_bwd(opts, causal=True, d=128):
     """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors, bound
-    by Triton's own argument specialisation), at its default config (fused dQ), GQA 2:1."""
+    by Triton's own argument specialisation), at its default config (fused dQ), GQA 2:1 (``causal`` and
+    ``d`` may come in ``opts``; window sides as ``left``/``right``)."""
     import torch
+    opts = dict(opts)
+    causal, d = opts.pop("causal", causal), opts.pop("d", d)
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
@@ -134,7 +137,23 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d64 causal window", gluon, dict(left=4095, d=64)),
          ("gluon d64 window both+softcap+sinks", gluon, dict(left=300, right=40, causal=False, d=64, softcap=30.0,
                                                               sinks=True)),
-         ("gluon d64 window right+softcap", gluon, dict(right=40, causal=False, d=64, softcap=30.0))]
+         ("gluon d64 window right+softcap", gluon, dict(right=40, causal=False, d=64, softcap=30.0)),
+         # The Gluon backward: plain non-causal and d 64 (unchanged by windows), then windows as for
+         # the forward (a checkout from before the backward's windows compiles them without).
+         ("gluon bwd full", gluon_bwd, dict(causal=False)), ("gluon bwd d64", gluon_bwd, dict(d=64)),
+         ("gluon bwd d64 full", gluon_bwd, dict(d=64, causal=False)),
+         ("gluon bwd causal window", gluon_bwd, dict(left=4095)),
+         ("gluon bwd window both", gluon_bwd, dict(left=300, right=40, causal=False)),
+         ("gluon bwd window right", gluon_bwd, dict(right=40, causal=False)),
+         ("gluon bwd window left", gluon_bwd, dict(left=300, causal=False)),
+         ("gluon bwd causal window+all", gluon_bwd, dict(left=4095, softcap=30.0, alibi=True, sinks=True)),
+         ("gluon bwd causal window+alibi", gluon_bwd, dict(left=4095, alibi=True)),
+         ("gluon bwd causal window+softcap", gluon_bwd, dict(left=4095, softcap=30.0)),
+         ("gluon bwd d64 causal window", gluon_bwd, dict(left=4095, d=64)),
+         ("gluon bwd d64 window both+softcap+sinks", gluon_bwd, dict(left=300, right=40, causal=False, d=64,
+                                                                     softcap=30.0, sinks=True)),
+         ("gluon bwd d64 causal window+all", gluon_bwd, dict(left=4095, d=64, softcap=30.0, alibi=True,
+                                                             sinks=True))]
 
 
 def ptxas(ptx):

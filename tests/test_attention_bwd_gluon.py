@@ -12,10 +12,14 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from conftest import DEVICE, ON_GPU, assert_close_to_ref
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
+from flashattn_lite.ops.attention_bwd_gluon import query_tiles as gluon_query_tiles
 from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, Variant
+from flashattn_lite.ops.attention_fwd_gluon import window_flags
 from flashattn_lite.reference import attention_reference
 from test_attention_gluon import SHAPES  # the forward's: lengths 1, 17, 1000, 4097, Nq ≠ Nk, GQA 2:1
 from test_attention_hopper import EPS
@@ -47,32 +51,37 @@ def test_module_imports_and_says_why_not():
 
 
 def test_refuses_the_variant_options():
-    # Softcap, ALiBi and sinks are taken; windows and ranges/varlen layouts are refused, said before
+    # Windows, softcap, ALiBi and sinks are taken; ranges/varlen layouts are refused, said before
     # anything about the device; PLAIN and None are plain.
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    refused = ((Variant(left=16), "window"), (Variant(right=0, softcap=30.0), "window"),
-               (Variant(seq=SEQ_RANGES), "ranges"), ((3, 0), "Variant"))
+    refused = ((Variant(seq=SEQ_RANGES), "ranges"), (Variant(left=16, seq=SEQ_RANGES), "ranges"),
+               ((3, 0), "Variant"))
     for variant, why in refused:
         assert why in gluon_bwd.supported(q, q, q, q, variant=variant)
         with pytest.raises(ValueError, match=why):
             gluon_bwd.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.125, causal=False,
                                                variant=variant)
     for variant in (None, PLAIN, Variant(softcap=30.0), Variant(sinks=torch.zeros(2)),
-                    Variant(alibi=torch.zeros(2), softcap=5.0, sinks=torch.zeros(2))):
+                    Variant(alibi=torch.zeros(2), softcap=5.0, sinks=torch.zeros(2)), Variant(left=16),
+                    Variant(right=0, softcap=30.0)):
         assert gluon_bwd._variant_reason(variant) is None
         reason = gluon_bwd.supported(q, q, q, q, variant=variant)
         assert reason is None or not any(word in reason for word in ("window", "ranges", "plain attention"))
 
 
-def test_softcap_and_alibi_need_the_fused_dq():
+def test_softcap_alibi_and_windows_need_the_fused_dq():
     # The Triton dQ kernel (the deterministic configs) is plain only: refused before anything runs.
+    # A causal call's window without a left side is the diagonal: plain.
     q = torch.zeros(1, 2, 8, 128, dtype=torch.float16)
     tdq = gluon_bwd.CONFIGS[128][1]
     assert not tdq.fused_dq
-    for variant in (Variant(softcap=30.0), Variant(alibi=torch.zeros(2))):
+    for variant in (Variant(softcap=30.0), Variant(alibi=torch.zeros(2)), Variant(left=5), Variant(left=5, right=0)):
         with pytest.raises(ValueError, match="fused_dq"):
             gluon_bwd.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.125, causal=True,
                                                config=tdq, variant=variant)
+    needs = gluon_bwd._needs_fused_dq
+    assert needs(Variant(right=3), False) and not needs(Variant(right=3), True)
+    assert not needs(Variant(sinks=torch.zeros(2)), False) and not needs(PLAIN, True) and not needs(None, False)
 
 
 def test_option_arguments_are_none_unless_used():
@@ -80,17 +89,19 @@ def test_option_arguments_are_none_unless_used():
     # sinks only compile to the plain kernel; softcap and ALiBi pass their scalars and flags as the
     # portable kernels take them (score_args).
     q = torch.zeros(2, 4, 8, 64, dtype=torch.float16)
-    for variant in (PLAIN, None, Variant(sinks=torch.zeros(4))):
-        args, flags = gluon_bwd._option_args(variant, q, 0.125)
-        assert args == (None,) * 5 and flags == dict(SOFTCAP=False, ALIBI=False, FAST_TANH=False)
+    plain_flags = dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, ALIBI=False, FAST_TANH=False)
+    for variant, causal in ((PLAIN, False), (None, True), (Variant(sinks=torch.zeros(4)), False),
+                            (Variant(right=5), True), (Variant(right=0), True)):
+        args, flags = gluon_bwd._option_args(variant, q, 0.125, causal)
+        assert args == (None,) * 7 and flags == plain_flags
     slopes = torch.rand(2, 4, dtype=torch.float64)
     args, flags = gluon_bwd._option_args(Variant(softcap=4.0, alibi=slopes, sinks=torch.zeros(4)), q, 0.125)
-    alibi, stride_b, stride_h, softcap_scale, softcap2 = args
-    assert alibi is slopes and (stride_b, stride_h) == slopes.stride()
+    win_left, win_right, alibi, stride_b, stride_h, softcap_scale, softcap2 = args
+    assert (win_left, win_right) == (None, None) and alibi is slopes and (stride_b, stride_h) == slopes.stride()
     assert softcap_scale == 0.125 / 4.0 and softcap2 == pytest.approx(4.0 * 1.4426950408889634)
     assert flags["SOFTCAP"] and flags["ALIBI"]
     args, flags = gluon_bwd._option_args(Variant(alibi=torch.rand(4)), q, 0.125)
-    assert args[1:] == (0, 1, None, None) and flags == dict(SOFTCAP=False, ALIBI=True, FAST_TANH=False)
+    assert args[3:] == (0, 1, None, None) and flags == dict(plain_flags, ALIBI=True)
     plan = gluon_bwd.launch_plan(q, q, gluon_bwd.CONFIGS[64][0], True, Variant(softcap=4.0))
     assert plan["constexprs"]["SOFTCAP"] and not plan["constexprs"]["ALIBI"]
 
@@ -191,6 +202,30 @@ def test_dq_conversion_keeps_q_layout():
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def _query_tiles_kernel(out, n_q, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
+                        HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    t = tl.program_id(0)
+    lo, n_tiles, mid_lo, mid_hi = gluon_query_tiles(t * BLOCK_N, n_q, off, win_left, win_right, CAUSAL, HAS_LEFT,
+                                                    HAS_RIGHT, BLOCK_M, BLOCK_N)
+    tl.store(out + 4 * t, lo)
+    tl.store(out + 4 * t + 1, n_tiles)
+    tl.store(out + 4 * t + 2, mid_lo)
+    tl.store(out + 4 * t + 3, mid_hi)
+
+
+def query_tiles(n_q, n_k, left, right, causal, block_m=64, block_n=128):
+    """(lo, n_tiles, mid_lo, mid_hi) of every key tile, as the Gluon kernel computes them
+    (``query_tiles`` run by the interpreter or the GPU; its flags from ``window_flags``, its sides as
+    ``_option_args`` passes them)."""
+    has_left, has_right = window_flags(Variant(left=left, right=right), causal)
+    tiles = triton.cdiv(n_k, block_n)
+    out = torch.empty(tiles, 4, dtype=torch.int32, device=DEVICE)
+    _query_tiles_kernel[(tiles,)](out, n_q, n_k - n_q, left if has_left else 0, right if has_right else 0, causal,
+                                  has_left, has_right, block_m, block_n)
+    return out.tolist()
+
+
 def _box(t, b, h, start, n):
     """A TMA box load: rows [start, start + n) of head (b, h), zeros past the end."""
     out = t.new_zeros((n,) + t.shape[3:])
@@ -200,18 +235,23 @@ def _box(t, b, h, start, n):
     return out
 
 
-def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=None):
+def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=None, window=(-1, -1)):
     """(dq, dk, dv) computed the way the kernel schedules it, in float64: per program (key tile,
-    batch, KV head) the query range [lo, q_end) with masks only from lo to mid or in a warpgroup
-    holding keys past Nk, rotated start without causal, the GQA group as one flat loop, padded
-    lse₂/δ rows, dQ columns per consumer (D 128) or per step (D 64), rows past the ends dropped.
-    The options as the kernel computes them: ``softcap`` (x = tanh(Sᵀ·scale/c), fold c·log2 e, dSᵀ
-    times 1 − x²), ALiBi ``slopes`` (B, Hq) subtracted over the fold from x as slope·log2 e/fold ·
-    |query − (key − off)|."""
+    batch, KV head) the query tiles the kernel's ``query_tiles`` gives (run in the interpreter or
+    on the GPU), masks only outside [mid_lo, mid_hi) (mid_hi only under a window's left side) or
+    in a warpgroup holding keys past Nk, rotated start without causal or a window's right side,
+    the GQA group as one flat loop, padded lse₂/δ rows, dQ columns per consumer (D 128) or per step
+    (D 64), rows past the ends dropped. The options as the kernel computes them: ``softcap``
+    (x = tanh(Sᵀ·scale/c), fold c·log2 e, dSᵀ times 1 − x²), ALiBi ``slopes`` (B, Hq) subtracted
+    over the fold from x as slope·log2 e/fold · |query − (key − off)|, a ``window`` (left, right),
+    −1 unbounded, masked per key: queries [key − off − right, key − off + left] (causal: right 0)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group, M, C = Hq // Hkv, cfg.block_m, cfg.consumers
     BN = 64 * C
+    left, right = window
+    has_left, has_right = window_flags(Variant(left=left, right=right), causal)
+    ranges = query_tiles(Nq, Nk, left, right, causal, M, BN)
     pad = gluon_bwd._pad_rows(Nq)
     lse2 = torch.full((B * Hq, pad), math.inf, dtype=torch.float64)
     lse2[:, :Nq] = torch.where(torch.isinf(lse), math.inf, lse * LOG2E).reshape(B * Hq, Nq)
@@ -222,22 +262,17 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=
     for pid in range(n_key_tiles * B * Hkv):
         tile, bh_kv = pid % n_key_tiles, pid // n_key_tiles
         b, h_kv, start_n = bh_kv // Hkv, bh_kv % Hkv, tile * BN
-        off, q_end = Nk - Nq, -(-Nq // M) * M
-        lo = mid = rot = 0
-        if causal:
-            lo = min(max(start_n - off, 0) // M * M, q_end)
-            mid = min(-(-max(start_n + BN - 1 - off, 0) // M) * M, q_end)
-        else:
-            rot = tile
-        n_tiles = (q_end - lo) // M
+        off = Nk - Nq
+        lo, n_tiles, mid_lo, mid_hi = ranges[tile]
+        rotate = not (causal or has_right)
         kc = [_box(k, b, h_kv, start_n + 64 * c, 64) for c in range(C)]
         vc = [_box(v, b, h_kv, start_n + 64 * c, 64) for c in range(C)]
         dkc = [torch.zeros(64, D, dtype=torch.float64) for _ in range(C)]
         dvc = [torch.zeros(64, D, dtype=torch.float64) for _ in range(C)]
         for it in range(group * n_tiles):
             g, i = it // n_tiles, it % n_tiles
-            if not causal:
-                i = (i + rot) % n_tiles
+            if rotate:
+                i = (i + tile) % n_tiles
             h, start_m = h_kv * group + g, lo + i * M
             qt, dot = _box(q, b, h, start_m, M), _box(do, b, h, start_m, M)
             l2, dl = lse2[b * Hq + h, start_m:start_m + M], delta[b * Hq + h, start_m:start_m + M]
@@ -252,10 +287,17 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=
                     rows = (start_m + torch.arange(M)).double()
                     x = x - slopes[b, h] * LOG2E / fold * (rows[None, :] - (keys - off).double()[:, None]).abs()
                 pt = torch.exp2(x * fold - l2)
-                if start_m < mid or start_n + 64 * (c + 1) > Nk:
+                edge = start_m < mid_lo or (has_left and start_m >= mid_hi)
+                if edge or start_n + 64 * (c + 1) > Nk:
                     visible = (keys < Nk)[:, None].expand(64, M)
-                    if causal:
-                        visible = visible & (keys[:, None] <= (start_m + torch.arange(M) + off)[None, :])
+                    rows = (start_m + torch.arange(M))[None, :]
+                    if has_left or has_right:
+                        if has_right or causal:
+                            visible = visible & (rows >= (keys - off - (right if has_right else 0))[:, None])
+                        if has_left:
+                            visible = visible & (rows <= (keys - off + left)[:, None])
+                    elif causal:
+                        visible = visible & (keys[:, None] <= rows + off)
                     pt = torch.where(visible, pt, 0.0)
                 assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
                 dvc[c] += pt @ dot
@@ -308,6 +350,31 @@ def test_schedule_model_with_options_matches_reference(shape, d, opts, causal):
     # The options' math as the kernel does it (the score fold, ALiBi's distance from the transposed
     # tile's keys and query columns, softcap's derivative; sinks only in the saved lse, and dsinks
     # by sinks_grad from δ), in float64 against autograd through the reference.
+    check_model(shape, d, opts, causal)
+
+
+# (window (left, right) in keys, −1 unbounded; causal): each side alone and both, causal with a left
+# side (a right side given or not: capped at 0), a zero-width band, one of a single key under
+# causal, a band wider than the sequences.
+MODEL_WINDOWS = [((40, -1), False), ((-1, 40), False), ((70, 5), False), ((0, 0), False), ((100, -1), True),
+                 ((100, 5), True), ((0, -1), True), ((1000, 1000), False)]
+
+
+@pytest.mark.parametrize("window, causal", MODEL_WINDOWS,
+                         ids=[f"l{w[0]}-r{w[1]}{'-causal' if c else ''}" for w, c in MODEL_WINDOWS])
+@pytest.mark.parametrize("shape, d, opts", [((1, 4, 2, 300, 300), 64, {}), ((1, 2, 2, 130, 333), 128, {}),
+                                            ((1, 2, 1, 333, 130), 64, dict(softcap=4.0, alibi="bh", sinks=True))],
+                         ids=["b1-h4:2-q300-k300-d64", "b1-h2:2-q130-k333-d128", "b1-h2:1-q333-k130-d64-all"])
+def test_schedule_model_with_windows_matches_reference(shape, d, opts, window, causal):
+    # The band's query tiles from the kernel's query_tiles, masked only at its edges (an unmasked tile
+    # with a hidden pair would fail: P would not be 0 there), rows with no visible key (P = 0 from
+    # lse₂ = +inf, or with sinks masked out), Nq ≠ Nk both ways, GQA, every option.
+    check_model(shape, d, opts, causal, window)
+
+
+def check_model(shape, d, opts, causal, window=(-1, -1)):
+    """``model_backward`` with the options ``opts`` (as variant_options takes them) and ``window``
+    against float64 autograd through the reference (and dsinks by sinks_grad from δ)."""
     from flashattn_lite.ops.attention_bwd import sinks_grad
     from test_attention_hopper import variant_options
     B, Hq, Hkv, Nq, Nk = shape
@@ -316,6 +383,8 @@ def test_schedule_model_with_options_matches_reference(shape, d, opts, causal):
     k, v = (torch.randn(B, Hkv, Nk, d, generator=g, dtype=torch.float64) for _ in range(2))
     options = {n: (t.double().cpu() if isinstance(t, torch.Tensor) else t)
                for n, t in variant_options(opts, shape + (d,)).items()}
+    if window != (-1, -1):
+        options["window"] = tuple(None if w < 0 else w for w in window)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     if "sinks" in options:
         options["sinks"] = options["sinks"].requires_grad_()
@@ -326,7 +395,7 @@ def test_schedule_model_with_options_matches_reference(shape, d, opts, causal):
     if slopes is not None:
         slopes = slopes.expand(B, Hq)
     got = model_backward(do, q, k, v, o.detach(), lse.detach(), d ** -0.5, causal, gluon_bwd.CONFIGS[d][0],
-                         softcap=options.get("softcap", 0.0), slopes=slopes)
+                         softcap=options.get("softcap", 0.0), slopes=slopes, window=window)
     if "sinks" in options:
         delta = (do * o.detach()).sum(-1)
         got = got + (sinks_grad(options["sinks"].detach(), lse.detach(), delta),)
@@ -595,8 +664,9 @@ def test_supported_and_fast_path_take_each_option(sm90, case):
 def test_supported_refuses_the_rest(sm90):
     q, k, v, every = _variant_call(dict(softcap=4.0, sinks=True, alibi="bh"))
     reason = gluon_bwd.supported
-    for left, right in ((3, -1), (-1, 2), (0, 0)):
-        assert "window" in reason(q, k, v, q, causal=True, variant=every._replace(left=left, right=right))
+    for left, right in ((3, -1), (-1, 2), (0, 0)):  # windows are taken; sides below −1 are not
+        assert reason(q, k, v, q, causal=True, variant=every._replace(left=left, right=right)) is None
+        assert "window" in reason(q, k, v, q, variant=every._replace(left=left - 5, right=right))
     assert "ranges" in reason(q, k, v, q, variant=every._replace(seq=SEQ_RANGES))
     assert "dropout" in reason(q, k, v, q, variant=every, dropout_p=0.1)
     assert "causal_offset" in reason(q, k, v, q, causal=True, causal_offset=2, variant=every)
@@ -608,7 +678,7 @@ def test_supported_refuses_the_rest(sm90):
 @pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
 def test_backward_decision_is_keyed_by_the_variant(sm90):
     # attention_backward's cache: one decision per (call signature, variant signature); a window
-    # never takes a Hopper backward (the TMA pair is plain only); the note names the options.
+    # takes the Gluon backward (the TMA pair is plain only); the note names the options.
     from flashattn_lite.ops import attention_bwd, attention_bwd_hopper
     q, k, v, every = _variant_call(dict(softcap=4.0, sinks=True, alibi="h"))
     off = k.shape[2] - q.shape[2]
@@ -620,10 +690,13 @@ def test_backward_decision_is_keyed_by_the_variant(sm90):
     assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, softer)[0] is run
     assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, PLAIN)[0] is run
     assert len(attention_bwd._HOPPER) == 3
-    assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every._replace(left=3)) is False
+    windowed = every._replace(left=3)
+    run_w, note_w = attention_bwd._hopper_backward(q, k, v, True, off, 0.125, windowed)
+    assert run_w is run and note_w == gluon_bwd.path_note(windowed) and "sliding window" in note_w
     torch.use_deterministic_algorithms(True)
-    try:  # softcap/ALiBi under deterministic mode: the portable kernels, not the TMA pair
+    try:  # softcap/ALiBi/windows under deterministic mode: the portable kernels, not the TMA pair
         assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every) is False
+        assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, Variant(left=3)) is False
         assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, PLAIN)[0] is run
     finally:
         torch.use_deterministic_algorithms(False)
@@ -633,10 +706,10 @@ def test_backward_decision_is_keyed_by_the_variant(sm90):
 @pytest.mark.parametrize("case", OPTION_SETS + [("window", dict(window=(5, None), softcap=4.0))],
                          ids=lambda c: c[0])
 def test_attention_backward_dispatch_with_options(monkeypatch, case):
-    # attention()'s backward hands a call with options (no window) to the Gluon backward with its
+    # attention()'s backward hands a call with options (a window too) to the Gluon backward with its
     # Variant and takes dq, dk, dv and dsinks from it. On the CPU the decision is faked and the
     # portable backward on the same inputs stands in for the kernel (same contract), checking the
-    # plumbing: the sinks' gradient reaches sinks.grad. A window keeps the portable kernels.
+    # plumbing: the sinks' gradient reaches sinks.grad, the window's sides reach the kernel.
     import flashattn_lite as fa
     from flashattn_lite.ops import attention_bwd
     from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
@@ -680,13 +753,13 @@ def test_attention_backward_dispatch_with_options(monkeypatch, case):
     for causal in (True, False):
         calls.clear()
         got = grads(causal)
-        assert len(calls) == (0 if name == "window" else 1)
-        if calls:
-            assert calls[0][0] == causal and calls[0][1].softcap == opts.get("softcap", 0.0)
-            assert (calls[0][1].left, calls[0][1].right) == (-1, -1)
+        assert len(calls) == 1
+        assert calls[0][0] == causal and calls[0][1].softcap == opts.get("softcap", 0.0)
+        left, right = options.get("window", (None, None))
+        assert (calls[0][1].left, calls[0][1].right) == (-1 if left is None else left, -1 if right is None else right)
         with hopper_fwd.disabled():
             want = grads(causal)
-        assert len(calls) == (0 if name == "window" else 1)
+        assert len(calls) == 1
         for a, w in zip(got, want):
             assert a.shape == w.shape and a.dtype == w.dtype
             assert (a.float() - w.float()).norm() <= 2e-2 * w.float().norm() + 1e-6
@@ -711,18 +784,26 @@ def _variant_case_id(case):
 @needs_gpu
 @pytest.mark.parametrize("case", VARIANT_BWD_CASES, ids=_variant_case_id)
 def test_options_match_reference_and_portable(case):
-    from test_attention_bwd_hopper import make_inputs
-    from test_attention_hopper import as_variant, portable, variant_options
-    from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
-    from flashattn_lite.ops.attention_bwd import attention_backward
+    from test_attention_hopper import variant_options
     name, d, causal, dtype, shape = case
     opts = dict(OPTION_SETS)[name]
-    q, k, v, do = make_inputs(shape + (d,), dtype)
-    options = variant_options(opts, shape + (d,))
+    check_variant_backward(shape + (d,), dtype, causal, variant_options(opts, shape + (d,)))
+
+
+def check_variant_backward(shape, dtype, causal, options):
+    """The Gluon backward of a call with ``options`` (attention()'s keyword arguments: window,
+    softcap, alibi_slopes, sinks) on the portable forward's o and lse, against float64 autograd
+    through the reference (and torch's own error in ``dtype``) and the portable backward: dq, dk, dv
+    (and dsinks); rows with no visible key get dq exactly 0."""
+    from test_attention_bwd_hopper import make_inputs
+    from test_attention_hopper import as_variant, hidden_rows, portable
+    from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
+    from flashattn_lite.ops.attention_bwd import attention_backward
+    q, k, v, do = make_inputs(shape, dtype)
     variant = as_variant(q, k, options)
     assert gluon_bwd.supported(q, k, v, do, causal=causal, variant=variant) is None
     o, lse = portable(q, k, v, causal, variant)  # the saved o and lse (sinks in the lse)
-    scale = d ** -0.5
+    scale = shape[-1] ** -0.5
     dq, dk, dv, dsinks = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal,
                                                             variant=variant)
     with hopper_fwd.disabled():
@@ -739,12 +820,13 @@ def test_options_match_reference_and_portable(case):
         return torch.autograd.grad(out, wrt, do.to(work_dtype))
 
     ref, same = reference(torch.float64), reference(dtype)
-    eps = 2 * EPS[dtype] + (2e-3 if "softcap" in opts else 0.0)  # tanh.approx.f32 in both kernels' scores
+    eps = 2 * EPS[dtype] + (2e-3 if "softcap" in options else 0.0)  # tanh.approx.f32 in both kernels' scores
     for what, a, p, s, r, x in zip(("dq", "dk", "dv"), (dq, dk, dv), port[:3], same, ref, (q, k, v)):
         assert a.shape == x.shape and a.dtype == dtype and a.stride() == p.stride(), what
         assert_close_to_ref(a, s, r, eps=eps, what=what)
         assert_close_to_ref(a, p, r, eps=eps, what=f"{what} vs the portable backward's error")
-    if "sinks" in opts:
+    assert (dq[hidden_rows(q, k, causal, options)] == 0).all()
+    if "sinks" in options:
         assert dsinks is not None and dsinks.shape == variant.sinks.shape and dsinks.dtype == variant.sinks.dtype
         torch.testing.assert_close(dsinks.float(), port[3].float(), rtol=1e-4, atol=1e-4)  # same δ and lse
         assert_close_to_ref(dsinks, same[3], ref[3], eps=eps, what="dsinks")

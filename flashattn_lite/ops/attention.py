@@ -476,7 +476,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``); the softcap's
     tanh uses the hardware approximation for fp16/bf16 inputs (as FlashAttention does). The
     backward is deterministic (the same inputs give bit-identical gradients), except dq of large
-    plain fp16/bf16 calls on sm_90 (the Gluon backward's fp32 reduce-adds) unless
+    fp16/bf16 calls on sm_90 without mask or dropout (the Gluon backward's fp32 reduce-adds) unless
     ``torch.use_deterministic_algorithms(True)``.
     CUDA tensors run Triton kernels; CPU tensors run the same tiled algorithm in PyTorch (or the
     Triton kernels in the interpreter when ``TRITON_INTERPRET=1``).

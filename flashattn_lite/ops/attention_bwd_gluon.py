@@ -4,11 +4,11 @@ FlashAttention-3's backward.
 Same contract as ``attention_backward_hopper`` (ops/attention_bwd_hopper.py): plain attention,
 causal (bottom-right, offset Nk − Nq) or not, GQA, fp16/bf16, D = Dv ∈ {64, 128}; returns (dq, dk,
 dv), ``torch.empty_like`` of q, k, v (their strides) in the inputs' dtype, dk/dv summed over each
-GQA group. Also the Gluon forward's options (a ``variant``: softcap, ALiBi slopes, sinks; no window,
-a dense batch), as the constexprs ``SOFTCAP``, ``ALIBI``, ``FAST_TANH`` of the same kernel (the
-options' arguments are None otherwise, so a plain call's code is what it was); sinks need nothing
-in the kernel (the saved lse has the sink in it) and their gradient is the portable backward's
-reduction of δ (``attention_bwd.sinks_grad``).
+GQA group. Also the Gluon forward's options (a ``variant``: a sliding window, softcap, ALiBi slopes,
+sinks; a dense batch), as the constexprs ``HAS_LEFT``, ``HAS_RIGHT``, ``SOFTCAP``, ``ALIBI``,
+``FAST_TANH`` of the same kernel (the options' arguments are None otherwise, so a plain call's code
+is what it was); sinks need nothing in the kernel (the saved lse has the sink in it) and their
+gradient is the portable backward's reduction of δ (``attention_bwd.sinks_grad``).
 
 The math is the portable backward's (``attention_bwd.py``): δ = rowsum(dO ∘ O) − dlse, lse₂ =
 lse·log2 e (+inf on rows with no visible key, whose P is then 0), and per (key tile, query tile)
@@ -47,8 +47,15 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
 * Causal: query tiles wholly above the diagonal are never loaded; the diagonal band (and, in the
   last key tile, keys past Nk, which TMA fills with zeros) is masked with a uniform branch per step.
   Query rows past Nq read as zeros with lse₂ = +inf (lse₂ and δ are padded to whole tiles), so P = 0.
-  Without causal the query tiles are visited starting at a rotation by the key tile's index, so the
-  programs of one head reduce-add into different dQ rows at a time.
+  Without causal (or a window's right side) the query tiles are visited starting at a rotation by
+  the key tile's index, so the programs of one head reduce-add into different dQ rows at a time.
+* Sliding windows (FlashAttention-2's: key j visible to query i iff i + off − left ≤ j ≤
+  i + off + right, off = Nk − Nq, a side −1 unbounded, causal capping right at 0; the forward's
+  ``window_flags``): ``HAS_LEFT`` / ``HAS_RIGHT`` constexprs, the sides runtime ints (one binary for
+  every width). ``query_tiles`` (the portable backward's ``query_range``, the transpose of the
+  forward's ``key_tiles``) gives each key tile the query tiles whose rows see some of its keys, so a
+  window of W keys costs O(N·W); the tiles crossing the band's edges are masked (``_masked``, bounds
+  per key) and the rest run unmasked. Rows no key is visible to keep lse₂ = +inf (P = 0) as above.
 * dK·scale and dV leave through shared memory (the consumer's own K, V boxes, dead by then) and one
   TMA store each (rows past Nk are dropped).
 
@@ -62,14 +69,16 @@ import warnings
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
 from .._runtime import cdiv
 from ..merge import LOG2E
+from .attention_bwd import query_range
 from .attention_fwd import PLAIN, SEQ_DENSE, Variant, fold_factor, score_args
-from .attention_fwd_gluon import tma_descriptor
+from .attention_fwd_gluon import tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
-    import triton
     from triton._C.libtriton import ir as _ir
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -124,6 +133,10 @@ class Config(NamedTuple):
 # equal): d 64 spills 0–20 bytes (all three, causal), none otherwise; d 128 fused: ALiBi 28–76
 # (plain 0–72), softcap 100–248, softcap + ALiBi 112–332 (the dSᵀ factor Pᵀ ∘ (1 − tanh²), 16
 # registers, is live across the dPᵀ wait with Pᵀ for dV; bf16/fp16 causal GQA the most).
+# With windows (same compile, fp16/bf16, GQA 1 and 2; plain kernels' PTX hash unchanged): d 64 none
+# (with every option too); d 128 fused 16–68 bytes (plain causal 16–72, non-causal 0–40), softcap +
+# ALiBi 220–328, every option with a causal window 328. Non-causal windows with a right side skip
+# the rotated start (40–80 bytes with it at bf16 GQA 2).
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
@@ -145,6 +158,39 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
 def _pad_rows(n_q: int) -> int:
     """lse₂ and δ rows are padded to whole 128-row tiles (TMA-aligned, no masks on the loads)."""
     return cdiv(n_q, 128) * 128
+
+
+@triton.jit
+def query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
+                HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The query tiles of the key tile [start_n, start_n + BLOCK_N): (lo, n_tiles, mid_lo, mid_hi).
+    The program visits the ``n_tiles`` tiles of rows from ``lo`` (a multiple of BLOCK_M); rows
+    outside them see no key of the tile. Of those, the tiles starting in [mid_lo, mid_hi) see every
+    key of the tile (no mask; a tile holding keys past Nk is masked all the same); the others are
+    masked. Without a window (``HAS_LEFT``/``HAS_RIGHT`` False): rows [lo, Nq rounded up to a tile),
+    under causal (bottom-right, offset ``off`` = Nk − Nq) from the diagonal's first tile, the
+    diagonal's tiles [lo, mid_lo) masked, as before windows existed. With one: the portable
+    backward's ``query_range`` (the transpose of the forward's ``key_range``), causal as the right
+    side at 0 (``win_right`` is then not read): a window of W keys visits O(W) rows per key. The
+    forward's ``key_tiles`` transposed; called by the Gluon kernel and, in the interpreter, by the
+    tests."""
+    if HAS_LEFT or HAS_RIGHT:
+        right = win_right
+        if CAUSAL:
+            right = 0
+        lo, mid_lo, mid_hi, hi = query_range(start_n, n_q, off, win_left, right, HAS_LEFT, HAS_RIGHT or CAUSAL,
+                                             BLOCK_M, BLOCK_N)
+        n_tiles = tl.cdiv(hi, BLOCK_M) - lo // BLOCK_M
+    else:
+        q_end = tl.cdiv(n_q, BLOCK_M) * BLOCK_M
+        lo = start_n * 0
+        mid_lo = start_n * 0
+        if CAUSAL:
+            lo = tl.minimum((tl.maximum(start_n - off, 0) // BLOCK_M) * BLOCK_M, q_end)
+            mid_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M, q_end)
+        n_tiles = (q_end - lo) // BLOCK_M
+        mid_hi = q_end
+    return lo, n_tiles, mid_lo, mid_hi
 
 
 if _HAS_GLUON:
@@ -208,13 +254,25 @@ if _HAS_GLUON:
         return gl.expand_dims(row, 0)
 
     @gluon.jit
-    def _masked(pt, keys, start_m, n_k, off, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                st_layout: gl.constexpr):
-        """Pᵀ with the pairs no query sees set to 0: keys past Nk (zero-filled by TMA) and, under
-        causal, keys right of the diagonal (key > query + Nk − Nq)."""
+    def _masked(pt, keys, start_m, n_k, off, win_left, win_right, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
+        """Pᵀ with the pairs no query sees set to 0: keys past Nk (zero-filled by TMA) and keys
+        outside the query's band: under causal right of the diagonal (key > query + Nk − Nq); with a
+        window (``HAS_LEFT``/``HAS_RIGHT``, causal as the right side at 0) the queries of key j are
+        [j − off − right, j − off + left], bounds made per key (the rows of Pᵀ, two a thread): a
+        compare per side and score, as the forward's ``_band`` makes them per query."""
         visible = gl.expand_dims(keys < n_k, 1)
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        if HAS_LEFT or HAS_RIGHT:
+            rows = gl.expand_dims(rows, 0)
+            if HAS_RIGHT or CAUSAL:
+                first = keys - off
+                if HAS_RIGHT:
+                    first = keys - (off + win_right)
+                visible = visible & (rows >= gl.expand_dims(first, 1))
+            if HAS_LEFT:
+                visible = visible & (rows <= gl.expand_dims(keys - (off - win_left), 1))
+        elif CAUSAL:
             visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + off, 0))
         return gl.where(visible, pt, 0.0)
 
@@ -275,11 +333,11 @@ if _HAS_GLUON:
     @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                   kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
-                  b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
-                  alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                  b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
+                  sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
-                  CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr,
-                  FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+                  ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
 
@@ -347,8 +405,14 @@ if _HAS_GLUON:
                 rows_f = gl.expand_dims(rows_f, 0)
                 x = x - slope * gl.abs(rows_f - gl.expand_dims(keys_f, 1))
             pt = gl.exp2(x * fold - lse2)
-            if (start_m < mid) | tail:
-                pt = _masked(pt, keys, start_m, n_k, off, CAUSAL, BLOCK_M, st_layout)
+            # Masked: tiles before the rows seeing every key (``query_tiles``), after them under a
+            # window's left side (without one they run to Nq), and a warpgroup holding keys past Nk.
+            edge = start_m < mid_lo
+            if HAS_LEFT:
+                edge = edge | (start_m >= mid_hi)
+            if edge | tail:
+                pt = _masked(pt, keys, start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_M,
+                             st_layout)
             # Pᵀ rounded once to the input dtype serves both dV (the A operand, same registers:
             # the conversion is trivial) and dSᵀ, so no fp32 copy stays live across the wait.
             p16 = pt.to(dtype)
@@ -405,17 +469,20 @@ if _HAS_GLUON:
         tma.store_wait(0)
 
     # Lengths and the GQA group's position change from call to call: one binary for all of them.
-    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k"])
+    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "win_left", "win_right"])
     def _attn_bwd_gluon_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-                               n_heads, n_kv_heads, n_q, n_k, qk_scale, sm_scale,
+                               n_heads, n_kv_heads, n_q, n_k, win_left, win_right, qk_scale, sm_scale,
                                alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                               HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                               HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                                ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, GROUP: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
-        ROTATE: gl.constexpr = not CAUSAL
+        # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
+        # with one, the programs' ranges start apart already (and the rotation costs registers).
+        ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)
         # Key tiles of one KV head on consecutive programs (they share its Q and dO in L2), the
         # first tiles (under causal the heaviest) first.
         pid = gl.program_id(0)
@@ -426,19 +493,14 @@ if _HAS_GLUON:
         h_kv = bh_kv % n_kv_heads
         start_n = tile * BLOCK_N
 
-        # Query tiles [lo, q_end) see some key of the tile; from mid on, every key (causal,
-        # bottom-right: query i sees key j ≤ i + Nk − Nq).
+        # The n_tiles query tiles from lo see some key of the tile; those in [mid_lo, mid_hi) every
+        # key (bottom-right: query i sees key j ≤ i + Nk − Nq under causal, a band with a window).
         off = n_k - n_q
-        q_end = gl.cdiv(n_q, BLOCK_M) * BLOCK_M
-        lo = start_n * 0
-        mid = start_n * 0
+        lo, n_tiles, mid_lo, mid_hi = query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL, HAS_LEFT,
+                                                  HAS_RIGHT, BLOCK_M, BLOCK_N)
         rot = start_n * 0
-        if CAUSAL:
-            lo = gl.minimum((gl.maximum(start_n - off, 0) // BLOCK_M) * BLOCK_M, q_end)
-            mid = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M, q_end)
-        else:
+        if ROTATE:
             rot = tile
-        n_tiles = (q_end - lo) // BLOCK_M
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -475,16 +537,16 @@ if _HAS_GLUON:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
-                         b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
-                         alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                         0, CONSUMERS, GROUP, ROTATE, CAUSAL, SOFTCAP, ALIBI, FAST_TANH, FUSED_DQ, HEAD_DIM,
-                         BLOCK_M, STAGES, DS_BUFS)),
+                         b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
+                         qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                         0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
-                         b, h_kv, start_n, lo, mid, n_tiles, rot, n_k, off, qk_scale, sm_scale,
-                         alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                         1, CONSUMERS, GROUP, ROTATE, CAUSAL, SOFTCAP, ALIBI, FAST_TANH, FUSED_DQ, HEAD_DIM,
-                         BLOCK_M, STAGES, DS_BUFS)),
+                         b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
+                         qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                         1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot,
@@ -494,9 +556,9 @@ if _HAS_GLUON:
 
 def supported(q, k, v, do, **options) -> str | None:
     """None when ``attention_backward_gluon`` covers this call, else the reason in words: plain
-    attention or a dense-batch ``variant`` with softcap, ALiBi slopes, sinks (no window:
-    ``_variant_reason``; the options' tensors as the Hopper forward takes them,
-    ``attention_fwd_hopper._reason_for_variant``), a triton whose Gluon this kernel was written
+    attention or a dense-batch ``variant`` with a sliding window, softcap, ALiBi slopes, sinks
+    (``_variant_reason``; the options' tensors and the window sides as the Hopper forward takes
+    them, ``attention_fwd_hopper._reason_for_variant``), a triton whose Gluon this kernel was written
     for, and the Triton TMA backward's rules (``attention_bwd_hopper.supported``: CUDA sm_90,
     shapes, fp16/bf16, D = Dv ∈ {64, 128}, TMA alignment of q, k, v and do, the other options)."""
     options = dict(options)
@@ -532,21 +594,24 @@ def path_note(variant: Variant = PLAIN) -> str:
 
 def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deterministic: bool = False,
               variant: Variant = PLAIN) -> bool:
-    """Whether an attention backward (plain, or softcap/ALiBi/sinks without a window) takes this
+    """Whether an attention backward (plain, or a window, softcap, ALiBi, sinks) takes this
     kernel (decided once per call signature, variant signature and determinism setting by
     ``attention_backward``; base-pointer alignment is checked on every call there): the Hopper
     paths' switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``), this module's triton, and its rules.
     Measured (``gluon_bwd-20261124-131528.json``): the default (fused dQ) configs 1.15–1.43× the TMA
     pair and faster than the portable backward everywhere; the deterministic configs 1.08–1.24× the
     TMA pair, but at d 64 non-causal 0.95–0.96× the portable backward from 8k tokens, so
-    ``deterministic`` d 64 non-causal calls keep the portable kernels. Calls with softcap or ALiBi
-    need the fused dQ (the Triton dQ kernel is plain only): under ``deterministic`` they keep the
-    portable kernels (sinks alone change nothing in the kernel). (The options' speed against the
-    portable backward is not measured yet.)"""
+    ``deterministic`` d 64 non-causal calls keep the portable kernels. Calls with softcap, ALiBi or
+    a window need the fused dQ (the Triton dQ kernel is plain only): under ``deterministic`` they
+    keep the portable kernels (sinks alone change nothing in the kernel, nor does a causal call's
+    window without a left side: it is the diagonal). Window calls take it at any length: the TMA
+    pair has no window and the portable backward was slower than this kernel at every plain point
+    measured. (The options' and windows' speed against the portable backward is not measured
+    yet.)"""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if deterministic and ((q.shape[3] == 64 and not causal) or _score_options(variant)):
+    if deterministic and ((q.shape[3] == 64 and not causal) or _needs_fused_dq(variant, causal)):
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
@@ -558,25 +623,25 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
 
 
 def _variant_reason(variant) -> str | None:
-    """Why this kernel cannot express ``variant`` at all (in words), or None: it takes softcap,
-    ALiBi and sinks over a dense batch (None and ``PLAIN`` are plain); sliding windows and
-    ranges/varlen layouts are left to the portable backward."""
+    """Why this kernel cannot express ``variant`` at all (in words), or None: it takes sliding
+    windows, softcap, ALiBi and sinks over a dense batch (None and ``PLAIN`` are plain);
+    ranges/varlen layouts are left to the portable backward. (The options' tensors and the window
+    sides' range are checked by ``supported``.)"""
     if variant is None or variant is PLAIN:
         return None
     if not isinstance(variant, Variant):
         return f"variant is a {type(variant).__name__}, not a Variant"
-    if variant.left >= 0 or variant.right >= 0:
-        return ("a sliding window (the Gluon backward takes softcap, ALiBi and sinks; windows take the portable "
-                "backward)")
     if variant.seq != SEQ_DENSE:
         return "a ranges or varlen batch layout (the Gluon backward takes a dense batch)"
     return None
 
 
-def _is_plain(variant) -> bool:
-    """No option the kernel's constexprs would switch on (None, ``PLAIN`` or an empty Variant)."""
+def _is_plain(variant, causal: bool = False) -> bool:
+    """No option the kernel's constexprs would switch on (None, ``PLAIN`` or an empty Variant, or
+    one whose window is only a causal call's diagonal: ``window_flags``)."""
     return variant is None or variant is PLAIN or (not variant.softcap and variant.alibi is None
-                                                   and variant.sinks is None)
+                                                   and variant.sinks is None
+                                                   and window_flags(variant, causal) == (False, False))
 
 
 def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
@@ -637,7 +702,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
     Hkv, Nk = k.shape[1], k.shape[2]
     return dict(
         grid=(cdiv(Nk, cfg.block_n) * B * Hkv,),
-        constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0)[1], GROUP=Hq // Hkv,
+        constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1],
+                        GROUP=Hq // Hkv,
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
                         DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
                         LOADER_REGS=LOADER_REGS),
@@ -646,28 +712,35 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
     )
 
 
-_PLAIN_ARGS = (None,) * 5
-_PLAIN_FLAGS = dict(SOFTCAP=False, ALIBI=False, FAST_TANH=False)
+_PLAIN_ARGS = (None,) * 7
+_PLAIN_FLAGS = dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, ALIBI=False, FAST_TANH=False)
 
 
-def _option_args(variant, q: torch.Tensor, scale: float):
-    """(alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2) and the option flags of a
-    launch, as the portable kernels take them (``score_args``). What a call does not use is None:
-    the launch drops it (a None argument is a constexpr), so a plain call, or one with sinks only
-    (the kernel has nothing to do for them), compiles to the kernel it compiled to before the
-    options existed, parameter list included."""
-    if _is_plain(variant):
+def _option_args(variant, q: torch.Tensor, scale: float, causal: bool = False):
+    """(win_left, win_right, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2) and the
+    option flags of a launch, as the portable kernels take them (``score_args``; the window as the
+    Gluon forward's ``window_flags`` says: causal is the right side at 0, a causal call without a
+    left side the plain causal kernel). What a call does not use is None: the launch drops it (a
+    None argument is a constexpr), so a plain call, or one with sinks only (the kernel has nothing
+    to do for them), compiles to the kernel it compiled to before the options existed, parameter
+    list included, and a call without a window to the one before windows."""
+    if _is_plain(variant, causal):
         return _PLAIN_ARGS, _PLAIN_FLAGS
     _, alibi_strides, softcap_scalars, constexprs = score_args(variant, q, scale)
     flags = {name: constexprs[name] for name in _PLAIN_FLAGS}
-    args = (variant.alibi, *(alibi_strides if flags["ALIBI"] else (None, None)),
+    flags["HAS_LEFT"], flags["HAS_RIGHT"] = window_flags(variant, causal)
+    args = (variant.left if flags["HAS_LEFT"] else None, variant.right if flags["HAS_RIGHT"] else None,
+            variant.alibi, *(alibi_strides if flags["ALIBI"] else (None, None)),
             *(softcap_scalars if flags["SOFTCAP"] else (None, None)))
     return args, flags
 
 
-def _score_options(variant) -> bool:
-    """Whether the kernel's scores differ from plain attention's (softcap or ALiBi; sinks do not)."""
-    return not _is_plain(variant) and (variant.softcap > 0 or variant.alibi is not None)
+def _needs_fused_dq(variant, causal: bool) -> bool:
+    """Whether the kernel's scores differ from plain attention's, which the Triton dQ kernel (the
+    non-fused configs) cannot follow: softcap, ALiBi, a window other than a causal call's diagonal
+    (sinks do not change them)."""
+    return not _is_plain(variant, causal) and (variant.softcap > 0 or variant.alibi is not None
+                                               or window_flags(variant, causal) != (False, False))
 
 
 def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg: Config,
@@ -678,30 +751,32 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     plan = launch_plan(q, k, cfg, causal, variant)
-    options, _ = _option_args(variant, q, scale)
+    (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
     m, box = cfg.block_m, [1, 1, 64, D]
     dq_desc = tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]) if cfg.fused_dq else tma_descriptor(dq, [1, 1, m, D])
     args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
             tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
             tma_descriptor(dk, box), tma_descriptor(dv, box),
-            Hq, Hkv, Nq, Nk, scale * LOG2E, scale, *options)
+            Hq, Hkv, Nq, Nk, win_left, win_right, scale * LOG2E, scale, *options)
     return plan["grid"], args, dict(**plan["constexprs"], num_warps=4)
 
 
 def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool, config: Config | None = None,
                              dlse: torch.Tensor | None = None, variant: Variant | None = None):
-    """(dq, dk, dv) of o = softmax(scale·q·kᵀ [causal, bottom-right]) · v, given the forward's o and
-    natural-log lse (B, Hq, Nq) float32 (−inf on rows with no visible key).
+    """(dq, dk, dv) of o = softmax(scale·q·kᵀ [causal, bottom-right, a window]) · v, given the
+    forward's o and natural-log lse (B, Hq, Nq) float32 (−inf on rows with no visible key).
 
     The same result as ``attention_backward_hopper`` (and the portable ``attention_backward`` with
     causal_offset Nk − Nq): ``empty_like`` of q, k, v in their dtype, dk/dv summed over each GQA
     group. Call only where ``supported`` returned None (an sm_90 GPU; Gluon does not run in the
     interpreter). ``config``: one of ``CONFIGS`` (default: ``default_config``); ``dlse``: the lse's
     own gradient (B, Hq, Nq), or None. ``variant``: None, or a Variant as ``attention_backward``
-    takes it (softcap, ALiBi slopes, sinks; a dense batch, no window), the lse the forward saved
-    with it (sinks included); then the portable backward's four gradients come back, (dq, dk, dv,
-    dsinks), dsinks (Hq,) in the sinks' dtype or None. Softcap and ALiBi need a ``fused_dq`` config
-    (the Triton dQ kernel is plain only). A config or variant the kernel does not take raises
+    takes it (a sliding window, softcap, ALiBi slopes, sinks; a dense batch; ``causal`` caps the
+    window's right side at 0), the lse the forward saved with it (sinks included); then the
+    portable backward's four gradients come back, (dq, dk, dv, dsinks), dsinks (Hq,) in the sinks'
+    dtype or None. Query tiles that see no key of a key tile are never loaded (``query_tiles``):
+    a window of W keys costs O(N·W). Softcap, ALiBi and windows need a ``fused_dq`` config (the
+    Triton dQ kernel is plain only). A config or variant the kernel does not take raises
     ValueError before anything runs."""
     reason = _variant_reason(variant)
     if reason is not None:
@@ -710,10 +785,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
-    if _score_options(variant) and not cfg.fused_dq:
-        raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap and ALiBi need a fused_dq config "
-                         "(the Triton dQ kernel is plain only), which torch.use_deterministic_algorithms(True) "
-                         "does not allow by default")
+    if _needs_fused_dq(variant, causal) and not cfg.fused_dq:
+        raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap, ALiBi and windows need a fused_dq "
+                         "config (the Triton dQ kernel is plain only), which "
+                         "torch.use_deterministic_algorithms(True) does not allow by default")
     if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
         message = (f"attention_backward_gluon: config {cfg.name} adds dq by fp32 reduce-adds in any order, "
                    "which torch.use_deterministic_algorithms(True) forbids; pass a config with fused_dq=False")
