@@ -13,6 +13,10 @@ Writes ``--out/table_check-<timestamp>.json`` (both runs' results are kept in th
 ``table/`` and ``autotuned/``) and prints a line per point, marking those below 0.97.
 
     PYTHONPATH=. python benchmarks/table_check.py --out benchmarks/results --cache-dir gpu_cache --time-budget 400
+
+``--rounds 2`` alternates the passes (table, autotuned, table, autotuned) and keeps each point's best:
+two processes running the same binary differ by up to ±4% (portable kernels) and ±7% (Gluon), the
+size of the bar itself.
 """
 from __future__ import annotations
 
@@ -112,7 +116,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the JSON")
     parser.add_argument("--cache-dir", required=True, help="the tuning cache the autotuned pass reads")
-    parser.add_argument("--time-budget", type=float, default=400.0, help="seconds for both passes")
+    parser.add_argument("--time-budget", type=float, default=400.0, help="seconds for all passes")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="passes per side, alternating table and autotuned; each point keeps its best "
+                             "(default 1)")
     parser.add_argument("--benchmarks", default="speed,decode", help="from speed, decode (default both)")
     parser.add_argument("--table", metavar="FILE.json",
                         help="rows written by `flashattn-lite tune --out FILE.json`, tried on top of the shipped "
@@ -124,6 +131,8 @@ def main(argv=None) -> int:
     names = tuple(args.benchmarks.split(","))
     if not names or set(names) - {"speed", "decode"}:
         parser.error(f"--benchmarks: expected names from speed, decode, got {args.benchmarks!r}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if not os.path.isdir(args.cache_dir):
         parser.error(f"--cache-dir must be an existing folder (filled by flashattn-lite tune), got {args.cache_dir!r}")
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -132,14 +141,21 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if args.table:
         env["FLASHATTN_LITE_CONFIG_TABLE"] = str(merged_table(args.table, out))
-    passes = {}
-    for label, extra in (("table", {"FLASHATTN_LITE_AUTOTUNE": "0"}),
-                         ("autotuned", {"FLASHATTN_LITE_AUTOTUNE": "1",
-                                        "FLASHATTN_LITE_CACHE_DIR": os.path.abspath(args.cache_dir)})):
+    labels = (("table", {"FLASHATTN_LITE_AUTOTUNE": "0"}),
+              ("autotuned", {"FLASHATTN_LITE_AUTOTUNE": "1", "FLASHATTN_LITE_CACHE_DIR": os.path.abspath(args.cache_dir)}))
+    order = [(r, label, extra) for r in range(args.rounds) for label, extra in labels]
+    passes = {label: {"speed": {}, "decode": {}} for label, _ in labels}
+    for i, (r, label, extra) in enumerate(order):
         left = args.time_budget - (time.monotonic() - t0)
-        found = run_benchmarks(out / label, {**env, **extra}, left if label == "autotuned" else left / 2,
-                               names, args.speed_args.split())
-        passes[label] = {"speed": attention_points(found["speed"]), "decode": decode_points(found["decode"])}
+        folder = out / (label if args.rounds == 1 else f"{label}-{r + 1}")
+        found = run_benchmarks(folder, {**env, **extra}, left / (len(order) - i), names, args.speed_args.split())
+        # the best of the rounds per point: processes differ by a few percent (clocks, placement),
+        # and the steady-state speed a config can reach is its best
+        for what, points in (("speed", attention_points(found["speed"])), ("decode", decode_points(found["decode"]))):
+            best = max if what == "speed" else min
+            for key, value in points.items():
+                kept = passes[label][what].get(key)
+                passes[label][what][key] = value if kept is None else best(kept, value)
     rows = compare(passes["table"], passes["autotuned"])
     for r in rows:
         mark = "  <-- below %.2f" % BAR if r["ratio"] < BAR else ""
@@ -154,7 +170,8 @@ def main(argv=None) -> int:
     print("summary:", summary)
     path = Path(args.out) / f"table_check-{stamp}.json"
     with open(path, "w") as f:
-        json.dump({"benchmark": "table_check", "command": " ".join(sys.argv), "bar": BAR, "summary": summary,
+        json.dump({"benchmark": "table_check", "command": " ".join(sys.argv), "bar": BAR, "rounds": args.rounds,
+                   "summary": summary,
                    "rows": rows}, f, indent=1)
     print("wrote", path)
     return 0

@@ -53,6 +53,15 @@ _TUNED_ROWS = [
     (kernel, "bfloat16", 64, c, n, *cfg)
     for kernel, cfg in (("_bwd_dkdv_kernel", (32, 128, 4, 2)), ("_bwd_dq_kernel", (64, 64, 4, 2)))
     for c in (False, True) for n in (4096, 8192)
+] + [  # the 2k class, bf16 (``tune --lengths 2048 --head-dims 64,128``, the same day; served by the 4k
+    # rows before: the portable forward at d 128 non-causal 2k ran at 0.92 of autotuned)
+    (kernel, "bfloat16", d, c, 2048, *cfg)
+    for kernel, d, c, cfg in (
+        ("_attn_fwd_kernel", 64, False, (128, 64, 8, 3)), ("_attn_fwd_kernel", 64, True, (64, 64, 4, 3)),
+        ("_attn_fwd_kernel", 128, False, (64, 64, 4, 3)), ("_attn_fwd_kernel", 128, True, (64, 64, 4, 3)),
+        ("_bwd_dkdv_kernel", 64, False, (32, 128, 4, 2)), ("_bwd_dkdv_kernel", 64, True, (32, 64, 4, 3)),
+        ("_bwd_dkdv_kernel", 128, False, (64, 64, 4, 2)), ("_bwd_dkdv_kernel", 128, True, (64, 64, 4, 2)),
+        *(("_bwd_dq_kernel", d, c, (64, 64, 4, 2)) for d in (64, 128) for c in (False, True)))
 ]
 
 # The backwards of causal attention with an option (``flashattn-lite tune --ops variants``, d 128 bf16,
