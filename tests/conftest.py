@@ -31,7 +31,13 @@ def gpu_fp32_only(**allowed):
     return pytest.mark.gpu_fp32_only(**allowed)
 
 
+# A test of a float64 PyTorch model of a kernel's schedule (no kernel runs): CPU CI runs it, the GPU
+# suite deselects it (it would only repeat CI's result, and costs ~2 minutes of worker time there).
+model_only = pytest.mark.model_only
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "model_only: a float64 model of a kernel, no kernel runs: deselected on the GPU")
     config.addinivalue_line("markers", "gpu_fp32_only(**allowed): on the GPU, float32 items only where each named "
                             "parameter takes an allowed value (conftest.gpu_fp32_only)")
 
@@ -41,6 +47,9 @@ def pytest_collection_modifyitems(config, items):
         return
     keep, drop = [], []
     for item in items:
+        if item.get_closest_marker("model_only") is not None:
+            drop.append(item)
+            continue
         mark = item.get_closest_marker("gpu_fp32_only")
         params = getattr(getattr(item, "callspec", None), "params", {})
         assert mark is None or "dtype" in params, f"{item.nodeid}: gpu_fp32_only needs a 'dtype' parameter"

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from conftest import DEVICE, ON_GPU, assert_close_to_ref
+from conftest import DEVICE, ON_GPU, assert_close_to_ref, model_only
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
 from flashattn_lite.ops.attention_bwd_gluon import query_tiles as gluon_query_tiles
 from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, Variant
@@ -319,6 +319,7 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=
     return dq, dk, dv
 
 
+@model_only
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 1, 1), (1, 4, 2, 130, 129), (1, 2, 1, 100, 37), (1, 2, 2, 37, 300),
@@ -340,6 +341,7 @@ def test_schedule_model_matches_reference(shape, causal, d):
         assert ((a - w).norm() / w.norm().clamp_min(floor)).item() < 1e-10, name
 
 
+@model_only
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("opts", [dict(softcap=2.5), dict(alibi="h"), dict(alibi="bh"), dict(sinks=True),
                                   dict(softcap=4.0, alibi="bh", sinks=True)],
@@ -360,6 +362,7 @@ MODEL_WINDOWS = [((40, -1), False), ((-1, 40), False), ((70, 5), False), ((0, 0)
                  ((100, 5), True), ((0, -1), True), ((1000, 1000), False)]
 
 
+@model_only
 @pytest.mark.parametrize("window, causal", MODEL_WINDOWS,
                          ids=[f"l{w[0]}-r{w[1]}{'-causal' if c else ''}" for w, c in MODEL_WINDOWS])
 @pytest.mark.parametrize("shape, d, opts", [((1, 4, 2, 300, 300), 64, {}), ((1, 2, 2, 130, 333), 128, {}),
