@@ -46,10 +46,12 @@ def _mock_kernels():
         return q.new_empty((B, H, N, v.shape[3])), q.new_empty((B, H, N), dtype=torch.float32)
 
     def bwd(do, q, k, v, o, lse, dlse, **kw):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    for name in ("attention_forward", "_cpu_forward"):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+    for name in ("attention_forward", "cpu_forward"):
+        assert hasattr(attn_ops, name), f"--mock: ops.attention has no {name} (renamed?)"
         setattr(attn_ops, name, fwd)
-    for name in ("attention_backward", "_cpu_backward"):
+    for name in ("attention_backward", "cpu_backward"):
+        assert hasattr(attn_ops, name), f"--mock: ops.attention has no {name} (renamed?)"
         setattr(attn_ops, name, bwd)
 
 
@@ -82,7 +84,10 @@ def main():
         return scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def ours_dispatcher():
-        return torch.ops.flashattn_lite.attention_fwd(q, k, v, None, D ** -0.5, True, 0, 0.0, None)[0]
+        # (q, k, v, mask, sinks, alibi, seq_q, seq_k, scale, causal, causal_offset, left, right, softcap,
+        #  seq, dropout_p, seed): plain causal attention
+        return torch.ops.flashattn_lite.attention_fwd(q, k, v, None, None, None, None, None, D ** -0.5, True, 0,
+                                                      -1, -1, 0.0, 0, 0.0, None)[0]
 
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
