@@ -9,8 +9,9 @@ happens inside the measured runs; a point the cache lacks is tuned at its first 
 benchmarks' warm-up absorbs). Then, per point, table / autotuned: TFLOP/s for attention (> 1 means
 the table is faster), time for decode (autotuned ms / table ms, same sense).
 
-Writes ``--out/table_check-<timestamp>.json`` (both runs' results are kept in their own folders
-``table/`` and ``autotuned/``) and prints a line per point, marking those below 0.97.
+Writes ``--out/table_check-<timestamp>.json`` (each pass's results are kept in its own folder,
+``table/`` and ``autotuned/``, or ``table-1/``, ``autotuned-1/``, … with ``--rounds``) and prints a
+line per point, marking those below 0.97.
 
     PYTHONPATH=. python benchmarks/table_check.py --out benchmarks/results --cache-dir gpu_cache --time-budget 400
 
@@ -81,7 +82,8 @@ def merged_table(path: str, out: Path) -> Path:
 def reads_the_table(point) -> bool:
     """Whether attention at ``point`` (method, mode, d, causal, N; the speed benchmark's shapes: bf16,
     B·N 16k tokens, hidden 2048) launches a kernel whose config comes from the table. The Gluon
-    Hopper kernels take fixed configs (``default_config``) with or without autotuning: both passes
+    Hopper kernels (Gluon, and the TMA forward of short causal calls) take fixed configs
+    (``default_config``) with or without autotuning: both passes
     run the same binaries there, and their ratio is run-to-run spread, not the table's doing. The
     ``ours-portable`` method runs the portable kernels, which always read it."""
     method, mode, d, causal, n = point
@@ -93,8 +95,8 @@ def reads_the_table(point) -> bool:
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=mode != "fwd")
                for _ in range(3))
     launches = explain(q, k, v, causal=causal).kernels
-    if mode != "fwd":  # the backward's kernels: those not in the forward alone
-        forward = {(x.name, x.config) for x in explain(q.detach(), k.detach(), v.detach(), causal=causal).kernels}
+    if mode == "bwd":  # the backward's kernels: those not in the forward it ran (same grad inputs)
+        forward = {(x.name, x.config) for x in explain(q, k, v, causal=causal, backward=False).kernels}
         launches = [x for x in launches if (x.name, x.config) not in forward]
     return any(x.config is not None for x in launches)
 

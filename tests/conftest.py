@@ -31,13 +31,14 @@ def gpu_fp32_only(**allowed):
     return pytest.mark.gpu_fp32_only(**allowed)
 
 
-# A test of a float64 PyTorch model of a kernel's schedule (no kernel runs): CPU CI runs it, the GPU
-# suite deselects it (it would only repeat CI's result, and costs ~2 minutes of worker time there).
+# A test of a float64 PyTorch model of a kernel's schedule (no attention kernel runs; at most the
+# tile-range helpers, which tests of their own check on the GPU): CPU CI runs it, the GPU suite
+# deselects it (it would only repeat CI's result, and costs ~2 minutes of worker time there).
 model_only = pytest.mark.model_only
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "model_only: a float64 model of a kernel, no kernel runs: deselected on the GPU")
+    config.addinivalue_line("markers", "model_only: a float64 model of a kernel's schedule: deselected on the GPU")
     config.addinivalue_line("markers", "gpu_fp32_only(**allowed): on the GPU, float32 items only where each named "
                             "parameter takes an allowed value (conftest.gpu_fp32_only)")
 

