@@ -124,22 +124,23 @@ EOF
 # shared-memory access against the kernel's barriers and asserts on the device on a race.
 CONSAN="$OUT/consan_driver.py"
 cat > "$CONSAN" <<'EOF'
-"""One Gluon case under ConSan: ``consan_driver.py D plain|causal`` runs the forward and the
-backward (plain attention, non-causal or causal: windows and score options, other constexpr variants
-of the same kernels, are not instrumented here; default configs, CONSAN_CONFIGS=all: every config) on
-a small odd GQA shape and checks them
-against the float64 reference (autograd), so no other Triton kernel is compiled with
-instrumentation. An instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the
-script runs the four cases as parallel processes."""
+"""One Gluon case under ConSan: ``consan_driver.py D plain|causal|window`` runs the forward and the
+backward on a small odd GQA shape and checks them against the float64 reference (autograd), so no
+other Triton kernel is compiled with instrumentation. ``plain`` and ``causal``: plain attention at the
+default configs (CONSAN_CONFIGS=all: every config); ``window``: a causal left window with softcap,
+ALiBi and sinks, 100 queries against 333 keys, so the backward's first key tiles have no query tile
+at all. An instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the script runs
+the cases as parallel processes."""
 import faulthandler, os, sys
 import torch
 import triton
 from flashattn_lite.ops import attention_bwd_gluon, attention_fwd_gluon
-
-faulthandler.enable()
+from flashattn_lite.ops.attention_fwd import PLAIN, Variant
 from flashattn_lite.reference import attention_reference
 
-d, causal = int(sys.argv[1]), sys.argv[2] == "causal"
+faulthandler.enable()
+d, mode = int(sys.argv[1]), sys.argv[2]
+causal, window = mode != "plain", mode == "window"
 scratch = lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")  # noqa: E731
 triton.set_allocator(scratch)
 if hasattr(triton.runtime._allocation, "set_profile_allocator"):
@@ -148,26 +149,34 @@ if torch.cuda.get_device_capability() != (9, 0) or not attention_fwd_gluon._HAS_
     sys.exit("ConSan: no Gluon kernel runs here (needs sm_90 and the tested triton): nothing checked")
 assert triton.knobs.compilation.instrumentation_mode == "consan", "run with TRITON_INSTRUMENTATION_MODE=consan"
 torch.manual_seed(0)
-q = torch.randn(1, 4, 300, d, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(1, 4, 100 if window else 300, d, device="cuda", dtype=torch.bfloat16)
 k, v = (torch.randn(1, 2, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 do = torch.randn_like(q)
 q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-ref = attention_reference(q64, k64, v64, causal=causal, scale=0.088)[0]
-want = torch.autograd.grad(ref, (q64, k64, v64), do.double())
-every = os.environ.get("CONSAN_CONFIGS") == "all"
-for config in attention_fwd_gluon.CONFIGS[d] if every else [attention_fwd_gluon.default_config(d, causal)]:
-    o, lse = attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, causal, config=config)
+variant, options, leaves = PLAIN, {}, [q64, k64, v64]
+if window:
+    slopes = torch.rand(4, device="cuda")
+    sinks = torch.randn(4, device="cuda")
+    variant = Variant(left=40, right=0, softcap=20.0, alibi=slopes, sinks=sinks)
+    sinks64 = sinks.double().requires_grad_()
+    options = dict(window=(40, 0), softcap=20.0, alibi_slopes=slopes, sinks=sinks64)
+    leaves.append(sinks64)
+ref = attention_reference(q64, k64, v64, causal=causal, scale=0.088, **options)[0]
+want = torch.autograd.grad(ref, leaves, do.double())
+every = os.environ.get("CONSAN_CONFIGS") == "all" and not window
+for config in attention_fwd_gluon.CONFIGS[d] if every else [None]:
+    o, lse = attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, causal, config=config, variant=variant)
     torch.cuda.synchronize()
-    assert (o.double() - ref).abs().max() < 0.05, (d, causal, config)
-    print(f"forward {config}: clean", flush=True)
-for config in attention_bwd_gluon.CONFIGS[d] if every else [attention_bwd_gluon.default_config(d, causal)]:
+    assert (o.double() - ref).abs().max() < 0.05, (d, mode, config)
+    print(f"forward {config or 'default config'}: clean", flush=True)
+for config in attention_bwd_gluon.CONFIGS[d] if every else [None]:
     got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
-                                                       config=config)
+                                                       config=config, variant=variant)
     torch.cuda.synchronize()
-    for a, w in zip(got, want):
-        assert (a.double() - w).norm() <= 2e-2 * w.norm(), (d, causal, config)
-    print(f"backward {config}: clean", flush=True)
-print(f"d {d} causal {causal}: forward and backward clean", flush=True)
+    for a, w in zip(got, want):  # dq, dk, dv (and dsinks with the window's options)
+        assert (a.double() - w).norm() <= 2e-2 * w.norm(), (d, mode, config)
+    print(f"backward {config or 'default config'}: clean", flush=True)
+print(f"d {d} {mode}: forward and backward clean", flush=True)
 print("ok")
 EOF
 
@@ -184,15 +193,16 @@ for tool in $TOOLS; do
   if [ "$tool" = consan ]; then  # Triton's own concurrency sanitizer, for the Gluon kernels (see above)
     rc=0
     pids=""
-    for case in "64 plain" "64 causal" "128 plain" "128 causal"; do  # one process each, in parallel
+    cases=("64 plain" "64 causal" "64 window" "128 plain" "128 causal" "128 window")
+    for case in "${cases[@]}"; do  # one process each, in parallel
       ( TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "${CONSAN_TIMEOUT:-540}" python "$CONSAN" $case
         s=$?; [ $s -ne 0 ] && echo "exit status $s"; exit $s ) > "$log.${case// /-}" 2>&1 &
       pids="$pids $!"
     done
     for pid in $pids; do wait "$pid"; r=$?; [ $r -ne 0 ] && [ $rc -ne 124 ] && rc=$r; done
     for f in "$log".*; do echo "== ${f##*.}"; grep -v "^ok$" "$f"; done > "$log"
-    # "ok" once in the summary only when all four cases printed it
-    [ "$(cat "$log".* | grep -c "^ok$")" -eq 4 ] && echo ok >> "$log"
+    # "ok" once in the summary only when every case printed it
+    [ "$(cat "$log".* | grep -c "^ok$")" -eq ${#cases[@]} ] && echo ok >> "$log"
     grep -E "^== |exit status|clean$|Error|assert" "$log" | head -30
     (exit $rc)
   else
