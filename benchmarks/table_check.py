@@ -135,6 +135,8 @@ def main(argv=None) -> int:
         parser.error(f"--benchmarks: expected names from speed, decode, got {args.benchmarks!r}")
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.table is not None and not os.path.isfile(args.table):
+        parser.error(f"--table must be a JSON file written by flashattn-lite tune, got {args.table!r}")
     if not os.path.isdir(args.cache_dir):
         parser.error(f"--cache-dir must be an existing folder (filled by flashattn-lite tune), got {args.cache_dir!r}")
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

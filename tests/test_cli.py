@@ -264,6 +264,9 @@ def test_results_record_the_output_folder_as_a_placeholder():
     (["--out", ".", "--cache-dir", ".", "--benchmarks", "speeds"], "--benchmarks"),
     (["--out", ".", "--cache-dir", ".", "--benchmarks", ""], "--benchmarks"),
     (["--out", ".", "--cache-dir", ".", "--time-budget", "soon"], "--time-budget"),
+    (["--out", ".", "--cache-dir", ".", "--rounds", "0"], "--rounds"),
+    (["--out", ".", "--cache-dir", ".", "--rounds", "two"], "--rounds"),
+    (["--out", ".", "--cache-dir", ".", "--table", "/no/such/table.json"], "--table"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_table_check_argument_errors(argv, needle, capsys):
     # benchmarks/table_check.py (GPU): a bad argument is a usage error naming it, before any run.
