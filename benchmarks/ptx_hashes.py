@@ -57,55 +57,55 @@ def tma(opts, causal=True):
              "lse": "*fp32", "sinks": "*fp32", "alibi": "*fp32"}
     return compile_ptx(h._attn_fwd_hopper_kernel, {**ce, **opts}, types)
 
-def gluon(opts, causal=True, d=128):
-    """The Gluon forward as ``attention_forward_gluon`` launches it (``_launch`` on CPU tensors, bound
-    by Triton's own argument specialisation), at its default config for N 8k (``causal`` and ``d``
-    may come in ``opts``; window sides as ``left``/``right``)."""
+def _gluon_case(opts, causal, d):
+    """(variant, causal, d, q, kv, B, H, N) of a Gluon case: bf16 CPU tensors, GQA 2:1, the
+    option tensors named in ``opts`` (``causal`` and ``d`` may come in it too)."""
     import torch
     opts = dict(opts)
     causal, d = opts.pop("causal", causal), opts.pop("d", d)
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-    import flashattn_lite.ops.attention_fwd_gluon as g
     B, H, N = 2, 4, 1024
     q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
     tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(B, H, dtype=torch.float64), sinks=torch.zeros(H))
     variant = f.Variant(**{"alibi" if n == "alibi_bh" else n: tensors.get(n, v) for n, v in opts.items()})
-    try:  # the window's config rule (a checkout from before windows takes three arguments)
-        cfg = g.default_config(d, causal, 8192, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
-    except TypeError:
-        cfg = g.default_config(d, causal, 8192, variant.alibi is not None)
-    _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg,
-                                variant if opts else f.PLAIN)
-    J, backend = g._attn_fwd_gluon_kernel, make_backend(T)
+    return (variant if opts else f.PLAIN), causal, d, q, kv, B, H, N
+
+
+def _compile_gluon(J, args, kwargs):
+    """The PTX of Gluon kernel ``J`` launched with ``args``/``kwargs``, bound by Triton's own
+    argument specialisation."""
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(T)
     bound, spec, options = create_function_from_signature(J.signature, J.params, backend)(*args, **kwargs)
     options, sig, constexprs, attrs = J._pack_args(backend, kwargs, bound, spec, options)
     return triton.compile(GluonASTSource(J, sig, constexprs, attrs), target=T, options=options.__dict__).asm["ptx"]
 
-def gluon_bwd(opts, causal=True, d=128):
-    """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors, bound
-    by Triton's own argument specialisation), at its default config (fused dQ), GQA 2:1 (``causal`` and
-    ``d`` may come in ``opts``; window sides as ``left``/``right``)."""
+
+def gluon(opts, causal=True, d=128):
+    """The Gluon forward as ``attention_forward_gluon`` launches it (``_launch`` on CPU tensors), at
+    its default config for N 8k (window sides as ``left``/``right`` in ``opts``)."""
     import torch
-    opts = dict(opts)
-    causal, d = opts.pop("causal", causal), opts.pop("d", d)
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
+    import flashattn_lite.ops.attention_fwd_gluon as g
+    variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
+    try:  # the window's config rule (a checkout from before windows takes three arguments)
+        cfg = g.default_config(d, causal, 8192, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+    except TypeError:
+        cfg = g.default_config(d, causal, 8192, variant.alibi is not None)
+    _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg, variant)
+    return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
+
+
+def gluon_bwd(opts, causal=True, d=128):
+    """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors), at
+    its default config (fused dQ), GQA 2:1 (window sides as ``left``/``right`` in ``opts``)."""
+    import torch
     import flashattn_lite.ops.attention_bwd_gluon as g
-    B, H, N = 2, 4, 1024
-    q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
-    tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(B, H, dtype=torch.float64), sinks=torch.zeros(H))
-    variant = f.Variant(**{"alibi" if n == "alibi_bh" else n: tensors.get(n, v) for n, v in opts.items()})
-    cfg = g.default_config(d, causal, 8192)
-    rows = torch.zeros(B * H, 1024)
-    _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg,
-                                variant if opts else f.PLAIN, dq_acc=torch.zeros(B, H, N, d))
-    J, backend = g._attn_bwd_gluon_kernel, make_backend(T)
-    bound, spec, options = create_function_from_signature(J.signature, J.params, backend)(*args, **kwargs)
-    options, sig, constexprs, attrs = J._pack_args(backend, kwargs, bound, spec, options)
-    return triton.compile(GluonASTSource(J, sig, constexprs, attrs), target=T, options=options.__dict__).asm["ptx"]
+    variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
+    rows, cfg = torch.zeros(B * H, 1024), g.default_config(d, causal, 8192)
+    _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
+                                dq_acc=torch.zeros(B, H, N, d))
+    return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
 
 def body(ptx):  # the code only: no debug sections, file names or source locations
     ptx = ptx.split(".section\t.debug")[0]
