@@ -96,6 +96,38 @@ def gluon(opts, causal=True, d=128):
     return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
 
 
+def gluon_seq(opts, causal=True, d=128):
+    """The Gluon forward on a packed varlen batch (``seq="varlen"``: (1, H, total, D) views of
+    (total, H, D), three sequences) or with per-row ranges (``seq="ranges"``), as
+    ``attention_forward_gluon`` launches it, at its default config for the sequences' mean length
+    (varlen) or the tensors' length (ranges). A checkout whose Gluon forward refuses these layouts
+    says "unavailable"."""
+    import torch
+    opts = dict(opts)
+    causal, d, seq = opts.pop("causal", causal), opts.pop("d", d), opts.pop("seq")
+    import flashattn_lite.ops.attention_fwd_gluon as g
+    B, H, N = 2, 4, 1024
+    tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(3 if seq == "varlen" else B, H, dtype=torch.float64),
+                   sinks=torch.zeros(H))
+    options = {"alibi" if n == "alibi_bh" else n: tensors.get(n, v) for n, v in opts.items()}
+    if seq == "varlen":
+        cu = torch.tensor([0, 300, 1100, B * N], dtype=torch.int32)
+        q = torch.zeros(B * N, H, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
+        kv = torch.zeros(B * N, H // 2, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
+        variant = f.Variant(**options, seq=f.SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    else:
+        ranges = torch.tensor([[0, 700], [5, 1024]], dtype=torch.int32)
+        q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
+        variant = f.Variant(**options, seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
+    if g._variant_reason(variant) is not None:
+        raise ValueError(g._variant_reason(variant))
+    n = q.shape[2] // 3 if seq == "varlen" else N
+    cfg = g.default_config(d, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+    o, lse = f.output_buffers(q, d, variant, True)
+    _, args, kwargs = g._launch(q, kv, kv, o, lse, 0.088, causal, cfg, variant)
+    return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
+
+
 def gluon_bwd(opts, causal=True, d=128):
     """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors), at
     its default config (fused dQ), GQA 2:1 (window sides as ``left``/``right`` in ``opts``)."""
@@ -153,7 +185,20 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d64 window both+softcap+sinks", gluon_bwd, dict(left=300, right=40, causal=False, d=64,
                                                                      softcap=30.0, sinks=True)),
          ("gluon bwd d64 causal window+all", gluon_bwd, dict(left=4095, d=64, softcap=30.0, alibi=True,
-                                                             sinks=True))]
+                                                             sinks=True)),
+         # Ranges and varlen batches: the portable kernel (whose ``varlen_tile`` the Gluon forward
+         # shares), then the Gluon forward (listed last; "unavailable" before it took them): causal
+         # and not, d 64 and 128, a window with every option.
+         ("portable varlen", portable, dict(SEQ=2)), ("portable ranges", portable, dict(SEQ=1)),
+         ("gluon varlen causal", gluon_seq, dict(seq="varlen")),
+         ("gluon varlen", gluon_seq, dict(seq="varlen", causal=False)),
+         ("gluon d64 varlen causal", gluon_seq, dict(seq="varlen", d=64)),
+         ("gluon varlen causal window+all", gluon_seq, dict(seq="varlen", left=300, softcap=30.0, alibi_bh=True,
+                                                            sinks=True)),
+         ("gluon ranges causal", gluon_seq, dict(seq="ranges")),
+         ("gluon d64 ranges", gluon_seq, dict(seq="ranges", d=64, causal=False)),
+         ("gluon ranges window both+alibi+sinks", gluon_seq, dict(seq="ranges", left=300, right=40, causal=False,
+                                                                  alibi_bh=True, sinks=True))]
 
 
 def ptxas(ptx):
@@ -173,7 +218,7 @@ for name, fn, opts in cases:
     try:
         ptx = fn(opts)
     except Exception as e:  # noqa: BLE001 - an older checkout or another triton: say so, go on
-        if fn not in (gluon, gluon_bwd):
+        if fn not in (gluon, gluon_bwd, gluon_seq):
             raise
         print(name, "unavailable", f"({type(e).__name__}: {str(e)[:80]})", flush=True)
         continue

@@ -182,6 +182,32 @@ def varlen_tile(starts, ends, n_seq, t, BLOCK: tl.constexpr, SCAN: tl.constexpr 
 
 
 @triton.jit
+def varlen_scan(starts, ends, n_seq, t, lanes, BLOCK: tl.constexpr):
+    """``varlen_tile`` with the chunk's lanes (0 … SCAN − 1) passed in: the Gluon forward passes
+    them in a layout of its own (a Gluon arange needs one). The same scan, written out twice: the
+    portable kernel calling this one compiles to other PTX (the arange hoisted out of the loop),
+    and its PTX is kept as it ran on the GPU (``benchmarks/ptx_hashes.py``); the tests run both
+    against brute force."""
+    SCAN: tl.constexpr = lanes.shape[0]
+    b = 0
+    before = 0  # tiles of the sequences before b
+    own = 0     # tiles of sequence b
+    seen = 0    # tiles of every sequence in the chunks scanned so far
+    for c in range(0, n_seq, SCAN):
+        idx = c + lanes
+        ok = idx < n_seq
+        n = tl.load(ends + idx, mask=ok, other=0) - tl.load(starts + idx, mask=ok, other=0)
+        tiles = tl.where(ok, tl.cdiv(n, BLOCK), 0)
+        ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's tiles end, over the whole batch
+        done = (ends_t <= t) & ok
+        b += tl.sum(done.to(tl.int32), 0)
+        own += tl.sum(tl.where(ok & ~done & (ends_t - tiles <= t), tiles, 0), 0)
+        before += tl.sum(tl.where(done, tiles, 0), 0)
+        seen += tl.sum(tiles, 0)
+    return b, tl.where(own > 0, own - 1 - (t - before), 0) * BLOCK  # past the last tile: 0 (an empty program)
+
+
+@triton.jit
 def sequence(pid_b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ: tl.constexpr):
     """(q0, n_q, k0, n_k, off) of batch row ``pid_b``: its first query and key row, its lengths and
     diagonal offset. Dense: the whole tensor, ``off`` as given. Ranges and varlen: read from the
@@ -518,7 +544,8 @@ def _hopper_path(q, k, v, causal, causal_offset, scale, variant=PLAIN):
     """(a Hopper forward's entry point, what explain() says of it) if this call (no mask or dropout)
     takes one (CUDA sm_90 only): the Gluon kernel where it measured fastest
     (``attention_fwd_gluon.fast_path``: plain, window, softcap, ALiBi, sinks; causal or windowed
-    calls from its ``CAUSAL_MIN_N`` on), else the Triton TMA kernel (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build
+    calls from its ``CAUSAL_MIN_N`` on; per-row ranges and varlen batches, which only it takes),
+    else the Triton TMA kernel (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build
     on this one's helpers."""
     from . import attention_fwd_gluon, attention_fwd_hopper
     if len(_HOPPER) >= _BOUND_ENTRIES:
@@ -537,10 +564,12 @@ def _plain_signature(q, k, v, causal, causal_offset, scale, need_lse):
 
 
 def _variant_signature(variant: Variant):
-    """What the Hopper path's decision depends on in a dense-batch variant, besides the plain
-    signature: the window sides, the softcap, and the slopes' and sinks' layouts."""
+    """What the Hopper path's decision depends on in a variant, besides the plain signature: the
+    window sides, the softcap, the slopes' and sinks' layouts, and the batch layout with its bounds'
+    (not their values: every sequence length takes the same path)."""
     layout = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device)  # noqa: E731
-    return variant.left, variant.right, variant.softcap, layout(variant.alibi), layout(variant.sinks)
+    return (variant.left, variant.right, variant.softcap, layout(variant.alibi), layout(variant.sinks),
+            variant.seq, layout(variant.seq_q), layout(variant.seq_k))
 
 
 def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int,
@@ -556,7 +585,7 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     B, Hq, Nq, D = q.shape
     Dv = v.shape[3]
     plain = variant is PLAIN and mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
-    if mask is None and dropout_p == 0.0 and variant.seq == SEQ_DENSE:  # what the Hopper kernel may take
+    if mask is None and dropout_p == 0.0:  # what the Hopper kernels may take (ranges, varlen: the Gluon one)
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, need_lse)
         key = signature if variant is PLAIN else (signature, _variant_signature(variant))
         hopper = _HOPPER.get(key)

@@ -42,6 +42,17 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   constexprs, so its parameter list is unchanged too): the scores as the portable kernels make them,
   through their @triton.jit helpers (a Gluon function may call one whose ops are elementwise:
   ``fold_factor``'s tanh, ``add_sink``), in the consumers' softmax, which overlaps the wgmma.
+* Batch layouts (``SEQ``, a constexpr: a dense call compiles to the kernel it compiled to before):
+  per-row key ranges (SEQ_RANGES: the dense grid, each batch row's tiles from its range's start)
+  and packed varlen batches (SEQ_VARLEN: tensors (1, H, total, D) viewed from (total, H, D), the
+  grid cdiv(total, BLOCK_M) + sequences slots per head, mapped to (sequence, query tile) by the
+  portable kernel's scan of cu_seqlens, ``varlen_scan``). Rows are counted from the sequence's
+  start, so the masks and windows above apply per sequence (its own Nk − Nq diagonal); a key tile
+  crossing the sequence's end reads the next sequence's (or the padding's) rows, masked to −inf (with
+  P = 0 their values still enter P·V: a non-finite value there reaches the output). The last,
+  partial query tile of a sequence is stored by a masked store (a TMA store would overwrite the
+  next sequence's rows), as is every tile under ALiBi (the TMA store's coordinates spill its
+  consumers); lse by a masked store always. Not yet run on a GPU.
 
 Measured on the H100 (``benchmarks/gluon_fwd.py``, 2026-11-24, two runs, bf16, B·N 16k tokens, best
 config per point): d 128 at N 8k / 16k 587–623 TFLOP/s non-causal, 566–661 causal (1.12–1.27× the
@@ -67,7 +78,8 @@ import triton.language as tl
 from .._runtime import cdiv
 from ..merge import LOG2E, add_sink
 
-from .attention_fwd import PLAIN, SEQ_DENSE, Variant, causal_window, fold_factor, key_range, score_args
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
+                           key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton.experimental import gluon
@@ -232,17 +244,26 @@ if _HAS_GLUON:
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                 b, h, h_kv, start_m, lo, n_tiles,
-                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr):
+                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+                q0=0, k0=0, SEQ: gl.constexpr = 0):
         """The loader warp: Q once, then K_j/V_j (keys from ``lo`` on under a window's left side, else
-        from 0) into slot j % STAGES once the consumers freed it."""
+        from 0) into slot j % STAGES once the consumers freed it. Ranges and varlen (``SEQ``): ``b``
+        is the tensor's batch row, rows counted from the sequence's first query ``q0`` and key ``k0``
+        (a tile crossing the sequence's end reads rows of the padding or the next sequence: the
+        consumers mask those keys and store no such query row)."""
         mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
         for c in gl.static_range(CONSUMERS):
-            tma.async_copy_global_to_shared(q_desc, [b, h, start_m + 64 * c, 0], q_bar, q_smem.index(c))
+            row = start_m + 64 * c
+            if SEQ != 0:
+                row = q0 + row
+            tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], q_bar, q_smem.index(c))
         for j in range(n_tiles):
             s = j % STAGES
             key = j * BLOCK_N
             if HAS_LEFT:
                 key = lo + j * BLOCK_N
+            if SEQ != 0:
+                key = k0 + key
             # A fresh barrier's "previous" phase counts as complete: the first round never waits.
             free = ((j // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(s), free)
@@ -337,13 +358,20 @@ if _HAS_GLUON:
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  o=None, stride_om=None, q0=0, SEQ: gl.constexpr = 0):
         """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile.
 
         The scores are the portable kernels' (scale, softcap, ALiBi, masks: ``_scores``), with the
         softmax's positive factor folded into the exp2's FMA even under ALiBi: its bias is
         subtracted divided by that factor (``slope``), where the portable kernels add it to the
-        base-2 score (the same score up to float32 rounding; no multiply per score)."""
+        base-2 score (the same score up to float32 rounding; no multiply per score).
+
+        Ranges and varlen (``SEQ``): rows, ``n_q``, ``n_k`` and ``off`` are the sequence's; ``lse`` and
+        ``o`` point at its first row (of head h), ``q0`` is that row in the tensor (batch row ``b``
+        for ranges, the one batch row 0 for varlen).
+        A full tile of rows goes out by TMA as for a dense batch, a tile crossing the sequence's end
+        by a masked store (a TMA store would overwrite the next sequence's rows)."""
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -431,37 +459,89 @@ if _HAS_GLUON:
         inv_l = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
         lse_row = gl.where(empty_row, float("-inf"),
                            (m_i + gl.log2(gl.where(empty_row, 1.0, l_i))) * 0.6931471805599453)
-        gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
+        if SEQ == 0:
+            gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
+        else:
+            gl.store(lse + rows, lse_row, mask=rows < n_q)
         out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
-        # Q's slot is free (its last wgmma retired above): stage O there for one TMA store, which
-        # drops the rows past Nq.
-        o_smem = q_smem.index(ME)
-        o_smem.reshape([64, HEAD_DIM]).store(out.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem)
-        tma.store_wait(0)
+        if SEQ == 0:
+            # Q's slot is free (its last wgmma retired above): stage O there for one TMA store, which
+            # drops the rows past Nq.
+            o_smem = q_smem.index(ME)
+            o_smem.reshape([64, HEAD_DIM]).store(out.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem)
+            tma.store_wait(0)
+        else:
+            # With ALiBi every tile takes the masked store: the TMA store's coordinates (two more
+            # registers held through the loop) spill ALiBi's consumers (triton 3.6, sm_90).
+            if (row0 + 64 <= n_q) and not ALIBI:
+                o_smem = q_smem.index(ME)
+                o_smem.reshape([64, HEAD_DIM]).store(out.to(dtype))
+                fence_async_shared()
+                tb = b  # ranges: the batch row; varlen: the tensors' one batch row
+                if SEQ == 2:
+                    tb = 0
+                tma.async_copy_shared_to_global(o_desc, [tb, h, q0 + row0, 0], o_smem)
+                tma.store_wait(0)
+            else:
+                out_rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+                out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+                ptrs = o + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(out_cols, 0)
+                gl.store(ptrs, out.to(dtype), mask=gl.expand_dims(out_rows < n_q, 1))
 
     # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
     # Window sides too (a side the call does not have is None: a constexpr, no parameter).
-    @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads", "win_left", "win_right"])
+    # Ranges / varlen: the sequences' bounds, their count and the output's strides (None for a dense
+    # batch: constexprs, no parameters).
+    @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads", "win_left", "win_right", "n_seq"])
     def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                n_heads, group, n_q, n_k, win_left, win_right, qk_scale, softcap_scale, softcap2,
+                               q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, o, stride_oh, stride_om,
                                HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                                ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               LOADER_REGS: gl.constexpr):
+                               LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
-        # Grid (B·Hq, query tiles), the last (under causal, heaviest) tiles of every head first.
-        bh = gl.program_id(0)
-        start_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
-        b = bh // n_heads
-        h = bh % n_heads
+        if SEQ == 2:
+            # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
+            # (sequence, query tile) by a scan of cu_seqlens, each sequence's last tile first (the
+            # portable kernel's ``varlen_tile``); a slot past the last tile is an empty program.
+            pid = gl.program_id(0)
+            h = pid % n_heads
+            lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+            b, start_m = varlen_scan(q_starts, q_ends, n_seq, pid // n_heads, lanes, BLOCK_M)
+            live = b < n_seq
+            b = gl.minimum(b, n_seq - 1)
+            bh = h  # the lse is (Hq, total): one plane for every sequence
+            tb = 0  # the tensors' one batch row
+        else:
+            # Grid (B·Hq, query tiles), the last (under causal, heaviest) tiles of every head first.
+            bh = gl.program_id(0)
+            start_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+            b = bh // n_heads
+            h = bh % n_heads
+            tb = b
         h_kv = h // group
 
         # Key tiles [lo, lo + n_tiles·BLOCK_N) are loaded; outside [mid_lo, mid_hi) they are masked.
         off = n_k - n_q
+        q0 = 0
+        k0 = 0
+        if SEQ != 0:
+            # The sequence's rows and lengths, its diagonal bottom-right aligned (``sequence``); a
+            # tile past its end (ranges) or an empty slot (varlen) loads no key and stores nothing.
+            q0, n_q_seq, k0, n_k_seq, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends,
+                                                     stride_seq, off, SEQ)
+            if SEQ == 2:
+                n_q_seq = gl.where(live, n_q_seq, 0)
+            n_k_seq = gl.where(start_m < n_q_seq, n_k_seq, 0)
+            lse = lse + bh.to(gl.int64) * n_q + q0
+            o = o + bh.to(gl.int64) * stride_oh + q0.to(gl.int64) * stride_om
+            n_q = n_q_seq
+            n_k = n_k_seq
         lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                                 BLOCK_M, BLOCK_N)
 
@@ -496,9 +576,10 @@ if _HAS_GLUON:
                              qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                              0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES)),
+                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           b, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT)),
+                           tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0, k0,
+                           SEQ)),
             ], [1], [LOADER_REGS])
         elif CONSUMERS == 2:
             gl.warp_specialize([
@@ -507,15 +588,16 @@ if _HAS_GLUON:
                              qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                              0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES)),
+                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                              qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                              1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES)),
+                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           b, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT)),
+                           tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0, k0,
+                           SEQ)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
@@ -524,46 +606,71 @@ if _HAS_GLUON:
                              qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                              0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES)),
+                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                              qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                              1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES)),
+                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                              bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                              qk_scale,
                              softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                              2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES)),
+                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           b, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT)),
+                           tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0, k0,
+                           SEQ)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
 def _variant_reason(variant) -> str | None:
     """Why this kernel cannot express ``variant`` at all, or None: it takes a sliding window,
-    softcap, ALiBi and sinks over a dense batch; ranges/varlen layouts are left to the portable
-    kernel. (The options' tensors and the window sides' range are checked by
+    softcap, ALiBi and sinks, over a dense batch, per-row ranges (SEQ_RANGES) or a packed varlen
+    batch (SEQ_VARLEN), the bounds int32 tensors as ``attention()``/``attention_varlen`` build
+    them (contiguous). (The options' tensors and the window sides' range are checked by
     ``attention_fwd_hopper.supported``.)"""
     if variant is None or variant is PLAIN:
         return None
     if not isinstance(variant, Variant):
         return f"variant is a {type(variant).__name__}, not a Variant"
+    if variant.seq not in (SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN):
+        return f"batch layout {variant.seq} (dense, ranges or varlen only)"
     if variant.seq != SEQ_DENSE:
-        return "a ranges or varlen batch layout"
+        shape = 2 if variant.seq == SEQ_RANGES else 1
+        for t in (variant.seq_q, variant.seq_k):
+            if not (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == shape
+                    and t.is_contiguous() and (shape == 1 or t.shape[1] == 2)):
+                return "sequence bounds are not contiguous int32 (B, 2) ranges or (B + 1,) cu_seqlens"
     return None
+
+
+def _dense(variant):
+    """``variant`` with a dense layout: what the TMA kernel's rules (``attention_fwd_hopper.supported``)
+    check of a ranges or varlen call's options."""
+    if not isinstance(variant, Variant) or variant.seq == SEQ_DENSE:
+        return variant
+    dense = variant._replace(seq=SEQ_DENSE, seq_q=None, seq_k=None)
+    return PLAIN if dense == PLAIN else dense
 
 
 def supported(q, k, v, **options) -> str | None:
     """None when ``attention_forward_gluon`` covers this call, else the reason in words: the Hopper
-    TMA kernel's rules (``attention_fwd_hopper.supported``: a dense-batch ``variant`` with a sliding
-    window, softcap, ALiBi slopes, sinks; no mask, dropout, ranges/varlen or unknown option), plus a
-    triton whose Gluon this kernel was written for."""
-    reason = _variant_reason(options.get("variant"))
+    TMA kernel's rules (``attention_fwd_hopper.supported``: a ``variant`` with a sliding window,
+    softcap, ALiBi slopes, sinks; no mask, dropout or unknown option) on the tensors as given (for
+    varlen the (1, H, total, D) views), ranges and varlen layouts besides (``_variant_reason``; their
+    call's ``causal_offset`` unused), plus a triton whose Gluon this kernel was written for."""
+    variant = options.get("variant")
+    reason = _variant_reason(variant)
     if reason is not None:
         return reason
+    if isinstance(variant, Variant) and variant.seq != SEQ_DENSE:
+        # The sequences' diagonals are their own (bottom-right): the call's causal_offset is unused.
+        options = {**options, "variant": _dense(variant)}
+        options.pop("causal_offset", None)
+        if variant.seq_q.device != q.device or variant.seq_k.device != q.device:
+            return "sequence bounds are not on q's device"
     if not _HAS_GLUON:
         return "this triton has no Gluon Hopper API (triton.experimental.gluon)"
     if not triton.__version__.startswith(TESTED_TRITON):
@@ -585,7 +692,11 @@ CAUSAL_MIN_N = 8192
 
 def _short(causal: bool, variant: Variant, n_q: int, n_k: int) -> bool:
     """Whether the call is below the Gluon kernel's crossover (``CAUSAL_MIN_N``): causal or windowed
-    at max(Nq, Nk) < CAUSAL_MIN_N."""
+    at max(Nq, Nk) < CAUSAL_MIN_N. Never for ranges or varlen calls: the TMA kernel does not take
+    them, so the alternative is the portable kernel, not the kernel the crossover was measured
+    against."""
+    if variant.seq != SEQ_DENSE:
+        return False
     banded = causal or variant.left >= 0 or variant.right >= 0
     return banded and max(n_q, n_k) < CAUSAL_MIN_N
 
@@ -601,10 +712,12 @@ PATH_NOTE = path_note(PLAIN)
 
 
 def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:
-    """Whether an attention forward (plain, or a window, softcap, ALiBi, sinks) takes this kernel
-    rather than the Triton TMA one: the Triton Hopper kernel's switches (``FLASHATTN_LITE_HOPPER``,
-    ``MIN_WORK``) and rules, this module's triton version and ``supported``, and the measured
-    crossover (``CAUSAL_MIN_N``; a window counts as causal there: ``_short``)."""
+    """Whether an attention forward (plain, or a window, softcap, ALiBi, sinks; dense, ranges or
+    varlen) takes this kernel rather than the Triton TMA one (for ranges and varlen, the portable
+    one): the Triton Hopper kernel's switches (``FLASHATTN_LITE_HOPPER``, ``MIN_WORK``, on the
+    tensors as given: a varlen call's work counted as one sequence of its total) and rules, this
+    module's triton version and ``supported``, and the measured crossover (``CAUSAL_MIN_N``; a
+    window counts as causal there; not for ranges or varlen: ``_short``)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
@@ -637,6 +750,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
 
 
 _PLAIN_ARGS = (None,) * 8
+_DENSE_SEQ_ARGS = (None,) * 9
 _PLAIN_FLAGS = dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, ALIBI=False, SINKS=False, FAST_TANH=False)
 
 
@@ -674,15 +788,26 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     GPU)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    options, flags = _option_args(variant, q, scale, causal)
+    options, flags = _option_args(_dense(variant), q, scale, causal)
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
     grid = (B * Hq, cdiv(Nq, cfg.block_m))
+    seq = variant.seq
+    seq_args_ = _DENSE_SEQ_ARGS
+    if seq != SEQ_DENSE:
+        # Ranges: the dense grid, each batch row's tiles from its range's start. Varlen (tensors
+        # (1, H, total, D)): cdiv(total, BLOCK_M) + sequences tile slots per head (``varlen_tile``).
+        *bounds, stride_seq, n_seq = seq_args(variant, q)
+        seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2))
+        if seq == SEQ_VARLEN:
+            grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq, 1)
     args = (_descriptor(q, 64), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), _descriptor(o, 64),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
-            scale * LOG2E, softcap_scale, softcap2)
+            scale * LOG2E, softcap_scale, softcap2, *seq_args_)
     kwargs = dict(HEAD_DIM=D, CAUSAL=bool(causal), **flags, CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
                   STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
+    if seq != SEQ_DENSE:
+        kwargs["SEQ"] = seq
     return grid, args, kwargs
 
 
@@ -696,17 +821,26 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     (B, Hq, Nq, D) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
     (causal with Nq > Nk, a window) has o = 0, lse = −inf (with sinks: the sink's logit). Key tiles
     outside a window are never loaded (``key_tiles``): O(N·W) work. ``config``: one of ``CONFIGS``
-    (default: ``default_config``). ``variant``: as ``attention_forward`` takes it, a dense batch
-    (ValueError otherwise)."""
+    (default: ``default_config``, for varlen at the sequences' mean length). ``variant``: as
+    ``attention_forward`` takes it; with per-row ranges o and lse are (B, Hq, Nq) buffers whose rows
+    outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
+    (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
+    ``output_buffers``, as the portable kernel writes them. ValueError for what ``_variant_reason``
+    refuses."""
     if variant is not PLAIN:
         reason = _variant_reason(variant)
         if reason is not None:
             raise ValueError(f"attention_forward_gluon: variant: {reason}")
     B, Hq, Nq, D = q.shape
-    cfg = config or default_config(D, causal, max(Nq, k.shape[2]), variant.alibi is not None, variant.softcap > 0,
-                                   variant.left >= 0)
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    n = max(Nq, k.shape[2])
+    if variant.seq == SEQ_VARLEN:  # the config rule's length: the sequences' mean
+        n = max(Nq, k.shape[2]) // max(variant.seq_q.shape[0] - 1, 1)
+    cfg = config or default_config(D, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+    if variant.seq == SEQ_DENSE:
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    else:  # the portable kernel's buffers: varlen o over (total, Hq, D), ranges' padding rows 0 / −inf
+        o, lse = output_buffers(q, D, variant, True)
     grid, args, kwargs = _launch(q, k, v, o, lse, scale, causal, cfg, variant)
     _attn_fwd_gluon_kernel[grid](*args, **kwargs)
     return o, lse

@@ -42,8 +42,8 @@ import triton.language as tl
 
 from .._runtime import cdiv, interpreter_active
 from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
-from .attention_fwd import (PLAIN, SEQ_DENSE, Variant, causal_window, fold_factor, key_range, mask_scores,
-                            query_tile, score_args, score_tile)
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
+                            key_range, mask_scores, query_tile, score_args, score_tile)
 
 try:  # triton ≥ 3.4: TMA descriptors in the language and on the host
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -315,7 +315,9 @@ def path_note(variant: Variant = PLAIN, kernel: str = "the Triton TMA kernel") -
     ``kernel`` (the Gluon module passes its own name)."""
     options = [name for name, on in (("softcap", variant.softcap > 0), ("ALiBi", variant.alibi is not None),
                                      ("sinks", variant.sinks is not None),
-                                     ("a sliding window", variant.left >= 0 or variant.right >= 0)) if on]
+                                     ("a sliding window", variant.left >= 0 or variant.right >= 0),
+                                     ("per-row key ranges", variant.seq == SEQ_RANGES),
+                                     ("a packed varlen batch", variant.seq == SEQ_VARLEN)) if on]
     call = f"an fp16/bf16 call with {', '.join(options)}" if options else "a plain fp16/bf16 call"
     return f"{call} on sm_90: {kernel} (FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)"
 
