@@ -86,10 +86,11 @@ def gluon(opts, causal=True, d=128):
 def gluon_bwd(opts, causal=True, d=128):
     """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors, bound
     by Triton's own argument specialisation), at its default config (fused dQ), GQA 2:1 (``causal`` and
-    ``d`` may come in ``opts``; window sides as ``left``/``right``)."""
+    ``d`` may come in ``opts``; window sides as ``left``/``right``; ``seq``: "varlen" for a packed batch
+    of 4 sequences, (1, H, total, d) views of (total, H, d), or "ranges" for a padded one)."""
     import torch
     opts = dict(opts)
-    causal, d = opts.pop("causal", causal), opts.pop("d", d)
+    causal, d, seq = opts.pop("causal", causal), opts.pop("d", d), opts.pop("seq", None)
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
@@ -98,10 +99,20 @@ def gluon_bwd(opts, causal=True, d=128):
     q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
     tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(B, H, dtype=torch.float64), sinks=torch.zeros(H))
     variant = f.Variant(**{"alibi" if n == "alibi_bh" else n: tensors.get(n, v) for n, v in opts.items()})
-    cfg = g.default_config(d, causal, 8192)
     rows = torch.zeros(B * H, 1024)
+    if seq == "varlen":
+        B, N = 1, 4 * 1024
+        q = torch.zeros(N, H, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
+        kv = torch.zeros(N, H // 2, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
+        cu = torch.tensor([0, 1000, 1017, 3000, N], dtype=torch.int32)
+        variant = variant._replace(seq=f.SEQ_VARLEN, seq_q=cu, seq_k=cu)
+        rows = torch.zeros(H, N)
+    elif seq == "ranges":
+        ranges = torch.tensor([[0, 1000], [24, 1024]], dtype=torch.int32)
+        variant = variant._replace(seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
+    cfg = g.default_config(d, causal, 8192)
     _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg,
-                                variant if opts else f.PLAIN, dq_acc=torch.zeros(B, H, N, d))
+                                variant if opts or seq else f.PLAIN, dq_acc=torch.zeros(B, H, N, d))
     J, backend = g._attn_bwd_gluon_kernel, make_backend(T)
     bound, spec, options = create_function_from_signature(J.signature, J.params, backend)(*args, **kwargs)
     options, sig, constexprs, attrs = J._pack_args(backend, kwargs, bound, spec, options)
@@ -153,7 +164,16 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d64 window both+softcap+sinks", gluon_bwd, dict(left=300, right=40, causal=False, d=64,
                                                                      softcap=30.0, sinks=True)),
          ("gluon bwd d64 causal window+all", gluon_bwd, dict(left=4095, d=64, softcap=30.0, alibi=True,
-                                                             sinks=True))]
+                                                             sinks=True)),
+         # Ranges and varlen batches (a checkout from before them compiles these as dense: their
+         # hashes are then the dense kernels').
+         ("gluon bwd varlen", gluon_bwd, dict(seq="varlen")),
+         ("gluon bwd varlen full", gluon_bwd, dict(seq="varlen", causal=False)),
+         ("gluon bwd varlen d64", gluon_bwd, dict(seq="varlen", d=64)),
+         ("gluon bwd varlen d64 full", gluon_bwd, dict(seq="varlen", d=64, causal=False)),
+         ("gluon bwd ranges", gluon_bwd, dict(seq="ranges")),
+         ("gluon bwd varlen causal window+all", gluon_bwd, dict(seq="varlen", left=4095, softcap=30.0, alibi=True,
+                                                                sinks=True))]
 
 
 def ptxas(ptx):
