@@ -7,6 +7,7 @@ has no ``_launch``).
     python benchmarks/ptx_hashes.py OLD_CHECKOUT > old.txt; python benchmarks/ptx_hashes.py . > new.txt
     diff old.txt new.txt
     python benchmarks/ptx_hashes.py . --ptxas   # each hash with ptxas -v's registers and spills (sm_90a)
+    python benchmarks/ptx_hashes.py . --ptxas --only=varlen   # only the cases whose name has "varlen"
 
 A checkout from before the Gluon window compiles the window lines (listed last) without the window:
 their hashes are then its plain kernels'.
@@ -16,6 +17,7 @@ the source, not the code)."""
 import hashlib, re, subprocess, sys, tempfile
 sys.path.insert(0, sys.argv[1])
 PTXAS = "--ptxas" in sys.argv[2:]
+ONLY = [a[len("--only="):] for a in sys.argv[2:] if a.startswith("--only=")]  # cases whose name has it
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -190,6 +192,8 @@ def ptxas(ptx):
 
 
 for name, fn, opts in cases:
+    if ONLY and not any(word in name for word in ONLY):
+        continue
     try:
         ptx = fn(opts)
     except Exception as e:  # noqa: BLE001 - an older checkout or another triton: say so, go on

@@ -58,6 +58,25 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   per key) and the rest run unmasked. Rows no key is visible to keep lse₂ = +inf (P = 0) as above.
 * dK·scale and dV leave through shared memory (the consumer's own K, V boxes, dead by then) and one
   TMA store each (rows past Nk are dropped).
+* Ranges and varlen batches (``Variant.seq`` ``SEQ_RANGES``: a padded (B, H, N, D) batch with one
+  [start, end) range per row, how the HF integration passes padding; ``SEQ_VARLEN``: the packed
+  (1, H, total, D) views of ``attention_varlen`` with cu_seqlens), the ``SEQ`` constexpr (a dense
+  call compiles to the kernel it compiled to before; the bounds and the dk/dv pointers are None
+  then). A program finds its sequence and key tile with ``seq_key_tile`` (ranges: the padded
+  length's tiles per batch row; varlen: slots of a grid sized from the totals, a binary search over
+  the starts, no device→host sync), then shifts the sequence's query tiles, ends and diagonal
+  (bottom-right per sequence: off = Nk_b − Nq_b) by its first query and key row, so the partitions
+  work in the tensors' rows with the masks as before. Boxes crossing a sequence's end read the next
+  sequence's rows (finite Q, dO, lse₂, δ; zeros past the padded lse₂/δ rows): tiles crossing the
+  query end are masked, rows past Nq_b too (Pᵀ = 0 there, so dSᵀ = 0 and the dQ reduce-add adds
+  exact zeros to the next sequence's rows); a warpgroup holding the key end stores only its rows,
+  by masked register stores (a TMA store of the box would overwrite the next sequence's dK/dV).
+  The Triton dQ kernel is dense only, so ``torch.use_deterministic_algorithms(True)`` keeps these
+  calls on the portable backward. The masks select, so the next rows' lse₂ (any value) cannot leak
+  into Pᵀ; but a NaN or inf in the Q, K, V or dO rows next to a sequence (the next sequence's, or a
+  padded batch's rows outside its ranges) would, as 0 · NaN in the wgmmas, where the portable
+  kernels' masked loads read zeros (zeroing dSᵀ on masked tiles as well cost 50–80 bytes of spills
+  at d 128 and still leaves the wgmmas' 0 · NaN).
 
 The Gluon imports are guarded like the forward's (``attention_fwd_gluon``): on a triton without
 Gluon, another triton than 3.6, or without CUDA the module imports and ``supported`` says why not.
@@ -265,22 +284,20 @@ if _HAS_GLUON:
     @gluon.jit
     def _loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                b, h_kv, start_n, n_heads, lo, n_tiles, rot, q0, k0,
+                b, h_kv, start_n, n_heads, lo, n_tiles, rot,
                 CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SEQ: gl.constexpr):
         """The loader warp: K and V once, then Q, dO, lse₂, δ of step ``it`` into slot it % STAGES
-        once every consumer freed it. Ranges and varlen (``SEQ``): rows from the sequence's first
-        query / key row ``q0`` / ``k0`` (varlen: batch coordinate 0, the packed tensors' only one)."""
+        once every consumer freed it. Ranges and varlen (``SEQ``): ``start_n`` and ``lo`` are rows of
+        the tensors (the kernel shifted them by the sequence's first key / query row); varlen's
+        batch coordinate is 0, the packed tensors' only one."""
         bt = b
-        kv_row = start_n
         if SEQ == 2:
             bt = 0
-        if SEQ != 0:
-            kv_row = k0 + start_n
         mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(CONSUMERS):
-            tma.async_copy_global_to_shared(k_desc, [bt, h_kv, kv_row + 64 * c, 0], kv_bar, k_smem.index(c))
-            tma.async_copy_global_to_shared(v_desc, [bt, h_kv, kv_row + 64 * c, 0], kv_bar, v_smem.index(c))
+            tma.async_copy_global_to_shared(k_desc, [bt, h_kv, start_n + 64 * c, 0], kv_bar, k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [bt, h_kv, start_n + 64 * c, 0], kv_bar, v_smem.index(c))
         step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes
                                     + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         for it in range(GROUP * n_tiles):
@@ -288,8 +305,6 @@ if _HAS_GLUON:
             # A fresh barrier's "previous" phase counts as complete: the first round never waits.
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             h, start_m = _query_tile(it, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
-            if SEQ != 0:
-                start_m = q0 + start_m
             bar = ready.index(s)
             mbarrier.expect(bar, step_bytes)
             tma.async_copy_global_to_shared(q_desc, [bt, h, start_m, 0], bar, q_smem.index(s))
@@ -391,7 +406,7 @@ if _HAS_GLUON:
                   kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                   b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
                   sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                  q0, k0, n_q, dk_ptr, dv_ptr, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                  n_q, dk_base, dv_base, stride_dkn, stride_dvn,
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -405,13 +420,14 @@ if _HAS_GLUON:
         does (no gradient to the slopes). Sinks change nothing here: the saved lse has the sink in
         it, so P = exp(S − lse) is the same formula (dsinks is a host-side reduction of δ).
 
-        Ranges and varlen (``SEQ`` 1, 2): ``b`` is the sequence (ALiBi's row), ``start_n``, the
-        query tiles, ``n_q``, ``n_k`` and ``off`` are the sequence's, and its rows start at ``q0`` /
-        ``k0``. Tiles crossing the sequence's query end are masked (their rows past ``n_q`` are the
-        next sequence's, with finite lse₂: Pᵀ and so dSᵀ are set to 0 there, and the reduce-add
-        adds exact zeros to those dQ rows); dK, dV of a warpgroup holding the key end are stored
-        through masked register stores (a TMA store of the whole box would overwrite the next
-        sequence's rows)."""
+        Ranges and varlen (``SEQ`` 1, 2): ``b`` is the sequence (ALiBi's row); rows and keys are
+        the tensors' (the kernel shifted the sequence's tiles, its ends ``n_q``/``n_k`` and its
+        offset ``off`` by its first query and key row, so every mask compares as before). Tiles
+        crossing the sequence's query end are masked (their rows past ``n_q`` are the next
+        sequence's, with finite lse₂, or zeros past the padded rows: Pᵀ and so dSᵀ are set to 0
+        there, and the reduce-add adds exact zeros to those dQ rows); dK, dV of a warpgroup holding
+        the key end go through masked register stores from ``dk_base``/``dv_base`` (the (b, KV
+        head) planes; a TMA store of the whole box would overwrite the next sequence's rows)."""
         dtype: gl.constexpr = k_smem.dtype
         bt = b  # the TMA batch coordinate: varlen tensors are one packed batch
         if SEQ == 2:
@@ -444,9 +460,6 @@ if _HAS_GLUON:
         for it in range(n_steps):
             s = it % STAGES
             h, start_m = _query_tile(it, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
-            row_m = start_m  # the dQ rows' first, in the tensor
-            if SEQ != 0:
-                row_m = q0 + start_m
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -513,12 +526,12 @@ if _HAS_GLUON:
                 mbarrier.arrive(ds_ready.index(ds_buf))
                 if SPLIT_COLS:
                     dv, dk = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc, ds_ready,
-                                      ds_free, empty.index(s), bt, h, row_m, sm_scale, ME * _DQC, ME, CONSUMERS,
+                                      ds_free, empty.index(s), bt, h, start_m, sm_scale, ME * _DQC, ME, CONSUMERS,
                                       HEAD_DIM, BLOCK_M)
                 else:  # (new names: a runtime branch may not retype the accumulators it takes in)
                     if it % CONSUMERS == ME:
                         dv_out, dk_out = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc,
-                                                  ds_ready, ds_free, empty.index(s), bt, h, row_m, sm_scale, 0, ME,
+                                                  ds_ready, ds_free, empty.index(s), bt, h, start_m, sm_scale, 0, ME,
                                                   CONSUMERS, HEAD_DIM, BLOCK_M)
                     else:
                         dv_out, dk_out = _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty.index(s), FUSED_DQ)
@@ -550,19 +563,16 @@ if _HAS_GLUON:
                 k_me.store((dk * sm_scale).to(dtype))
                 v_me.store(dv.to(dtype))
                 fence_async_shared()
-                tma.async_copy_shared_to_global(dk_desc, [bt, h_kv, k0 + first, 0], k_smem.index(ME))
-                tma.async_copy_shared_to_global(dv_desc, [bt, h_kv, k0 + first, 0], v_smem.index(ME))
+                tma.async_copy_shared_to_global(dk_desc, [bt, h_kv, first, 0], k_smem.index(ME))
+                tma.async_copy_shared_to_global(dv_desc, [bt, h_kv, first, 0], v_smem.index(ME))
                 tma.store_wait(0)
             elif n_rows > 0:
                 rows = gl.arange(0, 64, layout=gl.SliceLayout(1, kv_layout))
                 cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
                 ok = gl.expand_dims(rows < n_rows, 1) & (cols < HEAD_DIM)
-                key_rows = gl.expand_dims((k0 + first + rows).to(gl.int64), 1)
-                dk_at = dk_ptr + h_kv.to(gl.int64) * stride_dkh + key_rows * stride_dkn + cols
-                dv_at = dv_ptr + h_kv.to(gl.int64) * stride_dvh + key_rows * stride_dvn + cols
-                if SEQ == 1:  # (varlen: one packed batch)
-                    dk_at += b.to(gl.int64) * stride_dkb
-                    dv_at += b.to(gl.int64) * stride_dvb
+                key_rows = gl.expand_dims((first + rows).to(gl.int64), 1)
+                dk_at = dk_base + key_rows * stride_dkn + cols
+                dv_at = dv_base + key_rows * stride_dvn + cols
                 gl.store(dk_at, (dk * sm_scale).to(dtype), mask=ok)
                 gl.store(dv_at, dv.to(dtype), mask=ok)
 
@@ -619,6 +629,23 @@ if _HAS_GLUON:
         rot = start_n * 0
         if ROTATE:
             rot = tile
+        if SEQ != 0:
+            # Rows of the tensors from here on: the sequence's tiles, ends and diagonal shifted by its
+            # first query row q0 and key row k0 (key j ≤ row i + off holds shifted by off + k0 − q0),
+            # so the partitions need neither (fewer live registers in the consumers' loop).
+            lo = lo + q0
+            mid_lo = mid_lo + q0
+            mid_hi = mid_hi + q0
+            start_n = start_n + k0
+            n_k = n_k + k0
+            seq_n_q = seq_n_q + q0
+            off = off + (k0 - q0)
+            # dk, dv: the (b, KV head) planes' starts for the masked stores (None for a dense batch)
+            dk_ptr = dk_ptr + h_kv.to(gl.int64) * stride_dkh
+            dv_ptr = dv_ptr + h_kv.to(gl.int64) * stride_dvh
+            if SEQ == 1:  # (varlen: one packed batch)
+                dk_ptr += b.to(gl.int64) * stride_dkb
+                dv_ptr += b.to(gl.int64) * stride_dvb
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -657,21 +684,19 @@ if _HAS_GLUON:
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                         q0, k0, seq_n_q, dk_ptr, dv_ptr, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
-                         stride_dvn,
+                         seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                          FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                         q0, k0, seq_n_q, dk_ptr, dv_ptr, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
-                         stride_dvn,
+                         seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                          FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                       b, h_kv, start_n, n_heads, lo, n_tiles, rot, q0, k0,
+                       b, h_kv, start_n, n_heads, lo, n_tiles, rot,
                        CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES, SEQ)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -745,7 +770,9 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     keep the portable kernels (sinks alone change nothing in the kernel, nor does a causal call's
     window without a left side: it is the diagonal). Window calls take it from ``MIN_WORK`` on, at
     any length (the TMA pair has no window): a 4k causal window at 32k runs forward+backward at 0.90×
-    the full-causal rate on visited pairs (2026-11-24, H100; 0.66× on the portable backward)."""
+    the full-causal rate on visited pairs (2026-11-24, H100; 0.66× on the portable backward).
+    Ranges and varlen batches need the fused dQ too (the Triton dQ kernel is dense only); a varlen
+    call's work is estimated from the mean sequence's keys (no sync to read the lengths)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
@@ -943,8 +970,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     group. Call only where ``supported`` returned None (an sm_90 GPU; Gluon does not run in the
     interpreter). ``config``: one of ``CONFIGS`` (default: ``default_config``); ``dlse``: the lse's
     own gradient (B, Hq, Nq), or None. ``variant``: None, or a Variant as ``attention_backward``
-    takes it (a sliding window, softcap, ALiBi slopes, sinks; a dense batch; ``causal`` caps the
-    window's right side at 0), the lse the forward saved with it (sinks included); then the
+    takes it (a sliding window, softcap, ALiBi slopes, sinks; a dense batch, a padded one with
+    per-row ranges, zeros outside them, or a packed varlen one as (1, H, total, D) views, lse
+    (1, Hq, total); ``causal`` caps the window's right side at 0, per sequence under ranges and
+    varlen), the lse the forward saved with it (sinks included); then the
     portable backward's four gradients come back, (dq, dk, dv, dsinks), dsinks (Hq,) in the sinks'
     dtype or None. Query tiles that see no key of a key tile are never loaded (``query_tiles``):
     a window of W keys costs O(N·W). Softcap, ALiBi and windows need a ``fused_dq`` config (the
