@@ -468,3 +468,13 @@ def test_ranges_match_portable(monkeypatch, d):
     for a, b in zip(got, want):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
     assert (got[0][1, :, :100] == 0).all() and (got[1][2, :, 17:] == 0).all()
+
+
+def test_packed_do_is_taken_without_a_copy():
+    # attention_backward hands a packed varlen dO, (1, H, total, D) over (total, H, D), to the Gluon
+    # backward as it is; an expanded one (of o.sum()) is made contiguous first.
+    from flashattn_lite.ops.attention_bwd import _tma_strides
+    packed = torch.zeros(300, 4, 64, dtype=torch.float16).transpose(0, 1).unsqueeze(0)
+    assert _tma_strides(packed)
+    assert not _tma_strides(torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 4, 300, 64))
+    assert not _tma_strides(torch.zeros(300, 4, 66, dtype=torch.float16)[..., :64].transpose(0, 1).unsqueeze(0))
