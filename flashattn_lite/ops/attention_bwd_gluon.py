@@ -156,6 +156,12 @@ class Config(NamedTuple):
 # (with every option too); d 128 fused 16–68 bytes (plain causal 16–72, non-causal 0–40), softcap +
 # ALiBi 220–328, every option with a causal window 328. Non-causal windows with a right side skip
 # the rotated start (40–80 bytes with it at bf16 GQA 2).
+# Ranges and varlen (same compile, 2026-11-24; dense kernels' PTX hash unchanged), spill stores in
+# bytes, the dense kernel's in brackets: d 64 none; d 128 fused varlen causal / non-causal bf16 GQA 2
+# 100 / 60 (72 / 40), fp16 GQA 2 56 / 52 (20 / 0), bf16 GQA 1 56 / 28 (44 / 28), fp16 GQA 1
+# 20 / 36 (16 / 0); ranges causal bf16 GQA 2 64, fp16 GQA 2 24; varlen causal window with every
+# option 496 (328). (The one value the loop gains is the sequence's query end; moving the rest out
+# of the partitions, or the edge test's form, changed the counts by ±10–40 bytes either way.)
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
