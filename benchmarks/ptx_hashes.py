@@ -7,6 +7,7 @@ has no ``_launch``).
     python benchmarks/ptx_hashes.py OLD_CHECKOUT > old.txt; python benchmarks/ptx_hashes.py . > new.txt
     diff old.txt new.txt
     python benchmarks/ptx_hashes.py . --ptxas   # each hash with ptxas -v's registers and spills (sm_90a)
+    python benchmarks/ptx_hashes.py . --ptxas --only=varlen   # only the cases whose name has "varlen"
 
 A checkout from before the Gluon window compiles the window lines (listed last) without the window:
 their hashes are then its plain kernels'.
@@ -16,6 +17,7 @@ the source, not the code)."""
 import hashlib, re, subprocess, sys, tempfile
 sys.path.insert(0, sys.argv[1])
 PTXAS = "--ptxas" in sys.argv[2:]
+ONLY = [a[len("--only="):] for a in sys.argv[2:] if a.startswith("--only=")]  # cases whose name has it
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -130,11 +132,26 @@ def gluon_seq(opts, causal=True, d=128):
 
 def gluon_bwd(opts, causal=True, d=128):
     """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors), at
-    its default config (fused dQ), GQA 2:1 (window sides as ``left``/``right`` in ``opts``)."""
+    its default config (fused dQ), GQA 2:1 (window sides as ``left``/``right`` in ``opts``; ``seq``:
+    "varlen" for a packed batch of 4 sequences, (1, H, total, d) views of (total, H, d), or "ranges"
+    for a padded one)."""
     import torch
     import flashattn_lite.ops.attention_bwd_gluon as g
+    opts = dict(opts)
+    seq = opts.pop("seq", None)
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
-    rows, cfg = torch.zeros(B * H, 1024), g.default_config(d, causal, 8192)
+    rows = torch.zeros(B * H, 1024)
+    if seq == "varlen":
+        B, N = 1, 4 * 1024
+        q = torch.zeros(N, H, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
+        kv = torch.zeros(N, H // 2, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
+        cu = torch.tensor([0, 1000, 1017, 3000, N], dtype=torch.int32)
+        variant = variant._replace(seq=f.SEQ_VARLEN, seq_q=cu, seq_k=cu)
+        rows = torch.zeros(H, N)
+    elif seq == "ranges":
+        ranges = torch.tensor([[0, 1000], [24, 1024]], dtype=torch.int32)
+        variant = variant._replace(seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
+    cfg = g.default_config(d, causal, 8192)
     _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
                                 dq_acc=torch.zeros(B, H, N, d))
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
@@ -198,7 +215,16 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon ranges causal", gluon_seq, dict(seq="ranges")),
          ("gluon d64 ranges", gluon_seq, dict(seq="ranges", d=64, causal=False)),
          ("gluon ranges window both+alibi+sinks", gluon_seq, dict(seq="ranges", left=300, right=40, causal=False,
-                                                                  alibi_bh=True, sinks=True))]
+                                                                  alibi_bh=True, sinks=True)),
+         # Ranges and varlen batches of the Gluon backward (a checkout from before them
+         # compiles these as dense: their hashes are then the dense kernels').
+         ("gluon bwd varlen", gluon_bwd, dict(seq="varlen")),
+         ("gluon bwd varlen full", gluon_bwd, dict(seq="varlen", causal=False)),
+         ("gluon bwd varlen d64", gluon_bwd, dict(seq="varlen", d=64)),
+         ("gluon bwd varlen d64 full", gluon_bwd, dict(seq="varlen", d=64, causal=False)),
+         ("gluon bwd ranges", gluon_bwd, dict(seq="ranges")),
+         ("gluon bwd varlen causal window+all", gluon_bwd, dict(seq="varlen", left=4095, softcap=30.0, alibi=True,
+                                                                sinks=True))]
 
 
 def ptxas(ptx):
@@ -215,6 +241,8 @@ def ptxas(ptx):
 
 
 for name, fn, opts in cases:
+    if ONLY and not any(word in name for word in ONLY):
+        continue
     try:
         ptx = fn(opts)
     except Exception as e:  # noqa: BLE001 - an older checkout or another triton: say so, go on

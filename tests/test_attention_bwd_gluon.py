@@ -51,11 +51,11 @@ def test_module_imports_and_says_why_not():
 
 
 def test_refuses_the_variant_options():
-    # Windows, softcap, ALiBi and sinks are taken; ranges/varlen layouts are refused, said before
-    # anything about the device; PLAIN and None are plain.
+    # Windows, softcap, ALiBi and sinks are taken, ranges and varlen layouts too
+    # (test_attention_bwd_gluon_varlen.py); an unknown layout or a non-Variant is refused, said
+    # before anything about the device; PLAIN and None are plain.
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    refused = ((Variant(seq=SEQ_RANGES), "ranges"), (Variant(left=16, seq=SEQ_RANGES), "ranges"),
-               ((3, 0), "Variant"))
+    refused = ((Variant(seq=7), "layout"), (Variant(left=16, seq=7), "layout"), ((3, 0), "Variant"))
     for variant, why in refused:
         assert why in gluon_bwd.supported(q, q, q, q, variant=variant)
         with pytest.raises(ValueError, match=why):
@@ -63,7 +63,7 @@ def test_refuses_the_variant_options():
                                                variant=variant)
     for variant in (None, PLAIN, Variant(softcap=30.0), Variant(sinks=torch.zeros(2)),
                     Variant(alibi=torch.zeros(2), softcap=5.0, sinks=torch.zeros(2)), Variant(left=16),
-                    Variant(right=0, softcap=30.0)):
+                    Variant(right=0, softcap=30.0), Variant(seq=SEQ_RANGES)):
         assert gluon_bwd._variant_reason(variant) is None
         reason = gluon_bwd.supported(q, q, q, q, variant=variant)
         assert reason is None or not any(word in reason for word in ("window", "ranges", "plain attention"))
@@ -670,7 +670,7 @@ def test_supported_refuses_the_rest(sm90):
     for left, right in ((3, -1), (-1, 2), (0, 0)):  # windows are taken; sides below −1 are not
         assert reason(q, k, v, q, causal=True, variant=every._replace(left=left, right=right)) is None
         assert "window" in reason(q, k, v, q, variant=every._replace(left=left - 5, right=right))
-    assert "ranges" in reason(q, k, v, q, variant=every._replace(seq=SEQ_RANGES))
+    assert "seq_q" in reason(q, k, v, q, variant=every._replace(seq=SEQ_RANGES))  # ranges need their bounds
     assert "dropout" in reason(q, k, v, q, variant=every, dropout_p=0.1)
     assert "causal_offset" in reason(q, k, v, q, causal=True, causal_offset=2, variant=every)
     assert "alibi" in reason(q, k, v, q, variant=every._replace(alibi=every.alibi.half()))

@@ -11,9 +11,10 @@ as P = exp2(S·scale·log2 e − lse₂) and never stores them:
 
 No atomics: each output element is written by exactly one program, so gradients are
 bit-identical from run to run. (``attention_backward`` hands large fp16/bf16 calls on sm_90, plain
-or with a window, softcap, ALiBi or sinks, to the Gluon backward, ``attention_bwd_gluon``, whose dq
-is not bit-reproducible unless ``torch.use_deterministic_algorithms(True)``; plain ones otherwise to
-the TMA pair, ``attention_bwd_hopper``.)
+or with a window, softcap, ALiBi or sinks, over a dense, ranges or varlen batch, to the Gluon
+backward, ``attention_bwd_gluon``, whose dq is not bit-reproducible unless
+``torch.use_deterministic_algorithms(True)``; plain ones otherwise to the TMA pair,
+``attention_bwd_hopper``.)
 """
 from __future__ import annotations
 
@@ -374,7 +375,8 @@ _HOPPER_ENTRIES = 256
 def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = PLAIN):
     """(a Hopper backward's entry point, what explain() says of it) if this call (no mask or
     dropout) takes one, else False: the Gluon warp-specialized backward where its ``fast_path``
-    says so (plain, or a window, softcap, ALiBi, sinks over a dense batch), else for a plain
+    says so (plain, or a window, softcap, ALiBi, sinks; over a dense batch, a padded one with per-row
+    ranges or a packed varlen one), else for a plain
     call the Triton TMA pair (``attention_bwd_hopper.fast_path``). Decided once per call signature
     (with the variant's, ``_variant_signature``, as the forward keys it; both modules import this
     one), base-pointer alignment checked on every call. The caller hands it a contiguous dO (so
@@ -385,6 +387,9 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
     key = (_plain_signature(q, k, v, causal, causal_offset, scale, True), deterministic)
     if variant is not PLAIN:
         key = (*key, _variant_signature(variant))
+        if variant.seq != SEQ_DENSE:  # the layout, and the bounds' (their count sets the work estimate)
+            key = (*key, variant.seq, *(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                                        for t in (variant.seq_q, variant.seq_k)))
     hopper = _HOPPER.get(key)
     if hopper is None:
         from . import attention_bwd_gluon, attention_bwd_hopper
@@ -406,16 +411,25 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
     return hopper
 
 
+def _tma_strides(t: torch.Tensor) -> bool:
+    """Unit last stride, the others positive and 16-byte multiples (no broadcast dim)."""
+    return t.stride(-1) == 1 and all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
+
+
 def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool, causal_offset: int,
                        mask: torch.Tensor | None, dropout_p: float, seed: int, variant: Variant = PLAIN):
     """Gradients (dq, dk, dv, dsinks) in the inputs' dtypes; dk, dv summed over each GQA group;
     dsinks (Hq,) float32, or None without sinks. Tensors laid out as for ``attention_forward``."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    if mask is None and dropout_p == 0.0 and (variant is PLAIN or variant.seq == SEQ_DENSE):
+    if mask is None and dropout_p == 0.0:
         hopper = _hopper_backward(q, k, v, causal, causal_offset, scale, variant)
-        # autograd may hand over an expanded dO (e.g. of o.sum()): TMA takes it contiguous.
-        dense_do = do.contiguous() if hopper else None
+        # autograd may hand over an expanded dO (e.g. of o.sum()): TMA takes it contiguous. A packed
+        # varlen dO, (1, H, total, D) over (total, H, D), is taken as it is when TMA can read it.
+        dense_do = None
+        if hopper:
+            packed = variant is not PLAIN and variant.seq == SEQ_VARLEN and _tma_strides(do)
+            dense_do = do if packed else do.contiguous()
         if hopper and dense_do.data_ptr() % 16 == 0:
             run, note = hopper
             note_path("hopper", "attention backward", note)

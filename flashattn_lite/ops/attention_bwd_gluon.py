@@ -58,6 +58,25 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   per key) and the rest run unmasked. Rows no key is visible to keep lse₂ = +inf (P = 0) as above.
 * dK·scale and dV leave through shared memory (the consumer's own K, V boxes, dead by then) and one
   TMA store each (rows past Nk are dropped).
+* Ranges and varlen batches (``Variant.seq`` ``SEQ_RANGES``: a padded (B, H, N, D) batch with one
+  [start, end) range per row, how the HF integration passes padding; ``SEQ_VARLEN``: the packed
+  (1, H, total, D) views of ``attention_varlen`` with cu_seqlens), the ``SEQ`` constexpr (a dense
+  call compiles to the kernel it compiled to before; the bounds and the dk/dv pointers are None
+  then). A program finds its sequence and key tile with ``seq_key_tile`` (ranges: the padded
+  length's tiles per batch row; varlen: slots of a grid sized from the totals, a binary search over
+  the starts, no device→host sync), then shifts the sequence's query tiles, ends and diagonal
+  (bottom-right per sequence: off = Nk_b − Nq_b) by its first query and key row, so the partitions
+  work in the tensors' rows with the masks as before. Boxes crossing a sequence's end read the next
+  sequence's rows (finite Q, dO, lse₂, δ; zeros past the padded lse₂/δ rows): tiles crossing the
+  query end are masked, rows past Nq_b too (Pᵀ = 0 there, so dSᵀ = 0 and the dQ reduce-add adds
+  exact zeros to the next sequence's rows); a warpgroup holding the key end stores only its rows,
+  by masked register stores (a TMA store of the box would overwrite the next sequence's dK/dV).
+  The Triton dQ kernel is dense only, so ``torch.use_deterministic_algorithms(True)`` keeps these
+  calls on the portable backward. The masks select, so the next rows' lse₂ (any value) cannot leak
+  into Pᵀ; but a NaN or inf in the Q, K, V or dO rows next to a sequence (the next sequence's, or a
+  padded batch's rows outside its ranges) would, as 0 · NaN in the wgmmas, where the portable
+  kernels' masked loads read zeros (zeroing dSᵀ on masked tiles as well cost 50–80 bytes of spills
+  at d 128 and still leaves the wgmmas' 0 · NaN).
 
 The Gluon imports are guarded like the forward's (``attention_fwd_gluon``): on a triton without
 Gluon, another triton than 3.6, or without CUDA the module imports and ``supported`` says why not.
@@ -75,7 +94,7 @@ import triton.language as tl
 from .._runtime import cdiv
 from ..merge import LOG2E
 from .attention_bwd import query_range
-from .attention_fwd import PLAIN, SEQ_DENSE, Variant, fold_factor, score_args
+from .attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, score_args, seq_args
 from .attention_fwd_gluon import tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -137,6 +156,12 @@ class Config(NamedTuple):
 # (with every option too); d 128 fused 16–68 bytes (plain causal 16–72, non-causal 0–40), softcap +
 # ALiBi 220–328, every option with a causal window 328. Non-causal windows with a right side skip
 # the rotated start (40–80 bytes with it at bf16 GQA 2).
+# Ranges and varlen (same compile, 2026-11-24; dense kernels' PTX hash unchanged), spill stores in
+# bytes, the dense kernel's in brackets: d 64 none; d 128 fused varlen causal / non-causal bf16 GQA 2
+# 100 / 60 (72 / 40), fp16 GQA 2 56 / 52 (20 / 0), bf16 GQA 1 56 / 28 (44 / 28), fp16 GQA 1
+# 20 / 36 (16 / 0); ranges causal bf16 GQA 2 64, fp16 GQA 2 24; varlen causal window with every
+# option 496 (328). (The one value the loop gains is the sequence's query end; moving the rest out
+# of the partitions, or the edge test's form, changed the counts by ±10–40 bytes either way.)
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
@@ -193,6 +218,48 @@ def query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL: tl.constexpr, HA
     return lo, n_tiles, mid_lo, mid_hi
 
 
+@triton.jit
+def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, BLOCK_N: tl.constexpr,
+                 SEQ: tl.constexpr):
+    """The key tile of a ranges (``SEQ`` 1) or varlen (``SEQ`` 2) program: (b, start_n, q0, n_q, k0,
+    n_k, off), sequence b's first query and key row, its lengths and bottom-right offset
+    ``off`` = n_k − n_q, and the tile's first key inside the sequence. A program with no tile gets
+    start_n = n_k = n_q = 0 (it loads no query and stores nothing); so does a ranges tile past its
+    row's range.
+
+    Ranges: ``pid_b`` is the batch row, ``pid_t`` the tile (the grid is the padded length's tiles).
+    Varlen: ``pid_t`` is a slot of a grid of cdiv(total, BLOCK_N) + n_seq slots per KV head (sized
+    from the totals, like the portable kernels' ``varlen_tile``, no device→host sync): sequence b's
+    tiles are slots [S(b), S(b) + tiles(b)) with S(b) = k_starts[b] // BLOCK_N + b, which is
+    strictly increasing and leaves no overlap (⌊(s + n)/B⌋ + 1 ≥ ⌊s/B⌋ + ⌈n/B⌉), so b is found by a
+    binary search over the starts (log₂ n_seq scalar loads), each sequence's first (under causal
+    heaviest) tile first; the slots in the gaps are empty programs."""
+    if SEQ == 2:
+        lo = pid_t * 0
+        hi = n_seq - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            first = tl.load(k_starts + mid * stride_seq) // BLOCK_N + mid
+            lo = tl.where(first <= pid_t, mid, lo)
+            hi = tl.where(first <= pid_t, hi, mid - 1)
+        b = lo
+        tile = pid_t - (tl.load(k_starts + b * stride_seq) // BLOCK_N + b)
+    else:
+        b = pid_b
+        tile = pid_t
+    q0 = tl.load(q_starts + b * stride_seq)
+    k0 = tl.load(k_starts + b * stride_seq)
+    n_q = tl.load(q_ends + b * stride_seq) - q0
+    n_k = tl.load(k_ends + b * stride_seq) - k0
+    off = n_k - n_q
+    start_n = tile * BLOCK_N
+    dead = (tile < 0) | (start_n >= n_k)
+    start_n = tl.where(dead, 0, start_n)
+    n_k = tl.where(dead, 0, n_k)
+    n_q = tl.where(dead, 0, n_q)
+    return b, start_n, q0, n_q, k0, n_k, off
+
+
 if _HAS_GLUON:
 
     _DQC = gl.constexpr(DQ_COLS)  # the kernels' name for it (globals must be constexpr there)
@@ -225,13 +292,18 @@ if _HAS_GLUON:
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                 b, h_kv, start_n, n_heads, lo, n_tiles, rot,
                 CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
-                BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SEQ: gl.constexpr):
         """The loader warp: K and V once, then Q, dO, lse₂, δ of step ``it`` into slot it % STAGES
-        once every consumer freed it."""
+        once every consumer freed it. Ranges and varlen (``SEQ``): ``start_n`` and ``lo`` are rows of
+        the tensors (the kernel shifted them by the sequence's first key / query row); varlen's
+        batch coordinate is 0, the packed tensors' only one."""
+        bt = b
+        if SEQ == 2:
+            bt = 0
         mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(CONSUMERS):
-            tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n + 64 * c, 0], kv_bar, k_smem.index(c))
-            tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n + 64 * c, 0], kv_bar, v_smem.index(c))
+            tma.async_copy_global_to_shared(k_desc, [bt, h_kv, start_n + 64 * c, 0], kv_bar, k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [bt, h_kv, start_n + 64 * c, 0], kv_bar, v_smem.index(c))
         step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes
                                     + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         for it in range(GROUP * n_tiles):
@@ -241,10 +313,10 @@ if _HAS_GLUON:
             h, start_m = _query_tile(it, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
             bar = ready.index(s)
             mbarrier.expect(bar, step_bytes)
-            tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], bar, q_smem.index(s))
-            tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], bar, do_smem.index(s))
-            tma.async_copy_global_to_shared(lse_desc, [b * n_heads + h, start_m], bar, lse_smem.index(s))
-            tma.async_copy_global_to_shared(delta_desc, [b * n_heads + h, start_m], bar, delta_smem.index(s))
+            tma.async_copy_global_to_shared(q_desc, [bt, h, start_m, 0], bar, q_smem.index(s))
+            tma.async_copy_global_to_shared(do_desc, [bt, h, start_m, 0], bar, do_smem.index(s))
+            tma.async_copy_global_to_shared(lse_desc, [bt * n_heads + h, start_m], bar, lse_smem.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [bt * n_heads + h, start_m], bar, delta_smem.index(s))
 
     @gluon.jit
     def _row(smem, s, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
@@ -255,14 +327,19 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _masked(pt, keys, start_m, n_k, off, win_left, win_right, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
-                HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
+                HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, st_layout: gl.constexpr, n_q=None,
+                SEQ: gl.constexpr = 0):
         """Pᵀ with the pairs no query sees set to 0: keys past Nk (zero-filled by TMA) and keys
         outside the query's band: under causal right of the diagonal (key > query + Nk − Nq); with a
         window (``HAS_LEFT``/``HAS_RIGHT``, causal as the right side at 0) the queries of key j are
         [j − off − right, j − off + left], bounds made per key (the rows of Pᵀ, two a thread): a
-        compare per side and score, as the forward's ``_band`` makes them per query."""
+        compare per side and score, as the forward's ``_band`` makes them per query. Ranges and
+        varlen (``SEQ``): also queries past the sequence's ``n_q`` (its tiles read the next
+        sequence's rows, whose lse₂ is finite)."""
         visible = gl.expand_dims(keys < n_k, 1)
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        if SEQ != 0:
+            visible = visible & gl.expand_dims(rows < n_q, 0)
         if HAS_LEFT or HAS_RIGHT:
             rows = gl.expand_dims(rows, 0)
             if HAS_RIGHT or CAUSAL:
@@ -335,10 +412,11 @@ if _HAS_GLUON:
                   kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                   b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
                   sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                  n_q, dk_base, dv_base, stride_dkn, stride_dvn,
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr):
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, SEQ: gl.constexpr):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
 
         Options (constexprs; a plain call compiles to the code it compiled to without them): the
@@ -346,8 +424,20 @@ if _HAS_GLUON:
         (``fold_factor``, ``tanh.approx.f32`` for 16-bit inputs) with its derivative 1 − tanh² in
         dSᵀ, ALiBi's slope·|i + off − j| subtracted over the exp2's factor as the Gluon forward
         does (no gradient to the slopes). Sinks change nothing here: the saved lse has the sink in
-        it, so P = exp(S − lse) is the same formula (dsinks is a host-side reduction of δ)."""
+        it, so P = exp(S − lse) is the same formula (dsinks is a host-side reduction of δ).
+
+        Ranges and varlen (``SEQ`` 1, 2): ``b`` is the sequence (ALiBi's row); rows and keys are
+        the tensors' (the kernel shifted the sequence's tiles, its ends ``n_q``/``n_k`` and its
+        offset ``off`` by its first query and key row, so every mask compares as before). Tiles
+        crossing the sequence's query end are masked (their rows past ``n_q`` are the next
+        sequence's, with finite lse₂, or zeros past the padded rows: Pᵀ and so dSᵀ are set to 0
+        there, and the reduce-add adds exact zeros to those dQ rows); dK, dV of a warpgroup holding
+        the key end go through masked register stores from ``dk_base``/``dv_base`` (the (b, KV
+        head) planes; a TMA store of the whole box would overwrite the next sequence's rows)."""
         dtype: gl.constexpr = k_smem.dtype
+        bt = b  # the TMA batch coordinate: varlen tensors are one packed batch
+        if SEQ == 2:
+            bt = 0
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -410,9 +500,11 @@ if _HAS_GLUON:
             edge = start_m < mid_lo
             if HAS_LEFT:
                 edge = edge | (start_m >= mid_hi)
+            if SEQ != 0:
+                edge = edge | (start_m + BLOCK_M > n_q)
             if edge | tail:
                 pt = _masked(pt, keys, start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_M,
-                             st_layout)
+                             st_layout, n_q, SEQ)
             # Pᵀ rounded once to the input dtype serves both dV (the A operand, same registers:
             # the conversion is trivial) and dSᵀ, so no fp32 copy stays live across the wait.
             p16 = pt.to(dtype)
@@ -440,12 +532,12 @@ if _HAS_GLUON:
                 mbarrier.arrive(ds_ready.index(ds_buf))
                 if SPLIT_COLS:
                     dv, dk = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc, ds_ready,
-                                      ds_free, empty.index(s), b, h, start_m, sm_scale, ME * _DQC, ME, CONSUMERS,
+                                      ds_free, empty.index(s), bt, h, start_m, sm_scale, ME * _DQC, ME, CONSUMERS,
                                       HEAD_DIM, BLOCK_M)
                 else:  # (new names: a runtime branch may not retype the accumulators it takes in)
                     if it % CONSUMERS == ME:
                         dv_out, dk_out = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc,
-                                                  ds_ready, ds_free, empty.index(s), b, h, start_m, sm_scale, 0, ME,
+                                                  ds_ready, ds_free, empty.index(s), bt, h, start_m, sm_scale, 0, ME,
                                                   CONSUMERS, HEAD_DIM, BLOCK_M)
                     else:
                         dv_out, dk_out = _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty.index(s), FUSED_DQ)
@@ -461,24 +553,50 @@ if _HAS_GLUON:
                 mbarrier.wait(ds_free.index(last % DS_BUFS), (last // DS_BUFS) & 1)
         # dK·scale and dV through this warpgroup's own K and V boxes (every wgmma reading them has
         # retired) and one TMA store each; rows past Nk fall outside the descriptors.
-        k_me.store((dk * sm_scale).to(dtype))
-        v_me.store(dv.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dk_desc, [b, h_kv, start_n + 64 * ME, 0], k_smem.index(ME))
-        tma.async_copy_shared_to_global(dv_desc, [b, h_kv, start_n + 64 * ME, 0], v_smem.index(ME))
-        tma.store_wait(0)
+        if SEQ == 0:
+            k_me.store((dk * sm_scale).to(dtype))
+            v_me.store(dv.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dk_desc, [b, h_kv, start_n + 64 * ME, 0], k_smem.index(ME))
+            tma.async_copy_shared_to_global(dv_desc, [b, h_kv, start_n + 64 * ME, 0], v_smem.index(ME))
+            tma.store_wait(0)
+        else:
+            # A sequence's end inside the box: only its rows, by masked register stores (none when
+            # the box starts past the end, or the program has no tile: n_k = 0).
+            first = start_n + 64 * ME
+            n_rows = n_k - first
+            if n_rows >= 64:
+                k_me.store((dk * sm_scale).to(dtype))
+                v_me.store(dv.to(dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(dk_desc, [bt, h_kv, first, 0], k_smem.index(ME))
+                tma.async_copy_shared_to_global(dv_desc, [bt, h_kv, first, 0], v_smem.index(ME))
+                tma.store_wait(0)
+            elif n_rows > 0:
+                rows = gl.arange(0, 64, layout=gl.SliceLayout(1, kv_layout))
+                cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
+                ok = gl.expand_dims(rows < n_rows, 1) & (cols < HEAD_DIM)
+                key_rows = gl.expand_dims((first + rows).to(gl.int64), 1)
+                dk_at = dk_base + key_rows * stride_dkn + cols
+                dv_at = dv_base + key_rows * stride_dvn + cols
+                gl.store(dk_at, (dk * sm_scale).to(dtype), mask=ok)
+                gl.store(dv_at, dv.to(dtype), mask=ok)
 
     # Lengths and the GQA group's position change from call to call: one binary for all of them.
-    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "win_left", "win_right"])
+    # (Ranges and varlen: the sequence bounds and dk, dv as pointers for the masked stores at a
+    # sequence's end; all None for a dense batch, whose launch and code are as before.)
+    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "win_left", "win_right", "n_seq"])
     def _attn_bwd_gluon_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
                                n_heads, n_kv_heads, n_q, n_k, win_left, win_right, qk_scale, sm_scale,
                                alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                               q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq,
+                               dk_ptr, dv_ptr, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                                ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, GROUP: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               LOADER_REGS: gl.constexpr):
+                               LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
@@ -486,21 +604,54 @@ if _HAS_GLUON:
         # Key tiles of one KV head on consecutive programs (they share its Q and dO in L2), the
         # first tiles (under causal the heaviest) first.
         pid = gl.program_id(0)
-        n_key_tiles = gl.cdiv(n_k, BLOCK_N)
-        tile = pid % n_key_tiles
-        bh_kv = pid // n_key_tiles
-        b = bh_kv // n_kv_heads
-        h_kv = bh_kv % n_kv_heads
-        start_n = tile * BLOCK_N
+        q0 = 0
+        k0 = 0
+        if SEQ == 2:  # varlen: slots of key tiles over the packed batch (``seq_key_tile``), per KV head
+            h_kv = pid % n_kv_heads
+            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(pid // n_kv_heads, 0, q_starts, q_ends, k_starts,
+                                                             k_ends, stride_seq, n_seq, BLOCK_N, SEQ)
+            tile = start_n // BLOCK_N
+        else:
+            n_key_tiles = gl.cdiv(n_k, BLOCK_N)
+            tile = pid % n_key_tiles
+            bh_kv = pid // n_key_tiles
+            b = bh_kv // n_kv_heads
+            h_kv = bh_kv % n_kv_heads
+            start_n = tile * BLOCK_N
+            if SEQ == 1:  # ranges: tiles of the padded length; those past the row's range idle
+                b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(tile, b, q_starts, q_ends, k_starts, k_ends,
+                                                                 stride_seq, n_seq, BLOCK_N, SEQ)
 
         # The n_tiles query tiles from lo see some key of the tile; those in [mid_lo, mid_hi) every
-        # key (bottom-right: query i sees key j ≤ i + Nk − Nq under causal, a band with a window).
-        off = n_k - n_q
+        # key (bottom-right: query i sees key j ≤ i + Nk − Nq under causal, a band with a window;
+        # ranges and varlen: the sequence's lengths and offset).
+        seq_n_q = 0  # the consumers' row bound: only ranges and varlen tiles have one
+        if SEQ == 0:
+            off = n_k - n_q
+        else:
+            seq_n_q = n_q
         lo, n_tiles, mid_lo, mid_hi = query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL, HAS_LEFT,
                                                   HAS_RIGHT, BLOCK_M, BLOCK_N)
         rot = start_n * 0
         if ROTATE:
             rot = tile
+        if SEQ != 0:
+            # Rows of the tensors from here on: the sequence's tiles, ends and diagonal shifted by its
+            # first query row q0 and key row k0 (key j ≤ row i + off holds shifted by off + k0 − q0),
+            # so the partitions need neither (fewer live registers in the consumers' loop).
+            lo = lo + q0
+            mid_lo = mid_lo + q0
+            mid_hi = mid_hi + q0
+            start_n = start_n + k0
+            n_k = n_k + k0
+            seq_n_q = seq_n_q + q0
+            off = off + (k0 - q0)
+            # dk, dv: the (b, KV head) planes' starts for the masked stores (None for a dense batch)
+            dk_ptr = dk_ptr + h_kv.to(gl.int64) * stride_dkh
+            dv_ptr = dv_ptr + h_kv.to(gl.int64) * stride_dvh
+            if SEQ == 1:  # (varlen: one packed batch)
+                dk_ptr += b.to(gl.int64) * stride_dkb
+                dv_ptr += b.to(gl.int64) * stride_dvb
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -539,18 +690,20 @@ if _HAS_GLUON:
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                         seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                         seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot,
-                       CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES)),
+                       CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES, SEQ)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -571,10 +724,25 @@ def supported(q, k, v, do, **options) -> str | None:
     if not triton.__version__.startswith(TESTED_TRITON):
         return f"triton {triton.__version__}: the Gluon backward is written for triton {TESTED_TRITON[0]}x"
     from .attention_bwd_hopper import supported as hopper_supported
+    seq = SEQ_DENSE if variant is None or variant is PLAIN else variant.seq
+    if seq != SEQ_DENSE and "causal_offset" in options:  # each sequence's own offset, from its bounds
+        options["causal_offset"] = k.shape[2] - q.shape[2]
     reason = hopper_supported(q, k, v, do, **options)
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant
-        reason = _reason_for_variant(q, variant)
+        if seq == SEQ_DENSE:
+            reason = _reason_for_variant(q, variant)
+        else:
+            reason = _seq_reason(q, k, variant)
+            alibi = variant.alibi
+            n_seq = variant.seq_q.shape[0] - (1 if seq == SEQ_VARLEN else 0) if reason is None else 0
+            if reason is None and alibi is not None and isinstance(alibi, torch.Tensor) and alibi.dim() == 2:
+                # slopes per sequence (the portable kernels' row b); the dense check takes (Hq,)
+                if tuple(alibi.shape) != (n_seq, q.shape[1]):
+                    reason = "alibi slopes of a ranges/varlen batch are not (Hq,) or (sequences, Hq)"
+                alibi = alibi[0]
+            if reason is None:
+                reason = _reason_for_variant(q, variant._replace(seq=SEQ_DENSE, seq_q=None, seq_k=None, alibi=alibi))
     return reason
 
 
@@ -589,7 +757,9 @@ def path_note(variant: Variant = PLAIN) -> str:
     if variant is None or variant is PLAIN:
         return PATH_NOTE
     from .attention_fwd_hopper import path_note as hopper_note
-    return hopper_note(variant, "the Gluon warp-specialized backward (dQ by TMA reduce-add)")
+    note = hopper_note(variant, "the Gluon warp-specialized backward (dQ by TMA reduce-add)")
+    layout = {SEQ_RANGES: "a padded batch with per-row ranges", SEQ_VARLEN: "a packed varlen batch"}.get(variant.seq)
+    return note.replace(" on sm_90", f" over {layout} on sm_90", 1) if layout else note
 
 
 def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deterministic: bool = False,
@@ -606,7 +776,9 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     keep the portable kernels (sinks alone change nothing in the kernel, nor does a causal call's
     window without a left side: it is the diagonal). Window calls take it from ``MIN_WORK`` on, at
     any length (the TMA pair has no window): a 4k causal window at 32k runs forward+backward at 0.90×
-    the full-causal rate on visited pairs (2026-11-24, H100; 0.66× on the portable backward)."""
+    the full-causal rate on visited pairs (2026-11-24, H100; 0.66× on the portable backward).
+    Ranges and varlen batches need the fused dQ too (the Triton dQ kernel is dense only); a varlen
+    call's work is estimated from the mean sequence's keys (no sync to read the lengths)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
@@ -618,28 +790,49 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     if supported(q, k, v, do, **options) is not None:
         return False
     B, Hq, Nq, D = q.shape
-    return B * Hq * Nq * k.shape[2] * D >= hopper.MIN_WORK
+    Nk = k.shape[2]
+    if variant is not PLAIN and variant.seq == SEQ_VARLEN:  # the mean sequence's keys, not the total's
+        Nk = cdiv(Nk, max(variant.seq_k.shape[0] - 1, 1))
+    return B * Hq * Nq * Nk * D >= hopper.MIN_WORK
 
 
 def _variant_reason(variant) -> str | None:
     """Why this kernel cannot express ``variant`` at all (in words), or None: it takes sliding
-    windows, softcap, ALiBi and sinks over a dense batch (None and ``PLAIN`` are plain);
-    ranges/varlen layouts are left to the portable backward. (The options' tensors and the window
-    sides' range are checked by ``supported``.)"""
+    windows, softcap, ALiBi and sinks over a dense batch, a padded batch with per-row ranges
+    (``SEQ_RANGES``) or a packed varlen batch (``SEQ_VARLEN``) (None and ``PLAIN`` are plain). (The
+    options' tensors, the window sides' range and the sequence bounds are checked by
+    ``supported``.)"""
     if variant is None or variant is PLAIN:
         return None
     if not isinstance(variant, Variant):
         return f"variant is a {type(variant).__name__}, not a Variant"
-    if variant.seq != SEQ_DENSE:
-        return "a ranges or varlen batch layout (the Gluon backward takes a dense batch)"
+    if variant.seq not in (SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN):
+        return f"batch layout {variant.seq!r} (dense, ranges or varlen)"
+    return None
+
+
+def _seq_reason(q, k, variant) -> str | None:
+    """Why the sequence bounds of a ranges or varlen ``variant`` are not what the kernel reads, or
+    None: int32 tensors on q's device, (B, 2) ranges or (n + 1,) cu_seqlens with unit element steps
+    inside (``seq_args``' views), at least one sequence."""
+    for name, t in (("seq_q", variant.seq_q), ("seq_k", variant.seq_k)):
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.device == q.device):
+            return f"{name} is not an int32 tensor on q's device"
+        if variant.seq == SEQ_RANGES:
+            if tuple(t.shape) != (q.shape[0], 2) or t.stride(1) != 1 or (q.shape[0] > 1 and t.stride(0) != 2):
+                return f"{name} is not a (B, 2) ranges tensor with unit inner stride"
+        elif t.dim() != 1 or t.shape[0] < 2 or t.stride(0) != 1 or q.shape[0] != 1:
+            return f"{name} is not unit-stride (n + 1,) cu_seqlens of a packed (1, H, total, D) batch"
+    if variant.seq_q.shape != variant.seq_k.shape:
+        return "seq_q and seq_k describe different numbers of sequences"
     return None
 
 
 def _is_plain(variant, causal: bool = False) -> bool:
     """No option the kernel's constexprs would switch on (None, ``PLAIN`` or an empty Variant, or
-    one whose window is only a causal call's diagonal: ``window_flags``)."""
+    one whose window is only a causal call's diagonal: ``window_flags``) over a dense batch."""
     return variant is None or variant is PLAIN or (not variant.softcap and variant.alibi is None
-                                                   and variant.sinks is None
+                                                   and variant.sinks is None and variant.seq == SEQ_DENSE
                                                    and window_flags(variant, causal) == (False, False))
 
 
@@ -699,9 +892,15 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
     lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    seq = SEQ_DENSE if variant is None else variant.seq
+    if seq == SEQ_VARLEN:  # slots from the totals (``seq_key_tile``): no device→host sync
+        grid = ((cdiv(Nk, cfg.block_n) + variant.seq_k.shape[0] - 1) * Hkv,)
+    else:
+        grid = (cdiv(Nk, cfg.block_n) * B * Hkv,)
+    seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
     return dict(
-        grid=(cdiv(Nk, cfg.block_n) * B * Hkv,),
-        constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1],
+        grid=grid,
+        constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1], **seq_ce,
                         GROUP=Hq // Hkv,
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
                         DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
@@ -737,8 +936,10 @@ def _option_args(variant, q: torch.Tensor, scale: float, causal: bool = False):
 def _needs_fused_dq(variant, causal: bool) -> bool:
     """Whether the kernel's scores differ from plain attention's, which the Triton dQ kernel (the
     non-fused configs) cannot follow: softcap, ALiBi, a window other than a causal call's diagonal
-    (sinks do not change them)."""
+    (sinks do not change them); or its batch is not dense (ranges, varlen: the Triton dQ kernel
+    takes a dense batch only)."""
     return not _is_plain(variant, causal) and (variant.softcap > 0 or variant.alibi is not None
+                                               or variant.seq != SEQ_DENSE
                                                or window_flags(variant, causal) != (False, False))
 
 
@@ -751,12 +952,17 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     Hkv, Nk = k.shape[1], k.shape[2]
     plan = launch_plan(q, k, cfg, causal, variant)
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
+    seq_options = (None,) * 14  # a dense batch: none (constexprs), its launch as before
+    if variant is not None and variant.seq != SEQ_DENSE:
+        *bounds, stride_seq, n_seq = seq_args(variant, q)
+        strides = [(0 if variant.seq == SEQ_VARLEN else t.stride(0), t.stride(1), t.stride(2)) for t in (dk, dv)]
+        seq_options = (*bounds, stride_seq, n_seq, dk, dv, *strides[0], *strides[1])
     m, box = cfg.block_m, [1, 1, 64, D]
     dq_desc = tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]) if cfg.fused_dq else tma_descriptor(dq, [1, 1, m, D])
     args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
             tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
             tma_descriptor(dk, box), tma_descriptor(dv, box),
-            Hq, Hkv, Nq, Nk, win_left, win_right, scale * LOG2E, scale, *options)
+            Hq, Hkv, Nq, Nk, win_left, win_right, scale * LOG2E, scale, *options, *seq_options)
     return plan["grid"], args, dict(**plan["constexprs"], num_warps=4)
 
 
@@ -770,8 +976,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     group. Call only where ``supported`` returned None (an sm_90 GPU; Gluon does not run in the
     interpreter). ``config``: one of ``CONFIGS`` (default: ``default_config``); ``dlse``: the lse's
     own gradient (B, Hq, Nq), or None. ``variant``: None, or a Variant as ``attention_backward``
-    takes it (a sliding window, softcap, ALiBi slopes, sinks; a dense batch; ``causal`` caps the
-    window's right side at 0), the lse the forward saved with it (sinks included); then the
+    takes it (a sliding window, softcap, ALiBi slopes, sinks; a dense batch, a padded one with
+    per-row ranges, zeros outside them, or a packed varlen one as (1, H, total, D) views, lse
+    (1, Hq, total); ``causal`` caps the window's right side at 0, per sequence under ranges and
+    varlen), the lse the forward saved with it (sinks included); then the
     portable backward's four gradients come back, (dq, dk, dv, dsinks), dsinks (Hq,) in the sinks'
     dtype or None. Query tiles that see no key of a key tile are never loaded (``query_tiles``):
     a window of W keys costs O(N·W). Softcap, ALiBi and windows need a ``fused_dq`` config (the
@@ -785,7 +993,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
     if _needs_fused_dq(variant, causal) and not cfg.fused_dq:
-        raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap, ALiBi and windows need a fused_dq "
+        raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap, ALiBi, windows, ranges and varlen "
+                         "batches need a fused_dq "
                          "config (the Triton dQ kernel is plain only), which "
                          "torch.use_deterministic_algorithms(True) does not allow by default")
     if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
@@ -799,7 +1008,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
         raise ValueError(f"attention_backward_gluon: {reason}")
     n_pad = _pad_rows(Nq)
     (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, n_pad)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    # Rows outside every range of a padded batch are no program's: their gradients are 0 (the
+    # fp32 dQ buffer starts at 0 anyway).
+    alloc = torch.zeros_like if variant is not None and variant.seq == SEQ_RANGES else torch.empty_like
+    dk, dv = alloc(k), alloc(v)
     dq_acc = torch.zeros((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
     dq = None if cfg.fused_dq else torch.empty_like(q)
     grid, args, kwargs = _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,

@@ -1,0 +1,480 @@
+"""The Gluon backward over packed varlen batches (SEQ_VARLEN) and padded batches with per-row ranges
+(SEQ_RANGES): the program → (sequence, key tile) mapping (``seq_key_tile``, run by the Triton
+interpreter on CPU) against brute force; a float64 model of the kernel's schedule over a packed
+batch (boxes that cross a sequence's end read the next sequence's rows, which the masks must zero,
+and dK/dV rows past a sequence's keys are not stored) against float64 autograd; the host's
+decisions (supported, fast_path, the launch plan, the dispatch cache); and, on an sm_90 GPU with
+triton 3.6 only, the kernel against float64 autograd through ``attention_varlen_reference`` and
+against the portable backward.
+"""
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from conftest import DEVICE, ON_GPU, model_only
+from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
+from flashattn_lite.ops.attention_bwd_gluon import seq_key_tile
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant
+from flashattn_lite.ops.attention_fwd_gluon import window_flags
+from test_attention_bwd_gluon import REASON, query_tiles, sm90  # noqa: F401 - the fixture
+
+LOG2E = 1.4426950408889634
+needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the mapping helper in the interpreter, against brute force
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _seq_key_tile_kernel(out, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_key_tiles,
+                         BLOCK_N: tl.constexpr, SEQ: tl.constexpr):
+    pid = tl.program_id(0)
+    if SEQ == 2:
+        r = seq_key_tile(pid, 0, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, BLOCK_N, SEQ)
+    else:
+        r = seq_key_tile(pid % n_key_tiles, pid // n_key_tiles, q_starts, q_ends, k_starts, k_ends, stride_seq,
+                         n_seq, BLOCK_N, SEQ)
+    for i in tl.static_range(7):
+        tl.store(out + 7 * pid + i, r[i])
+
+
+def key_tiles(variant, total_k, block_n=128):
+    """(b, start_n, q0, n_q, k0, n_k, off) of every program of one KV head, as the kernel maps them."""
+    if variant.seq == SEQ_VARLEN:
+        cq, ck = variant.seq_q, variant.seq_k
+        bounds, stride, n_seq = (cq[:-1], cq[1:], ck[:-1], ck[1:]), 1, cq.shape[0] - 1
+        programs = triton.cdiv(total_k, block_n) + n_seq
+    else:
+        sq, sk = variant.seq_q, variant.seq_k
+        bounds, stride, n_seq = (sq[:, 0], sq[:, 1], sk[:, 0], sk[:, 1]), 2, sq.shape[0]
+        programs = triton.cdiv(total_k, block_n) * n_seq
+    out = torch.full((programs, 7), -99, dtype=torch.int32, device=DEVICE)
+    _seq_key_tile_kernel[(programs,)](out, *bounds, stride, n_seq, triton.cdiv(total_k, block_n), block_n,
+                                      variant.seq)
+    return out.tolist()
+
+
+def _cu(lengths):
+    return torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], dtype=torch.int32, device=DEVICE)
+
+
+LENGTHS = [
+    ([1], [1]), ([17, 128, 1000], [17, 128, 1000]), ([0, 5, 0, 300], [3, 0, 7, 129]),
+    ([128] * 5, [128] * 5), ([1, 17, 128, 1000, 4097], [30, 17, 256, 999, 4097]), ([255, 257, 1], [129, 1, 513]),
+]
+
+
+@model_only
+@pytest.mark.parametrize("lengths", LENGTHS, ids=lambda p: "-".join(map(str, p[1])))
+@pytest.mark.parametrize("block_n", [128])
+def test_varlen_key_tiles_cover_every_tile_once(lengths, block_n):
+    lq, lk = lengths
+    cq, ck = _cu(lq), _cu(lk)
+    variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
+    seen = {}
+    for b, start_n, q0, n_q, k0, n_k, off in key_tiles(variant, sum(lk), block_n):
+        if n_k == 0:  # an empty slot: no queries, nothing stored
+            assert start_n == 0 and n_q == 0
+            continue
+        assert (b, start_n) not in seen, "a tile mapped twice"
+        seen[(b, start_n)] = (q0, n_q, k0, n_k, off)
+    want = {(b, t * block_n): (sum(lq[:b]), lq[b], sum(lk[:b]), lk[b], lk[b] - lq[b])
+            for b in range(len(lk)) for t in range(triton.cdiv(lk[b], block_n))}
+    assert seen == want
+
+
+@model_only
+def test_ranges_key_tiles_skip_tiles_past_the_range():
+    ranges_q = torch.tensor([[0, 10], [5, 300], [0, 0]], dtype=torch.int32, device=DEVICE)
+    ranges_k = torch.tensor([[2, 300], [0, 129], [7, 9]], dtype=torch.int32, device=DEVICE)
+    variant = Variant(seq=SEQ_RANGES, seq_q=ranges_q, seq_k=ranges_k)
+    got = key_tiles(variant, 300, 128)
+    n_tiles = 3
+    for pid, (b, start_n, q0, n_q, k0, n_k, off) in enumerate(got):
+        bb, t = pid // n_tiles, pid % n_tiles
+        assert b == bb
+        (q_lo, q_hi), (k_lo, k_hi) = ranges_q[bb].tolist(), ranges_k[bb].tolist()
+        assert (q0, k0, off) == (q_lo, k_lo, (k_hi - k_lo) - (q_hi - q_lo))
+        if t * 128 < k_hi - k_lo:
+            assert (start_n, n_q, n_k) == (t * 128, q_hi - q_lo, k_hi - k_lo)
+        else:
+            assert (start_n, n_q, n_k) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the schedule over a packed batch, modelled in float64
+# ---------------------------------------------------------------------------------------------
+
+def _packed_box(t, h, start, n):
+    """A TMA box load from a packed (1, H, total, D) tensor: rows [start, start + n), the next
+    sequence's rows where they cross an end, zeros past the total."""
+    out = t.new_zeros((n,) + t.shape[3:])
+    hi = min(start + n, t.shape[2])
+    if hi > start:
+        out[: hi - start] = t[0, h, start:hi]
+    return out
+
+
+def model_backward_varlen(do, q, k, v, o, lse, variant, scale, causal, cfg, window=(-1, -1)):
+    """(dq, dk, dv) of a packed batch computed the way the kernel schedules it, in float64: programs
+    from ``seq_key_tile`` (interpreter), each sequence's query tiles from ``query_tiles``, boxes
+    read across sequence ends (the next sequence's Q, dO, lse₂, δ and K, V: real, finite data), masks
+    where the kernel masks (outside [mid_lo, mid_hi), a warpgroup holding the key end, a tile crossing
+    the query end), dQ reduce-adds of whole tiles (rows of the next sequence included: they must get
+    exact zeros), dK/dV stored only up to the sequence's key end."""
+    _, Hq, total_q, D = q.shape
+    Hkv, total_k = k.shape[1], k.shape[2]
+    group, M, C = Hq // Hkv, cfg.block_m, cfg.consumers
+    BN = 64 * C
+    left, right = window
+    has_left, has_right = window_flags(Variant(left=left, right=right), causal)
+    pad = gluon_bwd._pad_rows(total_q)
+    lse2 = torch.full((Hq, pad), math.inf, dtype=torch.float64)
+    lse2[:, :total_q] = torch.where(torch.isinf(lse), math.inf, lse * LOG2E).reshape(Hq, total_q)
+    delta = torch.zeros((Hq, pad), dtype=torch.float64)
+    delta[:, :total_q] = (do * o).sum(-1).reshape(Hq, total_q)
+    dq = torch.zeros_like(q)
+    dk = torch.full_like(k, float("nan"))  # every key row must be written by its program
+    dv = torch.full_like(v, float("nan"))
+    for b, start_n, q0, n_q, k0, n_k, off in key_tiles(variant, total_k, BN):
+        if n_q == 0:
+            lo = n_tiles = mid_lo = mid_hi = 0
+        else:
+            ranges = query_tiles(n_q, n_q + off, left, right, causal, M, BN)
+            lo, n_tiles, mid_lo, mid_hi = ranges[start_n // BN]
+        rotate = not (causal or has_right)
+        tile = start_n // BN
+        for h_kv in range(Hkv):
+            kc = [_packed_box(k, h_kv, k0 + start_n + 64 * c, 64) for c in range(C)]
+            vc = [_packed_box(v, h_kv, k0 + start_n + 64 * c, 64) for c in range(C)]
+            dkc = [torch.zeros(64, D, dtype=torch.float64) for _ in range(C)]
+            dvc = [torch.zeros(64, D, dtype=torch.float64) for _ in range(C)]
+            for it in range(group * n_tiles):
+                g, i = it // n_tiles, it % n_tiles
+                if rotate:
+                    i = (i + tile) % n_tiles
+                h, start_m = h_kv * group + g, lo + i * M
+                row = q0 + start_m
+                qt, dot = _packed_box(q, h, row, M), _packed_box(do, h, row, M)
+                # (a box past the padded rows reads zeros: lse₂ = 0 there, masked as past n_q)
+                l2 = torch.cat([lse2[h, row:row + M], torch.zeros(max(row + M - pad, 0), dtype=torch.float64)])
+                dl = torch.cat([delta[h, row:row + M], torch.zeros(max(row + M - pad, 0), dtype=torch.float64)])
+                ds = []
+                for c in range(C):
+                    keys = start_n + 64 * c + torch.arange(64)
+                    pt = torch.exp2(kc[c] @ qt.T * (scale * LOG2E) - l2)
+                    edge = start_m < mid_lo or (has_left and start_m >= mid_hi) or start_m + M > n_q
+                    if edge or start_n + 64 * (c + 1) > n_k:
+                        rows = (start_m + torch.arange(M))[None, :]
+                        visible = (keys < n_k)[:, None] & (rows < n_q)
+                        if has_left or has_right:
+                            if has_right or causal:
+                                visible = visible & (rows >= (keys - off - (right if has_right else 0))[:, None])
+                            if has_left:
+                                visible = visible & (rows <= (keys - off + left)[:, None])
+                        elif causal:
+                            visible = visible & (keys[:, None] <= rows + off)
+                        pt = torch.where(visible, pt, 0.0)
+                    assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
+                    dvc[c] += pt @ dot
+                    dst = pt * (vc[c] @ dot.T - dl)
+                    dkc[c] += dst @ qt
+                    ds.append(dst.T)
+                for me in range(C):
+                    cols = [me * 64] if D // 64 == C else ([0] if it % C == me else [])
+                    for col in cols:
+                        part = sum(ds[c] @ kc[c][:, col:col + 64] for c in range(C)) * scale
+                        hi = min(row + M, total_q)  # the whole box: rows of the next sequence too
+                        nxt = part[q0 + n_q - row:hi - row] if q0 + n_q < hi else part[:0]
+                        assert (nxt == 0).all(), "a reduce-add put a nonzero into the next sequence's dQ"
+                        dq[0, h, row:hi, col:col + 64] += part[: hi - row]
+            for c in range(C):
+                s0 = start_n + 64 * c
+                n_rows = min(n_k - s0, 64)
+                if n_rows > 0:  # TMA store of a full box or masked register stores
+                    dk[0, h_kv, k0 + s0:k0 + s0 + n_rows] = dkc[c][:n_rows] * scale
+                    dv[0, h_kv, k0 + s0:k0 + s0 + n_rows] = dvc[c][:n_rows]
+    return dq, dk, dv
+
+
+def _reference_varlen(q, k, v, do, lq, lk, scale, causal, window=(-1, -1)):
+    """float64 (o, lse, dq, dk, dv) of a packed batch, (1, H, total, D) layout, by autograd per sequence."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    Hq, Hkv = q.shape[1], k.shape[1]
+    left, right = window
+    os_, lses = [], []
+    cq, ck = 0, 0
+    for nq, nk in zip(lq, lk):
+        qb, kb, vb = q[0, :, cq:cq + nq], k[0, :, ck:ck + nk], v[0, :, ck:ck + nk]
+        kb, vb = kb.repeat_interleave(Hq // Hkv, 0), vb.repeat_interleave(Hq // Hkv, 0)
+        s = qb @ kb.transpose(1, 2) * scale
+        i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+        off = nk - nq
+        visible = torch.ones(nq, nk, dtype=torch.bool)
+        r = 0 if causal and right < 0 else (min(right, 0) if causal else right)
+        if r >= 0:
+            visible &= j <= i + off + r
+        if left >= 0:
+            visible &= j >= i + off - left
+        s = s.masked_fill(~visible, -math.inf)
+        lses.append(torch.logsumexp(s.detach(), -1))
+        seen = visible.any(-1, keepdim=True)  # rows with no visible key: P = 0 (no NaN gradients)
+        p = torch.softmax(torch.where(seen, s, 0.0), -1) * seen
+        os_.append(p @ vb)
+        cq, ck = cq + nq, ck + nk
+    o = torch.cat(os_, 1).unsqueeze(0)
+    lse = torch.cat(lses, 1).unsqueeze(0)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    return o.detach(), lse.detach(), dq, dk, dv
+
+
+MODEL_CASES = [  # (q lengths, k lengths, Hq, Hkv)
+    ([1, 17, 128], [1, 17, 128], 2, 2),
+    ([100, 37, 200], [37, 300, 65], 2, 1),
+    ([0, 130, 1, 64], [5, 129, 0, 64], 2, 2),
+    ([257, 63], [257, 63], 4, 2),
+]
+
+
+@model_only
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("window", [(-1, -1), (40, -1), (30, 20)], ids=["nowin", "left", "both"])
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: "q{}-k{}".format("_".join(map(str, c[0])),
+                                                                              "_".join(map(str, c[1]))))
+def test_varlen_schedule_model_matches_reference(case, causal, d, window):
+    # Every pair of each sequence visited once, rows and keys of the neighbours masked to exactly 0
+    # (their dQ rows get zeros, their dK/dV rows are not written), every key row stored.
+    lq, lk, Hq, Hkv = case
+    if window == (30, 20) and causal:
+        window = (30, -1)
+    torch.manual_seed(0)
+    q = torch.randn(1, Hq, sum(lq), d, dtype=torch.float64)
+    k = torch.randn(1, Hkv, sum(lk), d, dtype=torch.float64)
+    v = torch.randn(1, Hkv, sum(lk), d, dtype=torch.float64)
+    do = torch.randn(1, Hq, sum(lq), d, dtype=torch.float64)
+    scale = d ** -0.5
+    o, lse, rdq, rdk, rdv = _reference_varlen(q, k, v, do, lq, lk, scale, causal, window)
+    variant = Variant(left=window[0], right=window[1], seq=SEQ_VARLEN, seq_q=_cu(lq).cpu(), seq_k=_cu(lk).cpu())
+    cfg = gluon_bwd.default_config(d, causal)
+    dq, dk, dv = model_backward_varlen(do, q, k, v, o, lse, variant, scale, causal, cfg, window)
+    for got, want in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: what the host decides
+# ---------------------------------------------------------------------------------------------
+
+def _varlen_call(lengths=(17, 128, 1000), Hq=4, Hkv=2, D=64, dtype=torch.float16, **options):
+    total = sum(lengths)
+    q = torch.zeros(total, Hq, D, dtype=dtype).transpose(0, 1).unsqueeze(0)
+    k = torch.zeros(total, Hkv, D, dtype=dtype).transpose(0, 1).unsqueeze(0)
+    cu = _cu(list(lengths)).cpu()
+    return q, k, k, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu, **options)
+
+
+def test_layouts_are_taken():
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    for seq in (SEQ_RANGES, SEQ_VARLEN):
+        assert gluon_bwd._variant_reason(Variant(seq=seq)) is None
+    assert "layout" in gluon_bwd._variant_reason(Variant(seq=7))
+    with pytest.raises(ValueError, match="layout"):
+        gluon_bwd.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.125, causal=False,
+                                           variant=Variant(seq=7))
+
+
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+def test_supported_and_fast_path_take_varlen_and_ranges(sm90):
+    q, k, v, variant = _varlen_call()
+    for causal in (False, True):
+        assert gluon_bwd.supported(q, k, v, q, causal=causal, causal_offset=5, variant=variant) is None
+        assert gluon_bwd.fast_path(q, q, k, v, causal, 0, 0.125, variant=variant)
+        # Deterministic mode: the Triton dQ kernel is dense only, so the portable kernels.
+        assert not gluon_bwd.fast_path(q, q, k, v, causal, 0, 0.125, True, variant=variant)
+    assert gluon_bwd.supported(q, k, v, q, variant=variant._replace(left=30, softcap=3.0)) is None
+    per_seq = torch.zeros(3, 4)
+    assert gluon_bwd.supported(q, k, v, q, variant=variant._replace(alibi=per_seq)) is None
+    assert "alibi" in gluon_bwd.supported(q, k, v, q, variant=variant._replace(alibi=torch.zeros(1, 4)))
+    assert "seq_q" in gluon_bwd.supported(q, k, v, q, variant=variant._replace(seq_q=variant.seq_q.long()))
+    assert "sequences" in gluon_bwd.supported(q, k, v, q, variant=variant._replace(seq_k=variant.seq_k[:2]))
+    qd = torch.zeros(3, 4, 64, 64, dtype=torch.float16)
+    kd = torch.zeros(3, 2, 80, 64, dtype=torch.float16)
+    ranges = torch.tensor([[0, 64], [3, 10], [0, 0]], dtype=torch.int32)
+    rv = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=torch.tensor([[0, 80], [5, 60], [1, 2]], dtype=torch.int32))
+    assert gluon_bwd.supported(qd, kd, kd, qd, causal=True, variant=rv) is None
+    assert "ranges" in gluon_bwd.supported(qd, kd, kd, qd, variant=rv._replace(seq_q=ranges[:2]))
+
+
+def test_varlen_launch_plan():
+    q, k, _, variant = _varlen_call()
+    cfg = gluon_bwd.default_config(64)
+    plan = gluon_bwd.launch_plan(q, k, cfg, True, variant)
+    assert plan["grid"] == ((triton.cdiv(q.shape[2], 128) + 3) * 2,)
+    assert plan["constexprs"]["SEQ"] == SEQ_VARLEN
+    assert plan["row_stats_shape"] == (4, gluon_bwd._pad_rows(q.shape[2]))
+    assert "SEQ" not in gluon_bwd.launch_plan(q, k, cfg, True, PLAIN)["constexprs"]
+    note = gluon_bwd.path_note(variant)
+    assert "varlen" in note and "Gluon" in note
+
+
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+def test_backward_decision_is_keyed_by_the_layout(sm90):
+    from flashattn_lite.ops import attention_bwd
+    q, k, v, variant = _varlen_call()
+    run, note = attention_bwd._hopper_backward(q, k, v, True, 0, 0.125, variant)
+    assert run is gluon_bwd.attention_backward_gluon and "varlen" in note
+    other = variant._replace(seq_q=_cu([500, 645]).cpu(), seq_k=_cu([500, 645]).cpu())
+    assert attention_bwd._hopper_backward(q, k, v, True, 0, 0.125, other)[0] is run
+    assert attention_bwd._hopper_backward(q, k, v, True, 0, 0.125, PLAIN)[0] is run
+    assert len(attention_bwd._HOPPER) == 3
+    torch.use_deterministic_algorithms(True)
+    try:  # varlen under deterministic mode: the portable kernels
+        assert attention_bwd._hopper_backward(q, k, v, True, 0, 0.125, variant) is False
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (sm_90, triton 3.6): against float64 autograd and the portable backward
+# ---------------------------------------------------------------------------------------------
+
+GPU_CASES = [  # (q lengths, k lengths, Hq, Hkv, d, causal, dtype)
+    ([1, 17, 128, 1000, 4097], None, 2, 2, 128, True, torch.bfloat16),
+    ([1, 17, 128, 1000, 4097], None, 2, 2, 128, False, torch.float16),
+    ([1, 17, 128, 1000, 4097], None, 4, 2, 64, True, torch.float16),
+    ([1, 17, 128, 1000, 4097], None, 4, 2, 64, False, torch.bfloat16),
+    ([17, 1000, 1], [300, 999, 129], 4, 1, 128, True, torch.bfloat16),
+    ([17, 1000, 1], [300, 999, 129], 4, 1, 128, False, torch.float16),
+    ([128, 4097], [1000, 4000], 2, 2, 64, True, torch.bfloat16),
+    ([1000, 128], [1, 4097], 2, 1, 64, False, torch.float16),
+    ([64] * 7 + [65], None, 2, 2, 128, True, torch.float16),
+    ([1] * 9, [17] * 9, 4, 2, 128, True, torch.bfloat16),
+    ([333, 0, 257], [333, 5, 0], 2, 2, 64, True, torch.bfloat16),
+    ([4097, 17], [17, 4097], 4, 4, 128, True, torch.float16),
+]
+
+
+def _gpu_varlen(lq, lk, Hq, Hkv, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(sum(lq), Hq, d, device="cuda", generator=g).to(dtype)
+    k = torch.randn(sum(lk), Hkv, d, device="cuda", generator=g).to(dtype)
+    v = torch.randn(sum(lk), Hkv, d, device="cuda", generator=g).to(dtype)
+    do = torch.randn(sum(lq), Hq, d, device="cuda", generator=g).to(dtype)
+    cq = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    return q, k, v, do, cq, ck
+
+
+def _check_against_reference(got, ref, portable, dtype):
+    eps = torch.finfo(dtype).eps
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, ref, portable):
+        assert torch.isfinite(a).all(), name
+        err, err_portable = (a.double() - r).abs().max().item(), (p.double() - r).abs().max().item()
+        scale = r.abs().max().item() + 1.0
+        assert err <= 4 * err_portable + 8 * eps * scale, (name, err, err_portable)
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "q{}-k{}-h{}:{}-d{}-{}-{}".format(
+    "_".join(map(str, c[0][:4])), "same" if c[1] is None else "_".join(map(str, c[1][:4])), c[2], c[3], c[4],
+    "causal" if c[5] else "full", str(c[6])[6:]))
+def test_varlen_matches_reference_and_portable(monkeypatch, case):
+    import flashattn_lite as fa
+    from flashattn_lite.ops import attention_bwd
+    from flashattn_lite.reference import attention_varlen_reference
+    lq, lk, Hq, Hkv, d, causal, dtype = case
+    lk = lk or lq
+    q, k, v, do, cq, ck = _gpu_varlen(lq, lk, Hq, Hkv, d, dtype)
+    qr, kr, vr = (t.double().requires_grad_(True) for t in (q, k, v))
+    o_ref, _ = attention_varlen_reference(qr, kr.repeat_interleave(Hq // Hkv, 1),
+                                          vr.repeat_interleave(Hq // Hkv, 1), cq, ck, causal=causal)
+    ref = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
+    # The same saved o and lse through the Gluon backward and the portable one.
+    o, lse = fa.attention_varlen(q, k, v, cq, ck, causal=causal, return_lse=True)
+    variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
+    pk = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731 - the kernels' (1, H, total, D) view
+    scale = d ** -0.5
+    assert gluon_bwd.supported(pk(q), pk(k), pk(v), pk(do), causal=causal, variant=variant) is None
+    got = gluon_bwd.attention_backward_gluon(pk(do).contiguous(), pk(q), pk(k), pk(v), pk(o), lse.unsqueeze(0),
+                                             scale=scale, causal=causal, variant=variant)[:3]
+    got = [g[0].transpose(0, 1) for g in got]
+    monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")  # the portable kernels
+    attention_bwd._HOPPER.clear()
+    portable = attention_bwd.attention_backward(pk(do), pk(q), pk(k), pk(v), pk(o), lse.unsqueeze(0), None,
+                                                scale=scale, causal=causal, causal_offset=0, mask=None,
+                                                dropout_p=0.0, seed=0, variant=variant)
+    attention_bwd._HOPPER.clear()
+    portable = [g[0].transpose(0, 1) for g in portable[:3]]
+    _check_against_reference(got, ref, portable, dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_attention_varlen_takes_the_gluon_backward(monkeypatch, causal):
+    # attention_varlen()'s backward goes to the Gluon kernel (explain's note says varlen) and agrees
+    # with the portable backward (FLASHATTN_LITE_HOPPER=0) to rounding.
+    import flashattn_lite as fa
+    from flashattn_lite.ops import attention_bwd
+    lq = [1, 17, 128, 1000, 4097, 3000, 2000, 1500]
+    q, k, v, do, cq, ck = _gpu_varlen(lq, lq, 8, 2, 128, torch.bfloat16, seed=1)
+    calls = []
+    real = gluon_bwd.attention_backward_gluon
+    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    attention_bwd._HOPPER.clear()
+
+    def grads():
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o = fa.attention_varlen(qq, kk, vv, cq, ck, causal=causal)
+        return torch.autograd.grad(o, (qq, kk, vv), do)
+
+    fast = grads()
+    assert calls, "the Gluon backward was not taken"
+    monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")
+    attention_bwd._HOPPER.clear()
+    slow = grads()
+    attention_bwd._HOPPER.clear()
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_ranges_match_portable(monkeypatch, d):
+    # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on
+    # the same saved o and lse; rows outside the ranges get zero gradients.
+    from flashattn_lite.ops import attention_bwd, attention_fwd
+    B, Hq, Hkv, N = 3, 4, 2, 1100
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, do = (torch.randn(B, Hq, N, d, device="cuda", generator=g).half() for _ in range(2))
+    k, v = (torch.randn(B, Hkv, N, d, device="cuda", generator=g).half() for _ in range(2))
+    rq = torch.tensor([[0, 1100], [100, 1100], [1099, 1100]], dtype=torch.int32, device="cuda")
+    rk = torch.tensor([[0, 1100], [3, 1100], [0, 17]], dtype=torch.int32, device="cuda")
+    variant = Variant(seq=SEQ_RANGES, seq_q=rq, seq_k=rk)
+    scale = d ** -0.5
+    o, lse = attention_fwd.attention_forward(q, k, v, scale=scale, causal=True, causal_offset=0, mask=None,
+                                             dropout_p=0.0, seed=0, variant=variant)
+    assert gluon_bwd.supported(q, k, v, do, causal=True, variant=variant) is None
+    got = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True, variant=variant)[:3]
+    monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")
+    attention_bwd._HOPPER.clear()
+    want = attention_bwd.attention_backward(do, q, k, v, o, lse, None, scale=scale, causal=True, causal_offset=0,
+                                            mask=None, dropout_p=0.0, seed=0, variant=variant)[:3]
+    attention_bwd._HOPPER.clear()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    assert (got[0][1, :, :100] == 0).all() and (got[1][2, :, 17:] == 0).all()
+
+
+def test_packed_do_is_taken_without_a_copy():
+    # attention_backward hands a packed varlen dO, (1, H, total, D) over (total, H, D), to the Gluon
+    # backward as it is; an expanded one (of o.sum()) is made contiguous first.
+    from flashattn_lite.ops.attention_bwd import _tma_strides
+    packed = torch.zeros(300, 4, 64, dtype=torch.float16).transpose(0, 1).unsqueeze(0)
+    assert _tma_strides(packed)
+    assert not _tma_strides(torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 4, 300, 64))
+    assert not _tma_strides(torch.zeros(300, 4, 66, dtype=torch.float16)[..., :64].transpose(0, 1).unsqueeze(0))
