@@ -1,0 +1,128 @@
+"""Where a tiny attention forward+backward spends its host time (a diagnostic for sdpa_overhead).
+
+    python benchmarks/host_breakdown.py [--out benchmarks/results]
+
+Host wall clock per call of back-to-back calls (synchronised once per block), best of ROUNDS
+blocks, every item interleaved round by round, at sdpa_overhead's shape (B 1, H 8, N 16, d 64,
+causal, fp16). Items:
+
+- ``torch_fwd_bwd`` / ``ours_fwd_bwd``: ``autograd.grad`` of SDPA (flash backend) and of ours;
+- ``ours_fwd_graph``: our forward with inputs that need a gradient (autograd node built, no backward);
+- ``ours_bwd_direct``: ``attention_backward`` called on the main thread (no autograd engine);
+- ``ours_bwd_no_launch``: the same with our three backward launches replaced by nothing
+  (the wrapper and its allocations);
+- ``ours_bwd_only_<kernel>``: the same with only that kernel launched;
+- ``engine_python`` / ``engine_cpp``: ``autograd.grad`` through a Python ``autograd.Function`` whose
+  backward returns preallocated gradients, and through a C++ op (``q * 1``): the autograd engine's
+  own cost, and what a Python backward adds to it (the worker thread takes the GIL);
+- ``empty_like_x5``: five ``torch.empty_like`` of the inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("FLASHATTN_LITE_AUTOTUNE", "0")
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashattn_lite import scaled_dot_product_attention  # noqa: E402
+from flashattn_lite.bench.common import add_run_arguments, format_table, write_json  # noqa: E402
+from flashattn_lite.ops import attention_bwd as bwd_ops  # noqa: E402
+
+ROUNDS, CALLS = 11, 100
+KERNELS = ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel")
+
+
+class _Preallocated(torch.autograd.Function):
+    """Identity whose backward hands back tensors made ahead: the engine's cost for a Python node."""
+    grads = None
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.clone()
+
+    @staticmethod
+    def backward(ctx, do):
+        return _Preallocated.grads
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    add_run_arguments(ap)  # accepted for benchmarks/gpu_check.sh; this run is short either way
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "host_breakdown measures the GPU host path"
+    B, H, N, D = 1, 8, 16, 64
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    _Preallocated.grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    with torch.no_grad():
+        o, lse = torch.ops.flashattn_lite.attention_fwd(q, k, v, None, None, None, None, None, D ** -0.5, True, 0,
+                                                        -1, -1, 0.0, 0, 0.0, None)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def torch_fwd_bwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
+
+    def bwd_direct():
+        return bwd_ops.attention_backward(do, q, k, v, o, lse, None, scale=D ** -0.5, causal=True, causal_offset=0,
+                                          mask=None, dropout_p=0.0, seed=0)
+
+    def with_launches(keep):
+        """bwd_direct with the backward kernels not in ``keep`` launching nothing."""
+        saved = {name: getattr(bwd_ops, name).launch for name in KERNELS}
+
+        def run():
+            for name in KERNELS:
+                if name not in keep:
+                    getattr(bwd_ops, name).launch = lambda grid, a, kw: None
+            try:
+                return bwd_direct()
+            finally:
+                for name, fn in saved.items():
+                    getattr(bwd_ops, name).launch = fn
+        return run
+
+    items = {
+        "torch_fwd_bwd": torch_fwd_bwd,
+        "ours_fwd_bwd": lambda: torch.autograd.grad(scaled_dot_product_attention(q, k, v, is_causal=True),
+                                                    (q, k, v), do),
+        "ours_fwd_graph": lambda: scaled_dot_product_attention(q, k, v, is_causal=True),
+        "ours_bwd_direct": bwd_direct,
+        "ours_bwd_no_launch": with_launches(()),
+        **{f"ours_bwd_only{name}": with_launches((name,)) for name in KERNELS},
+        "engine_python": lambda: torch.autograd.grad(_Preallocated.apply(q, k, v), (q, k, v), do),
+        "engine_cpp": lambda: torch.autograd.grad(q * 1.0, (q,), do),
+        "empty_like_x5": lambda: [torch.empty_like(t) for t in (q, k, v, q, k)],
+    }
+
+    def host_us(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / CALLS * 1e6
+
+    for fn in items.values():  # compile and warm every path
+        for _ in range(3):
+            fn()
+    times = {name: [] for name in items}
+    for _ in range(ROUNDS):
+        for name, fn in items.items():
+            times[name].append(host_us(fn))
+    rows = [dict(item=name, best_us=min(t), median_us=sorted(t)[ROUNDS // 2]) for name, t in times.items()]
+    path = write_json(args.out, "host_breakdown", rows, shape=dict(B=B, H=H, N=N, D=D, causal=True), dtype="float16")
+    print(format_table(rows, ["item", "best_us", "median_us"]))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
