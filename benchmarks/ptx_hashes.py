@@ -153,7 +153,7 @@ def gluon_bwd(opts, causal=True, d=128):
         variant = variant._replace(seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     cfg = g.default_config(d, causal, 8192)
     _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
-                                dq_acc=torch.zeros(B, H, N, d))
+                                dq_acc=torch.zeros(B, H, N, d), row_starts=torch.zeros(4, dtype=torch.int32))
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
 
 def body(ptx):  # the code only: no debug sections, file names or source locations

@@ -132,11 +132,12 @@ def model_backward_varlen(do, q, k, v, o, lse, variant, scale, causal, cfg, wind
     BN = 64 * C
     left, right = window
     has_left, has_right = window_flags(Variant(left=left, right=right), causal)
-    pad = gluon_bwd._pad_rows(total_q)
-    lse2 = torch.full((Hq, pad), math.inf, dtype=torch.float64)
-    lse2[:, :total_q] = torch.where(torch.isinf(lse), math.inf, lse * LOG2E).reshape(Hq, total_q)
-    delta = torch.zeros((Hq, pad), dtype=torch.float64)
-    delta[:, :total_q] = (do * o).sum(-1).reshape(Hq, total_q)
+    # lse₂ and δ as the kernel reads them: each sequence's rows from an aligned column (``_aligned_rows``)
+    delta, lse2, starts = gluon_bwd._aligned_rows((do * o).sum(-1).reshape(1, Hq, total_q),
+                                                  torch.where(torch.isinf(lse), math.inf, lse * LOG2E)
+                                                  .reshape(1, Hq, total_q), variant)
+    pad = delta.shape[1]
+    assert (starts % 4 == 0).all()
     dq = torch.zeros_like(q)
     dk = torch.full_like(k, float("nan"))  # every key row must be written by its program
     dv = torch.full_like(v, float("nan"))
@@ -160,9 +161,10 @@ def model_backward_varlen(do, q, k, v, o, lse, variant, scale, causal, cfg, wind
                 h, start_m = h_kv * group + g, lo + i * M
                 row = q0 + start_m
                 qt, dot = _packed_box(q, h, row, M), _packed_box(do, h, row, M)
-                # (a box past the padded rows reads zeros: lse₂ = 0 there, masked as past n_q)
-                l2 = torch.cat([lse2[h, row:row + M], torch.zeros(max(row + M - pad, 0), dtype=torch.float64)])
-                dl = torch.cat([delta[h, row:row + M], torch.zeros(max(row + M - pad, 0), dtype=torch.float64)])
+                # (a box past the padded columns reads zeros: lse₂ = 0 there, masked as past n_q)
+                col = int(starts[b]) + start_m
+                l2 = torch.cat([lse2[h, col:col + M], torch.zeros(max(col + M - pad, 0), dtype=torch.float64)])
+                dl = torch.cat([delta[h, col:col + M], torch.zeros(max(col + M - pad, 0), dtype=torch.float64)])
                 ds = []
                 for c in range(C):
                     keys = start_n + 64 * c + torch.arange(64)
@@ -316,7 +318,7 @@ def test_varlen_launch_plan():
     plan = gluon_bwd.launch_plan(q, k, cfg, True, variant)
     assert plan["grid"] == ((triton.cdiv(q.shape[2], 128) + 3) * 2,)
     assert plan["constexprs"]["SEQ"] == SEQ_VARLEN
-    assert plan["row_stats_shape"] == (4, gluon_bwd._pad_rows(q.shape[2]))
+    assert plan["row_stats_shape"] == (4, gluon_bwd._pad_rows(q.shape[2] + 3 * 3))
     assert "SEQ" not in gluon_bwd.launch_plan(q, k, cfg, True, PLAIN)["constexprs"]
     note = gluon_bwd.path_note(variant)
     assert "varlen" in note and "Gluon" in note
@@ -478,3 +480,35 @@ def test_packed_do_is_taken_without_a_copy():
     assert _tma_strides(packed)
     assert not _tma_strides(torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 4, 300, 64))
     assert not _tma_strides(torch.zeros(300, 4, 66, dtype=torch.float16)[..., :64].transpose(0, 1).unsqueeze(0))
+
+
+@pytest.mark.parametrize("seq", ["varlen", "ranges"])
+def test_row_stats_start_each_sequence_at_an_aligned_column(seq):
+    # A TMA box of lse₂/δ must start 16-byte aligned (an unaligned start is an illegal instruction
+    # on the H100): every sequence's first row at a multiple of 4 columns, each of its rows where the
+    # kernel reads it (column r + shift), and no other row's value in a column it reads.
+    g = torch.Generator().manual_seed(0)
+    if seq == "varlen":
+        cu = torch.tensor([0, 1, 1, 18, 146, 1146, 1147], dtype=torch.int32)
+        variant = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+        B, Hq, N = 1, 3, int(cu[-1])
+        bounds = [(int(cu[i]), int(cu[i + 1])) for i in range(len(cu) - 1)]
+    else:
+        rq = torch.tensor([[3, 100], [0, 129], [99, 100], [10, 10]], dtype=torch.int32)
+        variant = Variant(seq=SEQ_RANGES, seq_q=rq, seq_k=rq)
+        B, Hq, N = 4, 3, 130
+        bounds = [tuple(r) for r in rq.tolist()]
+    delta, lse2 = torch.randn(B, Hq, N, generator=g), torch.randn(B, Hq, N, generator=g)
+    delta_pad, lse2_pad, starts = gluon_bwd._aligned_rows(delta, lse2, variant)
+    assert delta_pad.shape == lse2_pad.shape and delta_pad.shape[1] % 128 == 0
+    written = torch.zeros_like(delta_pad, dtype=torch.bool)
+    for s, (q0, q1) in enumerate(bounds):
+        b, first = (0, int(starts[s])) if seq == "varlen" else (s, 0)
+        assert first % 4 == 0
+        rows = slice(b * Hq, (b + 1) * Hq)
+        cols = slice(first, first + q1 - q0)
+        assert torch.equal(delta_pad[rows, cols], delta[b, :, q0:q1]) and torch.equal(lse2_pad[rows, cols],
+                                                                                      lse2[b, :, q0:q1])
+        assert not written[rows, cols].any()  # sequences never share a column
+        written[rows, cols] = True
+    assert (delta_pad[~written] == 0).all() and (lse2_pad[~written] == math.inf).all()

@@ -270,6 +270,8 @@ def test_ranges_match_reference_and_zero_the_padding(d, dtype, causal):
         outside = torch.ones(L, dtype=torch.bool, device=DEVICE)
         outside[a0:a1] = False
         assert (o[b][:, outside] == 0).all() and (lse[b][:, outside] == float("-inf")).all()
-    # The portable kernel on the same inputs: the same rows written, within the dtype's rounding.
-    assert torch.equal(o == 0, o_p == 0) and torch.equal(lse == float("-inf"), lse_p == float("-inf"))
+    # The portable kernel on the same inputs: the same rows written, within the dtype's rounding
+    # (rows, not elements: an output element near 0 may round to exactly 0 in one kernel only).
+    assert torch.equal((o == 0).all(-1), (o_p == 0).all(-1))
+    assert torch.equal(lse == float("-inf"), lse_p == float("-inf"))
     assert (o.float() - o_p.float()).abs().max() < 4 * EPS[dtype]

@@ -290,13 +290,15 @@ if _HAS_GLUON:
     @gluon.jit
     def _loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                b, h_kv, start_n, n_heads, lo, n_tiles, rot,
+                b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
                 CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SEQ: gl.constexpr):
         """The loader warp: K and V once, then Q, dO, lse₂, δ of step ``it`` into slot it % STAGES
         once every consumer freed it. Ranges and varlen (``SEQ``): ``start_n`` and ``lo`` are rows of
         the tensors (the kernel shifted them by the sequence's first key / query row); varlen's
-        batch coordinate is 0, the packed tensors' only one."""
+        batch coordinate is 0, the packed tensors' only one, and lse₂/δ are re-laid so that each
+        sequence's rows start at an aligned column: query row r at column r + ``row_shift``
+        (``_aligned_rows``)."""
         bt = b
         if SEQ == 2:
             bt = 0
@@ -315,8 +317,11 @@ if _HAS_GLUON:
             mbarrier.expect(bar, step_bytes)
             tma.async_copy_global_to_shared(q_desc, [bt, h, start_m, 0], bar, q_smem.index(s))
             tma.async_copy_global_to_shared(do_desc, [bt, h, start_m, 0], bar, do_smem.index(s))
-            tma.async_copy_global_to_shared(lse_desc, [bt * n_heads + h, start_m], bar, lse_smem.index(s))
-            tma.async_copy_global_to_shared(delta_desc, [bt * n_heads + h, start_m], bar, delta_smem.index(s))
+            col = start_m
+            if SEQ != 0:
+                col = start_m + row_shift
+            tma.async_copy_global_to_shared(lse_desc, [bt * n_heads + h, col], bar, lse_smem.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [bt * n_heads + h, col], bar, delta_smem.index(s))
 
     @gluon.jit
     def _row(smem, s, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
@@ -591,6 +596,7 @@ if _HAS_GLUON:
                                alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                                q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq,
                                dk_ptr, dv_ptr, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                               row_starts,
                                HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                                ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, GROUP: gl.constexpr,
@@ -635,6 +641,11 @@ if _HAS_GLUON:
         rot = start_n * 0
         if ROTATE:
             rot = tile
+        row_shift = 0  # lse₂/δ column of query row r: r + row_shift (``_aligned_rows``)
+        if SEQ == 1:
+            row_shift = -q0
+        elif SEQ == 2:
+            row_shift = tl.load(row_starts + b) - q0
         if SEQ != 0:
             # Rows of the tensors from here on: the sequence's tiles, ends and diagonal shifted by its
             # first query row q0 and key row k0 (key j ≤ row i + off holds shifted by off + k0 − q0),
@@ -702,7 +713,7 @@ if _HAS_GLUON:
                          FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                       b, h_kv, start_n, n_heads, lo, n_tiles, rot,
+                       b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
                        CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES, SEQ)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -855,6 +866,41 @@ def _row_stats(do, o, lse, dlse, n_pad: int):
     return (delta_pad, lse2_pad), (delta, lse2)
 
 
+def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
+    """δ and lse₂ (B, Hq, Nq) of a ranges or varlen batch laid out so that every sequence's first
+    query row sits at a 16-byte-aligned column, as the kernel's TMA boxes of a row need (a box whose
+    inner start is not aligned is an illegal instruction on the H100; a sequence may start at any
+    row). Returns (delta_pad, lse2_pad, row_starts):
+    - ranges: (B·Hq, padded Nq), batch row b's query row q0_b + i at column i; row_starts None;
+    - varlen: (Hq, padded), sequence b's row q0_b + i at column row_starts[b] + i, the starts the
+      sums of the lengths rounded up to 4 (int32 on the device).
+    Columns holding no row of their sequence have δ = 0 and lse₂ = +inf (P = 0; the consumers mask
+    rows past a sequence's end anyway). Device-side gathers only: no sync, nothing sized by data."""
+    B, Hq, Nq = delta.shape
+    dev = delta.device
+    if variant.seq == SEQ_RANGES:
+        q0, q1 = variant.seq_q[:, 0].long(), variant.seq_q[:, 1].long()
+        cols = torch.arange(_pad_rows(Nq), device=dev)
+        src = cols + q0[:, None]                      # (B, padded)
+        valid = (src < q1[:, None]).unsqueeze(1)      # (B, 1, padded)
+        idx = src.clamp(max=Nq - 1).unsqueeze(1).expand(B, Hq, -1)
+        row_starts = None
+    else:
+        cu = variant.seq_q.long()
+        lens = cu[1:] - cu[:-1]
+        aligned = (lens + 3) // 4 * 4
+        starts = torch.cumsum(aligned, 0) - aligned   # (n_seq,): each sequence's first column
+        cols = torch.arange(_pad_rows(Nq + 3 * lens.shape[0]), device=dev)
+        seq = (torch.searchsorted(starts, cols, right=True) - 1).clamp(min=0)  # the last of equal starts
+        within = cols - starts[seq]
+        valid = (within < lens[seq]).view(1, 1, -1)
+        idx = (cu[seq] + within).clamp(0, Nq - 1).view(1, 1, -1).expand(B, Hq, -1)
+        row_starts = starts.to(torch.int32)
+    delta_pad = delta.gather(2, idx).masked_fill(~valid, 0.0).view(B * Hq, -1)
+    lse2_pad = lse2.gather(2, idx).masked_fill(~valid, float("inf")).view(B * Hq, -1)
+    return delta_pad, lse2_pad, row_starts
+
+
 def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     """The kernel's shared memory, barriers aside (the offline compile's figure less ~0.5 KB): the K
     and V boxes, the ring of Q, dO, lse₂, δ slots and, with ``fused_dq``, the dS sets and one fp32
@@ -905,7 +951,7 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
                         DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
                         LOADER_REGS=LOADER_REGS),
-        row_stats_shape=(B * Hq, _pad_rows(Nq)),
+        row_stats_shape=(B * Hq, _pad_rows(Nq + 3 * (variant.seq_q.shape[0] - 1) if seq == SEQ_VARLEN else Nq)),
         dq_acc_shape=(B, Hq, Nq, D) if cfg.fused_dq else None,
     )
 
@@ -944,19 +990,21 @@ def _needs_fused_dq(variant, causal: bool) -> bool:
 
 
 def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg: Config,
-            variant: Variant = PLAIN, dq_acc: torch.Tensor | None = None):
+            variant: Variant = PLAIN, dq_acc: torch.Tensor | None = None, row_starts: torch.Tensor | None = None):
     """(grid, args, keyword args) of the kernel launch (``attention_backward_gluon``'s; the PTX
     hashes, ``benchmarks/ptx_hashes.py``, compile from it without a GPU). ``dq_acc``: the fp32 dQ
-    buffer with ``fused_dq``; else ``dq`` stands in for it (the kernel does not touch it)."""
+    buffer with ``fused_dq``; else ``dq`` stands in for it (the kernel does not touch it).
+    ``row_starts``: a varlen batch's lse₂/δ column of each sequence (``_aligned_rows``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     plan = launch_plan(q, k, cfg, causal, variant)
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
-    seq_options = (None,) * 14  # a dense batch: none (constexprs), its launch as before
+    seq_options = (None,) * 15  # a dense batch: none (constexprs), its launch as before
     if variant is not None and variant.seq != SEQ_DENSE:
         *bounds, stride_seq, n_seq = seq_args(variant, q)
         strides = [(0 if variant.seq == SEQ_VARLEN else t.stride(0), t.stride(1), t.stride(2)) for t in (dk, dv)]
-        seq_options = (*bounds, stride_seq, n_seq, dk, dv, *strides[0], *strides[1])
+        seq_options = (*bounds, stride_seq, n_seq, dk, dv, *strides[0], *strides[1],
+                       row_starts if variant.seq == SEQ_VARLEN else None)
     m, box = cfg.block_m, [1, 1, 64, D]
     dq_desc = tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]) if cfg.fused_dq else tma_descriptor(dq, [1, 1, m, D])
     args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
@@ -1006,8 +1054,13 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     reason = config_reason(D, cfg, q.element_size())
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: {reason}")
-    n_pad = _pad_rows(Nq)
-    (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, n_pad)
+    row_starts = None
+    if variant is not None and variant.seq != SEQ_DENSE:
+        from .attention_bwd_hopper import row_stats
+        delta, lse2 = row_stats(do, o, lse, dlse)
+        delta_pad, lse2_pad, row_starts = _aligned_rows(delta, lse2, variant)
+    else:
+        (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, _pad_rows(Nq))
     # Rows outside every range of a padded batch are no program's: their gradients are 0 (the
     # fp32 dQ buffer starts at 0 anyway).
     alloc = torch.zeros_like if variant is not None and variant.seq == SEQ_RANGES else torch.empty_like
@@ -1015,7 +1068,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     dq_acc = torch.zeros((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
     dq = None if cfg.fused_dq else torch.empty_like(q)
     grid, args, kwargs = _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
-                                 PLAIN if variant is None else variant, dq_acc)
+                                 PLAIN if variant is None else variant, dq_acc, row_starts)
     _attn_bwd_gluon_kernel[grid](*args, **kwargs)
 
     if cfg.fused_dq:
