@@ -259,3 +259,16 @@ def test_the_key_separates_whatever_the_installed_triton_specializes_apart():
             theirs = [specialize(BaseBackend, x, False, True, True) for x in (a, b)]
             if str(theirs[0]) != str(theirs[1]):
                 assert _launcher._spec(a) != _launcher._spec(b), (a, b, theirs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled launch path needs a GPU")
+def test_a_repeated_small_backward_takes_its_bound_launches():
+    # The portable backward binds its three launches after the first plain call of a shape; the
+    # next call of that shape launches through them (checked against float64 just above).
+    import flashattn_lite as fa
+    from flashattn_lite.ops import attention_bwd
+    attention_bwd._BOUND.clear()
+    q, k, v = (torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    for _ in range(2):
+        torch.autograd.grad(fa.attention(q, k, v, causal=True), (q, k, v), torch.ones_like(q))
+    assert len(attention_bwd._BOUND) == 1
