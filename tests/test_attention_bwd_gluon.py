@@ -235,6 +235,20 @@ def _box(t, b, h, start, n):
     return out
 
 
+def band_visible(keys, rows, n_k, off, left, right, has_left, has_right, causal):
+    """Bool (64 keys, M rows): which pairs of an edge tile the kernel keeps (``_masked``): keys
+    below ``n_k``, inside the window's band or, causal without one, left of the diagonal."""
+    visible = (keys < n_k)[:, None].expand(keys.shape[0], rows.shape[-1])
+    if has_left or has_right:
+        if has_right or causal:
+            visible = visible & (rows >= (keys - off - (right if has_right else 0))[:, None])
+        if has_left:
+            visible = visible & (rows <= (keys - off + left)[:, None])
+    elif causal:
+        visible = visible & (keys[:, None] <= rows + off)
+    return visible
+
+
 def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=None, window=(-1, -1)):
     """(dq, dk, dv) computed the way the kernel schedules it, in float64: per program (key tile,
     batch, KV head) the query tiles the kernel's ``query_tiles`` gives (run in the interpreter or
@@ -289,15 +303,8 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=
                 pt = torch.exp2(x * fold - l2)
                 edge = start_m < mid_lo or (has_left and start_m >= mid_hi)
                 if edge or start_n + 64 * (c + 1) > Nk:
-                    visible = (keys < Nk)[:, None].expand(64, M)
                     rows = (start_m + torch.arange(M))[None, :]
-                    if has_left or has_right:
-                        if has_right or causal:
-                            visible = visible & (rows >= (keys - off - (right if has_right else 0))[:, None])
-                        if has_left:
-                            visible = visible & (rows <= (keys - off + left)[:, None])
-                    elif causal:
-                        visible = visible & (keys[:, None] <= rows + off)
+                    visible = band_visible(keys, rows, Nk, off, left, right, has_left, has_right, causal)
                     pt = torch.where(visible, pt, 0.0)
                 assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
                 dvc[c] += pt @ dot

@@ -19,7 +19,7 @@ from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
 from flashattn_lite.ops.attention_bwd_gluon import seq_key_tile
 from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant
 from flashattn_lite.ops.attention_fwd_gluon import window_flags
-from test_attention_bwd_gluon import REASON, query_tiles, sm90  # noqa: F401 - the fixture
+from test_attention_bwd_gluon import REASON, band_visible, query_tiles, sm90  # noqa: F401 - the fixture
 
 LOG2E = 1.4426950408889634
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -172,15 +172,8 @@ def model_backward_varlen(do, q, k, v, o, lse, variant, scale, causal, cfg, wind
                     edge = start_m < mid_lo or (has_left and start_m >= mid_hi) or start_m + M > n_q
                     if edge or start_n + 64 * (c + 1) > n_k:
                         rows = (start_m + torch.arange(M))[None, :]
-                        visible = (keys < n_k)[:, None] & (rows < n_q)
-                        if has_left or has_right:
-                            if has_right or causal:
-                                visible = visible & (rows >= (keys - off - (right if has_right else 0))[:, None])
-                            if has_left:
-                                visible = visible & (rows <= (keys - off + left)[:, None])
-                        elif causal:
-                            visible = visible & (keys[:, None] <= rows + off)
-                        pt = torch.where(visible, pt, 0.0)
+                        visible = band_visible(keys, rows, n_k, off, left, right, has_left, has_right, causal)
+                        pt = torch.where(visible & (rows < n_q), pt, 0.0)
                     assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
                     dvc[c] += pt @ dot
                     dst = pt * (vc[c] @ dot.T - dl)
