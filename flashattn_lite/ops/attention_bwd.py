@@ -393,10 +393,7 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, True)
     key = (signature, deterministic)
     if variant is not PLAIN:
-        key = (*key, _variant_signature(variant))
-        if variant.seq != SEQ_DENSE:  # the layout, and the bounds' (their count sets the work estimate)
-            key = (*key, variant.seq, *(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-                                        for t in (variant.seq_q, variant.seq_k)))
+        key = (*key, _variant_signature(variant))  # (with the batch layout and its bounds' layouts)
     hopper = _HOPPER.get(key)
     if hopper is None:
         from . import attention_bwd_gluon, attention_bwd_hopper
