@@ -54,8 +54,9 @@ def argument_parser(doc: str, kernel: str, *, sdpa_switch: bool = False) -> argp
     p.add_argument("--head-dims", default="64,128", help="comma-separated, from 64,128 (default both)")
     p.add_argument("--lengths", default="2048,8192,16384", help="comma-separated N (B = 16384 // N)")
     p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
-    p.add_argument("--configs", choices=["all", "default"], default="all",
-                   help=f"{kernel} whole sweep, or the config it runs by default at each point")
+    p.add_argument("--configs", default="all",
+                   help=f"{kernel} whole sweep (all), the config it runs by default at each point (default), "
+                        "or comma-separated config names of the sweep (those of another head dim are skipped)")
     if sdpa_switch:
         p.add_argument("--no-sdpa", action="store_true", help="skip the SDPA backends")
     p.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per measurement")
@@ -243,6 +244,16 @@ def table_line(p, config_width: int = 26) -> str:
             + notes + (f" {p['error']}" if "error" in p else ""))
 
 
+def chosen_configs(kernels, choice: str, d: int, causal: bool, n: int) -> list:
+    """``--configs``: the sweep of head dim d, its default at the point, or the named ones of the sweep."""
+    if choice == "all":
+        return kernels.CONFIGS[d]
+    if choice == "default":
+        return [kernels.default_config(d, causal, n)]
+    names = choice.split(",")
+    return [c for c in kernels.CONFIGS[d] if c.name in names]
+
+
 def sweep(args, budget, name: str, kernels, run_point, *, config_width: int = 26, unit: str = "TFLOP/s",
           line=table_line, header: str | None = None, **extra) -> int:
     """The command line's points in order (``run_point(d, causal, n, configs)`` each, ``configs``
@@ -271,7 +282,7 @@ def sweep(args, budget, name: str, kernels, run_point, *, config_width: int = 26
                 if not budget.allows():
                     result["stopped_early"] = True
                     continue
-                cfgs = kernels.CONFIGS[d] if args.configs == "all" else [kernels.default_config(d, causal, n)]
+                cfgs = chosen_configs(kernels, args.configs, d, causal, n)
                 try:
                     point = run_point(d, causal, n, cfgs)
                 except Exception as e:  # the point's own setup failed (e.g. out of memory): record, go on

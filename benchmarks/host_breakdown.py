@@ -20,6 +20,10 @@ causal, fp16). Items:
   backward returns preallocated gradients, and through a C++ op (``q * 1``): the autograd engine's
   own cost, and what a Python backward adds to it (the worker thread takes the GIL);
 - ``empty_like_x5``: five ``torch.empty_like`` of the inputs.
+
+``--profile``: then cProfile over ``ours_fwd_bwd`` (the main thread, and the autograd engine's thread
+inside our backward, each profiled on its own), the functions with the most own time, µs per
+forward+backward step (cProfile's own cost inflates every function's time alike; read the ranking).
 """
 from __future__ import annotations
 
@@ -57,9 +61,47 @@ class _Preallocated(torch.autograd.Function):
         return _Preallocated.grads
 
 
+def profile_rows(fn, steps: int, top: int = 25) -> list[dict]:
+    """cProfile of ``steps`` calls of ``fn`` (a forward+backward): the ``top`` functions by own time
+    in each thread, µs per step."""
+    import cProfile
+    import pstats
+
+    from flashattn_lite.ops.attention import _AttentionFn
+    main_thread, engine = cProfile.Profile(), cProfile.Profile()
+    backward = _AttentionFn.backward
+
+    def profiled_backward(ctx, *grads):  # runs on the engine's thread: profiled there
+        engine.enable()
+        try:
+            return backward(ctx, *grads)
+        finally:
+            engine.disable()
+
+    _AttentionFn.backward = staticmethod(profiled_backward)
+    try:
+        torch.cuda.synchronize()
+        main_thread.enable()
+        for _ in range(steps):
+            fn()
+        main_thread.disable()
+        torch.cuda.synchronize()
+    finally:
+        _AttentionFn.backward = staticmethod(backward)
+    rows = []
+    for thread, prof in (("main", main_thread), ("engine", engine)):
+        stats = pstats.Stats(prof).stats
+        ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+        for (file, line, name), (cc, nc, tt, ct, _) in ranked:
+            rows.append(dict(thread=thread, function=f"{Path(file).name}:{line}({name})", calls_per_step=nc / steps,
+                             own_us=tt / steps * 1e6, cum_us=ct / steps * 1e6))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--profile", action="store_true", help="also cProfile our forward+backward")
     add_run_arguments(ap)  # accepted for benchmarks/gpu_check.sh; this run is short either way
     args = ap.parse_args()
     assert torch.cuda.is_available(), "host_breakdown measures the GPU host path"
@@ -124,8 +166,14 @@ def main():
         for name, fn in items.items():
             times[name].append(host_us(name, fn))
     rows = [dict(item=name, best_us=min(t), median_us=sorted(t)[ROUNDS // 2]) for name, t in times.items()]
-    path = write_json(args.out, "host_breakdown", rows, shape=dict(B=B, H=H, N=N, D=D, causal=True), dtype="float16")
+    extra = {}
+    if args.profile:
+        extra["profile"] = profile_rows(items["ours_fwd_bwd"], ROUNDS * CALLS)
+    path = write_json(args.out, "host_breakdown", rows, shape=dict(B=B, H=H, N=N, D=D, causal=True), dtype="float16",
+                      **extra)
     print(format_table(rows, ["item", "best_us", "median_us"]))
+    if args.profile:
+        print(format_table(extra["profile"], ["thread", "function", "calls_per_step", "own_us", "cum_us"]))
     print(f"wrote {path}")
 
 

@@ -373,6 +373,24 @@ def settings(args, defaults: dict, quick: dict) -> dict:
     return {k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()}
 
 
+def gpu_state() -> str | None:
+    """The GPU's SM clock, power draw, temperature and active clock-throttle reasons (nvidia-smi),
+    or None where there is no nvidia-smi: printed between a benchmark's rounds, so a slower round
+    can be told apart from a slower kernel."""
+    import shutil
+    import subprocess
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        return None
+    index = torch.cuda.current_device()
+    query = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
 SLOW_WARMUP_S = 2.0
 
 

@@ -8,7 +8,8 @@ Three groups of points, every column of a group measured in the same process on 
   kernel that visits only the band scores the same TFLOP/s as the full one.
 - ``options``: plain causal attention against each of softcap, sinks and ALiBi, and all of them
   together, at one N; the cost of each over plain, forward and backward (cases timed in turn over
-  three rounds, the median of each).
+  ``--rounds`` rounds, default 3, the median of each; the GPU's SM clock, power and temperature are
+  printed after each round, and each case's fastest and slowest round are kept in the JSON).
 - ``varlen``: a packed batch of mixed lengths (seeded) against the dense kernel on a batch with the
   same number of tokens, TFLOP/s counted per sequence.
 
@@ -24,8 +25,9 @@ from . import common
 
 GROUPS = ("window", "options", "varlen")
 DEFAULTS = {
-    "cuda": dict(n=32768, window=4096, options_n=8192, tokens=32768, head_dim=128, hidden=2048, rep_ms=100.0),
-    "cpu": dict(n=512, window=64, options_n=256, tokens=512, head_dim=32, hidden=128, rep_ms=20.0),
+    "cuda": dict(n=32768, window=4096, options_n=8192, tokens=32768, head_dim=128, hidden=2048, rep_ms=100.0,
+                 rounds=3),
+    "cpu": dict(n=512, window=64, options_n=256, tokens=512, head_dim=32, hidden=128, rep_ms=20.0, rounds=3),
 }
 QUICK = {"cuda": dict(rep_ms=50.0), "cpu": dict()}
 COLUMNS = ["group", "case", "mode", "ms", "tflops", "speedup", "cost"]
@@ -46,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("run")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     s.add_argument("--rep-ms", type=float, help="timing repetitions per point, in ms")
+    s.add_argument("--rounds", type=int, help="rounds of the options group's interleaved timing (default 3)")
     common.add_run_arguments(s)
 
 
@@ -85,14 +88,17 @@ def _steps(fn, leaves):
 
 
 def _interleaved(steps: dict, rep_ms: float, rounds: int = 3) -> dict:
-    """{(case, mode): median ms} timing every case once per round, cases in turn: a drift of the
-    card's clocks or temperature during the run then moves every case alike instead of the later
+    """{(case, mode): each round's ms} timing every case once per round, cases in turn: a drift of
+    the card's clocks or temperature during the run then moves every case alike instead of the later
     ones (the options' costs are a few percent, the size of that drift)."""
     times = {key: [] for key in steps}
-    for _ in range(rounds):
+    for r in range(rounds):
         for key, step in steps.items():
             times[key].append(common.time_ms(step, rep_ms=rep_ms))
-    return {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+        state = common.gpu_state()
+        if state:
+            print(f"  round {r + 1}/{rounds}: {state}", flush=True)
+    return times
 
 
 def _qkv(b, h, n, d, dtype, device, seed=0):
@@ -161,11 +167,13 @@ def _options_group(cfg, writer, dtype, device):
         common.warm_up(fn, name)
         leaves = (q, k, v) + ((sinks,) if "sinks" in opts else ())
         steps.update({(name, mode): step for mode, step in _steps(fn, leaves).items()})
-    times = _interleaved(steps, cfg["rep_ms"])
+    times = _interleaved(steps, cfg["rep_ms"], cfg["rounds"])
     base = {}
-    for (name, mode), ms in times.items():
+    for (name, mode), rounds in times.items():
+        ms = sorted(rounds)[len(rounds) // 2]
         base.setdefault(mode, ms)
         writer.add(dict(group="options", case=name, mode=mode, n=n, batch=b, heads=h, head_dim=d, ms=ms,
+                        ms_min=min(rounds), ms_max=max(rounds),
                         tflops=_tflops(b * _pairs_causal_window(n, None), h, d, ms, mode),
                         cost=ms / base[mode] - 1.0))
 
