@@ -21,8 +21,7 @@ causal, fp16). Items:
   own cost, and what a Python backward adds to it (the worker thread takes the GIL);
 - ``empty_like_x5``: five ``torch.empty_like`` of the inputs.
 
-``--profile``: then cProfile over ``ours_fwd_bwd`` (the main thread, and the autograd engine's thread
-inside our backward, each profiled on its own), the functions with the most own time, µs per
+``--profile``: then cProfile over ``ours_fwd_bwd``, the functions with the most own time, µs per
 forward+backward step (cProfile's own cost inflates every function's time alike; read the ranking).
 """
 from __future__ import annotations
@@ -61,41 +60,22 @@ class _Preallocated(torch.autograd.Function):
         return _Preallocated.grads
 
 
-def profile_rows(fn, steps: int, top: int = 25) -> list[dict]:
-    """cProfile of ``steps`` calls of ``fn`` (a forward+backward): the ``top`` functions by own time
-    in each thread, µs per step."""
+def profile_rows(fn, steps: int, top: int = 30) -> list[dict]:
+    """cProfile of ``steps`` calls of ``fn`` (a forward+backward): the ``top`` functions by own time,
+    µs per step. From Python 3.12 cProfile sees every thread (sys.monitoring), the autograd engine's
+    included; before, only the calling thread (the backward is then missing)."""
     import cProfile
     import pstats
-
-    from flashattn_lite.ops.attention import _AttentionFn
-    main_thread, engine = cProfile.Profile(), cProfile.Profile()
-    backward = _AttentionFn.backward
-
-    def profiled_backward(ctx, *grads):  # runs on the engine's thread: profiled there
-        engine.enable()
-        try:
-            return backward(ctx, *grads)
-        finally:
-            engine.disable()
-
-    _AttentionFn.backward = staticmethod(profiled_backward)
-    try:
-        torch.cuda.synchronize()
-        main_thread.enable()
-        for _ in range(steps):
-            fn()
-        main_thread.disable()
-        torch.cuda.synchronize()
-    finally:
-        _AttentionFn.backward = staticmethod(backward)
-    rows = []
-    for thread, prof in (("main", main_thread), ("engine", engine)):
-        stats = pstats.Stats(prof).stats
-        ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
-        for (file, line, name), (cc, nc, tt, ct, _) in ranked:
-            rows.append(dict(thread=thread, function=f"{Path(file).name}:{line}({name})", calls_per_step=nc / steps,
-                             own_us=tt / steps * 1e6, cum_us=ct / steps * 1e6))
-    return rows
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(steps):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    ranked = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [dict(function=f"{Path(file).name}:{line}({name})", calls_per_step=nc / steps, own_us=tt / steps * 1e6,
+                 cum_us=ct / steps * 1e6) for (file, line, name), (cc, nc, tt, ct, _) in ranked]
 
 
 def main():
@@ -173,7 +153,7 @@ def main():
                       **extra)
     print(format_table(rows, ["item", "best_us", "median_us"]))
     if args.profile:
-        print(format_table(extra["profile"], ["thread", "function", "calls_per_step", "own_us", "cum_us"]))
+        print(format_table(extra["profile"], ["function", "calls_per_step", "own_us", "cum_us"]))
     print(f"wrote {path}")
 
 

@@ -123,16 +123,13 @@ class Config(NamedTuple):
     ``fused_dq`` (dQ by TMA reduce-add in this kernel; else the Triton dQ kernel), ``ds_bufs``
     (fused dQ: sets of dS buffers, 2 lets a consumer write step i + 1's dS while another's dQ
     wgmma of step i still reads its set), ``consumer_regs`` (setmaxnreg for the consumers; the
-    loader gets ``LOADER_REGS``), ``tile_major`` (programs ordered by key tile across all (batch, KV
-    head)s, so under causal the grid's heaviest programs run first; else a head's tiles are
-    consecutive, sharing its Q and dO in L2; dense and ranges batches)."""
+    loader gets ``LOADER_REGS``)."""
     consumers: int
     block_m: int
     stages: int
     fused_dq: bool
     ds_bufs: int = 2
     consumer_regs: int = 240
-    tile_major: bool = False
 
     @property
     def block_n(self) -> int:
@@ -141,8 +138,7 @@ class Config(NamedTuple):
     @property
     def name(self) -> str:
         dq = f"fdq{self.ds_bufs}" if self.fused_dq else "tdq"
-        order = "-tm" if self.tile_major else ""
-        return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}{order}"
+        return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}"
 
 
 # The sweep, per head dim. Compiled offline for sm_90a with triton 3.6 (fp16 and bf16, causal or
@@ -167,10 +163,8 @@ class Config(NamedTuple):
 # option 496 (328). (The one value the loop gains is the sequence's query end; moving the rest out
 # of the partitions, or the edge test's form, changed the counts by ±10–40 bytes either way.)
 CONFIGS = {
-    64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1),
-         Config(2, 64, 4, True, 2, tile_major=True), Config(2, 64, 3, False)],
-    128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False),
-          Config(2, 64, 2, True, 2, tile_major=True)],
+    64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
+    128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
 }
 
 
@@ -608,7 +602,7 @@ if _HAS_GLUON:
                                ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, GROUP: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0, TILE_MAJOR: gl.constexpr = False):
+                               LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
@@ -625,14 +619,8 @@ if _HAS_GLUON:
             tile = start_n // BLOCK_N
         else:
             n_key_tiles = gl.cdiv(n_k, BLOCK_N)
-            if TILE_MAJOR:  # every (batch, KV head)'s first tile, then every second one, ...: under
-                # causal the heaviest programs of the whole grid first (no long tail of heavy ones)
-                n_slabs = gl.num_programs(0) // n_key_tiles
-                tile = pid // n_slabs
-                bh_kv = pid % n_slabs
-            else:
-                tile = pid % n_key_tiles
-                bh_kv = pid // n_key_tiles
+            tile = pid % n_key_tiles
+            bh_kv = pid // n_key_tiles
             b = bh_kv // n_kv_heads
             h_kv = bh_kv % n_kv_heads
             start_n = tile * BLOCK_N
@@ -956,8 +944,6 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
     else:
         grid = (cdiv(Nk, cfg.block_n) * B * Hkv,)
     seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
-    if cfg.tile_major and seq != SEQ_VARLEN:
-        seq_ce["TILE_MAJOR"] = True
     return dict(
         grid=grid,
         constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1], **seq_ce,
