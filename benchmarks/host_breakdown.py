@@ -10,12 +10,8 @@ causal, fp16). Items:
   around each block: before 2026-11-24 20:50 it was entered per call, which added the context
   manager's cost to torch's row) and of ours;
 - ``ours_fwd_graph``: our forward with inputs that need a gradient (autograd node built, no backward);
-- ``ours_bwd_direct``: ``attention_backward`` called on the main thread (no autograd engine);
-- ``ours_bwd_no_launch``: the same with our three backward launches replaced by nothing
-  (the wrapper and its allocations);
-- ``ours_bwd_only_<kernel>``: the same with only that kernel launched. A repeated plain call
-  launches through its bound launches (``attention_bwd._BOUND``), which these replacements do not
-  reach: with the cache warm these three rows equal ``ours_bwd_direct``;
+- ``ours_bwd_direct``: ``attention_backward`` called on the main thread (no autograd engine; at
+  this shape one bound launch of the short-call backward, ``attention_bwd._bwd_short_kernel``);
 - ``engine_python`` / ``engine_cpp``: ``autograd.grad`` through a Python ``autograd.Function`` whose
   backward returns preallocated gradients, and through a C++ op (``q * 1``): the autograd engine's
   own cost, and what a Python backward adds to it (the worker thread takes the GIL);
@@ -44,7 +40,6 @@ from flashattn_lite.bench.common import add_run_arguments, format_table, write_j
 from flashattn_lite.ops import attention_bwd as bwd_ops  # noqa: E402
 
 ROUNDS, CALLS = 11, 100
-KERNELS = ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel")
 
 
 class _Preallocated(torch.autograd.Function):
@@ -101,29 +96,12 @@ def main():
         return bwd_ops.attention_backward(do, q, k, v, o, lse, None, scale=D ** -0.5, causal=True, causal_offset=0,
                                           mask=None, dropout_p=0.0, seed=0)
 
-    def with_launches(keep):
-        """bwd_direct with the backward kernels not in ``keep`` launching nothing."""
-        saved = {name: getattr(bwd_ops, name).launch for name in KERNELS}
-
-        def run():
-            for name in KERNELS:
-                if name not in keep:
-                    getattr(bwd_ops, name).launch = lambda grid, a, kw: None
-            try:
-                return bwd_direct()
-            finally:
-                for name, fn in saved.items():
-                    getattr(bwd_ops, name).launch = fn
-        return run
-
     items = {
         "torch_fwd_bwd": torch_fwd_bwd,
         "ours_fwd_bwd": lambda: torch.autograd.grad(scaled_dot_product_attention(q, k, v, is_causal=True),
                                                     (q, k, v), do),
         "ours_fwd_graph": lambda: scaled_dot_product_attention(q, k, v, is_causal=True),
         "ours_bwd_direct": bwd_direct,
-        "ours_bwd_no_launch": with_launches(()),
-        **{f"ours_bwd_only{name}": with_launches((name,)) for name in KERNELS},
         "engine_python": lambda: torch.autograd.grad(_Preallocated.apply(q, k, v), (q, k, v), do),
         "engine_cpp": lambda: torch.autograd.grad(q * 1.0, (q,), do),
         "empty_like_x5": lambda: [torch.empty_like(t) for t in (q, k, v, q, k)],

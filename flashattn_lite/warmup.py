@@ -91,7 +91,9 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         length: the dummy sequence length of decode and softmax, and the first one of attention.
         max_length: on a GPU, attention is also compiled at each length where its configs change
             (``LENGTH_CLASSES``) up to this one (default: all of them), and on sm_90 at a size that
-            takes the Hopper kernels (calls of ≥ ``MIN_WORK``), so no later length compiles.
+            takes the Hopper kernels (calls of ≥ ``MIN_WORK``), so no later length compiles. (The
+            backward of short calls, ≤ ``attention_bwd.SHORT_MAX_N`` keys, is compiled at every
+            ``max_length``.)
         device: default the current CUDA device. On the CPU only ``TRITON_INTERPRET=1`` runs
             kernels; otherwise there is nothing to compile and the result is empty.
         progress: a tqdm progress bar when tqdm is installed.
@@ -169,8 +171,12 @@ def _name(dtype: torch.dtype) -> str:
 
 def _attention(d, dv, dtype, group, kv_heads, causal, backward, lengths, device, options, padded=False):
     """At each length: one call on the portable kernels (what short or small calls take), then, on
-    sm_90, one with enough work to take the Hopper kernels (``MIN_WORK``) where the call is theirs."""
+    sm_90, one with enough work to take the Hopper kernels (``MIN_WORK``) where the call is theirs.
+    With the backward, on a GPU, also a call at each key tile of the one-launch backward of short
+    calls (``attention_bwd.SHORT_BLOCKS``), a kernel of its own with a binary per tile (where the
+    options keep a call off it, these take the three-launch kernels, already compiled)."""
     from .ops import attention_fwd_hopper as hopper
+    from .ops.attention_bwd import SHORT_BLOCKS
     hopper_gpu = (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and not padded
                   and hopper.enabled() and dtype in hopper.DTYPES and d == dv and d in hopper.HEAD_DIMS)
     for n in lengths:
@@ -179,6 +185,10 @@ def _attention(d, dv, dtype, group, kv_heads, causal, backward, lengths, device,
         if hopper_gpu:
             batch = -(-hopper.MIN_WORK // (group * kv_heads * n * n * d))
             _attention_call(batch, d, dv, dtype, group, kv_heads, causal, backward, n, device, options, padded)
+    if backward and device.type == "cuda":
+        for n in SHORT_BLOCKS:
+            with hopper.disabled():
+                _attention_call(1, d, dv, dtype, group, kv_heads, causal, backward, n, device, options, padded)
 
 
 def _attention_call(batch, d, dv, dtype, group, kv_heads, causal, backward, length, device, options, padded):

@@ -29,12 +29,15 @@ def test_attention_under_the_interpreter_names_each_kernel_and_its_config():
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter path: CPU tensors")
-def test_backward_kernels_are_explained_when_an_input_requires_grad():
-    q, k, v = qkv(requires_grad=True)
+@pytest.mark.parametrize("n, backward", [
+    (20, ["_bwd_short_kernel"]),  # every key in one tile: the one-launch backward
+    (70, ["_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]),
+])
+def test_backward_kernels_are_explained_when_an_input_requires_grad(n, backward):
+    q, k, v = qkv(n=n, requires_grad=True)
     e = fa.explain(q, k, v)
     assert e.op == "attention forward+backward"
-    names = [k.name for k in e.kernels]
-    assert names[0] == "_attn_fwd_kernel" and "_bwd_dq_kernel" in names and "_bwd_dkdv_kernel" in names
+    assert [k.name for k in e.kernels] == ["_attn_fwd_kernel", *backward]
     assert q.grad is None  # the caller's tensors are untouched
 
 

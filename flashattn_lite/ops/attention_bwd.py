@@ -8,6 +8,13 @@ as P = exp2(S·scale·log2 e − lse₂) and never stores them:
 2. ``_bwd_dkdv_kernel``: one program per key tile of one KV head; it loops over every query
    head of the GQA group and every query tile, accumulating dK and dV in registers.
 3. ``_bwd_dq_kernel``: one program per query tile; loops over key tiles, accumulating dQ.
+4. ``_bwd_short_kernel``, instead of 1–3 where every key of a (batch, KV head) fits one tile of at
+   most ``SHORT_MAX_N`` keys and the call has no mask, dropout or sinks over a dense batch (windows,
+   softcap, ALiBi and an lse gradient are taken; see ``_short_config``): one program per (batch,
+   KV head) holds that head's K, V and the dK, dV accumulators in registers and loops over the
+   group's query heads and their query tiles, doing 1. for the tile in registers and storing its
+   dQ, complete since there is no other key tile. A short call's cost is host time: this one
+   launch and three allocations replace three launches and five.
 
 No atomics: each output element is written by exactly one program, so gradients are
 bit-identical from run to run. (``attention_backward`` hands large fp16/bf16 calls on sm_90, plain
@@ -33,6 +40,19 @@ from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_R
                             _variant_signature, SEQ_DENSE)
 
 
+@triton.jit
+def row_delta(o_t, do_t):
+    """δ = rowsum(dO ∘ O) of a [rows, Dv] tile pair, in float32."""
+    return tl.sum(o_t.to(tl.float32) * do_t.to(tl.float32), 1)
+
+
+@triton.jit
+def base2_lse(l):
+    """lse₂ = lse·log2 e, with −inf (a row that sees no key) turned into +inf: that row's
+    P = exp2(s − lse₂) is then 0 and its gradients 0, never NaN."""
+    return tl.where(l == float("-inf"), float("inf"), l * 1.4426950408889634)
+
+
 @launcher
 @triton.jit(do_not_specialize=["n_q", "n_heads"])
 def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
@@ -49,14 +69,14 @@ def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
                     offs_d[None, :], stride_od, HEAD_DIM_V)
     do_t = load_tile(head_base(do, b, h, stride_dob, stride_doh), offs_m[:, None], stride_dom, n_q,
                      offs_d[None, :], stride_dod, HEAD_DIM_V)
-    d = tl.sum(o_t.to(tl.float32) * do_t.to(tl.float32), 1)
+    d = row_delta(o_t, do_t)
     row = bh.to(tl.int64) * n_q + offs_m
     row_ok = offs_m < n_q
     if HAS_DLSE:
         d -= tl.load(dlse + row, mask=row_ok, other=0.0)
     tl.store(delta + row, d, mask=row_ok)
     l = tl.load(lse + row, mask=row_ok, other=0.0)
-    tl.store(lse2 + row, tl.where(l == float("-inf"), float("inf"), l * 1.4426950408889634), mask=row_ok)
+    tl.store(lse2 + row, base2_lse(l), mask=row_ok)
 
 
 @triton.jit
@@ -368,11 +388,117 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
              (dq_acc * sm_scale).to(dq.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
+# The one-launch backward of short calls: all keys of a (batch, KV head) in one tile. Its key tiles
+# (each its own binary: warmup compiles a call of each) and the query tile it loops over.
+SHORT_BLOCKS = (16, 32, 64)
+SHORT_MAX_N = SHORT_BLOCKS[-1]
+# Its programs loop over every query tile in turn, dQ included, where the three launches spread dQ
+# over one program per query tile: past a few tiles of queries those win.
+SHORT_MAX_NQ = 256
+_SHORT_BLOCK_M = 16
+
+
+@triton.jit
+def _short_tile(dk, dv, k_t, v_t, q_base, do_base, o_base, dq_base, lse_row, dlse_row, start_m, offs_m0, offs_n,
+                offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale, sm_scale, softcap_scale, softcap2,
+                slope2, stride_qm, stride_qd, stride_dom, stride_dod, stride_om, stride_od, stride_dqm, stride_dqd,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                FAST_TANH: tl.constexpr, HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """One query tile against every key: P and dS [BLOCK_M, BLOCK_N] as in ``_dq_tile``, with the
+    preprocess (δ, lse₂) done in registers; dK and dV take their transposes, and the tile's dQ,
+    complete since there is no other key tile, is stored. (Query-major: ``_dkdv_tile``'s key-major
+    order spilled registers at d 128 where this one does not; see ``_short_config``.)"""
+    offs_m = start_m + offs_m0
+    row_ok = offs_m < n_q
+    q_t = load_tile(q_base, offs_m[:, None], stride_qm, n_q, offs_d[None, :], stride_qd, HEAD_DIM)
+    do_t = load_tile(do_base, offs_m[:, None], stride_dom, n_q, offs_dv[None, :], stride_dod, HEAD_DIM_V)
+    o_t = load_tile(o_base, offs_m[:, None], stride_om, n_q, offs_dv[None, :], stride_od, HEAD_DIM_V)
+    d = row_delta(o_t, do_t)
+    if HAS_DLSE:
+        d -= tl.load(dlse_row + offs_m, mask=row_ok, other=0.0)
+    l2 = base2_lse(tl.load(lse_row + offs_m, mask=row_ok, other=float("-inf")))  # rows past n_q: P = 0
+    # Every tile is a boundary tile: keys past n_k (zeros in k_t) and the window are masked.
+    s, t = score_tile(tl.dot(q_t, tl.trans(k_t), input_precision=PRECISION), offs_m[:, None], offs_n[None, :],
+                      q_base, 0, 0, n_q, n_k, off, win_left, win_right, qk_scale, softcap_scale, softcap2, slope2,
+                      True, HAS_LEFT, HAS_RIGHT, 0, SOFTCAP, ALIBI, FAST_TANH)
+    p = tl.math.exp2(s - l2[:, None])
+    dv = tl.dot(tl.trans(p.to(do_t.dtype)), do_t, dv, input_precision=PRECISION)
+    dp = tl.dot(do_t, tl.trans(v_t), input_precision=PRECISION)
+    ds = p * (dp - d[:, None])
+    if SOFTCAP:  # d(c·tanh(x/c))/dx = 1 − tanh²
+        ds = ds * (1.0 - t * t)
+    dk = tl.dot(tl.trans(ds.to(q_t.dtype)), q_t, dk, input_precision=PRECISION)
+    dq = tl.dot(ds.to(k_t.dtype), k_t, input_precision=PRECISION)
+    tl.store(dq_base + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqd,
+             (dq * sm_scale).to(dq_base.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    return dk, dv
+
+
+@launcher
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
+def _bwd_short_kernel(q, k, v, do, o, lse, dq, dk, dv, dlse, alibi,
+                      stride_qb, stride_qh, stride_qm, stride_qd,
+                      stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd,
+                      stride_dob, stride_doh, stride_dom, stride_dod,
+                      stride_ob, stride_oh, stride_om, stride_od,
+                      stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                      stride_lse_b, stride_lse_h, stride_alibi_b, stride_alibi_h,
+                      n_kv_heads, n_q, n_k, off, win_left, win_right, qk_scale, sm_scale, softcap_scale, softcap2,
+                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                      FAST_TANH: tl.constexpr, HAS_DLSE: tl.constexpr, PRECISION: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    b = pid // n_kv_heads
+    h_kv = pid % n_kv_heads
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k_t = load_tile(head_base(k, b, h_kv, stride_kb, stride_kh), offs_n[:, None], stride_kn, n_k,
+                    offs_d[None, :], stride_kd, HEAD_DIM)
+    v_t = load_tile(head_base(v, b, h_kv, stride_vb, stride_vh), offs_n[:, None], stride_vn, n_k,
+                    offs_dv[None, :], stride_vd, HEAD_DIM_V)
+    dk_acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    for g in range(GROUP):
+        h = h_kv * GROUP + g
+        q_base = head_base(q, b, h, stride_qb, stride_qh)
+        do_base = head_base(do, b, h, stride_dob, stride_doh)
+        o_base = head_base(o, b, h, stride_ob, stride_oh)
+        dq_base = head_base(dq, b, h, stride_dqb, stride_dqh)
+        row = b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
+        slope2 = 0.0
+        if ALIBI:
+            slope2 = tl.load(alibi + b.to(tl.int64) * stride_alibi_b + h * stride_alibi_h).to(tl.float32) * 1.4426950408889634
+        # Every query tile, even one that sees no key: its dQ rows (zeros) are written by no one else.
+        for start_m in tl.range(0, n_q, BLOCK_M):
+            dk_acc, dv_acc = _short_tile(dk_acc, dv_acc, k_t, v_t, q_base, do_base, o_base, dq_base, lse + row,
+                                         dlse + row, start_m, offs_m0, offs_n, offs_d, offs_dv, n_q, n_k, off,
+                                         win_left, win_right, qk_scale, sm_scale, softcap_scale, softcap2, slope2,
+                                         stride_qm, stride_qd, stride_dom, stride_dod, stride_om, stride_od,
+                                         stride_dqm, stride_dqd, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                                         HAS_DLSE, HEAD_DIM, HEAD_DIM_V, PRECISION)
+    col_ok = offs_n[:, None] < n_k
+    dk_base = head_base(dk, b, h_kv, stride_dkb, stride_dkh)
+    dv_base = head_base(dv, b, h_kv, stride_dvb, stride_dvh)
+    tl.store(dk_base + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkd,
+             (dk_acc * sm_scale).to(dk.dtype.element_ty), mask=col_ok & (offs_d[None, :] < HEAD_DIM))
+    tl.store(dv_base + offs_n[:, None].to(tl.int64) * stride_dvn + offs_dv[None, :] * stride_dvd,
+             dv_acc.to(dv.dtype.element_ty), mask=col_ok & (offs_dv[None, :] < HEAD_DIM_V))
+
+
 _HOPPER: dict = {}  # call signature → (a Hopper backward's entry point, explain()'s note), or False
 _HOPPER_ENTRIES = 256
-# Bound launches of the three portable kernels for plain calls (no mask, dropout, variant or dlse),
-# keyed by the call's signature and dO's, O's and lse's strides: a repeated small call skips the
-# argument walk (as the forward's ``_BOUND``).
+# Plain calls (no mask, dropout, variant or dlse): the call's launches (the short kernel's one, or the
+# three) bound to its arguments, as ``run(q, k, v, do, o, lse, dq, dk, dv)`` → launched or not, keyed
+# by the call's signature and dO's, O's and lse's strides: a repeated small call skips the argument
+# walk (as the forward's ``_BOUND``).
 _BOUND: dict = {}
 _BOUND_ENTRIES = 256
 
@@ -420,6 +546,76 @@ def _tma_strides(t: torch.Tensor) -> bool:
     return t.stride(-1) == 1 and all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
 
 
+def _short_config(variant: Variant, mask, dropout_p: float, Nq: int, Nk: int, block_d: int, block_dv: int,
+                  itemsize: int):
+    """(BLOCK_N, num_warps) of the one-launch backward where it takes the call, else None: no mask,
+    dropout or sinks, a dense batch, at most SHORT_MAX_NQ queries, every key of a (batch, KV head)
+    in one tile of ≤ SHORT_MAX_N,
+    and that tile's dK and dV accumulators, held in registers for the whole call, at most 64
+    floats a thread on 4 warps or, where they need it, 8 (fp32: 16 on 8 warps). Those are the
+    kernels that compiled for sm_90 without spills (triton 3.9's PTX, ``ptxas -v``: head dims
+    16–256, each key tile, plain and with every option; one exception, 8 bytes at d 256 on 16 keys
+    with the options); fp32, whose dots run on CUDA cores with their operands in registers, spilled
+    past 16. The rest take the three launches."""
+    if mask is not None or dropout_p > 0.0 or variant.sinks is not None or variant.seq != SEQ_DENSE \
+            or Nk > SHORT_MAX_N or Nq > SHORT_MAX_NQ:
+        return None
+    block_n = max(SHORT_BLOCKS[0], next_pow2(Nk))
+    heads = block_d + block_dv
+    if itemsize == 4:  # dots on CUDA cores, their operands in registers too
+        return (block_n, 8) if heads * block_n * 2 <= 16 * 8 * 32 else None
+    for warps in (4, 8):
+        if heads * block_n <= 64 * warps * 32:
+            return block_n, warps
+    return None
+
+
+def _short_backward(do, q, k, v, o, lse, dlse, variant: Variant, scale: float, causal_offset: int,
+                    block_d: int, block_dv: int, block_n: int, warps: int):
+    """The one-launch backward (``_bwd_short_kernel``, one program per (batch, KV head)):
+    (dq, dk, dv, its launch as (grid, args, constexprs) for ``Launcher.bind``)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    (_, alibi_arg), alibi_strides, score_scalars, score_constexprs = score_args(variant, q, scale)
+    grid = (B * Hkv,)
+    args = (q, k, v, do, o, lse, dq, dk, dv, lse if dlse is None else dlse, alibi_arg,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *dq.stride(), *dk.stride(),
+            *dv.stride(), *lse_strides(variant, Hq, Nq), *alibi_strides,
+            Hkv, Nq, Nk, causal_offset, variant.left, variant.right, scale * LOG2E, scale, *score_scalars)
+    constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
+                      HAS_LEFT=score_constexprs["HAS_LEFT"], HAS_RIGHT=score_constexprs["HAS_RIGHT"],
+                      SOFTCAP=score_constexprs["SOFTCAP"], ALIBI=score_constexprs["ALIBI"],
+                      FAST_TANH=score_constexprs["FAST_TANH"], HAS_DLSE=dlse is not None,
+                      PRECISION=precision_for(q.dtype), BLOCK_M=_SHORT_BLOCK_M, BLOCK_N=block_n, num_warps=warps)
+    _bwd_short_kernel[grid](*args, **constexprs)
+    return dq, dk, dv, (grid, args, constexprs)
+
+
+def _bound_short(launch):
+    """The short kernel's bound launch as one ``_BOUND`` entry: a plain call's dlse and ALiBi
+    slopes are placeholders, never read."""
+    return lambda q, k, v, do, o, lse, dq, dk, dv: launch(q, k, v, do, o, lse, dq, dk, dv, lse, q)
+
+
+def _bound_three(pre, kv, qt):
+    """The three-launch backward's bound launches as one ``_BOUND`` entry (δ and lse₂ allocated per call)."""
+    def run(q, k, v, do, o, lse, dq, dk, dv):
+        delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
+        return (pre(o, do, lse, lse, delta, lse2) and kv(q, k, v, do, dk, dv, lse2, delta, q, q, q, q, q, q)
+                and qt(q, k, v, do, dq, lse2, delta, q, q, q, q, q, q))
+    return run
+
+
+def _remember(key, bound):
+    """Keep a call's bound launches (None: some launch has no fast entry, nothing kept)."""
+    if bound is None:
+        return
+    if len(_BOUND) >= _BOUND_ENTRIES:
+        _BOUND.clear()
+    _BOUND[key] = bound
+
+
 def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool, causal_offset: int,
                        mask: torch.Tensor | None, dropout_p: float, seed: int, variant: Variant = PLAIN):
     """Gradients (dq, dk, dv, dsinks) in the inputs' dtypes; dk, dv summed over each GQA group;
@@ -443,30 +639,35 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
                 return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
             # The Gluon backward with the options: (dq, dk, dv, dsinks), as below.
             return run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, variant=variant)
-    # A repeated plain call (no dlse): the three launches bound to its arguments (``Launcher.bind``).
+    # A repeated plain call (no dlse): its launches bound to its arguments (``Launcher.bind``).
     bound_key = None
     if variant is PLAIN and signature is not None and dlse is None and _bwd_dq_kernel.enabled:
         bound_key = (signature, do.stride(), o.stride(), lse.stride())
         bound = _BOUND.get(bound_key)
         if bound is not None:
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
-            pre, kv, qt = bound
-            # Each writes its outputs whole, so a launch that declines (returns False: a tensor not
-            # 16-byte aligned, a profiler hook) falls through to the full path, which redoes all three.
-            if (pre(o, do, lse, lse, delta, lse2) and kv(q, k, v, do, dk, dv, lse2, delta, q, q, q, q, q, q)
-                    and qt(q, k, v, do, dq, lse2, delta, q, q, q, q, q, q)):
+            # Each launch writes its outputs whole, so one that declines (returns False: a tensor not
+            # 16-byte aligned, a profiler hook) falls through to the full path, which redoes them all.
+            if bound(q, k, v, do, o, lse, dq, dk, dv):
                 return dq, dk, dv, None
     variant = causal_window(variant, causal)
     if dlse is not None:
         dlse = dlse.float().contiguous()  # autograd hands over expanded (stride-0) grads, e.g. from lse.sum()
+    block_d, block_dv = head_tiles(D, Dv)
+    short = _short_config(variant, mask, dropout_p, Nq, Nk, block_d, block_dv, q.element_size())
+    if short is not None:
+        dq, dk, dv, launch = _short_backward(do, q, k, v, o, lse, dlse, variant, scale, causal_offset,
+                                             block_d, block_dv, *short)
+        if bound_key is not None:
+            bound = _bwd_short_kernel.bind(*launch, 11)
+            _remember(bound_key, _bound_short(bound) if bound is not None else None)
+        return dq, dk, dv, None
     # Rows outside every range of a padded batch are no program's: their gradients are 0.
     alloc = torch.zeros_like if variant.seq == SEQ_RANGES else torch.empty_like
     dq, dk, dv = alloc(q), alloc(k), alloc(v)
     # δ and lse₂ in the forward's lse layout, seen by the preprocess as dense (B, Hq, Nq) rows.
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
-    block_d, block_dv = head_tiles(D, Dv)
     pre_m = 16 if interpreter_active() else 64
     pre_grid = (cdiv(Nq, pre_m) * B * Hq,)
     pre_args = (o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq)
@@ -502,13 +703,10 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
               *sq, *sk, *sv, *sdo, *sdq, *tail, Hq, Nq, Nk, n_seq, *window, *drop, n_bucket)
     _bwd_dq_kernel[q_grid](*q_args, **common)
     if bound_key is not None:
-        if len(_BOUND) >= _BOUND_ENTRIES:
-            _BOUND.clear()
         bound = (_bwd_preprocess.bind(pre_grid, pre_args, pre_constexprs, 6),
                  _bwd_dkdv_kernel.bind(kv_grid, kv_args, common, 14),
                  _bwd_dq_kernel.bind(q_grid, q_args, common, 13))
-        if all(b is not None for b in bound):
-            _BOUND[bound_key] = bound
+        _remember(bound_key, _bound_three(*bound) if all(b is not None for b in bound) else None)
     dsinks = sinks_grad(variant.sinks, lse, delta) if variant.sinks is not None else None
     return dq, dk, dv, dsinks
 
