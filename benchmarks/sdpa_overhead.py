@@ -10,8 +10,10 @@ one process. Before 2026-11-23 15:41 the flash row entered ``sdpa_kernel`` insid
 the context manager's cost to torch's time. Two clocks: ``*_us`` is do_bench's median (device
 events around one call after an L2 flush, which hides up to ~0.1 ms of host time behind the
 flush), ``*_host_us`` the host wall clock per call of back-to-back calls (what a loop of tiny
-calls actually costs: the host's launch path is all there is): the best of 9 rounds of 200 calls
-(50 forward+backward), the implementations interleaved round by round. Before 2026-11-23 17:05 each ran
+calls actually costs: the host's launch path is all there is): the best of 15 rounds of 200 calls
+(forward+backward too; before 2026-11-24 22:30, 9 rounds with 50 forward+backward calls, whose
+ratio moved by 0.2 between processes), the implementations interleaved round by round; the
+medians are kept too (``*_host_median_us``). Before 2026-11-23 17:05 each ran
 one 300-call block in turn, and the host's drift between blocks moved torch's own two rows apart
 by up to 1.8 ×. ``--mock`` replaces our kernels by output allocation only, isolating the Python
 wrapper on a machine without a GPU.
@@ -37,7 +39,7 @@ from flashattn_lite import scaled_dot_product_attention  # noqa: E402
 from flashattn_lite.bench.common import add_run_arguments, format_table, time_ms, write_json  # noqa: E402
 import flashattn_lite.ops.attention as attn_ops  # noqa: E402
 
-HOST_ROUNDS, HOST_CALLS = 9, 200
+HOST_ROUNDS, HOST_CALLS = 15, 200
 
 
 def _mock_kernels():
@@ -119,21 +121,24 @@ def main():
             with context():
                 with torch.no_grad():
                     host[name, "fwd"].append(host_us(fn, HOST_CALLS))
-                host[name, "fwd_bwd"].append(host_us(fwd_bwd_of[name], HOST_CALLS // 4))
+                host[name, "fwd_bwd"].append(host_us(fwd_bwd_of[name], HOST_CALLS))
     for r in rows:
         r["fwd_host_us"] = min(host[r["impl"], "fwd"])
         r["fwd_bwd_host_us"] = min(host[r["impl"], "fwd_bwd"])
         r["fwd_host_median_us"] = sorted(host[r["impl"], "fwd"])[HOST_ROUNDS // 2]
+        r["fwd_bwd_host_median_us"] = sorted(host[r["impl"], "fwd_bwd"])[HOST_ROUNDS // 2]
     base = rows[0]
     for r in rows:
         r["fwd_vs_torch"] = r["fwd_us"] / base["fwd_us"]
         r["fwd_bwd_vs_torch"] = r["fwd_bwd_us"] / base["fwd_bwd_us"]
         r["fwd_host_vs_torch"] = r["fwd_host_us"] / base["fwd_host_us"]
         r["fwd_bwd_host_vs_torch"] = r["fwd_bwd_host_us"] / base["fwd_bwd_host_us"]
+        r["fwd_bwd_host_median_vs_torch"] = r["fwd_bwd_host_median_us"] / base["fwd_bwd_host_median_us"]
     path = write_json(args.out, "sdpa_overhead", rows, shape=dict(B=B, H=H, N=N, D=D, causal=True),
                       dtype=str(dtype), mock=args.mock)
     print(format_table(rows, ["impl", "fwd_us", "fwd_bwd_us", "fwd_vs_torch", "fwd_bwd_vs_torch", "fwd_host_us",
-                              "fwd_bwd_host_us", "fwd_host_vs_torch", "fwd_bwd_host_vs_torch"]))
+                              "fwd_bwd_host_us", "fwd_host_vs_torch", "fwd_bwd_host_vs_torch",
+                              "fwd_bwd_host_median_vs_torch"]))
     print(f"wrote {path}")
 
 
