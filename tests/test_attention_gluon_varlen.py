@@ -104,22 +104,6 @@ def test_launch_grid_and_arguments():
     assert "SEQ" not in kwargs and args[-9:] == (None,) * 9
 
 
-@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
-def test_two_programs_per_sm_cap_the_launch_registers():
-    # Two resident programs of one consumer and the loader (two warpgroups each) share the SM's
-    # 65536 registers: 128 a thread at launch; one program per SM leaves Triton's own choice.
-    q = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
-    two = gluon_fwd.Config(1, 64, 3, False, 232, per_sm=2)
-    assert two.max_regs == 128 and two.name.endswith("-x2")
-    assert two.max_regs * 2 * 128 * (two.consumers + 1) <= 65536
-    _, _, kwargs = gluon_fwd._launch(q, q, q, torch.empty_like(q), torch.empty(1, 2, 64), 0.125, True, two)
-    assert kwargs["maxnreg"] == 128
-    one = gluon_fwd.Config(2, 128, 3, True)
-    assert one.max_regs is None
-    _, _, kwargs = gluon_fwd._launch(q, q, q, torch.empty_like(q), torch.empty(1, 2, 64), 0.125, True, one)
-    assert "maxnreg" not in kwargs
-
-
 # ---------------------------------------------------------------- dispatch (faked sm_90 device)
 
 OPTIONS = [("none", {}), ("window", dict(left=5)), ("all", dict(left=5, softcap=4.0))]

@@ -101,17 +101,12 @@ TESTED_TRITON = ("3.6.",)
 class Config(NamedTuple):
     """One launch configuration: ``consumers`` warpgroups of 64 query rows each, key tiles of
     ``block_n``, ``stages`` K/V slots, ``pingpong`` (two consumers take turns issuing GEMMs),
-    ``consumer_regs`` (setmaxnreg for the consumer warpgroups; the loader gets ``LOADER_REGS``),
-    ``per_sm`` (programs resident on one SM: with 2, the launch caps each thread's registers so that
-    two programs' warpgroups fit the SM's 65536, and one program's prologue, softmax and epilogue run
-    while the other's GEMMs do, where one program per SM leaves them exposed; a one-consumer config
-    whose shared memory fits twice)."""
+    ``consumer_regs`` (setmaxnreg for the consumer warpgroups; the loader gets ``LOADER_REGS``)."""
     consumers: int
     block_n: int
     stages: int
     pingpong: bool
     consumer_regs: int = 240
-    per_sm: int = 1
 
     @property
     def block_m(self) -> int:
@@ -120,16 +115,7 @@ class Config(NamedTuple):
     @property
     def name(self) -> str:
         pp = "-pp" if self.pingpong else ""
-        resident = f"-x{self.per_sm}" if self.per_sm > 1 else ""
-        return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{pp}-r{self.consumer_regs}{resident}"
-
-    @property
-    def max_regs(self) -> int | None:
-        """The launch's registers per thread (``maxnreg``) for ``per_sm`` programs on one SM, or None
-        (Triton's own choice). Each warpgroup counts: the loader's warp is padded to one, as
-        setmaxnreg moves registers between whole warpgroups."""
-        return None if self.per_sm == 1 else 65536 // (self.per_sm * 128 * (self.consumers + 1))
-
+        return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{pp}-r{self.consumer_regs}"
 
 
 LOADER_REGS = 24
@@ -145,11 +131,9 @@ LOADER_REGS = 24
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
 CONFIGS = {
-    64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False),
-         Config(1, 128, 2, False, 232, per_sm=2), Config(1, 64, 3, False, 232, per_sm=2)],
+    64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False)],
     128: [Config(2, 128, 3, True), Config(2, 128, 3, False), Config(3, 64, 3, True, 160),
-          Config(3, 64, 4, False, 160), Config(1, 64, 2, False, 232, per_sm=2),
-          Config(1, 64, 3, False, 232, per_sm=2)],
+          Config(3, 64, 4, False, 160)],
 }
 
 
@@ -822,8 +806,6 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     kwargs = dict(HEAD_DIM=D, CAUSAL=bool(causal), **flags, CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
                   STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
-    if cfg.max_regs is not None:
-        kwargs["maxnreg"] = cfg.max_regs
     if seq != SEQ_DENSE:
         kwargs["SEQ"] = seq
     return grid, args, kwargs
