@@ -7,7 +7,9 @@ Three groups of points, every column of a group measured in the same process on 
   over full causal, and TFLOP/s counted on the (query, key) pairs each actually computes, so a
   kernel that visits only the band scores the same TFLOP/s as the full one.
 - ``options``: plain causal attention against each of softcap, sinks and ALiBi, and all of them
-  together, at one N; the cost of each over plain, forward and backward (cases timed in turn over
+  together, at one N, and FlexAttention's causal attention without and with a softcap
+  ``score_mod`` (its own cost of softcap, the peer's figure); the cost of each over its own plain
+  case, forward and backward (cases timed in turn over
   ``--rounds`` rounds, default 3, the median of each; the GPU's SM clock, power and temperature are
   printed after each round, and each case's fastest and slowest round are kept in the JSON).
 - ``varlen``: a packed batch of mixed lengths (seeded) against the dense kernel on a batch with the
@@ -44,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--head-dim", type=int, help="head dimension d")
     g.add_argument("--hidden", type=int, help="model width; H = hidden / d")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="GPU default bf16, CPU fp32")
-    g.add_argument("--no-flex", action="store_true", help="skip FlexAttention's sliding-window peer")
+    g.add_argument("--no-flex", action="store_true", help="skip FlexAttention's peers (window, softcap)")
     s = p.add_argument_group("run")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     s.add_argument("--rep-ms", type=float, help="timing repetitions per point, in ms")
@@ -119,6 +121,23 @@ def _flex_window(q, k, v, w):
     return lambda: compiled(q, k, v, block_mask=block_mask)
 
 
+def _flex_softcap(q, k, v, softcap: float | None):
+    """FlexAttention, causal, with a softcap ``score_mod`` when ``softcap`` is given, compiled (None
+    where unavailable)."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    n = q.shape[2]
+    block_mask = create_block_mask(lambda b, h, qi, kv: kv <= qi, None, None, n, n, device=q.device)
+    score_mod = None
+    if softcap is not None:
+        def score_mod(score, b, h, qi, kv):
+            return softcap * torch.tanh(score / softcap)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+
 def _window_group(cfg, writer, dtype, device, use_flex):
     from ..ops.attention import attention
     n, w, d = cfg["n"], cfg["window"], cfg["head_dim"]
@@ -147,7 +166,7 @@ def _window_group(cfg, writer, dtype, device, use_flex):
                             speedup=base[mode] / ms))
 
 
-def _options_group(cfg, writer, dtype, device):
+def _options_group(cfg, writer, dtype, device, use_flex):
     from ..ops.attention import attention
     n, d = cfg["options_n"], cfg["head_dim"]
     h = max(1, cfg["hidden"] // d)
@@ -167,15 +186,29 @@ def _options_group(cfg, writer, dtype, device):
         common.warm_up(fn, name)
         leaves = (q, k, v) + ((sinks,) if "sinks" in opts else ())
         steps.update({(name, mode): step for mode, step in _steps(fn, leaves).items()})
+    if use_flex and device == "cuda":
+        for name, softcap in (("flex plain", None), ("flex softcap 50", 50.0)):
+            if not writer.start(group="options", case=name):
+                continue
+            try:
+                fn = _flex_softcap(q, k, v, softcap)
+                if fn is None:
+                    continue
+                common.warm_up(fn, name)
+                steps.update({(name, mode): step for mode, step in _steps(fn, (q, k, v)).items()})
+            except Exception as e:  # a peer that does not run here is reported, not fatal
+                print(f"  {name}: not measured ({type(e).__name__}: {str(e)[:120]})", flush=True)
     times = _interleaved(steps, cfg["rep_ms"], cfg["rounds"])
     base = {}
     for (name, mode), rounds in times.items():
         ms = sorted(rounds)[len(rounds) // 2]
+        if name == "flex plain":  # the peer's costs are over its own plain case
+            base[mode, "flex"] = ms
         base.setdefault(mode, ms)
         writer.add(dict(group="options", case=name, mode=mode, n=n, batch=b, heads=h, head_dim=d, ms=ms,
                         ms_min=min(rounds), ms_max=max(rounds),
                         tflops=_tflops(b * _pairs_causal_window(n, None), h, d, ms, mode),
-                        cost=ms / base[mode] - 1.0))
+                        cost=ms / base[(mode, "flex") if name.startswith("flex") else mode] - 1.0))
 
 
 def mixed_lengths(tokens: int, seed: int = 0, lo: int = 128) -> list[int]:
@@ -234,7 +267,7 @@ def run(args) -> int:
         if "window" in groups:
             _window_group(cfg, writer, dtype, device, not args.no_flex)
         if "options" in groups:
-            _options_group(cfg, writer, dtype, device)
+            _options_group(cfg, writer, dtype, device, not args.no_flex)
         if "varlen" in groups:
             _varlen_group(cfg, writer, dtype, device)
     paths = writer.finish()
