@@ -91,6 +91,39 @@ def test_every_config_on_partial_tiles(head_dim, config):
     check((1, 4, 2, 1000, 1037, head_dim), torch.bfloat16, True, config)
 
 
+PERSISTENT = [(d, c) for d in gluon_fwd.HEAD_DIMS for c in gluon_fwd.CONFIGS[d] if c.persistent]
+
+
+@needs_gpu
+@pytest.mark.parametrize("options", ["plain", "all"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim, config", PERSISTENT, ids=[f"d{d}-{c.name}" for d, c in PERSISTENT])
+def test_persistent_programs_walk_many_tiles(head_dim, config, causal, options):
+    # Three programs for 2·4·cdiv(1300, BLOCK_M) tiles: each walks many, so the K/V ring, the turns
+    # and the Q sets wrap many times, across tiles with no key tile (causal with Nq − Nk ≥ BLOCK_M,
+    # or outside the window) and partial tiles on both sides, GQA 2:1; plain or with a window's
+    # left side, softcap, (B, Hq) ALiBi slopes and sinks. Bit for bit the one-tile-per-program
+    # config's output (the same per-tile code), and the float64 reference's when plain.
+    from flashattn_lite.ops.attention_fwd import PLAIN, Variant
+    q, k, v = make_qkv((2, 4, 2, 1300, 1000, head_dim), torch.bfloat16)
+    variant = PLAIN
+    if options == "all":
+        g = torch.Generator().manual_seed(11)
+        variant = Variant(left=300, softcap=30.0, sinks=torch.randn(4, generator=g).to(q.device),
+                          alibi=(torch.rand(2, 4, generator=g) * 0.05).to(q.device))
+    scale = head_dim ** -0.5
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    grid, args, kwargs = gluon_fwd._launch(q, k, v, o, lse, scale, causal, config, variant, sms=3)
+    assert grid == (3,) and kwargs["PERSISTENT"]
+    gluon_fwd._attn_fwd_gluon_kernel[grid](*args, **kwargs)
+    if variant is PLAIN:
+        check_against_reference(o, lse, q, k, v, causal)
+    o1, lse1 = gluon_fwd.attention_forward_gluon(q, k, v, scale, causal, config=config._replace(persistent=False),
+                                                 variant=variant)
+    assert torch.equal(o, o1) and torch.equal(lse, lse1)
+
+
 @needs_gpu
 def test_strided_heads_read_in_place():
     # (B, N, H, D) storage seen as (B, H, N, D): the descriptors take the strides.

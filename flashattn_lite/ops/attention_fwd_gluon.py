@@ -53,14 +53,24 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   partial query tile of a sequence is stored by a masked store (a TMA store would overwrite the
   next sequence's rows), as is every tile under ALiBi (the TMA store's coordinates spill its
   consumers); lse by a masked store always.
+* Persistent schedule (``Config.persistent`` → ``PERSISTENT``, dense batches only; a config without
+  it compiles to the kernel it compiled to before): min(tiles, SMs) programs, each looping over
+  tiles pid, pid + programs, … in the order the one-tile grid dispatches them
+  (``persistent_tile``). Loader and consumers walk the same tiles; the K/V ring's slots and
+  phases, the ping-pong turns and Q's barriers run on across tiles (counted over the program), so
+  the next tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
+  where shared memory allows (``Config.q_sets``): the next tile's Q loads while this tile's O is
+  staged in the other set; with one set it loads after the next tile's first STAGES K/V tiles,
+  once the epilogue's TMA store has read the set. The barrier invariants are written out in the
+  kernel.
 
 Measured on the H100 (``benchmarks/gluon_fwd.py``, 2026-11-24, two runs, bf16, B·N 16k tokens, best
 config per point): d 128 at N 8k / 16k 587–623 TFLOP/s non-causal, 566–661 causal (1.12–1.27× the
 Triton Hopper kernel's default, 0.92–1.13× cuDNN); d 64 at N 8k / 16k 448–514 (1.09–1.22×,
 0.96–1.14× cuDNN). At N 2k it is about the Triton kernel's speed (d 128: 500 vs 477–504, causal
 414 vs 431–434; 0.77–0.84× cuDNN): one
-program per SM (registers), each with only 16 key tiles, leaves its prologue and epilogue exposed; a
-persistent schedule would hide them.
+program per SM (registers), each with only 16 key tiles, leaves its prologue and epilogue exposed,
+which the persistent configs (not yet measured) are meant to hide.
 
 Descriptors are built on the host (4-D over the (B, H, N, D) tensors, strides as given), like the
 Triton Hopper kernel's. The Gluon imports are guarded: on a triton without Gluon, another triton
@@ -69,6 +79,7 @@ than 3.6 (whose Gluon API this is written against) or without CUDA, the module i
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -98,15 +109,22 @@ DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 
 
+# Shared memory per block on the H100 (227 KB), less a little for the mbarriers.
+SMEM_BYTES = 227 * 1024 - 1024
+
+
 class Config(NamedTuple):
     """One launch configuration: ``consumers`` warpgroups of 64 query rows each, key tiles of
     ``block_n``, ``stages`` K/V slots, ``pingpong`` (two consumers take turns issuing GEMMs),
-    ``consumer_regs`` (setmaxnreg for the consumer warpgroups; the loader gets ``LOADER_REGS``)."""
+    ``consumer_regs`` (setmaxnreg for the consumer warpgroups; the loader gets ``LOADER_REGS``),
+    ``persistent`` (one program per SM looping over the query tiles: ``_attn_fwd_gluon_kernel``;
+    dense batches only)."""
     consumers: int
     block_n: int
     stages: int
     pingpong: bool
     consumer_regs: int = 240
+    persistent: bool = False
 
     @property
     def block_m(self) -> int:
@@ -115,7 +133,17 @@ class Config(NamedTuple):
     @property
     def name(self) -> str:
         pp = "-pp" if self.pingpong else ""
-        return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{pp}-r{self.consumer_regs}"
+        ps = "-ps" if self.persistent else ""
+        return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{pp}-r{self.consumer_regs}{ps}"
+
+    def smem_bytes(self, head_dim: int, q_sets: int = 1) -> int:
+        """Shared memory of Q (``q_sets`` sets of BLOCK_M rows, O staged there) and the K/V ring, 16-bit."""
+        return 2 * head_dim * (q_sets * self.block_m + 2 * self.stages * self.block_n)
+
+    def q_sets(self, head_dim: int) -> int:
+        """Q buffers of a persistent launch: two where they fit (the next tile's Q loads while this
+        tile's O is staged and stored from the other set), else one; 1 when not persistent."""
+        return 2 if self.persistent and self.smem_bytes(head_dim, 2) <= SMEM_BYTES else 1
 
 
 LOADER_REGS = 24
@@ -130,10 +158,17 @@ LOADER_REGS = 24
 # Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
+# Persistent configs (``Config.persistent``, not yet measured): two Q sets but for m128 n128 at d 128
+# (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or not, nor with softcap,
+# sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at once, adds a few per tile
+# outside the key loop (one register in it for m128 n128 with every option), but for the d 64
+# three-consumer config, which spills in its key loop with ALiBi (more than without persistence).
 CONFIGS = {
-    64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False)],
+    64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False),
+         Config(3, 128, 3, True, 160, persistent=True)],
     128: [Config(2, 128, 3, True), Config(2, 128, 3, False), Config(3, 64, 3, True, 160),
-          Config(3, 64, 4, False, 160)],
+          Config(3, 64, 4, False, 160), Config(3, 64, 3, True, 160, persistent=True),
+          Config(2, 128, 3, True, persistent=True), Config(2, 128, 3, False, persistent=True)],
 }
 
 
@@ -182,6 +217,21 @@ def key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_
         n_tiles = tl.cdiv(hi, BLOCK_N)
         mid_hi = (full_hi // BLOCK_N) * BLOCK_N
     return lo, n_tiles, mid_lo, mid_hi
+
+
+@triton.jit
+def persistent_tile(t, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tile ``t`` of a persistent launch (dense batch): (bh, b, h, start_m, lo, n_tiles, mid_lo,
+    mid_hi), ``key_tiles`` of it included. Tiles are numbered as the one-tile-per-program grid
+    (B·Hq, query tiles) dispatches its programs: bh fastest, each head's last (under causal,
+    heaviest) query tile first. Every partition of a persistent program calls it for each of its
+    tiles (``_loader_persistent``, ``_consumer_persistent``); the tests run it in the interpreter."""
+    bh = t % n_bh
+    start_m = (tl.cdiv(n_q, BLOCK_M) - 1 - t // n_bh) * BLOCK_M
+    lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, n_k - n_q, win_left, win_right, CAUSAL, HAS_LEFT,
+                                            HAS_RIGHT, BLOCK_M, BLOCK_N)
+    return bh, bh // n_heads, bh % n_heads, start_m, lo, n_tiles, mid_lo, mid_hi
 
 
 # Softcap's exp2, partly on the FMA pipe. With softcap every score costs two MUFU ops (the tanh and
@@ -258,20 +308,84 @@ if _HAS_GLUON:
                 row = q0 + row
             tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], q_bar, q_smem.index(c))
         for j in range(n_tiles):
-            s = j % STAGES
             key = j * BLOCK_N
             if HAS_LEFT:
                 key = lo + j * BLOCK_N
             if SEQ != 0:
                 key = k0 + key
-            # A fresh barrier's "previous" phase counts as complete: the first round never waits.
-            free = ((j // STAGES) & 1) ^ 1
-            mbarrier.wait(k_empty.index(s), free)
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, 0], k_ready.index(s), k_smem.index(s))
-            mbarrier.wait(v_empty.index(s), free)
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [b, h_kv, key, 0], v_ready.index(s), v_smem.index(s))
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, b, h_kv, key, STAGES)
+
+    @gluon.jit
+    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, c, b, h_kv, key,
+                 STAGES: gl.constexpr):
+        """K and V of keys [key, key + BLOCK_N) of (b, h_kv) into slot c % STAGES of the ring, the
+        ``c``-th K/V tile the program loads (the ``c``-th the consumers take), once the consumers
+        freed the slot (its K and V separately)."""
+        s = c % STAGES
+        # A fresh barrier's "previous" phase counts as complete: the first round never waits.
+        free = ((c // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(s), free)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), free)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, h_kv, key, 0], v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _load_q(q_desc, q_smem, q_ready, q_empty, qi, b, h, start_m, CONSUMERS: gl.constexpr,
+                Q_SETS: gl.constexpr):
+        """The Q rows of the program's ``qi``-th tile into set qi % Q_SETS (slots set·CONSUMERS + c),
+        once every consumer released that set after tile qi − Q_SETS (its O store has read it)."""
+        qs = qi % Q_SETS
+        mbarrier.wait(q_empty.index(qs), ((qi // Q_SETS) & 1) ^ 1)  # a fresh barrier: no wait
+        mbarrier.expect(q_ready.index(qs), CONSUMERS * q_desc.block_type.nbytes)
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(q_desc, [b, h, start_m + 64 * c, 0], q_ready.index(qs),
+                                            q_smem.index(qs * CONSUMERS + c))
+
+    @gluon.jit
+    def _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv0, first, last, b, h_kv,
+                       lo, HAS_LEFT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """K/V tiles j ∈ [first, last) of a tile whose first is the program's ``kv0``-th (keys from
+        ``lo`` under a window's left side, else from 0, as ``_loader``)."""
+        for j in range(first, last):
+            key = j * BLOCK_N
+            if HAS_LEFT:
+                key = lo + j * BLOCK_N
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv0 + j, b, h_kv, key, STAGES)
+
+    @gluon.jit
+    def _loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                           k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left, win_right,
+                           CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                           HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                           Q_SETS: gl.constexpr):
+        """The loader warp of a persistent program: for each of its tiles (``persistent_tile``), Q and
+        the K/V tiles as ``_loader`` loads them, the ring's slot and phase counted over the program
+        (``kv``: K/V tiles loaded so far), so the next tile's first K/V tiles load while the
+        consumers finish this one. Two Q sets: the tile's Q first (its set's previous tile, two
+        back, is done by then unless the tile before had at most STAGES key tiles). One: Q after
+        the tile's first min(n_tiles, STAGES) K/V tiles, whose slots the consumers free during the
+        previous tile, while the set is free only after that tile's epilogue; a K/V load past those
+        would wait for this tile's consumers, who wait for its Q (a deadlock)."""
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        kv = 0
+        qi = 0
+        for t in range(gl.program_id(0), n_bh * gl.cdiv(n_q, BLOCK_M), gl.num_programs(0)):
+            bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(t, n_bh, n_heads, n_q, n_k, win_left,
+                                                                             win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                                                             BLOCK_M, BLOCK_N)
+            h_kv = h // group
+            first = 0
+            if Q_SETS == 1:
+                first = gl.minimum(n_tiles, STAGES)
+                _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, 0, first, b,
+                               h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
+            _load_q(q_desc, q_smem, q_ready, q_empty, qi, b, h, start_m, CONSUMERS, Q_SETS)
+            _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, first, n_tiles, b,
+                           h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
+            kv += n_tiles
+            qi += 1
 
     @gluon.jit
     def _band(cols, rows, n_k, off, win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
@@ -352,77 +466,63 @@ if _HAS_GLUON:
         return m_new, l_i, gl.convert_layout(p.to(dtype), p_layout), alpha
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                  bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale,
-                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                  ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
-                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  o=None, stride_om=None, q0=0, SEQ: gl.constexpr = 0):
-        """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile.
+    def _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP: gl.constexpr,
+                     BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """(slope, cols_f) of ALiBi for (b, h): slope·log2 e as the portable kernels read it, over
+        ``_scores``' fold, and the key offsets 0 … BLOCK_N − 1 as floats."""
+        slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
+        if SOFTCAP:
+            slope = slope * 1.4426950408889634 / softcap2
+        else:
+            slope = slope * 1.4426950408889634 / qk_scale
+        cols_f = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
+        return slope, cols_f
 
-        The scores are the portable kernels' (scale, softcap, ALiBi, masks: ``_scores``), with the
-        softmax's positive factor folded into the exp2's FMA even under ALiBi: its bias is
-        subtracted divided by that factor (``slope``), where the portable kernels add it to the
-        base-2 score (the same score up to float32 rounding; no multiply per score).
+    @gluon.jit
+    def _opaque_zero(x):
+        """0, from an asm move the compiler can neither fold nor hoist (not pure); ``x``, any int32
+        scalar, only gives it an operand."""
+        return gl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
-        Ranges and varlen (``SEQ``): rows, ``n_q``, ``n_k`` and ``off`` are the sequence's; ``lse`` and
-        ``o`` point at its first row (of head h), ``q0`` is that row in the tensor (batch row ``b``
-        for ranges, the one batch row 0 for varlen).
-        A full tile of rows goes out by TMA as for a dense batch, a tile crossing the sequence's end
-        by a masked store (a TMA store would overwrite the next sequence's rows)."""
-        dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    @gluon.jit
+    def _attend(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, kv0, rows, cols_f, slope,
+                m_i, l_i, acc, p, s_zero, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale,
+                softcap_scale, softcap2,
+                ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
+                HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, j0=0):
+        """A consumer's online softmax of its rows ``q`` over the tile's ``n_tiles`` key tiles: (m, ℓ,
+        unnormalised O). Key tile j of the tile is the ``kv0 + j``-th the program takes: the ring's
+        slot (kv0 + j) % STAGES and its phase, and the turns' phase, continue from the tiles before
+        (kv0 = 0 for one tile per program). ``j0``: 0, the first key tile's index for its scores
+        (the persistent consumer passes an opaque 0: ``_consumer_persistent``)."""
+        dtype: gl.constexpr = q.dtype
         OTHER: gl.constexpr = (ME + 1) % CONSUMERS
-
-        row0 = start_m + 64 * ME
-        rows = row0 + gl.arange(0, 64, layout=row_layout)
-        q = q_smem.index(ME).reshape([64, HEAD_DIM])
-        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
-        l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-        p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
-        s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
-        slope = 0.0
-        cols_f = 0.0
-        if ALIBI:  # slope·log2 e of (b, h) as the portable kernels read it, over _scores' fold
-            slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
-            if SOFTCAP:
-                slope = slope * 1.4426950408889634 / softcap2
-            else:
-                slope = slope * 1.4426950408889634 / qk_scale
-            cols_f = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
-        mbarrier.wait(q_bar, 0)
-
         if n_tiles > 0:
             # Tile 0: S_0 alone (nothing to overlap it with yet).
-            mbarrier.wait(k_ready.index(0), 0)
+            mbarrier.wait(k_ready.index(kv0 % STAGES), (kv0 // STAGES) & 1)
             if PINGPONG:
-                mbarrier.wait(turn.index(ME), 0)
-            s = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                mbarrier.wait(turn.index(ME), kv0 & 1)
+            s = warpgroup_mma(q, k_smem.index(kv0 % STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
-            mbarrier.arrive(k_empty.index(0))
-            s, fold = _scores(s, 0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+            mbarrier.arrive(k_empty.index(kv0 % STAGES))
+            s, fold = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
             m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype, SOFTCAP and FAST_TANH)
 
         for j in range(1, n_tiles):
-            cur = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(cur), (j // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            c = kv0 + j
+            cur = c % STAGES
+            prev = (c - 1) % STAGES
+            mbarrier.wait(k_ready.index(cur), (c // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
             if PINGPONG:  # my turn to issue GEMMs: the other warpgroup is in its softmax
-                mbarrier.wait(turn.index(ME), j & 1)
+                mbarrier.wait(turn.index(ME), c & 1)
             s = warpgroup_mma(q, k_smem.index(cur).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
@@ -441,12 +541,17 @@ if _HAS_GLUON:
             p = p_next
 
         if n_tiles > 0:
-            last = (n_tiles - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            last = (kv0 + n_tiles - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((kv0 + n_tiles - 1) // STAGES) & 1)
             acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(last))
+        return m_i, l_i, acc
 
+    @gluon.jit
+    def _finish(acc, m_i, l_i, sinks, h, SINKS: gl.constexpr, o_layout: gl.constexpr, row_layout: gl.constexpr):
+        """(O unnormalised, 1/ℓ, lse) of a consumer's rows: the sink term added (``SINKS``); an empty
+        row gives 1/ℓ = 0 (O = 0) and lse = −inf."""
         if SINKS:  # one more term exp(sink) in the denominator, with no value (in the lse too)
             # ``add_sink`` scales acc by the rows' factor: it takes the rows in acc's layout.
             o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -459,6 +564,58 @@ if _HAS_GLUON:
         inv_l = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
         lse_row = gl.where(empty_row, float("-inf"),
                            (m_i + gl.log2(gl.where(empty_row, 1.0, l_i))) * 0.6931471805599453)
+        return acc, inv_l, lse_row
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                  bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale,
+                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                  ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                  SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  o=None, stride_om=None, q0=0, SEQ: gl.constexpr = 0):
+        """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile
+        (``_attend``), then O and the lse out.
+
+        The scores are the portable kernels' (scale, softcap, ALiBi, masks: ``_scores``), with the
+        softmax's positive factor folded into the exp2's FMA even under ALiBi: its bias is
+        subtracted divided by that factor (``slope``), where the portable kernels add it to the
+        base-2 score (the same score up to float32 rounding; no multiply per score).
+
+        Ranges and varlen (``SEQ``): rows, ``n_q``, ``n_k`` and ``off`` are the sequence's; ``lse`` and
+        ``o`` point at its first row (of head h), ``q0`` is that row in the tensor (batch row ``b``
+        for ranges, the one batch row 0 for varlen).
+        A full tile of rows goes out by TMA as for a dense batch, a tile crossing the sequence's end
+        by a masked store (a TMA store would overwrite the next sequence's rows)."""
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        row0 = start_m + 64 * ME
+        rows = row0 + gl.arange(0, 64, layout=row_layout)
+        q = q_smem.index(ME).reshape([64, HEAD_DIM])
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+        p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
+        s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+        slope = 0.0
+        cols_f = 0.0
+        if ALIBI:
+            slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP,
+                                         BLOCK_N, s_layout)
+        mbarrier.wait(q_bar, 0)
+        m_i, l_i, acc = _attend(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, 0, rows, cols_f, slope,
+                                m_i, l_i, acc, p, s_zero, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                                qk_scale, softcap_scale, softcap2,
+                                ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                                HEAD_DIM, BLOCK_N, STAGES, s_layout, o_layout, p_layout)
+        acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
         if SEQ == 0:
             gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
         else:
@@ -490,6 +647,73 @@ if _HAS_GLUON:
                 ptrs = o + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(out_cols, 0)
                 gl.store(ptrs, out.to(dtype), mask=gl.expand_dims(out_rows < n_q, 1))
 
+    @gluon.jit
+    def _consumer_persistent(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                             o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right, qk_scale, softcap_scale,
+                             softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                             ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
+                             CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                             SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINKS: gl.constexpr,
+                             FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                             STAGES: gl.constexpr, Q_SETS: gl.constexpr):
+        """One consumer warpgroup of a persistent program: ``_consumer``'s work (dense batch) for each
+        of the program's tiles (``persistent_tile``), the ring and the turns continued over the program
+        (``kv``: K/V tiles taken so far, the same count in every partition), Q's set and phase by
+        the program's tile count ``qi``. O is staged in the tile's Q slot and stored by TMA; once
+        the store has read it the consumer releases the set (``q_empty``) for the loader."""
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        off = n_k - n_q
+        kv = 0
+        qi = 0
+        for t in range(gl.program_id(0), n_bh * gl.cdiv(n_q, BLOCK_M), gl.num_programs(0)):
+            bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(t, n_bh, n_heads, n_q, n_k, win_left,
+                                                                             win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                                                             BLOCK_M, BLOCK_N)
+            row0 = start_m + 64 * ME
+            rows = row0 + gl.arange(0, 64, layout=row_layout)
+            qs = qi % Q_SETS
+            q_slot = q_smem.index(qs * CONSUMERS + ME)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+            l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
+            acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+            p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
+            s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+            slope = 0.0
+            cols_f = 0.0
+            if ALIBI:
+                slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2,
+                                             SOFTCAP, BLOCK_N, s_layout)
+            # The first key tile's masks (key 0: ``cols < n_k``, the column offsets) are the same in
+            # every query tile: with a literal 0 the compiler hoists them out of the tile loop, a
+            # register per column held through it (400 bytes of spills at d 64); an opaque 0 keeps
+            # them inside.
+            j0 = _opaque_zero(t)
+            mbarrier.wait(q_ready.index(qs), (qi // Q_SETS) & 1)
+            m_i, l_i, acc = _attend(q_slot.reshape([64, HEAD_DIM]), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                    turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, n_k, off, win_left,
+                                    win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
+                                    ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                                    HEAD_DIM, BLOCK_N, STAGES, s_layout, o_layout, p_layout, j0)
+            acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
+            out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
+            # The slot's last wgmma has retired (``_attend``): stage O there for one TMA store
+            # (which drops the rows past Nq); the lse goes out while it runs.
+            q_slot.reshape([64, HEAD_DIM]).store(out.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
+            gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(qs))
+            kv += n_tiles
+            qi += 1
+
     # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
     # Window sides too (a side the call does not have is None: a constexpr, no parameter).
     # Ranges / varlen: the sequences' bounds, their count and the output's strides (None for a dense
@@ -503,126 +727,231 @@ if _HAS_GLUON:
                                ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
+                               LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0,
+                               PERSISTENT: gl.constexpr = False, Q_SETS: gl.constexpr = 1):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
-        if SEQ == 2:
-            # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
-            # (sequence, query tile) by a scan of cu_seqlens, each sequence's last tile first (the
-            # portable kernel's ``varlen_tile``); a slot past the last tile is an empty program.
-            pid = gl.program_id(0)
-            h = pid % n_heads
-            lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-            b, start_m = varlen_scan(q_starts, q_ends, n_seq, pid // n_heads, lanes, BLOCK_M)
-            live = b < n_seq
-            b = gl.minimum(b, n_seq - 1)
-            bh = h  # the lse is (Hq, total): one plane for every sequence
-            tb = 0  # the tensors' one batch row
+        if PERSISTENT:
+            # One program per SM (``_launch``), each taking tiles pid, pid + programs, … of the
+            # (B·Hq) × query-tile space (``persistent_tile``); dense batches only. Every partition
+            # walks the same tiles and computes their coordinates itself.
+            #
+            # Barrier invariants across tiles. Waits test a phase's parity, so a barrier must never
+            # run two phases ahead of a waiter: every fill waits for the release of the previous
+            # use of its buffer, and every release follows the wait for that use's fill.
+            # * K/V ring: the k-th K/V tile of the program (k counted over all its tiles: ``kv``)
+            #   goes to slot k % STAGES; k_ready/v_ready complete once per fill, awaited with
+            #   parity (k // STAGES) & 1; k_empty/v_empty (CONSUMERS arrivals) once per use, the
+            #   loader awaiting use k − STAGES's with the opposite parity. All consumers take every
+            #   K/V tile of every tile (a tile's n_tiles is the same for all), so k is the same
+            #   count in every partition.
+            # * Turns (ping-pong): consumer ME waits on turn[ME] once per K/V tile, the k-th time
+            #   with parity k & 1 (turn[0] pre-armed), then arrives on the next consumer's: the
+            #   order runs on unbroken across tiles.
+            # * Q: the program's i-th tile uses set i % Q_SETS; q_ready completes once per load,
+            #   awaited with parity (i // Q_SETS) & 1; q_empty (CONSUMERS arrivals, each after its
+            #   O store has read the set) once per use, the loader awaiting tile i − Q_SETS's with
+            #   the opposite parity.
+            # No deadlock: a load waits only for releases of earlier tiles (K/V tile k for the
+            # release of k − STAGES, Q for tile i − Q_SETS's epilogue), except the K/V loads of
+            # tile i past its first STAGES, which need tile i's consumers, hence its Q: issued
+            # before them (``_loader_persistent``). tests/test_attention_gluon_persistent.py
+            # models this bookkeeping.
+            n_bh = q_desc.shape[0] * n_heads
+            dtype: gl.constexpr = q_desc.dtype
+            q_smem = gl.allocate_shared_memory(dtype, [Q_SETS * CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+            k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+            q_ready = gl.allocate_shared_memory(gl.int64, [Q_SETS, 1], mbarrier.MBarrierLayout())
+            q_empty = gl.allocate_shared_memory(gl.int64, [Q_SETS, 1], mbarrier.MBarrierLayout())
+            k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(Q_SETS):
+                mbarrier.init(q_ready.index(i), count=1)
+                mbarrier.init(q_empty.index(i), count=CONSUMERS)
+            for s in gl.static_range(STAGES):
+                mbarrier.init(k_ready.index(s), count=1)
+                mbarrier.init(v_ready.index(s), count=1)
+                mbarrier.init(k_empty.index(s), count=CONSUMERS)
+                mbarrier.init(v_empty.index(s), count=CONSUMERS)
+            for c in gl.static_range(CONSUMERS):
+                mbarrier.init(turn.index(c), count=1)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(0))  # consumer 0 issues first
+            fence_async_shared()
+            if CONSUMERS == 1:
+                gl.warp_specialize([
+                    (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
+                                            stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                    (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                          v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
+                                          win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
+                                          Q_SETS)),
+                ], [1], [LOADER_REGS])
+            elif CONSUMERS == 2:
+                gl.warp_specialize([
+                    (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
+                                            stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                    (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
+                                            stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                    (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                          v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
+                                          win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
+                                          Q_SETS)),
+                ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([
+                    (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
+                                            stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                    (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
+                                            stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                    (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
+                                            qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
+                                            stride_alibi_h, 2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                    (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                          v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
+                                          win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
+                                          Q_SETS)),
+                ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         else:
-            # Grid (B·Hq, query tiles), the last (under causal, heaviest) tiles of every head first.
-            bh = gl.program_id(0)
-            start_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
-            b = bh // n_heads
-            h = bh % n_heads
-            tb = b
-        h_kv = h // group
-
-        # Key tiles [lo, lo + n_tiles·BLOCK_N) are loaded; outside [mid_lo, mid_hi) they are masked.
-        off = n_k - n_q
-        q0 = 0
-        k0 = 0
-        if SEQ != 0:
-            # The sequence's rows and lengths, its diagonal bottom-right aligned (``sequence``); a
-            # tile past its end (ranges) or an empty slot (varlen) loads no key and stores nothing.
-            q0, n_q_seq, k0, n_k_seq, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends,
-                                                     stride_seq, off, SEQ)
             if SEQ == 2:
-                n_q_seq = gl.where(live, n_q_seq, 0)
-            n_k_seq = gl.where(start_m < n_q_seq, n_k_seq, 0)
-            lse = lse + bh.to(gl.int64) * n_q + q0
-            o = o + bh.to(gl.int64) * stride_oh + q0.to(gl.int64) * stride_om
-            n_q = n_q_seq
-            n_k = n_k_seq
-        lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                                BLOCK_M, BLOCK_N)
+                # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
+                # (sequence, query tile) by a scan of cu_seqlens, each sequence's last tile first (the
+                # portable kernel's ``varlen_tile``); a slot past the last tile is an empty program.
+                pid = gl.program_id(0)
+                h = pid % n_heads
+                lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+                b, start_m = varlen_scan(q_starts, q_ends, n_seq, pid // n_heads, lanes, BLOCK_M)
+                live = b < n_seq
+                b = gl.minimum(b, n_seq - 1)
+                bh = h  # the lse is (Hq, total): one plane for every sequence
+                tb = 0  # the tensors' one batch row
+            else:
+                # Grid (B·Hq, query tiles), the last (under causal, heaviest) tiles of every head first.
+                bh = gl.program_id(0)
+                start_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+                b = bh // n_heads
+                h = bh % n_heads
+                tb = b
+            h_kv = h // group
 
-        dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(s), count=1)
-            mbarrier.init(v_ready.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=CONSUMERS)
-            mbarrier.init(v_empty.index(s), count=CONSUMERS)
-        for c in gl.static_range(CONSUMERS):
-            mbarrier.init(turn.index(c), count=1)
-        if PINGPONG:
-            mbarrier.arrive(turn.index(0))  # consumer 0 issues first
-        fence_async_shared()
+            # Key tiles [lo, lo + n_tiles·BLOCK_N) are loaded; outside [mid_lo, mid_hi) they are masked.
+            off = n_k - n_q
+            q0 = 0
+            k0 = 0
+            if SEQ != 0:
+                # The sequence's rows and lengths, its diagonal bottom-right aligned (``sequence``); a
+                # tile past its end (ranges) or an empty slot (varlen) loads no key and stores nothing.
+                q0, n_q_seq, k0, n_k_seq, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends,
+                                                         stride_seq, off, SEQ)
+                if SEQ == 2:
+                    n_q_seq = gl.where(live, n_q_seq, 0)
+                n_k_seq = gl.where(start_m < n_q_seq, n_k_seq, 0)
+                lse = lse + bh.to(gl.int64) * n_q + q0
+                o = o + bh.to(gl.int64) * stride_oh + q0.to(gl.int64) * stride_om
+                n_q = n_q_seq
+                n_k = n_k_seq
+            lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                                    BLOCK_M, BLOCK_N)
 
-        # (The partitions' argument tuples are written out: Gluon takes no function values in
-        # variables, and a tuple held in a variable turns its constexprs into tensors (tried).) Consumer 0 is the default partition; the others and the loader are workers.
-        if CONSUMERS == 1:
-            gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
-                             qk_scale,
-                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
-                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0, k0,
-                           SEQ)),
-            ], [1], [LOADER_REGS])
-        elif CONSUMERS == 2:
-            gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
-                             qk_scale,
-                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
-                             qk_scale,
-                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
-                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0, k0,
-                           SEQ)),
-            ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-        else:
-            gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
-                             qk_scale,
-                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
-                             qk_scale,
-                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
-                             bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
-                             qk_scale,
-                             softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                             2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                             HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
-                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0, k0,
-                           SEQ)),
-            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+            dtype: gl.constexpr = q_desc.dtype
+            q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+            k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+            q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+            mbarrier.init(q_bar, count=1)
+            for s in gl.static_range(STAGES):
+                mbarrier.init(k_ready.index(s), count=1)
+                mbarrier.init(v_ready.index(s), count=1)
+                mbarrier.init(k_empty.index(s), count=CONSUMERS)
+                mbarrier.init(v_empty.index(s), count=CONSUMERS)
+            for c in gl.static_range(CONSUMERS):
+                mbarrier.init(turn.index(c), count=1)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(0))  # consumer 0 issues first
+            fence_async_shared()
+
+            # (The partitions' argument tuples are written out: Gluon takes no function values in
+            # variables, and a tuple held in a variable turns its constexprs into tensors (tried).)
+            # Consumer 0 is the default partition; the others and the loader are workers.
+            if CONSUMERS == 1:
+                gl.warp_specialize([
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                                 bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                                 qk_scale,
+                                 softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                                 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                    (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                               v_empty, tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0,
+                               k0, SEQ)),
+                ], [1], [LOADER_REGS])
+            elif CONSUMERS == 2:
+                gl.warp_specialize([
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                                 bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                                 qk_scale,
+                                 softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                                 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                                 bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                                 qk_scale,
+                                 softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                                 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                    (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                               v_empty, tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0,
+                               k0, SEQ)),
+                ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                                 bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                                 qk_scale,
+                                 softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                                 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                                 bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                                 qk_scale,
+                                 softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                                 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
+                                 bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
+                                 qk_scale,
+                                 softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                                 2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                    (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                               v_empty, tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0,
+                               k0, SEQ)),
+                ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
 def _variant_reason(variant) -> str | None:
@@ -782,16 +1111,34 @@ def _option_args(variant: Variant, q: torch.Tensor, scale: float, causal: bool =
     return args, flags
 
 
-def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: Variant = PLAIN):
+# SMs of the H100 SXM: a persistent launch's program count where q is not on a GPU (the CPU tests,
+# ``benchmarks/ptx_hashes.py``).
+DEFAULT_SMS = 132
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: Variant = PLAIN,
+            sms: int | None = None):
     """(grid, args, keyword args) of the kernel writing o and lse for this call
     (``attention_forward_gluon``'s launch; ``benchmarks/ptx_hashes.py`` compiles from it without a
-    GPU)."""
+    GPU). A persistent config: min(tiles, ``sms``) programs (default: q's device's SMs,
+    ``DEFAULT_SMS`` off the GPU) and ``PERSISTENT``/``Q_SETS`` (``Config.q_sets``), passed only then;
+    ValueError for ranges or varlen (one tile per program there)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     options, flags = _option_args(_dense(variant), q, scale, causal)
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
     grid = (B * Hq, cdiv(Nq, cfg.block_m))
     seq = variant.seq
+    if cfg.persistent and seq != SEQ_DENSE:
+        raise ValueError(f"attention_forward_gluon: the persistent config {cfg.name} takes dense batches only, "
+                         f"not {'ranges' if seq == SEQ_RANGES else 'varlen'}")
     seq_args_ = _DENSE_SEQ_ARGS
     if seq != SEQ_DENSE:
         # Ranges: the dense grid, each batch row's tiles from its range's start. Varlen (tensors
@@ -808,6 +1155,10 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
     if seq != SEQ_DENSE:
         kwargs["SEQ"] = seq
+    if cfg.persistent:
+        # Tile t is the work of the grid above's t-th program in dispatch order (``persistent_tile``).
+        grid = (min(grid[0] * grid[1], sms or _sm_count(q.device)),)
+        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D))
     return grid, args, kwargs
 
 
@@ -826,7 +1177,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
     ``output_buffers``, as the portable kernel writes them. ValueError for what ``_variant_reason``
-    refuses."""
+    refuses, and for a persistent ``config`` with ranges or varlen (``_launch``)."""
     if variant is not PLAIN:
         reason = _variant_reason(variant)
         if reason is not None:

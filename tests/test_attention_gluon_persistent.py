@@ -1,0 +1,339 @@
+"""The persistent schedule of the Gluon forward (``Config.persistent``, ops/attention_fwd_gluon.py) on
+any machine: its tile order (``persistent_tile``, run by the interpreter or the GPU in a tiny Triton
+kernel), a model of its mbarrier bookkeeping, its launch and configs. The kernel itself runs in the
+GPU tests (tests/test_attention_gluon.py: every config against float64, and few programs walking
+many tiles).
+
+The model runs the loader and the consumers of one program as Python generators under a random
+scheduler, with the kernel's slot, set and parity formulas and mbarriers that complete a phase per
+``count`` arrivals and answer a wait by parity as ``mbarrier.try_wait.parity`` does. It fails on a
+deadlock (nobody can move), on a wait that returns for another phase than the one its code means
+(a barrier two phases ahead), on a load into a buffer a consumer still reads and on a consumer
+reading another tile's data; and shows it would catch the likely mistakes (a ring slot counted per
+tile, a single Q set loaded after more than STAGES of the tile's K/V tiles).
+"""
+import random
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from conftest import DEVICE, model_only
+from flashattn_lite.ops import attention_fwd
+from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant
+
+
+# ---------------------------------------------------------------- the tile order (any machine)
+
+@triton.jit
+def _tile_kernel(out, n_bh, n_heads, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    t = tl.program_id(0)
+    bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = gluon_fwd.persistent_tile(
+        t, n_bh, n_heads, n_q, n_k, None, None, CAUSAL, False, False, BLOCK_M, BLOCK_N)
+    tl.store(out + 5 * t, bh)
+    tl.store(out + 5 * t + 1, b)
+    tl.store(out + 5 * t + 2, h)
+    tl.store(out + 5 * t + 3, start_m)
+    tl.store(out + 5 * t + 4, n_tiles)
+
+
+@pytest.mark.parametrize("B, H, n_q, n_k, causal, block_m, block_n", [
+    (2, 3, 1000, 1037, True, 192, 64), (1, 4, 1300, 1000, True, 128, 128), (3, 2, 300, 300, False, 192, 128),
+    (1, 1, 1, 17, True, 192, 128)], ids=["causal", "nq>nk", "full", "one-row"])
+def test_tiles_in_the_one_tile_grid_order(B, H, n_q, n_k, causal, block_m, block_n):
+    # Tile t is the t-th program the grid (B·Hq, query tiles) dispatches: bh = t % (B·Hq) fastest,
+    # query tiles last-first; its key tiles as that program's (the zero-padded tail, the diagonal:
+    # none for the rows above it when Nq > Nk).
+    n_m = triton.cdiv(n_q, block_m)
+    total = B * H * n_m
+    out = torch.full((total, 5), -1, dtype=torch.int32, device=DEVICE)
+    _tile_kernel[(total,)](out, B * H, H, n_q, n_k, causal, block_m, block_n)
+    want = []
+    for y in range(n_m):
+        for bh in range(B * H):
+            start_m = (n_m - 1 - y) * block_m
+            hi = min(max(start_m + block_m + n_k - n_q, 0), n_k) if causal else n_k
+            want.append([bh, bh // H, bh % H, start_m, triton.cdiv(hi, block_n)])
+    assert out.tolist() == want
+    if causal and n_q > n_k:
+        assert 0 in [w[4] for w in want]  # tiles with no key tile: the model takes those too
+
+
+# ---------------------------------------------------------------- a model of the barriers
+
+class Barrier:
+    """An mbarrier: a phase completes after ``count`` arrivals (a TMA fill: the expect's arrival and
+    the bytes, one event here)."""
+
+    def __init__(self, name, count):
+        self.name, self.count, self.pending, self.completed = name, count, count, 0
+
+    def arrive(self):
+        self.pending -= 1
+        if self.pending == 0:
+            self.completed += 1
+            self.pending = self.count
+
+    def passes(self, parity):  # mbarrier.try_wait.parity: the phase of that parity has completed
+        return self.completed % 2 != parity
+
+
+class Buffer:
+    """A K or V ring slot or a Q set: which tile it holds, whether its fill landed, how many
+    consumers released it."""
+
+    def __init__(self, consumers):
+        self.consumers, self.holds, self.landed, self.released = consumers, None, True, consumers
+
+    def fill(self, what):
+        assert self.released == self.consumers, f"load of {what} over {self.holds}, still read"
+        self.holds, self.landed, self.released = what, False, 0
+
+    def read(self, what):
+        assert self.landed and self.holds == what, f"read {what}, the buffer holds {self.holds}"
+
+    def release(self, what):
+        self.read(what)
+        self.released += 1
+
+
+def wait(bar, parity, phase):
+    """What a partition yields to wait: ``phase`` is the phase (0, 1, …; −1: the fresh barrier's
+    "previous" one) its code means, checked when the wait returns."""
+    return bar, parity, phase
+
+
+def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=False, q_after=None):
+    """One program's partitions over its tiles (``tiles``: each tile's n_tiles), scheduled at random;
+    raises AssertionError on a deadlock or a hazard. ``per_tile_ring`` (consumers count ring slots
+    per tile) and ``q_after`` (the loader's Q after that many of a tile's K/V loads, one Q set) are
+    the mistakes the model must catch."""
+    rng = random.Random(seed)
+    k_ready = [Barrier(f"k_ready{s}", 1) for s in range(stages)]
+    v_ready = [Barrier(f"v_ready{s}", 1) for s in range(stages)]
+    k_empty = [Barrier(f"k_empty{s}", consumers) for s in range(stages)]
+    v_empty = [Barrier(f"v_empty{s}", consumers) for s in range(stages)]
+    q_ready = [Barrier(f"q_ready{i}", 1) for i in range(q_sets)]
+    q_empty = [Barrier(f"q_empty{i}", consumers) for i in range(q_sets)]
+    turn = [Barrier(f"turn{c}", 1) for c in range(consumers)]
+    k_buf = [Buffer(consumers) for _ in range(stages)]
+    v_buf = [Buffer(consumers) for _ in range(stages)]
+    q_buf = [Buffer(consumers) for _ in range(q_sets)]
+    landing = []  # TMA fills issued, not landed: (buffer, barrier)
+    issued = []  # the consumers' GEMM issues in order: (consumer, k)
+    if pingpong:
+        turn[0].arrive()
+
+    def tma(buf, bar, what):
+        buf.fill(what)
+        landing.append((buf, bar))
+
+    def load_kv(k, tile):
+        s, use = k % stages, k // stages
+        yield wait(k_empty[s], (use & 1) ^ 1, use - 1)
+        tma(k_buf[s], k_ready[s], ("K", k, tile))
+        yield wait(v_empty[s], (use & 1) ^ 1, use - 1)
+        tma(v_buf[s], v_ready[s], ("V", k, tile))
+
+    def load_q(i):
+        qs, use = i % q_sets, i // q_sets
+        yield wait(q_empty[qs], (use & 1) ^ 1, use - 1)
+        tma(q_buf[qs], q_ready[qs], ("Q", i))
+
+    def loader():  # _loader_persistent
+        kv = 0
+        for i, n in enumerate(tiles):
+            first = 0
+            if q_sets == 1:
+                first = min(n, stages if q_after is None else q_after)
+                for j in range(first):
+                    yield from load_kv(kv + j, i)
+            yield from load_q(i)
+            for j in range(first, n):
+                yield from load_kv(kv + j, i)
+            kv += n
+
+    def consumer(me):  # _consumer_persistent and _attend
+        other = (me + 1) % consumers
+        kv = 0
+        for i, n in enumerate(tiles):
+            qs = i % q_sets
+            yield wait(q_ready[qs], (i // q_sets) & 1, i // q_sets)
+            q_buf[qs].read(("Q", i))
+            base = 0 if per_tile_ring else kv
+            for j in range(n):
+                c = base + j
+                cur = c % stages
+                yield wait(k_ready[cur], (c // stages) & 1, c // stages)
+                k_buf[cur].read(("K", kv + j, i))
+                if j > 0:
+                    prev = (c - 1) % stages
+                    yield wait(v_ready[prev], ((c - 1) // stages) & 1, (c - 1) // stages)
+                    v_buf[prev].read(("V", kv + j - 1, i))
+                if pingpong:
+                    yield wait(turn[me], c & 1, c)
+                    issued.append((me, kv + j))
+                    turn[other].arrive()
+                k_buf[cur].release(("K", kv + j, i))
+                k_empty[cur].arrive()
+                if j > 0:
+                    v_buf[prev].release(("V", kv + j - 1, i))
+                    v_empty[prev].arrive()
+            if n > 0:
+                last = base + n - 1
+                yield wait(v_ready[last % stages], (last // stages) & 1, last // stages)
+                v_buf[last % stages].release(("V", kv + n - 1, i))
+                v_empty[last % stages].arrive()
+            q_buf[qs].release(("Q", i))  # after the O store has read the set
+            q_empty[qs].arrive()
+            kv += n
+
+    agents = {"loader": loader(), **{f"consumer{c}": consumer(c) for c in range(consumers)}}
+    waiting = {name: None for name in agents}
+    done = set()
+
+    def step(name):
+        try:
+            waiting[name] = next(agents[name])
+        except StopIteration:
+            done.add(name)
+
+    for name in agents:
+        step(name)
+    while len(done) < len(agents) or landing:
+        movers = [n for n in agents if n not in done and waiting[n][0].passes(waiting[n][1])]
+        choices = movers + (["tma"] if landing else [])
+        assert choices, "deadlock: " + ", ".join(f"{n} waits on {w[0].name} phase {w[2]} (parity {w[1]}, "
+                                                 f"{w[0].completed} completed)" for n, w in waiting.items()
+                                                 if n not in done)
+        pick = rng.choice(choices)
+        if pick == "tma":
+            buf, bar = landing.pop(rng.randrange(len(landing)))
+            buf.landed = True
+            bar.arrive()
+            continue
+        bar, parity, phase = waiting[pick]
+        assert bar.completed == phase + 1, (f"{pick}: wait on {bar.name} for phase {phase} returned with "
+                                            f"{bar.completed} phases completed")
+        step(pick)
+    if pingpong:  # the GEMMs in turn: consumer 0, 1, … for every K/V tile of the program
+        assert issued == [(c, k) for k in range(sum(tiles)) for c in range(consumers)]
+    return sum(tiles)
+
+
+SCHEDULES = [(stages, consumers, q_sets, pingpong) for stages in (2, 3, 4) for consumers in (1, 2, 3)
+             for q_sets in (1, 2) for pingpong in ((False, True) if consumers > 1 else (False,))]
+
+
+def random_tiles(rng, stages):
+    """A program's tiles: their key-tile counts, 0 (a causal tile above the diagonal) to a few rings."""
+    return [rng.choice([0, 1, stages - 1, stages, stages + 1, rng.randrange(2 * stages + 3)])
+            for _ in range(rng.randrange(1, 7))]
+
+
+@model_only
+@pytest.mark.parametrize("stages, consumers, q_sets, pingpong", SCHEDULES,
+                         ids=[f"s{s}-c{c}-q{q}{'-pp' if p else ''}" for s, c, q, p in SCHEDULES])
+def test_barriers_never_deadlock_or_overrun(stages, consumers, q_sets, pingpong):
+    rng = random.Random(stages * 100 + consumers * 10 + q_sets + 7 * pingpong)
+    for seed in range(40):
+        run_program(random_tiles(rng, stages), stages, consumers, q_sets, pingpong, seed)
+    # Many tiles with no key tile in a row, and a long program: the parities wrap many times.
+    run_program([0, 0, 0, 1, 0, 0, 2], stages, consumers, q_sets, pingpong, 1)
+    run_program([stages + 1] * 30, stages, consumers, q_sets, pingpong, 2)
+
+
+@model_only
+def test_the_model_catches_a_ring_counted_per_tile():
+    # The ring's slot from the tile's j alone: the second tile's K/V land in other slots than the
+    # consumers read (or a wait never passes).
+    with pytest.raises(AssertionError):
+        for seed in range(20):
+            run_program([2, 3, 1], 3, 2, 2, True, seed, per_tile_ring=True)
+
+
+@model_only
+@pytest.mark.parametrize("q_sets", [1, 2])
+def test_the_model_catches_a_late_single_q_set(q_sets):
+    # One Q set loaded after STAGES + 1 of the tile's K/V tiles: that load waits for the tile's
+    # first slot, which its consumers free only once they have the tile's Q: a deadlock. At
+    # STAGES it runs; two sets never take that path.
+    stages, tiles = 2, [5, 5, 5]
+    run_program(tiles, stages, 2, q_sets, True, 0, q_after=stages)
+    if q_sets == 1:
+        with pytest.raises(AssertionError, match="deadlock"):
+            run_program(tiles, stages, 2, q_sets, True, 0, q_after=stages + 1)
+
+
+# ---------------------------------------------------------------- the launch and the configs (no GPU)
+
+PERSISTENT = [(d, c) for d in gluon_fwd.HEAD_DIMS for c in gluon_fwd.CONFIGS[d] if c.persistent]
+
+
+def test_configs():
+    # Persistent configs in the sweep for each head dim, named -ps; Q double-buffered where two sets
+    # and the ring fit (all but m128 n128 at d 128); every config fits in shared memory; the
+    # default config rule never picks one (the measurements decide).
+    assert {d for d, _ in PERSISTENT} == set(gluon_fwd.HEAD_DIMS)
+    for d, configs in gluon_fwd.CONFIGS.items():
+        for cfg in configs:
+            assert cfg.name.endswith("-ps") == cfg.persistent
+            assert cfg.smem_bytes(d, cfg.q_sets(d)) <= gluon_fwd.SMEM_BYTES
+            assert cfg.q_sets(d) == (1 if not cfg.persistent or (d, cfg.block_m, cfg.block_n) == (128, 128, 128)
+                                     else 2)
+            assert cfg._replace(persistent=False).name + "-ps" == cfg._replace(persistent=True).name
+    for d in gluon_fwd.HEAD_DIMS:
+        for causal in (False, True):
+            for n in (1024, 2048, 8192, 16384):
+                for flags in ((False, False, False), (True, True, True)):
+                    assert not gluon_fwd.default_config(d, causal, n, *flags).persistent
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+@pytest.mark.parametrize("d, cfg", PERSISTENT, ids=[f"d{d}-{c.name}" for d, c in PERSISTENT])
+def test_persistent_launch(d, cfg):
+    # min(tiles, SMs) programs in one dim (132 off the GPU, or as asked), PERSISTENT and Q_SETS
+    # passed, the arguments of the one-tile launch; that launch passes neither (the kernel it
+    # compiled to before: benchmarks/ptx_hashes.py) and keeps its grid.
+    B, H, N = 2, 4, 1000
+    q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
+    o, lse = torch.empty_like(q), torch.empty(B, H, N)
+    tiles = B * H * triton.cdiv(N, cfg.block_m)
+    one_tile = cfg._replace(persistent=False)
+    grid1, args1, kwargs1 = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, one_tile)
+    assert grid1 == (B * H, triton.cdiv(N, cfg.block_m)) and not {"PERSISTENT", "Q_SETS"} & set(kwargs1)
+    for sms, programs in ((None, min(tiles, gluon_fwd.DEFAULT_SMS)), (5, 5), (10_000, tiles)):
+        grid, args, kwargs = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, cfg, sms=sms)
+        assert grid == (programs,)
+        assert kwargs == {**kwargs1, "PERSISTENT": True, "Q_SETS": cfg.q_sets(d)}
+        assert [type(a) for a in args] == [type(a) for a in args1] and args[4:] == args1[4:]
+    variant = Variant(softcap=30.0, sinks=torch.zeros(H), left=100)
+    grid, args, kwargs = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, cfg, variant, sms=7)
+    assert grid == (7,) and kwargs["PERSISTENT"] and kwargs["SOFTCAP"] and kwargs["SINKS"] and kwargs["HAS_LEFT"]
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_persistent_refuses_ranges_and_varlen():
+    # One tile per program for per-row ranges and packed varlen batches: a persistent config asked
+    # for explicitly is refused (ValueError), never silently swapped.
+    d, cfg = PERSISTENT[0]
+    ranges = torch.tensor([[0, 5], [2, 7]], dtype=torch.int32)
+    q, k = torch.zeros(2, 4, 7, d, dtype=torch.float16), torch.zeros(2, 2, 9, d, dtype=torch.float16)
+    variant = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
+    o, lse = attention_fwd.output_buffers(q, d, variant, True)
+    with pytest.raises(ValueError, match="dense batches only"):
+        gluon_fwd._launch(q, k, k, o, lse, 0.125, False, cfg, variant)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    q1, k1 = torch.zeros(1, 4, 7, d, dtype=torch.float16), torch.zeros(1, 2, 7, d, dtype=torch.float16)
+    o, lse = attention_fwd.output_buffers(q1, d, varlen, True)
+    with pytest.raises(ValueError, match="varlen"):
+        gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, cfg, varlen)
+    _, _, kwargs = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, cfg._replace(persistent=False), varlen)
+    assert "PERSISTENT" not in kwargs and kwargs["SEQ"] == SEQ_VARLEN
+    # The same tensors as a dense batch: taken (8 tiles, 8 programs).
+    grid, _, _ = gluon_fwd._launch(q, k, k, torch.empty_like(q), torch.empty(2, 4, 7), 0.125, False, cfg, PLAIN)
+    assert grid == (2 * 4,)
