@@ -158,7 +158,12 @@ LOADER_REGS = 24
 # Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
-# Persistent configs (``Config.persistent``, not yet measured): two Q sets but for m128 n128 at d 128
+# Persistent configs (``Config.persistent``; no default yet): measured against the same configs one
+# tile per program (``gluon_fwd-20261124-224845.json``, ``…-224900.json``, H100): non-causal +2–8%
+# (d 128 2k m192 493 → 502, m128 354 → 381; 8k m192 547 → 577; d 64 8k 468 → 491, 2k −2%), causal
+# 2k +5–8% but still at or below the TMA kernel that short causal calls take, causal 8k −3 to −14%
+# (tiles dealt round-robin leave causal's unequal tiles unbalanced, where the hardware's dispatch of
+# one-tile programs balances them). Two Q sets but for m128 n128 at d 128
 # (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or not, nor with softcap,
 # sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at once, adds a few per tile
 # outside the key loop (one register in it for m128 n128 with every option), but for the d 64
