@@ -251,6 +251,10 @@ def chosen_configs(kernels, choice: str, d: int, causal: bool, n: int) -> list:
     if choice == "default":
         return [kernels.default_config(d, causal, n)]
     names = choice.split(",")
+    known = {c.name for configs in kernels.CONFIGS.values() for c in configs}
+    unknown = [n for n in names if n not in known]
+    if unknown:  # a typo would otherwise measure nothing and say nothing
+        raise SystemExit(f"--configs: no config named {', '.join(unknown)} in the sweep (known: {', '.join(sorted(known))})")
     return [c for c in kernels.CONFIGS[d] if c.name in names]
 
 

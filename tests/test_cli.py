@@ -51,6 +51,7 @@ def test_help_exits_zero_and_explains(argv, capsys):
     (["memory", "--modes", "bwd"], "--modes"),
     (["speed", "--modes", "sideways"], "--modes"),
     (["speed", "--hidden", "100", "--head-dims", "64"], "--hidden"),
+    (["variants", "--rounds", "0"], "--rounds"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_bad_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
     status, out, err = run_cli(argv + ["--out", str(tmp_path)] if argv else argv, capsys)
@@ -278,6 +279,23 @@ def test_table_check_argument_errors(argv, needle, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(argv)
     assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_hopper_benchmarks_configs_by_name(monkeypatch):
+    # benchmarks/gluon_fwd.py / gluon_bwd.py --configs NAME,...: the named configs of the point's head
+    # dim; a name in no head dim's sweep stops the run naming it (a typo would measure nothing).
+    import importlib.util
+    from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    spec = importlib.util.spec_from_file_location("hopper_fwd", bench / "hopper_fwd.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    d64, d128 = gluon_bwd.CONFIGS[64][0], gluon_bwd.CONFIGS[128][0]
+    assert module.chosen_configs(gluon_bwd, f"{d64.name},{d128.name}", 64, True, 2048) == [d64]
+    assert module.chosen_configs(gluon_bwd, "all", 128, True, 2048) == gluon_bwd.CONFIGS[128]
+    with pytest.raises(SystemExit, match="gb-typo"):
+        module.chosen_configs(gluon_bwd, f"{d64.name},gb-typo", 64, True, 2048)
 
 
 def test_ours_portable_turns_the_hopper_paths_off_for_the_whole_measurement():

@@ -261,6 +261,8 @@ def run(args) -> int:
     dtype = _DTYPES[dtype_name]
     if cfg["window"] > cfg["n"] or cfg["head_dim"] < 1 or cfg["head_dim"] > 256:
         raise common.BenchArgumentError("--window must be ≤ --n and --head-dim in [1, 256]")
+    if cfg["rounds"] < 1:
+        raise common.BenchArgumentError(f"--rounds must be ≥ 1, got {cfg['rounds']}")
     writer = common.ResultWriter(args.out, "variants", columns=COLUMNS, budget_s=args.time_budget,
                                  meta=dict(settings=cfg, dtype=dtype_name, groups=groups))
     with writer:
