@@ -86,10 +86,18 @@ def _compile_gluon(J, args, kwargs):
 
 def gluon(opts, causal=True, d=128):
     """The Gluon forward as ``attention_forward_gluon`` launches it (``_launch`` on CPU tensors), at
-    its default config for N 8k (window sides as ``left``/``right`` in ``opts``)."""
+    its default config for N 8k (window sides as ``left``/``right`` in ``opts``), or the sweep's
+    config named ``config`` in ``opts``."""
     import torch
     import flashattn_lite.ops.attention_fwd_gluon as g
+    opts = dict(opts)
+    config = opts.pop("config", None)  # a config of the sweep by name ("unavailable" where none has it)
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
+    if config is not None:
+        cfg = next(c for c in g.CONFIGS[d] if c.name == config)
+        _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg,
+                                    variant)
+        return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
     try:  # the window's config rule (a checkout from before windows takes three arguments)
         cfg = g.default_config(d, causal, 8192, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
     except TypeError:
@@ -224,7 +232,13 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd varlen d64 full", gluon_bwd, dict(seq="varlen", d=64, causal=False)),
          ("gluon bwd ranges", gluon_bwd, dict(seq="ranges")),
          ("gluon bwd varlen causal window+all", gluon_bwd, dict(seq="varlen", left=4095, softcap=30.0, alibi=True,
-                                                                sinks=True))]
+                                                                sinks=True)),
+         # The persistent configs of the Gluon forward's sweep ("unavailable" before them).
+         ("gluon ps d128 m192", gluon, dict(config="g-m192-n64-s3-pp-r160-ps")),
+         ("gluon ps d128 m128 full", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", causal=False)),
+         ("gluon ps d128 m128 softcap+sinks", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", softcap=30.0,
+                                                           sinks=True)),
+         ("gluon ps d64", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64))]
 
 
 def ptxas(ptx):

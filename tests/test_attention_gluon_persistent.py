@@ -1,5 +1,5 @@
 """The persistent schedule of the Gluon forward (``Config.persistent``, ops/attention_fwd_gluon.py) on
-any machine: its tile order (``persistent_tile``, run by the interpreter or the GPU in a tiny Triton
+any machine: its tile order (``persistent_tile``, ``persistent_order``, run by the interpreter or the GPU in a tiny Triton
 kernel), a model of its mbarrier bookkeeping, its launch and configs. The kernel itself runs in the
 GPU tests (tests/test_attention_gluon.py: every config against float64, and few programs walking
 many tiles).
@@ -60,6 +60,46 @@ def test_tiles_in_the_one_tile_grid_order(B, H, n_q, n_k, causal, block_m, block
     assert out.tolist() == want
     if causal and n_q > n_k:
         assert 0 in [w[4] for w in want]  # tiles with no key tile: the model takes those too
+
+
+@triton.jit
+def _order_kernel(out, total, programs, MAX_TURNS: tl.constexpr):
+    pid = tl.program_id(0)
+    count = gluon_fwd.persistent_count(pid, programs, total)
+    tl.store(out + pid * (MAX_TURNS + 1), count)
+    for i in range(count):
+        tl.store(out + pid * (MAX_TURNS + 1) + 1 + i, gluon_fwd.persistent_order(i, pid, programs))
+
+
+def persistent_deal(total, programs):
+    """Each program's tiles as ``persistent_count`` / ``persistent_order`` deal them."""
+    turns = triton.cdiv(total, programs)
+    out = torch.full((programs, turns + 1), -1, dtype=torch.int32, device=DEVICE)
+    _order_kernel[(programs,)](out, total, programs, turns)
+    rows = out.tolist()
+    return [row[1:1 + row[0]] for row in rows]
+
+
+@pytest.mark.parametrize("total, programs", [(1, 1), (5, 7), (7, 7), (20, 7), (21, 7), (27, 7), (28, 7), (29, 3)])
+def test_every_tile_dealt_once_in_a_snake(total, programs):
+    deal = persistent_deal(total, programs)
+    assert sorted(t for tiles in deal for t in tiles) == list(range(total))
+    for pid, tiles in enumerate(deal):
+        assert tiles == [r * programs + (pid if r % 2 == 0 else programs - 1 - pid) for r in range(len(tiles))]
+        assert tiles == sorted(tiles)  # each program walks the heaviest-first order
+
+
+def test_the_snake_balances_causal_tiles():
+    # d 128, causal 8k, B·N 16k (2 × 16 heads, m128: 2048 tiles) on 132 SMs: a tile's cost is its
+    # key-tile count. Round-robin put program 0 6% over the mean (its last program 6% under); the
+    # snake keeps every program within 1%.
+    n_bh, n_m, programs = 32, 64, 132
+    cost = [n_m - t // n_bh for t in range(n_bh * n_m)]
+    mean = sum(cost) / programs
+    loads = [sum(cost[t] for t in tiles) for tiles in persistent_deal(len(cost), programs)]
+    assert max(loads) <= 1.01 * mean
+    round_robin = [sum(cost[pid::programs]) for pid in range(programs)]
+    assert max(round_robin) > 1.05 * mean
 
 
 # ---------------------------------------------------------------- a model of the barriers

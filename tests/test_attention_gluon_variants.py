@@ -29,6 +29,7 @@ OPTION_SETS = [
     ("alibi-h", dict(alibi="h")),
     ("alibi-bh-f64", dict(alibi="bh")),
     ("sinks", dict(sinks=True)),
+    ("softcap-sinks", dict(softcap=30.0, sinks=True)),  # softcap's rows' maxima from the raw scores
     ("all", dict(softcap=30.0, sinks=True, alibi="bh")),
 ]
 NAMED = {"softcap": "softcap", "alibi": "ALiBi", "sinks": "sinks"}
@@ -237,13 +238,14 @@ def test_options_match_reference_and_tma(name, opts, shape, dtype, causal):
 
 
 @needs_gpu
+@pytest.mark.parametrize("name", ["all", "softcap-sinks"])
 @pytest.mark.parametrize("head_dim, config", [(d, c) for d in gluon_fwd.HEAD_DIMS for c in gluon_fwd.CONFIGS[d]],
                          ids=lambda x: x.name if isinstance(x, gluon_fwd.Config) else f"d{x}")
-def test_every_config_with_every_option(head_dim, config):
+def test_every_config_with_every_option(head_dim, config, name):
     # Every option at once through each config (ALiBi in the d 64 three-consumer ones spills,
-    # default_config avoids them, but they compute the same): tails on both sides, the
-    # bottom-right diagonal, GQA 2:1.
-    check((1, 4, 2, 1000, 1037, head_dim), torch.bfloat16, True, "all", OPTION_SETS[-1][1], config)
+    # default_config avoids them, but they compute the same), and softcap without ALiBi (its rows'
+    # maxima taken before the tanh): tails on both sides, the bottom-right diagonal, GQA 2:1.
+    check((1, 4, 2, 1000, 1037, head_dim), torch.bfloat16, True, name, dict(OPTION_SETS)[name], config)
 
 
 GPU_DISPATCH = OPTION_SETS + [("window", dict(window=(8, None)))]  # 296 keys at 2k tokens

@@ -55,8 +55,8 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   consumers); lse by a masked store always.
 * Persistent schedule (``Config.persistent`` → ``PERSISTENT``, dense batches only; a config without
   it compiles to the kernel it compiled to before): min(tiles, SMs) programs, each looping over
-  tiles pid, pid + programs, … in the order the one-tile grid dispatches them
-  (``persistent_tile``). Loader and consumers walk the same tiles; the K/V ring's slots and
+  its tiles of the one-tile grid's dispatch order (``persistent_tile``), dealt in rounds of one
+  per program, forward then backward (``persistent_order``: causal's falling tile costs balance). Loader and consumers walk the same tiles; the K/V ring's slots and
   phases, the ping-pong turns and Q's barriers run on across tiles (counted over the program), so
   the next tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
   where shared memory allows (``Config.q_sets``): the next tile's Q loads while this tile's O is
@@ -89,7 +89,7 @@ import triton.language as tl
 from .._runtime import cdiv
 from ..merge import LOG2E, add_sink
 
-from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor, tanh,
                            key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -222,6 +222,27 @@ def key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_
         n_tiles = tl.cdiv(hi, BLOCK_N)
         mid_hi = (full_hi // BLOCK_N) * BLOCK_N
     return lo, n_tiles, mid_lo, mid_hi
+
+
+@triton.jit
+def persistent_count(pid, programs, total):
+    """How many of ``total`` tiles program ``pid`` of ``programs`` takes (``persistent_order``)."""
+    rounds = total // programs
+    rem = total % programs
+    # The last, partial round runs forward after an even count of full rounds, backward after odd.
+    last = tl.where(rounds % 2 == 0, pid < rem, pid >= programs - rem)
+    return rounds + last.to(tl.int32)
+
+
+@triton.jit
+def persistent_order(i, pid, programs):
+    """The tile of program ``pid``'s ``i``-th turn: the tiles (heaviest first, ``persistent_tile``)
+    are dealt in rounds of ``programs``, forward then backward (a snake). Dealt round-robin, the
+    first programs would take the heaviest tile of every round: causal's tile costs fall along the
+    order, so at 8k (d 128: 2048 tiles on 132 SMs) program 0 had 6% more work than the mean and the
+    last 6% less; the snake pairs each round's heavy end with the next round's light end (all
+    within 0.2%: tests/test_attention_gluon_persistent.py)."""
+    return i * programs + tl.where(i % 2 == 0, pid, programs - 1 - pid)
 
 
 @triton.jit
@@ -376,7 +397,8 @@ if _HAS_GLUON:
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         kv = 0
         qi = 0
-        for t in range(gl.program_id(0), n_bh * gl.cdiv(n_q, BLOCK_M), gl.num_programs(0)):
+        for i in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh * gl.cdiv(n_q, BLOCK_M))):
+            t = persistent_order(i, gl.program_id(0), gl.num_programs(0))
             bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(t, n_bh, n_heads, n_q, n_k, win_left,
                                                                              win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                                                              BLOCK_M, BLOCK_N)
@@ -420,10 +442,17 @@ if _HAS_GLUON:
         cannot see set to −inf, only in the tiles outside [mid_lo, mid_hi) (``key_tiles``): without a
         window, keys past Nk and right of the causal diagonal; with one (``HAS_LEFT``/``HAS_RIGHT``,
         causal as the right side at 0), the keys outside the band (``_band``)."""
-        s, fold = fold_factor(s, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
         key = j * BLOCK_N
         if HAS_LEFT:
             key = lo + j * BLOCK_N
+        row_max = 0.0
+        if SOFTCAP and not ALIBI:
+            # tanh is increasing, so a row's largest softcapped score is the tanh of its largest
+            # raw one: the max reduction need not wait for the row's tanhs (MUFU ops). Taken first,
+            # so the raw scores die into the tanhs (kept beside them, they spilled).
+            row_max = _raw_row_max(s, key, rows, n_k, off, win_left, win_right, mid_lo, mid_hi, softcap_scale,
+                                   CAUSAL, HAS_LEFT, HAS_RIGHT, FAST_TANH, BLOCK_N, s_layout)
+        s, fold = fold_factor(s, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
         if ALIBI:
             # |i + off − j| as the difference of a per-row float and ``cols_f`` (0 … BLOCK_N − 1,
             # made once per consumer): exact below 2²⁴, one add per score and no int→float
@@ -432,20 +461,49 @@ if _HAS_GLUON:
             s = s - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols_f, 0))
         if HAS_LEFT or HAS_RIGHT:
             if (key < mid_lo) | (key >= mid_hi):
-                right = win_right
-                if CAUSAL:  # the diagonal: the right side at 0 (``win_right`` is None then)
-                    right = 0
-                cols = gl.expand_dims(key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-                s = gl.where(_band(cols, rows, n_k, off, win_left, right, HAS_LEFT, HAS_RIGHT or CAUSAL), s,
-                             float("-inf"))
+                s = gl.where(_visible(key, rows, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N,
+                                      s_layout), s, float("-inf"))
         else:
             if key >= mid_hi:
-                cols = key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                visible = gl.expand_dims(cols < n_k, 0)
-                if CAUSAL:
-                    visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
-                s = gl.where(visible, s, float("-inf"))
-        return s, fold
+                s = gl.where(_visible(key, rows, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N,
+                                      s_layout), s, float("-inf"))
+        return s, fold, row_max
+
+    @gluon.jit
+    def _visible(key, rows, n_k, off, win_left, win_right, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                 HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """Which keys of the tile from ``key`` the ``rows`` see: with a window (``HAS_LEFT``/
+        ``HAS_RIGHT``, causal as the right side at 0) the band (``_band``), without one the keys
+        below Nk and, causal, left of the diagonal."""
+        if HAS_LEFT or HAS_RIGHT:
+            right = win_right
+            if CAUSAL:  # the diagonal: the right side at 0 (``win_right`` is None then)
+                right = 0
+            cols = gl.expand_dims(key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+            visible = _band(cols, rows, n_k, off, win_left, right, HAS_LEFT, HAS_RIGHT or CAUSAL)
+        else:
+            cols = key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = gl.expand_dims(cols < n_k, 0)
+            if CAUSAL:
+                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
+        return visible
+
+    @gluon.jit
+    def _raw_row_max(s, key, rows, n_k, off, win_left, win_right, mid_lo, mid_hi, softcap_scale,
+                     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     FAST_TANH: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """tanh(scale/c · the largest raw score each row sees) (−inf where it sees none): the rows'
+        softcapped maxima over c (``_scores``), masked as ``_scores`` masks."""
+        if HAS_LEFT or HAS_RIGHT:
+            masked = (key < mid_lo) | (key >= mid_hi)
+        else:
+            masked = key >= mid_hi
+        if masked:
+            mx = gl.max(gl.where(_visible(key, rows, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                          BLOCK_N, s_layout), s, float("-inf")), 1)
+        else:
+            mx = gl.max(s, 1)
+        return gl.where(mx == float("-inf"), float("-inf"), tanh(mx * softcap_scale, FAST_TANH))
 
     @gluon.jit
     def _exp2_mixed(x):
@@ -455,12 +513,18 @@ if _HAS_GLUON:
                                          is_pure=True, pack=8)
 
     @gluon.jit
-    def _softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr,
-                 MIXED_EXP2: gl.constexpr = False):
+    def _softmax(s, m_i, l_i, qk_scale, row_max, p_layout: gl.constexpr, dtype: gl.constexpr,
+                 MIXED_EXP2: gl.constexpr = False, RAW_MAX: gl.constexpr = False):
         """Online softmax step in base 2 with the scale folded into the exponent: returns
         (m, ℓ, P in the register-A wgmma layout, α = exp2(m_old − m_new)). ``MIXED_EXP2`` (softcap):
-        part of the exp2s on the FMA pipe (``_exp2_mixed``)."""
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        part of the exp2s on the FMA pipe (``_exp2_mixed``). ``RAW_MAX`` (softcap without ALiBi): the
+        rows' maxima are ``row_max`` (``_scores``), not reduced from ``s``; m is only the exponent's
+        reference, so the last-bit difference of a tanh taken before the max is harmless."""
+        if RAW_MAX:
+            m_tile = row_max
+        else:
+            m_tile = gl.max(s, 1)
+        m_new = gl.maximum(m_i, m_tile * qk_scale)
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         alpha = gl.exp2(m_i - m_ref)
         if MIXED_EXP2:
@@ -515,10 +579,11 @@ if _HAS_GLUON:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(kv0 % STAGES))
-            s, fold = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+            s, fold, row_max = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype, SOFTCAP and FAST_TANH)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, row_max, p_layout, dtype, SOFTCAP and FAST_TANH,
+                                          SOFTCAP and not ALIBI)
 
         for j in range(1, n_tiles):
             c = kv0 + j
@@ -536,10 +601,11 @@ if _HAS_GLUON:
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
             s = warpgroup_mma_wait(1, deps=[s])
             mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
-            s, fold = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+            s, fold, row_max = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype, SOFTCAP and FAST_TANH)
+            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, row_max, p_layout, dtype, SOFTCAP and FAST_TANH,
+                                               SOFTCAP and not ALIBI)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -677,7 +743,8 @@ if _HAS_GLUON:
         off = n_k - n_q
         kv = 0
         qi = 0
-        for t in range(gl.program_id(0), n_bh * gl.cdiv(n_q, BLOCK_M), gl.num_programs(0)):
+        for i in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh * gl.cdiv(n_q, BLOCK_M))):
+            t = persistent_order(i, gl.program_id(0), gl.num_programs(0))
             bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(t, n_bh, n_heads, n_q, n_k, win_left,
                                                                              win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                                                              BLOCK_M, BLOCK_N)
@@ -736,8 +803,8 @@ if _HAS_GLUON:
                                PERSISTENT: gl.constexpr = False, Q_SETS: gl.constexpr = 1):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if PERSISTENT:
-            # One program per SM (``_launch``), each taking tiles pid, pid + programs, … of the
-            # (B·Hq) × query-tile space (``persistent_tile``); dense batches only. Every partition
+            # One program per SM (``_launch``), each taking its tiles of the (B·Hq) × query-tile
+            # space in a snake (``persistent_order``, ``persistent_tile``); dense batches only. Every partition
             # walks the same tiles and computes their coordinates itself.
             #
             # Barrier invariants across tiles. Waits test a phase's parity, so a barrier must never
