@@ -29,7 +29,7 @@ OPTION_SETS = [
     ("alibi-h", dict(alibi="h")),
     ("alibi-bh-f64", dict(alibi="bh")),
     ("sinks", dict(sinks=True)),
-    ("softcap-sinks", dict(softcap=30.0, sinks=True)),  # softcap's rows' maxima from the raw scores
+    ("softcap-sinks", dict(softcap=30.0, sinks=True)),
     ("all", dict(softcap=30.0, sinks=True, alibi="bh")),
 ]
 NAMED = {"softcap": "softcap", "alibi": "ALiBi", "sinks": "sinks"}
@@ -243,8 +243,9 @@ def test_options_match_reference_and_tma(name, opts, shape, dtype, causal):
                          ids=lambda x: x.name if isinstance(x, gluon_fwd.Config) else f"d{x}")
 def test_every_config_with_every_option(head_dim, config, name):
     # Every option at once through each config (ALiBi in the d 64 three-consumer ones spills,
-    # default_config avoids them, but they compute the same), and softcap without ALiBi (its rows'
-    # maxima taken before the tanh): tails on both sides, the bottom-right diagonal, GQA 2:1.
+    # default_config avoids them, but they compute the same), and softcap with sinks but no ALiBi
+    # (the softcap kernels Gemma and gpt-oss-style models take): tails on both sides, the
+    # bottom-right diagonal, GQA 2:1.
     check((1, 4, 2, 1000, 1037, head_dim), torch.bfloat16, True, name, dict(OPTION_SETS)[name], config)
 
 

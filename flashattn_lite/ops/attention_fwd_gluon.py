@@ -89,7 +89,7 @@ import triton.language as tl
 from .._runtime import cdiv
 from ..merge import LOG2E, add_sink
 
-from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor, tanh,
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
                            key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -442,17 +442,10 @@ if _HAS_GLUON:
         cannot see set to −inf, only in the tiles outside [mid_lo, mid_hi) (``key_tiles``): without a
         window, keys past Nk and right of the causal diagonal; with one (``HAS_LEFT``/``HAS_RIGHT``,
         causal as the right side at 0), the keys outside the band (``_band``)."""
+        s, fold = fold_factor(s, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
         key = j * BLOCK_N
         if HAS_LEFT:
             key = lo + j * BLOCK_N
-        row_max = 0.0
-        if SOFTCAP and not ALIBI:
-            # tanh is increasing, so a row's largest softcapped score is the tanh of its largest
-            # raw one: the max reduction need not wait for the row's tanhs (MUFU ops). Taken first,
-            # so the raw scores die into the tanhs (kept beside them, they spilled).
-            row_max = _raw_row_max(s, key, rows, n_k, off, win_left, win_right, mid_lo, mid_hi, softcap_scale,
-                                   CAUSAL, HAS_LEFT, HAS_RIGHT, FAST_TANH, BLOCK_N, s_layout)
-        s, fold = fold_factor(s, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
         if ALIBI:
             # |i + off − j| as the difference of a per-row float and ``cols_f`` (0 … BLOCK_N − 1,
             # made once per consumer): exact below 2²⁴, one add per score and no int→float
@@ -461,49 +454,20 @@ if _HAS_GLUON:
             s = s - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols_f, 0))
         if HAS_LEFT or HAS_RIGHT:
             if (key < mid_lo) | (key >= mid_hi):
-                s = gl.where(_visible(key, rows, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N,
-                                      s_layout), s, float("-inf"))
+                right = win_right
+                if CAUSAL:  # the diagonal: the right side at 0 (``win_right`` is None then)
+                    right = 0
+                cols = gl.expand_dims(key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+                s = gl.where(_band(cols, rows, n_k, off, win_left, right, HAS_LEFT, HAS_RIGHT or CAUSAL), s,
+                             float("-inf"))
         else:
             if key >= mid_hi:
-                s = gl.where(_visible(key, rows, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N,
-                                      s_layout), s, float("-inf"))
-        return s, fold, row_max
-
-    @gluon.jit
-    def _visible(key, rows, n_k, off, win_left, win_right, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
-                 HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-        """Which keys of the tile from ``key`` the ``rows`` see: with a window (``HAS_LEFT``/
-        ``HAS_RIGHT``, causal as the right side at 0) the band (``_band``), without one the keys
-        below Nk and, causal, left of the diagonal."""
-        if HAS_LEFT or HAS_RIGHT:
-            right = win_right
-            if CAUSAL:  # the diagonal: the right side at 0 (``win_right`` is None then)
-                right = 0
-            cols = gl.expand_dims(key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-            visible = _band(cols, rows, n_k, off, win_left, right, HAS_LEFT, HAS_RIGHT or CAUSAL)
-        else:
-            cols = key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            visible = gl.expand_dims(cols < n_k, 0)
-            if CAUSAL:
-                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
-        return visible
-
-    @gluon.jit
-    def _raw_row_max(s, key, rows, n_k, off, win_left, win_right, mid_lo, mid_hi, softcap_scale,
-                     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                     FAST_TANH: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-        """tanh(scale/c · the largest raw score each row sees) (−inf where it sees none): the rows'
-        softcapped maxima over c (``_scores``), masked as ``_scores`` masks."""
-        if HAS_LEFT or HAS_RIGHT:
-            masked = (key < mid_lo) | (key >= mid_hi)
-        else:
-            masked = key >= mid_hi
-        if masked:
-            mx = gl.max(gl.where(_visible(key, rows, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                          BLOCK_N, s_layout), s, float("-inf")), 1)
-        else:
-            mx = gl.max(s, 1)
-        return gl.where(mx == float("-inf"), float("-inf"), tanh(mx * softcap_scale, FAST_TANH))
+                cols = key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                visible = gl.expand_dims(cols < n_k, 0)
+                if CAUSAL:
+                    visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
+                s = gl.where(visible, s, float("-inf"))
+        return s, fold
 
     @gluon.jit
     def _exp2_mixed(x):
@@ -513,18 +477,12 @@ if _HAS_GLUON:
                                          is_pure=True, pack=8)
 
     @gluon.jit
-    def _softmax(s, m_i, l_i, qk_scale, row_max, p_layout: gl.constexpr, dtype: gl.constexpr,
-                 MIXED_EXP2: gl.constexpr = False, RAW_MAX: gl.constexpr = False):
+    def _softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr,
+                 MIXED_EXP2: gl.constexpr = False):
         """Online softmax step in base 2 with the scale folded into the exponent: returns
         (m, ℓ, P in the register-A wgmma layout, α = exp2(m_old − m_new)). ``MIXED_EXP2`` (softcap):
-        part of the exp2s on the FMA pipe (``_exp2_mixed``). ``RAW_MAX`` (softcap without ALiBi): the
-        rows' maxima are ``row_max`` (``_scores``), not reduced from ``s``; m is only the exponent's
-        reference, so the last-bit difference of a tanh taken before the max is harmless."""
-        if RAW_MAX:
-            m_tile = row_max
-        else:
-            m_tile = gl.max(s, 1)
-        m_new = gl.maximum(m_i, m_tile * qk_scale)
+        part of the exp2s on the FMA pipe (``_exp2_mixed``)."""
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         alpha = gl.exp2(m_i - m_ref)
         if MIXED_EXP2:
@@ -579,11 +537,10 @@ if _HAS_GLUON:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(kv0 % STAGES))
-            s, fold, row_max = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+            s, fold = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, row_max, p_layout, dtype, SOFTCAP and FAST_TANH,
-                                          SOFTCAP and not ALIBI)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype, SOFTCAP and FAST_TANH)
 
         for j in range(1, n_tiles):
             c = kv0 + j
@@ -601,11 +558,10 @@ if _HAS_GLUON:
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
             s = warpgroup_mma_wait(1, deps=[s])
             mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
-            s, fold, row_max = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+            s, fold = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, row_max, p_layout, dtype, SOFTCAP and FAST_TANH,
-                                               SOFTCAP and not ALIBI)
+            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype, SOFTCAP and FAST_TANH)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
