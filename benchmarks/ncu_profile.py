@@ -5,6 +5,7 @@
         python benchmarks/ncu_profile.py --softcap 50
     ncu ... --kernel-name regex:_attn_bwd_gluon ... python benchmarks/ncu_profile.py --backward
 
+``--peer cudnn``/``flash``: torch SDPA's backend instead, for its counters beside ours.
 bf16, B·N tokens (default 32k) of width hidden (default 2048), random inputs. What a kernel is bound
 by (the MUFU pipe, the tensor pipe, issue slots, a stall) is read from the counters, not guessed
 from timings; ``benchmarks/NOTES.md`` keeps what was read. Run it without ncu to check the call.
@@ -35,6 +36,9 @@ def main():
     ap.add_argument("--sinks", action="store_true")
     ap.add_argument("--config", default=None, help="a config of the sweep by name (default: the default's)")
     ap.add_argument("--backward", action="store_true", help="the backward kernel (default: the forward)")
+    ap.add_argument("--peer", choices=["cudnn", "flash"], default=None,
+                    help="torch SDPA's cuDNN or flash backend instead (no options; its kernels' names vary: "
+                         "give ncu a broad --kernel-name)")
     args = ap.parse_args()
     if args.n < 1 or args.tokens < args.n or args.hidden % args.head_dim:
         ap.error("--n must be ≥ 1 and ≤ --tokens, --hidden a multiple of --head-dim")
@@ -55,6 +59,20 @@ def main():
         if args.config not in names:
             ap.error(f"--config {args.config!r} is not in the d {d} sweep: {', '.join(names)}")
         config = sweep[d][names.index(args.config)]
+    if args.peer is not None:
+        if variant is not PLAIN or args.config is not None:
+            ap.error("--peer takes no options and no --config")
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = SDPBackend.CUDNN_ATTENTION if args.peer == "cudnn" else SDPBackend.FLASH_ATTENTION
+        q.requires_grad_(args.backward)
+        with sdpa_kernel(backend):
+            for _ in range(3):
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+                if args.backward:
+                    o.backward(do)
+        torch.cuda.synchronize()
+        print(f"B {B} H {H} N {args.n} d {d} causal {causal} SDPA {args.peer}")
+        return
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, causal, variant=variant,
                                                config=None if args.backward else config)
     for _ in range(3):  # two warm-up launches, then the one ncu reads
