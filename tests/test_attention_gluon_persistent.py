@@ -1,6 +1,6 @@
 """The persistent schedule of the Gluon forward (``Config.persistent``, ops/attention_fwd_gluon.py) on
-any machine: its tile order (``persistent_tile``, ``persistent_order``, run by the interpreter or the GPU in a tiny Triton
-kernel), a model of its mbarrier bookkeeping, its launch and configs. The kernel itself runs in the
+any machine: its tile order (``persistent_tile``, ``persistent_order``, run by the interpreter or
+the GPU in tiny Triton kernels), a model of its mbarrier bookkeeping, its launch and configs. The kernel itself runs in the
 GPU tests (tests/test_attention_gluon.py: every config against float64, and few programs walking
 many tiles).
 
@@ -43,10 +43,9 @@ def _tile_kernel(out, n_bh, n_heads, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl
 @pytest.mark.parametrize("B, H, n_q, n_k, causal, block_m, block_n", [
     (2, 3, 1000, 1037, True, 192, 64), (1, 4, 1300, 1000, True, 128, 128), (3, 2, 300, 300, False, 192, 128),
     (1, 1, 1, 17, True, 192, 128)], ids=["causal", "nq>nk", "full", "one-row"])
-def test_tiles_in_the_one_tile_grid_order(B, H, n_q, n_k, causal, block_m, block_n):
-    # Tile t is the t-th program the grid (B·Hq, query tiles) dispatches: bh = t % (B·Hq) fastest,
-    # query tiles last-first; its key tiles as that program's (the zero-padded tail, the diagonal:
-    # none for the rows above it when Nq > Nk).
+def test_tiles_heaviest_first(B, H, n_q, n_k, causal, block_m, block_n):
+    # Tile t: bh = t % (B·Hq) fastest, query tiles last-first; its key tiles as a one-tile
+    # program's (the zero-padded tail, the diagonal: none for the rows above it when Nq > Nk).
     n_m = triton.cdiv(n_q, block_m)
     total = B * H * n_m
     out = torch.full((total, 5), -1, dtype=torch.int32, device=DEVICE)
@@ -344,7 +343,7 @@ def test_persistent_launch(d, cfg):
     tiles = B * H * triton.cdiv(N, cfg.block_m)
     one_tile = cfg._replace(persistent=False)
     grid1, args1, kwargs1 = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, one_tile)
-    assert grid1 == (B * H, triton.cdiv(N, cfg.block_m)) and not {"PERSISTENT", "Q_SETS"} & set(kwargs1)
+    assert grid1 == (tiles,) and not {"PERSISTENT", "Q_SETS"} & set(kwargs1)  # head-major, one dim
     for sms, programs in ((None, min(tiles, gluon_fwd.DEFAULT_SMS)), (5, 5), (10_000, tiles)):
         grid, args, kwargs = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, cfg, sms=sms)
         assert grid == (programs,)

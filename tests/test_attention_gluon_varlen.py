@@ -79,8 +79,8 @@ def as_4d(t):
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
 def test_launch_grid_and_arguments():
-    # Varlen: (cdiv(total, BLOCK_M) + sequences) · Hq slots in dim 0, the bounds and the output's
-    # strides passed, SEQ set; ranges: the dense grid; a dense call passes None for every one of
+    # Varlen: (cdiv(total, BLOCK_M) + sequences) · Hq slots, the bounds and the output's strides
+    # passed, SEQ set; ranges: the dense (head-major) grid; a dense call passes None for every one of
     # them and no SEQ (the kernel it compiled to before: benchmarks/ptx_hashes.py).
     q, k, v, cq, ck = packed([5, 300, 17], [9, 300, 40], 4, 2, 64, torch.float16, device="cpu")
     q4, k4, v4 = as_4d(q), as_4d(k), as_4d(v)
@@ -88,7 +88,7 @@ def test_launch_grid_and_arguments():
     cfg = gluon_fwd.Config(2, 128, 3, False)
     o, lse = attention_fwd.output_buffers(q4, 64, variant, True)
     grid, args, kwargs = gluon_fwd._launch(q4, k4, v4, o, lse, 0.125, True, cfg, variant)
-    assert grid == ((triton.cdiv(322, 128) + 3) * 4, 1) and kwargs["SEQ"] == SEQ_VARLEN
+    assert grid == ((triton.cdiv(322, 128) + 3) * 4,) and kwargs["SEQ"] == SEQ_VARLEN
     bounds = args[-9:-5]
     assert [b.data_ptr() for b in bounds] == [cq.data_ptr(), cq[1:].data_ptr(), ck.data_ptr(), ck[1:].data_ptr()]
     assert args[-5:-3] == (1, 3) and args[-3] is o and args[-2:] == (64, 4 * 64)
@@ -97,7 +97,7 @@ def test_launch_grid_and_arguments():
     variant = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     o, lse = attention_fwd.output_buffers(qd, 64, variant, True)
     grid, args, kwargs = gluon_fwd._launch(qd, kd, kd, o, lse, 0.125, False, cfg, variant)
-    assert grid == (8, 1) and kwargs["SEQ"] == SEQ_RANGES and args[-5:-3] == (2, 2)
+    assert grid == (8,) and kwargs["SEQ"] == SEQ_RANGES and args[-5:-3] == (2, 2)
     assert (o == 0).all() and (lse == float("-inf")).all()  # the padding rows no program writes
     grid, args, kwargs = gluon_fwd._launch(qd, kd, kd, torch.empty_like(qd), torch.empty(2, 4, 7), 0.125, False,
                                            cfg, PLAIN)

@@ -55,8 +55,10 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   consumers); lse by a masked store always.
 * Persistent schedule (``Config.persistent`` → ``PERSISTENT``, dense batches only; a config without
   it compiles to the kernel it compiled to before): min(tiles, SMs) programs, each looping over
-  its tiles of the one-tile grid's dispatch order (``persistent_tile``), dealt in rounds of one
-  per program, forward then backward (``persistent_order``: causal's falling tile costs balance). Loader and consumers walk the same tiles; the K/V ring's slots and
+  its tiles of a heaviest-first order (``persistent_tile``: bh fastest, which the one-tile grid
+  left for head-major order, as it loses K/V's L2 locality), dealt in rounds of one per program,
+  forward then backward (``persistent_order``: causal's falling tile costs balance). Loader and
+  consumers walk the same tiles; the K/V ring's slots and
   phases, the ping-pong turns and Q's barriers run on across tiles (counted over the program), so
   the next tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
   where shared memory allows (``Config.q_sets``): the next tile's Q loads while this tile's O is
@@ -249,9 +251,10 @@ def persistent_order(i, pid, programs):
 def persistent_tile(t, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Tile ``t`` of a persistent launch (dense batch): (bh, b, h, start_m, lo, n_tiles, mid_lo,
-    mid_hi), ``key_tiles`` of it included. Tiles are numbered as the one-tile-per-program grid
-    (B·Hq, query tiles) dispatches its programs: bh fastest, each head's last (under causal,
-    heaviest) query tile first. Every partition of a persistent program calls it for each of its
+    mid_hi), ``key_tiles`` of it included. Tiles are numbered bh fastest, each head's last (under
+    causal, heaviest) query tile first: heaviest first over the whole launch, but the programs
+    running at once span many heads, whose K/V then miss the L2 (the one-tile grid is head-major
+    for that reason; a persistent order by groups of heads is the next step). Every partition of a persistent program calls it for each of its
     tiles (``_loader_persistent``, ``_consumer_persistent``); the tests run it in the interpreter."""
     bh = t % n_bh
     start_m = (tl.cdiv(n_q, BLOCK_M) - 1 - t // n_bh) * BLOCK_M
@@ -874,9 +877,13 @@ if _HAS_GLUON:
                 bh = h  # the lse is (Hq, total): one plane for every sequence
                 tb = 0  # the tensors' one batch row
             else:
-                # Grid (B·Hq, query tiles), the last (under causal, heaviest) tiles of every head first.
-                bh = gl.program_id(0)
-                start_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+                # Grid (query tiles · B·Hq), one head's tiles consecutive, its last (under causal,
+                # heaviest) first: the programs running at once share their heads' K/V in L2. (With
+                # bh fastest they spanned ~64 heads, 256 MB of K/V at 8k: 20% L2 hits, the DRAM at 86%
+                # of its bandwidth, 1–48% slower: benchmarks/NOTES.md, 2026-11-24 23:52.)
+                n_m = gl.cdiv(n_q, BLOCK_M)
+                bh = gl.program_id(0) // n_m
+                start_m = (n_m - 1 - gl.program_id(0) % n_m) * BLOCK_M
                 b = bh // n_heads
                 h = bh % n_heads
                 tb = b
@@ -1162,7 +1169,7 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     Hkv, Nk = k.shape[1], k.shape[2]
     options, flags = _option_args(_dense(variant), q, scale, causal)
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
-    grid = (B * Hq, cdiv(Nq, cfg.block_m))
+    grid = (cdiv(Nq, cfg.block_m) * B * Hq,)  # head-major (the kernel's dense branch)
     seq = variant.seq
     if cfg.persistent and seq != SEQ_DENSE:
         raise ValueError(f"attention_forward_gluon: the persistent config {cfg.name} takes dense batches only, "
@@ -1174,7 +1181,7 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         *bounds, stride_seq, n_seq = seq_args(variant, q)
         seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2))
         if seq == SEQ_VARLEN:
-            grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq, 1)
+            grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
     args = (_descriptor(q, 64), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), _descriptor(o, 64),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
             scale * LOG2E, softcap_scale, softcap2, *seq_args_)
@@ -1184,8 +1191,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     if seq != SEQ_DENSE:
         kwargs["SEQ"] = seq
     if cfg.persistent:
-        # Tile t is the work of the grid above's t-th program in dispatch order (``persistent_tile``).
-        grid = (min(grid[0] * grid[1], sms or _sm_count(q.device)),)
+        # The grid above's tiles, in ``persistent_tile``'s order.
+        grid = (min(grid[0], sms or _sm_count(q.device)),)
         kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D))
     return grid, args, kwargs
 
