@@ -147,20 +147,21 @@ def test_takes_a_window_refuses_ranges():
 
 
 @needs_gpu
-@pytest.mark.parametrize("causal, n, takes_gluon", [(False, 2048, True), (True, 2048, False), (True, 8192, True)],
-                         ids=["full-2k", "causal-2k", "causal-8k"])
-def test_attention_dispatches_where_it_measured_fastest(causal, n, takes_gluon):
+@pytest.mark.parametrize("d, causal, n, takes_gluon", [(128, False, 2048, True), (128, True, 2048, True),
+                                                       (64, True, 2048, False), (64, True, 8192, True)],
+                         ids=["d128-full-2k", "d128-causal-2k", "d64-causal-2k", "d64-causal-8k"])
+def test_attention_dispatches_where_it_measured_fastest(d, causal, n, takes_gluon):
     # attention() sends plain calls to the Gluon kernel non-causal at any length and causal from
-    # CAUSAL_MIN_N on, else to the Triton TMA kernel; both give what the kernel called directly
-    # gives, and the backward runs from the Gluon kernel's (o, lse).
+    # CAUSAL_MIN_N[d] on (2k at d 128, 8k at d 64), else to the Triton TMA kernel; both give what
+    # the kernel called directly gives, and the backward runs from the Gluon kernel's (o, lse).
     from flashattn_lite import attention, explain
     from flashattn_lite.ops import attention_fwd
-    q, k, v = make_qkv((16384 // n, 8, 8, n, n, 128), torch.bfloat16)
+    q, k, v = make_qkv((16384 // n, 8, 8, n, n, d), torch.bfloat16)
     attention_fwd._HOPPER.clear()
     how = explain(q, k, v, causal=causal, backward=False)
     assert how.path == "hopper" and ("Gluon" in how.reason) == takes_gluon
     direct = (gluon_fwd.attention_forward_gluon if takes_gluon else hopper.attention_forward_hopper)(
-        q, k, v, 128 ** -0.5, causal)[0]
+        q, k, v, d ** -0.5, causal)[0]
     assert torch.equal(attention(q, k, v, causal=causal), direct)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     grads = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)

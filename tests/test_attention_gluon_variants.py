@@ -121,10 +121,10 @@ def test_path_note_names_the_options():
                          ids=lambda c: c[0])
 def test_dispatch_under_the_plain_length_rules(sm90, case):
     # Options take the Gluon kernel where plain calls do: non-causal at any length, causal from
-    # CAUSAL_MIN_N on, a window counting as causal (tests/test_attention_gluon_window.py); the rest
+    # CAUSAL_MIN_N[d] on, a window counting as causal (tests/test_attention_gluon_window.py); the rest
     # the TMA kernel, explain()'s note naming the options either way.
     name, opts = case
-    n_long = gluon_fwd.CAUSAL_MIN_N
+    n_long = gluon_fwd.CAUSAL_MIN_N[64]
     for causal, nq, nk in ((False, 17, 23), (True, 17, 23), (True, 40, n_long), (True, n_long, 40)):
         shape = (1, 2, 1, nq, nk, 64)
         q, k, v = make_qkv(shape, torch.float16)
@@ -278,7 +278,7 @@ def test_causal_long_call_and_its_backward():
     # Causal from CAUSAL_MIN_N on, every option: the Gluon kernel's (o, lse) feed the portable
     # backward (the sinks' gradient reads the lse, sink term included), as the TMA kernel's do.
     from flashattn_lite import attention, explain
-    shape = (1, 2, 1, gluon_fwd.CAUSAL_MIN_N, gluon_fwd.CAUSAL_MIN_N, 128)
+    shape = (1, 2, 1, gluon_fwd.CAUSAL_MIN_N[128], gluon_fwd.CAUSAL_MIN_N[128], 128)
     q, k, v = make_qkv(shape, torch.bfloat16)
     options = options_for(OPTION_SETS[-1][1], shape)
     attention_fwd._HOPPER.clear()

@@ -137,16 +137,16 @@ def test_window_flags_and_arguments():
 
 
 def test_default_config_keeps_windows_from_spilling():
-    # Three consumers (160 registers each) spill with a left side and softcap at d 64, and with a
-    # left side and ALiBi at d 128 (triton 3.6, sm_90: benchmarks/ptx_hashes.py --ptxas): two
-    # consumers then. Without those the window keeps the plain call's config.
+    # Three consumers (160 registers each) spill with a left side and softcap at d 64 (triton 3.6,
+    # sm_90: benchmarks/ptx_hashes.py --ptxas): two consumers then. Without those the window keeps
+    # the plain call's config; d 128 takes two consumers at every length and option.
     cfg = gluon_fwd.default_config
     assert cfg(64, True, 32768) == cfg(64, True, 32768, left=True) and cfg(64, True, 32768).consumers == 3
     assert cfg(64, True, 32768, softcap=True, left=True).consumers == 2
     assert cfg(64, False, 2048, softcap=True).consumers == 3
     assert cfg(128, True, 32768, alibi=True, softcap=True, left=True) == cfg(128, True, 32768)
-    assert cfg(128, False, 2048, alibi=True, left=True).consumers == 2
-    assert cfg(128, False, 2048, alibi=True).consumers == 3 and cfg(128, False, 2048, left=True).consumers == 3
+    assert cfg(128, False, 2048, alibi=True, left=True) == cfg(128, False, 2048) == cfg(128, True, 32768)
+    assert cfg(128, False, 2048).consumers == 2
 
 
 # ---------------------------------------------------------------- dispatch (faked sm_90 device)
@@ -174,7 +174,7 @@ def test_window_calls_count_as_causal_for_the_length_rule(sm90, case):
     # width: a causal 4k window at 32k is long), causal or not; below it the TMA kernel. explain()'s
     # note names the window and the kernel. Plain non-causal calls keep taking it at any length.
     _, causal, window = case
-    n_long = gluon_fwd.CAUSAL_MIN_N
+    n_long = gluon_fwd.CAUSAL_MIN_N[64]
     for nq, nk, to_gluon in ((17, 23, False), (40, n_long - 1, False), (40, n_long, True), (n_long, 40, True)):
         shape = (1, 2, 1, nq, nk, 64)
         q, k, v = make_qkv(shape, torch.float16)
@@ -199,7 +199,7 @@ def test_attention_hands_the_window_to_it(sm90, monkeypatch, case):
     if hopper_cannot_run() is not None:
         pytest.skip(hopper_cannot_run())
     from flashattn_lite import attention, explain
-    monkeypatch.setattr(gluon_fwd, "CAUSAL_MIN_N", 16)
+    monkeypatch.setattr(gluon_fwd, "CAUSAL_MIN_N", {64: 16, 128: 16})
     calls = []
 
     def stand_in(q, k, v, scale, causal, *, variant=PLAIN, config=None):
@@ -268,7 +268,7 @@ def test_attention_sends_a_long_window_to_it():
     # attention() at CAUSAL_MIN_N with a causal window takes the Gluon kernel (explain() names it and
     # the window) and gives what the kernel called directly gives.
     from flashattn_lite import attention, explain
-    n = gluon_fwd.CAUSAL_MIN_N
+    n = gluon_fwd.CAUSAL_MIN_N[128]
     q, k, v = make_qkv((1, 4, 2, n, n, 128), torch.bfloat16)
     attention_fwd._HOPPER.clear()
     e = explain(q, k, v, causal=True, window=(1023, 0), backward=False)

@@ -130,7 +130,7 @@ def test_length_classes_cover_every_config_switch(monkeypatch):
     def chosen(d, causal, n):
         return (attention_fwd_hopper.default_config(d, causal, n), attention_fwd_gluon.default_config(d, causal, n),
                 attention_bwd_hopper.default_config(d, causal, n), attention_bwd_gluon.default_config(d, causal, n),
-                causal and n >= attention_fwd_gluon.CAUSAL_MIN_N,
+                causal and n >= attention_fwd_gluon.CAUSAL_MIN_N[d],
                 *(portable(kernel, d, causal, n) for kernel in ("_attn_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel")))
 
     lengths = sorted({2 ** e + x for e in range(18) for x in (-1, 0, 1)} - {0})

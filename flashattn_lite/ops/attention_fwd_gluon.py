@@ -182,17 +182,15 @@ CONFIGS = {
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False, softcap: bool = False,
                    left: bool = False) -> Config:
     """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the
-    H100, 2026-11-24, bf16, N 2k / 8k / 16k with B·N 16k). d 64: three ping-ponging consumers
-    (192-row tiles); with ALiBi (whose bias spills those consumers' 160 registers), or a window's
-    left side with softcap (8 bytes), two. d 128: two consumers with 128-key tiles and three stages
-    (ping-pong under causal), three consumers with 64-key tiles below N 8k (more, smaller
-    programs), but for a left side with ALiBi, which spills those (two consumers then; windows are
-    not measured below 8k: ``CAUSAL_MIN_N``)."""
+    H100, bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major
+    grid). d 64: three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with
+    ALiBi (whose bias spills those consumers' 160 registers), or a window's left side with softcap
+    (8 bytes), two. d 128: two ping-ponging consumers with 128-key tiles and three stages at every
+    length, causal or not (612–653 non-causal, 493–680 causal; three consumers with 64-key tiles,
+    the choice below 8k before the grid went head-major, now trail by 5–9% there)."""
     if head_dim == 64:
         return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
-    if n < 8192 and not (left and alibi):
-        return Config(3, 64, 3, True, 160)
-    return Config(2, 128, 3, bool(causal))
+    return Config(2, 128, 3, True)
 
 @triton.jit
 def key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
@@ -1043,26 +1041,26 @@ def supported(q, k, v, **options) -> str | None:
     return hopper_supported(q, k, v, **options)
 
 
-# Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, 2026-11-24,
-# bf16, B·N 16k): every non-causal point (d 128 at N 2k: 500 vs 477 TFLOP/s), causal from N 8k on
-# (d 128 at 8k / 16k: 566–661 vs 504–525); causal at N 2k it is 5–7% slower (414 vs 434 at d 128).
-# Calls with softcap, ALiBi or sinks follow the same rule. A sliding-window call counts as causal
-# for it whether or not it is causal (``_short``): its programs see a band of keys, not all of them,
-# which is what made causal calls at 2k short; its length is the call's (max(Nq, Nk)), not the
-# window's, so a causal 4k window at 32k is long. Not measured below 8k with windows: there they
-# stay with the TMA kernel.
-CAUSAL_MIN_N = 8192
+# Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, bf16, B·N 16k,
+# ``gluon_fwd-20261124-235738.json``, its head-major grid): every non-causal point (d 128 at N 2k:
+# 612 vs 507 TFLOP/s); causal at d 128 from N 2k on (2k: 493 vs 432), at d 64 from 8k on (2k: 315
+# with its default config, 357 with the persistent one, vs 355). Calls with softcap, ALiBi or
+# sinks follow the same rule. A sliding-window call counts as causal for it whether or not it is
+# causal (``_short``): its programs see a band of keys, not all of them, which is what made causal
+# calls short; its length is the call's (max(Nq, Nk)), not the window's, so a causal 4k window at
+# 32k is long. Windows are measured at 32k only (``flashattn-lite variants``).
+CAUSAL_MIN_N = {64: 8192, 128: 2048}
 
 
-def _short(causal: bool, variant: Variant, n_q: int, n_k: int) -> bool:
-    """Whether the call is below the Gluon kernel's crossover (``CAUSAL_MIN_N``): causal or windowed
-    at max(Nq, Nk) < CAUSAL_MIN_N. Never for ranges or varlen calls: the TMA kernel does not take
-    them, so the alternative is the portable kernel, not the kernel the crossover was measured
-    against."""
+def _short(causal: bool, variant: Variant, n_q: int, n_k: int, head_dim: int) -> bool:
+    """Whether the call is below the Gluon kernel's crossover (``CAUSAL_MIN_N`` at its head dim):
+    causal or windowed at max(Nq, Nk) below it. Never for ranges or varlen calls: the TMA kernel
+    does not take them, so the alternative is the portable kernel, not the kernel the crossover was
+    measured against."""
     if variant.seq != SEQ_DENSE:
         return False
     banded = causal or variant.left >= 0 or variant.right >= 0
-    return banded and max(n_q, n_k) < CAUSAL_MIN_N
+    return banded and max(n_q, n_k) < CAUSAL_MIN_N.get(head_dim, max(CAUSAL_MIN_N.values()))
 
 
 def path_note(variant: Variant = PLAIN) -> str:
@@ -1085,7 +1083,7 @@ def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: 
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if _short(causal, variant, q.shape[2], k.shape[2]):
+    if _short(causal, variant, q.shape[2], k.shape[2], q.shape[3]):
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
