@@ -257,7 +257,8 @@ GPU_DISPATCH = OPTION_SETS + [("window", dict(window=(8, None)))]  # 296 keys at
 def test_attention_sends_each_option_to_it(case):
     # A Gluon-size call (non-causal, 2k tokens, MIN_WORK): attention() takes the Gluon kernel with
     # each option (explain() names it and the options) and gives what the kernel called directly
-    # gives; a window below CAUSAL_MIN_N takes the TMA kernel (it counts as causal there).
+    # gives. A window counts as causal for the length rule: below CAUSAL_MIN_N[d] it takes the TMA
+    # kernel (at d 128 that is below 2k, so this one takes the Gluon kernel too).
     from flashattn_lite import attention, explain
     name, opts = case
     shape = (1, 8, 2, 2048, 2048, 128)
@@ -266,7 +267,7 @@ def test_attention_sends_each_option_to_it(case):
     variant = as_variant(q, k, options)
     attention_fwd._HOPPER.clear()
     e = explain(q, k, v, backward=False, **options)
-    gluon = "window" not in opts
+    gluon = "window" not in opts or shape[3] >= gluon_fwd.CAUSAL_MIN_N[shape[5]]
     note = gluon_fwd.path_note(variant) if gluon else hopper.path_note(variant)
     assert e.path == "hopper" and e.reason == "attention forward: " + note
     run = gluon_fwd.attention_forward_gluon if gluon else hopper.attention_forward_hopper
@@ -275,10 +276,10 @@ def test_attention_sends_each_option_to_it(case):
 
 @needs_gpu
 def test_causal_long_call_and_its_backward():
-    # Causal from CAUSAL_MIN_N on, every option: the Gluon kernel's (o, lse) feed the portable
-    # backward (the sinks' gradient reads the lse, sink term included), as the TMA kernel's do.
+    # Causal from CAUSAL_MIN_N on (B 4: MIN_WORK), every option: the Gluon kernel's (o, lse) feed the
+    # portable backward (the sinks' gradient reads the lse, sink term included), as the TMA kernel's do.
     from flashattn_lite import attention, explain
-    shape = (1, 2, 1, gluon_fwd.CAUSAL_MIN_N[128], gluon_fwd.CAUSAL_MIN_N[128], 128)
+    shape = (4, 2, 1, gluon_fwd.CAUSAL_MIN_N[128], gluon_fwd.CAUSAL_MIN_N[128], 128)
     q, k, v = make_qkv(shape, torch.bfloat16)
     options = options_for(OPTION_SETS[-1][1], shape)
     attention_fwd._HOPPER.clear()

@@ -269,7 +269,7 @@ def test_attention_sends_a_long_window_to_it():
     # the window) and gives what the kernel called directly gives.
     from flashattn_lite import attention, explain
     n = gluon_fwd.CAUSAL_MIN_N[128]
-    q, k, v = make_qkv((1, 4, 2, n, n, 128), torch.bfloat16)
+    q, k, v = make_qkv((2, 4, 2, n, n, 128), torch.bfloat16)  # B 2: MIN_WORK at n 2k
     attention_fwd._HOPPER.clear()
     e = explain(q, k, v, causal=True, window=(1023, 0), backward=False)
     variant = as_variant(q, k, dict(window=(1023, 0)))
