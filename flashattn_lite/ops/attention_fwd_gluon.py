@@ -66,13 +66,12 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   once the epilogue's TMA store has read the set. The barrier invariants are written out in the
   kernel.
 
-Measured on the H100 (``benchmarks/gluon_fwd.py``, 2026-11-24, two runs, bf16, B·N 16k tokens, best
-config per point): d 128 at N 8k / 16k 587–623 TFLOP/s non-causal, 566–661 causal (1.12–1.27× the
-Triton Hopper kernel's default, 0.92–1.13× cuDNN); d 64 at N 8k / 16k 448–514 (1.09–1.22×,
-0.96–1.14× cuDNN). At N 2k it is about the Triton kernel's speed (d 128: 500 vs 477–504, causal
-414 vs 431–434; 0.77–0.84× cuDNN): one
-program per SM (registers), each with only 16 key tiles, leaves its prologue and epilogue exposed,
-which the persistent configs (not yet measured) are meant to hide.
+Measured on the H100 (``benchmarks/gluon_fwd.py``, ``gluon_fwd-20261124-235738.json``, bf16, B·N 16k
+tokens, the default config per point, the head-major grid): d 128 612–653 TFLOP/s non-causal (N 2k
+to 16k), 493–680 causal (1.14–1.30× the Triton Hopper kernel's default, 0.94–1.07× cuDNN); d 64
+467–533 non-causal, 466–495 causal from 8k (1.05–1.20× cuDNN), causal 2k 315 (the TMA kernel, 355,
+takes those calls). The grid's order matters as much as the kernel: with bh fastest the programs
+running at once spanned dozens of heads and read K/V from DRAM (L2 hits 20%), 1–48% slower.
 
 Descriptors are built on the host (4-D over the (B, H, N, D) tensors, strides as given), like the
 Triton Hopper kernel's. The Gluon imports are guarded: on a triton without Gluon, another triton
@@ -160,12 +159,10 @@ LOADER_REGS = 24
 # Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
-# Persistent configs (``Config.persistent``; no default yet): measured against the same configs one
-# tile per program (``gluon_fwd-20261124-224845.json``, ``…-224900.json``, H100): non-causal +2–8%
-# (d 128 2k m192 493 → 502, m128 354 → 381; 8k m192 547 → 577; d 64 8k 468 → 491, 2k −2%), causal
-# 2k +5–8% but still at or below the TMA kernel that short causal calls take, causal 8k −3 to −14%
-# (tiles dealt round-robin leave causal's unequal tiles unbalanced, where the hardware's dispatch of
-# one-tile programs balances them). Two Q sets but for m128 n128 at d 128
+# Persistent configs (``Config.persistent``; no default): against the same configs one tile per
+# program on the head-major grid (``gluon_fwd-20261124-235738.json``) −39% to +3%, but +13% at d 64
+# causal 2k (≈ the TMA kernel there): their bh-fastest order reads K/V from DRAM as the one-tile
+# grid did before it went head-major. Two Q sets but for m128 n128 at d 128
 # (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or not, nor with softcap,
 # sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at once, adds a few per tile
 # outside the key loop (one register in it for m128 n128 with every option), but for the d 64
