@@ -1,8 +1,9 @@
 """The persistent schedule of the Gluon forward (``Config.persistent``, ops/attention_fwd_gluon.py) on
-any machine: its tile order (``persistent_tile``, ``persistent_order``, run by the interpreter or
-the GPU in tiny Triton kernels), a model of its mbarrier bookkeeping, its launch and configs. The kernel itself runs in the
-GPU tests (tests/test_attention_gluon.py: every config against float64, and few programs walking
-many tiles).
+any machine: its tile order (``persistent_units``, ``persistent_count``, ``unit_tiles``,
+``persistent_tile``, run by the interpreter or the GPU in a tiny Triton kernel), a model of its
+mbarrier bookkeeping, its launch and configs. The kernel itself runs in the GPU tests
+(tests/test_attention_gluon.py: every config against float64, and few programs walking many
+tiles).
 
 The model runs the loader and the consumers of one program as Python generators under a random
 scheduler, with the kernel's slot, set and parity formulas and mbarriers that complete a phase per
@@ -28,77 +29,90 @@ from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Vari
 # ---------------------------------------------------------------- the tile order (any machine)
 
 @triton.jit
-def _tile_kernel(out, n_bh, n_heads, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    t = tl.program_id(0)
-    bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = gluon_fwd.persistent_tile(
-        t, n_bh, n_heads, n_q, n_k, None, None, CAUSAL, False, False, BLOCK_M, BLOCK_N)
-    tl.store(out + 5 * t, bh)
-    tl.store(out + 5 * t + 1, b)
-    tl.store(out + 5 * t + 2, h)
-    tl.store(out + 5 * t + 3, start_m)
-    tl.store(out + 5 * t + 4, n_tiles)
-
-
-@pytest.mark.parametrize("B, H, n_q, n_k, causal, block_m, block_n", [
-    (2, 3, 1000, 1037, True, 192, 64), (1, 4, 1300, 1000, True, 128, 128), (3, 2, 300, 300, False, 192, 128),
-    (1, 1, 1, 17, True, 192, 128)], ids=["causal", "nq>nk", "full", "one-row"])
-def test_tiles_heaviest_first(B, H, n_q, n_k, causal, block_m, block_n):
-    # Tile t: bh = t % (B·Hq) fastest, query tiles last-first; its key tiles as a one-tile
-    # program's (the zero-padded tail, the diagonal: none for the rows above it when Nq > Nk).
-    n_m = triton.cdiv(n_q, block_m)
-    total = B * H * n_m
-    out = torch.full((total, 5), -1, dtype=torch.int32, device=DEVICE)
-    _tile_kernel[(total,)](out, B * H, H, n_q, n_k, causal, block_m, block_n)
-    want = []
-    for y in range(n_m):
-        for bh in range(B * H):
-            start_m = (n_m - 1 - y) * block_m
-            hi = min(max(start_m + block_m + n_k - n_q, 0), n_k) if causal else n_k
-            want.append([bh, bh // H, bh % H, start_m, triton.cdiv(hi, block_n)])
-    assert out.tolist() == want
-    if causal and n_q > n_k:
-        assert 0 in [w[4] for w in want]  # tiles with no key tile: the model takes those too
-
-
-@triton.jit
-def _order_kernel(out, total, programs, MAX_TURNS: tl.constexpr):
+def _deal_kernel(out, n_bh, n_heads, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 MAX_TILES: tl.constexpr):
+    # Program pid's tiles in the order its loader and consumers walk them: (unit, bh, b, h, start_m,
+    # key tiles) each, after a count.
     pid = tl.program_id(0)
-    count = gluon_fwd.persistent_count(pid, programs, total)
-    tl.store(out + pid * (MAX_TURNS + 1), count)
-    for i in range(count):
-        tl.store(out + pid * (MAX_TURNS + 1) + 1 + i, gluon_fwd.persistent_order(i, pid, programs))
+    programs = tl.num_programs(0)
+    row = out + pid * (1 + 6 * MAX_TILES)
+    n_m = tl.cdiv(n_q, BLOCK_M)
+    slot = 0
+    for w in range(gluon_fwd.persistent_count(pid, programs, gluon_fwd.persistent_units(n_bh, n_m, CAUSAL))):
+        u = w * programs + pid
+        for i in range(gluon_fwd.unit_tiles(u, n_bh, n_m, CAUSAL)):
+            bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = gluon_fwd.persistent_tile(
+                u, i, n_bh, n_heads, n_q, n_k, None, None, CAUSAL, False, False, BLOCK_M, BLOCK_N)
+            tl.store(row + 1 + 6 * slot, u)
+            tl.store(row + 2 + 6 * slot, bh)
+            tl.store(row + 3 + 6 * slot, b)
+            tl.store(row + 4 + 6 * slot, h)
+            tl.store(row + 5 + 6 * slot, start_m)
+            tl.store(row + 6 + 6 * slot, n_tiles)
+            slot += 1
+    tl.store(row, slot)
 
 
-def persistent_deal(total, programs):
-    """Each program's tiles as ``persistent_count`` / ``persistent_order`` deal them."""
-    turns = triton.cdiv(total, programs)
-    out = torch.full((programs, turns + 1), -1, dtype=torch.int32, device=DEVICE)
-    _order_kernel[(programs,)](out, total, programs, turns)
+def persistent_deal(B, H, n_q, n_k, causal, block_m, block_n, programs):
+    """Each program's tiles, [(unit, bh, b, h, start_m, key tiles), …], as the kernel deals them."""
+    tiles = B * H * triton.cdiv(n_q, block_m)
+    most = triton.cdiv(tiles, programs) + 1
+    out = torch.full((programs, 1 + 6 * most), -1, dtype=torch.int32, device=DEVICE)
+    _deal_kernel[(programs,)](out, B * H, H, n_q, n_k, causal, block_m, block_n, most)
     rows = out.tolist()
-    return [row[1:1 + row[0]] for row in rows]
+    return [[tuple(row[1 + 6 * k:7 + 6 * k]) for k in range(row[0])] for row in rows]
 
 
-@pytest.mark.parametrize("total, programs", [(1, 1), (5, 7), (7, 7), (20, 7), (21, 7), (27, 7), (28, 7), (29, 3)])
-def test_every_tile_dealt_once_in_a_snake(total, programs):
-    deal = persistent_deal(total, programs)
-    assert sorted(t for tiles in deal for t in tiles) == list(range(total))
+def key_tile_count(start_m, n_q, n_k, causal, block_m, block_n):
+    """A one-tile program's key tiles (the zero-padded tail; under causal the bottom-right diagonal:
+    none for rows above it when Nq > Nk)."""
+    hi = min(max(start_m + block_m + n_k - n_q, 0), n_k) if causal else n_k
+    return triton.cdiv(hi, block_n)
+
+
+@pytest.mark.parametrize("B, H, n_q, n_k, causal, block_m, block_n, programs", [
+    (2, 3, 1000, 1037, True, 192, 64, 5), (1, 4, 1300, 1000, True, 128, 128, 3), (3, 2, 300, 300, False, 192, 128, 4),
+    (1, 1, 1, 17, True, 192, 128, 1), (2, 2, 700, 700, True, 128, 64, 7)],
+    ids=["causal-odd", "nq>nk-even", "full", "one-row", "causal-few-tiles"])
+def test_every_tile_dealt_once_in_head_major_units(B, H, n_q, n_k, causal, block_m, block_n, programs):
+    # Every (head, query tile) exactly once over the programs, with its one-tile program's key
+    # tiles; program pid takes units pid, pid + programs, …; units head-major; under causal a unit
+    # pairs a head's j-th heaviest tile with its j-th lightest (heavy first), and the middle tiles
+    # of an odd count come last, alone.
+    n_m = triton.cdiv(n_q, block_m)
+    deal = persistent_deal(B, H, n_q, n_k, causal, block_m, block_n, programs)
+    seen = sorted((bh, start_m) for tiles in deal for _, bh, _, _, start_m, _ in tiles)
+    assert seen == sorted((bh, m * block_m) for bh in range(B * H) for m in range(n_m))
+    units = {}
     for pid, tiles in enumerate(deal):
-        assert tiles == [r * programs + (pid if r % 2 == 0 else programs - 1 - pid) for r in range(len(tiles))]
-        assert tiles == sorted(tiles)  # each program walks the heaviest-first order
+        for u, bh, b, h, start_m, n_tiles in tiles:
+            assert u % programs == pid and (b, h) == (bh // H, bh % H)
+            assert n_tiles == key_tile_count(start_m, n_q, n_k, causal, block_m, block_n)
+            units.setdefault(u, []).append((bh, start_m))
+    assert sorted(units) == list(range(len(units)))
+    last = lambda k: (n_m - 1 - k) * block_m  # the k-th heaviest tile's first row
+    want = ([[(bh, last(k)), (bh, last(n_m - 1 - k))] for bh in range(B * H) for k in range(n_m // 2)]
+            + [[(bh, last(n_m // 2))] for bh in range(B * H) if n_m % 2]) if causal else \
+        [[(bh, last(k))] for bh in range(B * H) for k in range(n_m)]
+    assert [units[u] for u in sorted(units)] == want
+    if causal and n_q > n_k:
+        assert 0 in [t[5] for tiles in deal for t in tiles]  # tiles with no key tile: the model takes those too
 
 
-def test_the_snake_balances_causal_tiles():
-    # d 128, causal 8k, B·N 16k (2 × 16 heads, m128: 2048 tiles) on 132 SMs: a tile's cost is its
-    # key-tile count. Round-robin put program 0 6% over the mean (its last program 6% under); the
-    # snake keeps every program within 1%.
-    n_bh, n_m, programs = 32, 64, 132
-    cost = [n_m - t // n_bh for t in range(n_bh * n_m)]
-    mean = sum(cost) / programs
-    loads = [sum(cost[t] for t in tiles) for tiles in persistent_deal(len(cost), programs)]
-    assert max(loads) <= 1.01 * mean
-    round_robin = [sum(cost[pid::programs]) for pid in range(programs)]
-    assert max(round_robin) > 1.05 * mean
+@pytest.mark.parametrize("d, n, block_m, block_n, bound", [(128, 8192, 128, 128, 1.035), (128, 2048, 192, 64, 1.035),
+                                                         (64, 16384, 192, 128, 1.06)])
+def test_causal_units_balance(d, n, block_m, block_n, bound):
+    # B·N 16k, hidden 2048, on 132 SMs, a tile's cost its key tiles: the most loaded program within
+    # `bound` of the mean (the rest is granularity: 1024 units on 132 programs at d 128 8k), and
+    # under what the head-major tiles dealt one by one round-robin would give (8% over at d 128 8k).
+    B, H, programs = 16384 // n, 2048 // d, 132
+    deal = persistent_deal(B, H, n, n, True, block_m, block_n, programs)
+    loads = [sum(t[5] for t in tiles) for tiles in deal]
+    mean = sum(loads) / programs
+    assert max(loads) <= bound * mean
+    n_m = triton.cdiv(n, block_m)
+    costs = [key_tile_count((n_m - 1 - t % n_m) * block_m, n, n, True, block_m, block_n) for t in range(B * H * n_m)]
+    assert max(sum(costs[pid::programs]) for pid in range(programs)) > max(loads)
 
 
 # ---------------------------------------------------------------- a model of the barriers
