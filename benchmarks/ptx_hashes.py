@@ -133,6 +133,7 @@ def gluon_seq(opts, causal=True, d=128):
         raise ValueError(g._variant_reason(variant))
     n = q.shape[2] // 3 if seq == "varlen" else N
     cfg = g.default_config(d, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+    cfg = cfg._replace(persistent=False)  # as attention_forward_gluon runs ranges and varlen
     o, lse = f.output_buffers(q, d, variant, True)
     _, args, kwargs = g._launch(q, kv, kv, o, lse, 0.088, causal, cfg, variant)
     return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
