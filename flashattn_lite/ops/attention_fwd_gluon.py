@@ -158,10 +158,10 @@ LOADER_REGS = 24
 # Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
-# Persistent configs (``Config.persistent``; no default): against the same configs one tile per
-# program on the head-major grid (``gluon_fwd-20261124-235738.json``) −39% to +3%, but +13% at d 64
-# causal 2k (≈ the TMA kernel there): their bh-fastest order reads K/V from DRAM as the one-tile
-# grid did before it went head-major. Two Q sets but for m128 n128 at d 128
+# Persistent configs (``Config.persistent``; the default at d 128 below 8k): against the same
+# configs one tile per program, head-major units (``gluon_fwd-20261125-002134.json``): d 128 m128
+# n128 +1.6% / +5.1% at 2k (non-causal / causal), +1.9% / +2.6% at 8k, −1.8% / −9.8% at 16k; d 64
+# −8.5% to +1.7%. (Walked bh-fastest, they lost up to 39%: K/V read from DRAM.) Two Q sets but for m128 n128 at d 128
 # (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or not, nor with softcap,
 # sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at once, adds a few per tile
 # outside the key loop (one register in it for m128 n128 with every option), but for the d 64
