@@ -1,9 +1,8 @@
 """The persistent schedule of the Gluon forward (``Config.persistent``, ops/attention_fwd_gluon.py) on
-any machine: its tile order (``persistent_units``, ``persistent_count``, ``unit_tiles``,
-``persistent_tile``, run by the interpreter or the GPU in a tiny Triton kernel), a model of its
-mbarrier bookkeeping, its launch and configs. The kernel itself runs in the GPU tests
-(tests/test_attention_gluon.py: every config against float64, and few programs walking many
-tiles).
+any machine: its tile order (``persistent_count``, ``persistent_unit``, ``persistent_tile``, run
+by the interpreter or the GPU in a tiny Triton kernel), a model of its mbarrier bookkeeping, its
+launch and configs. The kernel itself runs in the GPU tests (tests/test_attention_gluon.py: every
+config against float64, and few programs walking many tiles).
 
 The model runs the loader and the consumers of one program as Python generators under a random
 scheduler, with the kernel's slot, set and parity formulas and mbarriers that complete a phase per
@@ -37,20 +36,18 @@ def _deal_kernel(out, n_bh, n_heads, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl
     programs = tl.num_programs(0)
     row = out + pid * (1 + 6 * MAX_TILES)
     n_m = tl.cdiv(n_q, BLOCK_M)
-    slot = 0
-    for w in range(gluon_fwd.persistent_count(pid, programs, gluon_fwd.persistent_units(n_bh, n_m, CAUSAL))):
-        u = w * programs + pid
-        for i in range(gluon_fwd.unit_tiles(u, n_bh, n_m, CAUSAL)):
-            bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = gluon_fwd.persistent_tile(
-                u, i, n_bh, n_heads, n_q, n_k, None, None, CAUSAL, False, False, BLOCK_M, BLOCK_N)
-            tl.store(row + 1 + 6 * slot, u)
-            tl.store(row + 2 + 6 * slot, bh)
-            tl.store(row + 3 + 6 * slot, b)
-            tl.store(row + 4 + 6 * slot, h)
-            tl.store(row + 5 + 6 * slot, start_m)
-            tl.store(row + 6 + 6 * slot, n_tiles)
-            slot += 1
-    tl.store(row, slot)
+    count = gluon_fwd.persistent_count(pid, programs, n_bh, n_m, CAUSAL)
+    for j in range(count):
+        u, i = gluon_fwd.persistent_unit(j, pid, programs, n_bh, n_m, CAUSAL)
+        bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = gluon_fwd.persistent_tile(
+            j, n_bh, n_heads, n_q, n_k, None, None, CAUSAL, False, False, BLOCK_M, BLOCK_N)
+        tl.store(row + 1 + 6 * j, u)
+        tl.store(row + 2 + 6 * j, bh)
+        tl.store(row + 3 + 6 * j, b)
+        tl.store(row + 4 + 6 * j, h)
+        tl.store(row + 5 + 6 * j, start_m)
+        tl.store(row + 6 + 6 * j, n_tiles)
+    tl.store(row, count)
 
 
 def persistent_deal(B, H, n_q, n_k, causal, block_m, block_n, programs):

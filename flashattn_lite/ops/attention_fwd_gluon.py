@@ -225,41 +225,57 @@ def key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_
 
 @triton.jit
 def persistent_units(n_bh, n_m, CAUSAL: tl.constexpr):
-    """How many work units a persistent launch over n_bh heads of n_m query tiles deals
-    (``persistent_tile``): causal, each head's tiles paired heaviest with lightest (n_m // 2
-    pairs), its middle tile alone when n_m is odd; otherwise one tile a unit."""
+    """(units, paired) of a persistent launch over n_bh heads of n_m query tiles
+    (``persistent_tile``): causal, each head's tiles paired heaviest with lightest (the first
+    n_bh·(n_m // 2) units, two tiles each), then its middle tile alone when n_m is odd; otherwise
+    one tile a unit (none paired)."""
     if CAUSAL:
-        return n_bh * (n_m // 2 + n_m % 2)
-    return n_bh * n_m
+        return n_bh * (n_m // 2 + n_m % 2), n_bh * (n_m // 2)
+    return n_bh * n_m, 0
 
 
 @triton.jit
-def persistent_count(pid, programs, units):
-    """How many of the ``units`` program ``pid`` of ``programs`` takes: units pid, pid + programs, …"""
-    return units // programs + (pid < units % programs).to(tl.int32)
+def _share(pid, programs, count):
+    """How many of units 0 … count − 1 program ``pid`` takes, dealt pid, pid + programs, …"""
+    return count // programs + (pid < count % programs).to(tl.int32)
 
 
 @triton.jit
-def unit_tiles(u, n_bh, n_m, CAUSAL: tl.constexpr):
-    """Tiles in unit ``u``: 2 for a causal pair, else 1 (``persistent_units``)."""
+def persistent_count(pid, programs, n_bh, n_m, CAUSAL: tl.constexpr):
+    """How many tiles program ``pid`` of ``programs`` walks (``persistent_unit``)."""
+    units, paired = persistent_units(n_bh, n_m, CAUSAL)
+    return _share(pid, programs, units) + _share(pid, programs, paired)  # a paired unit: two tiles
+
+
+@triton.jit
+def persistent_unit(j, pid, programs, n_bh, n_m, CAUSAL: tl.constexpr):
+    """(u, i): program ``pid``'s ``j``-th tile is the i-th of unit u. Units are dealt round-robin
+    (pid, pid + programs, …); the paired ones come first, so its first 2·(paired units) tiles go
+    two a unit."""
+    i = 0
+    w = j
     if CAUSAL:
-        return tl.where(u < n_bh * (n_m // 2), 2, 1)
-    return 1
+        _, paired = persistent_units(n_bh, n_m, CAUSAL)
+        pairs = 2 * _share(pid, programs, paired)
+        i = tl.where(j < pairs, j % 2, 0)
+        w = tl.where(j < pairs, j // 2, j - pairs // 2)
+    return w * programs + pid, i
 
 
 @triton.jit
-def persistent_tile(u, i, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.constexpr,
+def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The ``i``-th tile of unit ``u`` of a persistent launch (dense batch): (bh, b, h, start_m, lo,
-    n_tiles, mid_lo, mid_hi), ``key_tiles`` of it included. Units are head-major, as the one-tile
-    grid's programs, so the programs running at once share few heads' K/V in L2 (bh fastest, they
-    read K/V from DRAM: benchmarks/NOTES.md, 2026-11-25). Dealt round-robin (``persistent_count``),
-    causal tiles balance as pairs: a head's j-th heaviest query tile with its j-th lightest, a pair
-    costing about the same wherever it sits, then, after every head's pairs, the middle tiles of
-    heads with an odd tile count (a light, single unit at the end). Every partition of a persistent
-    program calls it for each of its tiles (``_loader_persistent``, ``_consumer_persistent``); the
-    tests run it in the interpreter."""
+    """This persistent program's ``j``-th tile (dense batch): (bh, b, h, start_m, lo, n_tiles,
+    mid_lo, mid_hi), ``key_tiles`` of it included. Units (``persistent_unit``) are head-major, as
+    the one-tile grid's programs, so the programs running at once share few heads' K/V in L2 (bh
+    fastest, they read K/V from DRAM: benchmarks/NOTES.md, 2026-11-25). Dealt round-robin, causal
+    tiles balance as pairs: a head's k-th heaviest query tile with its k-th lightest, a pair costing
+    about the same wherever it sits, then, after every head's pairs, the middle tiles of heads with
+    an odd tile count (a light, single unit at the end). Every partition of a persistent program
+    walks its tiles j = 0 … ``persistent_count`` − 1 with it (``_loader_persistent``,
+    ``_consumer_persistent``); the tests run it in the interpreter."""
     n_m = tl.cdiv(n_q, BLOCK_M)
+    u, i = persistent_unit(j, tl.program_id(0), tl.num_programs(0), n_bh, n_m, CAUSAL)
     if CAUSAL:
         pairs = n_m // 2
         paired = u < n_bh * pairs
@@ -413,25 +429,21 @@ if _HAS_GLUON:
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         kv = 0
         qi = 0
-        n_m = gl.cdiv(n_q, BLOCK_M)
-        for w in range(persistent_count(gl.program_id(0), gl.num_programs(0),
-                                        persistent_units(n_bh, n_m, CAUSAL))):
-            u = w * gl.num_programs(0) + gl.program_id(0)
-            for i in range(unit_tiles(u, n_bh, n_m, CAUSAL)):
-                bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(
-                    u, i, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_M,
-                    BLOCK_N)
-                h_kv = h // group
-                first = 0
-                if Q_SETS == 1:
-                    first = gl.minimum(n_tiles, STAGES)
-                    _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, 0, first, b,
-                                   h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
-                _load_q(q_desc, q_smem, q_ready, q_empty, qi, b, h, start_m, CONSUMERS, Q_SETS)
-                _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, first, n_tiles,
-                               b, h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
-                kv += n_tiles
-                qi += 1
+        for j in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh, gl.cdiv(n_q, BLOCK_M), CAUSAL)):
+            bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left,
+                                                                             win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                                                             BLOCK_M, BLOCK_N)
+            h_kv = h // group
+            first = 0
+            if Q_SETS == 1:
+                first = gl.minimum(n_tiles, STAGES)
+                _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, 0, first, b,
+                               h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
+            _load_q(q_desc, q_smem, q_ready, q_empty, qi, b, h, start_m, CONSUMERS, Q_SETS)
+            _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, first, n_tiles,
+                           b, h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
+            kv += n_tiles
+            qi += 1
 
     @gluon.jit
     def _band(cols, rows, n_k, off, win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
@@ -718,51 +730,47 @@ if _HAS_GLUON:
         off = n_k - n_q
         kv = 0
         qi = 0
-        n_m = gl.cdiv(n_q, BLOCK_M)
-        for w in range(persistent_count(gl.program_id(0), gl.num_programs(0),
-                                        persistent_units(n_bh, n_m, CAUSAL))):
-            u = w * gl.num_programs(0) + gl.program_id(0)
-            for i in range(unit_tiles(u, n_bh, n_m, CAUSAL)):
-                bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(
-                    u, i, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_M,
-                    BLOCK_N)
-                row0 = start_m + 64 * ME
-                rows = row0 + gl.arange(0, 64, layout=row_layout)
-                qs = qi % Q_SETS
-                q_slot = q_smem.index(qs * CONSUMERS + ME)
-                m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
-                l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-                acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-                p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
-                s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
-                slope = 0.0
-                cols_f = 0.0
-                if ALIBI:
-                    slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2,
-                                                 SOFTCAP, BLOCK_N, s_layout)
-                # The first key tile's masks (key 0: ``cols < n_k``, the column offsets) are the same in
-                # every query tile: with a literal 0 the compiler hoists them out of the tile loop, a
-                # register per column held through it (400 bytes of spills at d 64); an opaque 0 keeps
-                # them inside.
-                j0 = _opaque_zero(u)
-                mbarrier.wait(q_ready.index(qs), (qi // Q_SETS) & 1)
-                m_i, l_i, acc = _attend(q_slot.reshape([64, HEAD_DIM]), k_smem, v_smem, k_ready, v_ready, k_empty,
-                                        v_empty, turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, n_k, off, win_left,
-                                        win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
-                                        ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                                        HEAD_DIM, BLOCK_N, STAGES, s_layout, o_layout, p_layout, j0)
-                acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
-                out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
-                # The slot's last wgmma has retired (``_attend``): stage O there for one TMA store
-                # (which drops the rows past Nq); the lse goes out while it runs.
-                q_slot.reshape([64, HEAD_DIM]).store(out.to(dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
-                gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
-                tma.store_wait(0)
-                mbarrier.arrive(q_empty.index(qs))
-                kv += n_tiles
-                qi += 1
+        for j in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh, gl.cdiv(n_q, BLOCK_M), CAUSAL)):
+            bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left,
+                                                                             win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                                                             BLOCK_M, BLOCK_N)
+            row0 = start_m + 64 * ME
+            rows = row0 + gl.arange(0, 64, layout=row_layout)
+            qs = qi % Q_SETS
+            q_slot = q_smem.index(qs * CONSUMERS + ME)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+            l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
+            acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+            p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
+            s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+            slope = 0.0
+            cols_f = 0.0
+            if ALIBI:
+                slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2,
+                                             SOFTCAP, BLOCK_N, s_layout)
+            # The first key tile's masks (key 0: ``cols < n_k``, the column offsets) are the same in
+            # every query tile: with a literal 0 the compiler hoists them out of the tile loop, a
+            # register per column held through it (400 bytes of spills at d 64); an opaque 0 keeps
+            # them inside.
+            j0 = _opaque_zero(j)
+            mbarrier.wait(q_ready.index(qs), (qi // Q_SETS) & 1)
+            m_i, l_i, acc = _attend(q_slot.reshape([64, HEAD_DIM]), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                    turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, n_k, off, win_left,
+                                    win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
+                                    ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                                    HEAD_DIM, BLOCK_N, STAGES, s_layout, o_layout, p_layout, j0)
+            acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
+            out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
+            # The slot's last wgmma has retired (``_attend``): stage O there for one TMA store
+            # (which drops the rows past Nq); the lse goes out while it runs.
+            q_slot.reshape([64, HEAD_DIM]).store(out.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
+            gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(qs))
+            kv += n_tiles
+            qi += 1
 
     # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
     # Window sides too (a side the call does not have is None: a constexpr, no parameter).
