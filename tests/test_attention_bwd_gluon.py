@@ -249,6 +249,50 @@ def band_visible(keys, rows, n_k, off, left, right, has_left, has_right, causal)
     return visible
 
 
+def model_query_step(qt, dot, l2, dl, kc, vc, dkc, dvc, start_n, start_m, edge, n_k, off, window, has_left,
+                     has_right, causal, scale, softcap=0.0, slope=None, n_q=None):
+    """One query tile of a program in the schedule models, float64, as each consumer c (keys
+    start_n + 64c …) computes it: Pᵀ from the scores (the options as the kernel folds them), masked
+    only on an ``edge`` tile or where the consumer holds keys past ``n_k``, and with a row bound
+    ``n_q`` (ranges and varlen: the kernel's ``seq_n_q``; a dense batch has none, its padded lse₂ is
+    +inf) on a tile crossing it; dV and dK accumulated into ``dvc``/``dkc``; returns each
+    consumer's dS (rows × its 64 keys)."""
+    left, right = window
+    M, ds = qt.shape[0], []
+    for c in range(len(kc)):
+        keys = start_n + 64 * c + torch.arange(64)
+        x, fold = kc[c] @ qt.T, scale * LOG2E
+        if softcap:
+            x, fold = torch.tanh(x * (scale / softcap)), softcap * LOG2E
+        t = x
+        if slope is not None:
+            rows = (start_m + torch.arange(M)).double()
+            x = x - slope * LOG2E / fold * (rows[None, :] - (keys - off).double()[:, None]).abs()
+        pt = torch.exp2(x * fold - l2)
+        crosses = n_q is not None and start_m + M > n_q
+        if edge or crosses or start_n + 64 * (c + 1) > n_k:
+            rows = (start_m + torch.arange(M))[None, :]
+            visible = band_visible(keys, rows, n_k, off, left, right, has_left, has_right, causal)
+            if n_q is not None:
+                visible = visible & (rows < n_q)
+            pt = torch.where(visible, pt, 0.0)
+        assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
+        dvc[c] += pt @ dot
+        dst = (pt * (1 - t * t) if softcap else pt) * (vc[c] @ dot.T - dl)
+        dkc[c] += dst @ qt
+        ds.append(dst.T)
+    return ds
+
+
+def model_dq_parts(ds, kc, it, d, scale):
+    """The (column, dQ part) pairs the consumers reduce-add after step ``it`` of a program with fused
+    dQ: per consumer 64 columns at D 128, at D 64 the one consumer whose turn it is."""
+    consumers = len(kc)
+    for me in range(consumers):
+        for col in ([me * 64] if d // 64 == consumers else ([0] if it % consumers == me else [])):
+            yield col, sum(ds[c] @ kc[c][:, col:col + 64] for c in range(consumers)) * scale
+
+
 def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=None, window=(-1, -1)):
     """(dq, dk, dv) computed the way the kernel schedules it, in float64: per program (key tile,
     batch, KV head) the query tiles the kernel's ``query_tiles`` gives (run in the interpreter or
@@ -290,34 +334,14 @@ def model_backward(do, q, k, v, o, lse, scale, causal, cfg, softcap=0.0, slopes=
             h, start_m = h_kv * group + g, lo + i * M
             qt, dot = _box(q, b, h, start_m, M), _box(do, b, h, start_m, M)
             l2, dl = lse2[b * Hq + h, start_m:start_m + M], delta[b * Hq + h, start_m:start_m + M]
-            ds = []
-            for c in range(C):
-                keys = start_n + 64 * c + torch.arange(64)
-                x, fold = kc[c] @ qt.T, scale * LOG2E
-                if softcap:
-                    x, fold = torch.tanh(x * (scale / softcap)), softcap * LOG2E
-                t = x
-                if slopes is not None:
-                    rows = (start_m + torch.arange(M)).double()
-                    x = x - slopes[b, h] * LOG2E / fold * (rows[None, :] - (keys - off).double()[:, None]).abs()
-                pt = torch.exp2(x * fold - l2)
-                edge = start_m < mid_lo or (has_left and start_m >= mid_hi)
-                if edge or start_n + 64 * (c + 1) > Nk:
-                    rows = (start_m + torch.arange(M))[None, :]
-                    visible = band_visible(keys, rows, Nk, off, left, right, has_left, has_right, causal)
-                    pt = torch.where(visible, pt, 0.0)
-                assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
-                dvc[c] += pt @ dot
-                dst = (pt * (1 - t * t) if softcap else pt) * (vc[c] @ dot.T - dl)
-                dkc[c] += dst @ qt
-                ds.append(dst.T)
+            edge = start_m < mid_lo or (has_left and start_m >= mid_hi)
+            slope = None if slopes is None else slopes[b, h]
+            ds = model_query_step(qt, dot, l2, dl, kc, vc, dkc, dvc, start_n, start_m, edge, Nk, off, window,
+                                  has_left, has_right, causal, scale, softcap, slope)
             if cfg.fused_dq:
-                for me in range(C):
-                    cols = [me * 64] if D // 64 == C else ([0] if it % C == me else [])
-                    for col in cols:
-                        part = sum(ds[c] @ kc[c][:, col:col + 64] for c in range(C)) * scale
-                        hi = min(start_m + M, Nq)
-                        dq[b, h, start_m:hi, col:col + 64] += part[: hi - start_m]
+                hi = min(start_m + M, Nq)
+                for col, part in model_dq_parts(ds, kc, it, D, scale):
+                    dq[b, h, start_m:hi, col:col + 64] += part[: hi - start_m]
         for c in range(C):
             s0 = start_n + 64 * c
             hi = min(s0 + 64, Nk)

@@ -19,7 +19,8 @@ from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
 from flashattn_lite.ops.attention_bwd_gluon import seq_key_tile
 from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant
 from flashattn_lite.ops.attention_fwd_gluon import window_flags
-from test_attention_bwd_gluon import REASON, band_visible, query_tiles, sm90  # noqa: F401 - the fixture
+from test_attention_bwd_gluon import REASON, model_dq_parts, model_query_step, query_tiles
+from test_attention_bwd_gluon import sm90  # noqa: F401 - the fixture
 
 LOG2E = 1.4426950408889634
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -165,28 +166,14 @@ def model_backward_varlen(do, q, k, v, o, lse, variant, scale, causal, cfg, wind
                 col = int(starts[b]) + start_m
                 l2 = torch.cat([lse2[h, col:col + M], torch.zeros(max(col + M - pad, 0), dtype=torch.float64)])
                 dl = torch.cat([delta[h, col:col + M], torch.zeros(max(col + M - pad, 0), dtype=torch.float64)])
-                ds = []
-                for c in range(C):
-                    keys = start_n + 64 * c + torch.arange(64)
-                    pt = torch.exp2(kc[c] @ qt.T * (scale * LOG2E) - l2)
-                    edge = start_m < mid_lo or (has_left and start_m >= mid_hi) or start_m + M > n_q
-                    if edge or start_n + 64 * (c + 1) > n_k:
-                        rows = (start_m + torch.arange(M))[None, :]
-                        visible = band_visible(keys, rows, n_k, off, left, right, has_left, has_right, causal)
-                        pt = torch.where(visible & (rows < n_q), pt, 0.0)
-                    assert torch.isfinite(pt).all(), "an unmasked tile overflowed"
-                    dvc[c] += pt @ dot
-                    dst = pt * (vc[c] @ dot.T - dl)
-                    dkc[c] += dst @ qt
-                    ds.append(dst.T)
-                for me in range(C):
-                    cols = [me * 64] if D // 64 == C else ([0] if it % C == me else [])
-                    for col in cols:
-                        part = sum(ds[c] @ kc[c][:, col:col + 64] for c in range(C)) * scale
-                        hi = min(row + M, total_q)  # the whole box: rows of the next sequence too
-                        nxt = part[q0 + n_q - row:hi - row] if q0 + n_q < hi else part[:0]
-                        assert (nxt == 0).all(), "a reduce-add put a nonzero into the next sequence's dQ"
-                        dq[0, h, row:hi, col:col + 64] += part[: hi - row]
+                edge = start_m < mid_lo or (has_left and start_m >= mid_hi)
+                ds = model_query_step(qt, dot, l2, dl, kc, vc, dkc, dvc, start_n, start_m, edge, n_k, off, window,
+                                      has_left, has_right, causal, scale, n_q=n_q)
+                hi = min(row + M, total_q)  # the whole box: rows of the next sequence too
+                for col, part in model_dq_parts(ds, kc, it, D, scale):
+                    nxt = part[q0 + n_q - row:hi - row] if q0 + n_q < hi else part[:0]
+                    assert (nxt == 0).all(), "a reduce-add put a nonzero into the next sequence's dQ"
+                    dq[0, h, row:hi, col:col + 64] += part[: hi - row]
             for c in range(C):
                 s0 = start_n + 64 * c
                 n_rows = min(n_k - s0, 64)
