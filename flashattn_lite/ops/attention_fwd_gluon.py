@@ -268,7 +268,7 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
     """This persistent program's ``j``-th tile (dense batch): (bh, b, h, start_m, lo, n_tiles,
     mid_lo, mid_hi), ``key_tiles`` of it included. Units (``persistent_unit``) are head-major, as
     the one-tile grid's programs, so the programs running at once share few heads' K/V in L2 (bh
-    fastest, they read K/V from DRAM: benchmarks/NOTES.md, 2026-11-25). Dealt round-robin, causal
+    fastest, they read K/V from DRAM: benchmarks/NOTES.md, 2026-11-24 23:52). Dealt round-robin, causal
     tiles balance as pairs: a head's k-th heaviest query tile with its k-th lightest, a pair costing
     about the same wherever it sits, then, after every head's pairs, the middle tiles of heads with
     an odd tile count (a light, single unit at the end). Every partition of a persistent program
