@@ -298,6 +298,19 @@ def test_hopper_benchmarks_configs_by_name(monkeypatch):
         module.chosen_configs(gluon_bwd, f"{d64.name},gb-typo", 64, True, 2048)
 
 
+def test_gluon_bwd_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
+    # benchmarks/gluon_bwd_checkout.py --rep-ms 0: a usage error naming it, before any GPU work.
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gluon_bwd_checkout.py"
+    spec = importlib.util.spec_from_file_location("gluon_bwd_checkout", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["gluon_bwd_checkout.py", "--rep-ms", "0"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.main()
+    assert exit_info.value.code == 2 and "--rep-ms" in capsys.readouterr().err
+
+
 def test_ours_portable_turns_the_hopper_paths_off_for_the_whole_measurement():
     # The benchmarks time the backward after the forward returned: the Hopper paths must stay off
     # for every call made inside the runner's context, not only inside the forward.
