@@ -24,14 +24,16 @@ from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 from flashattn_lite.ops.attention_fwd import PLAIN, Variant  # noqa: E402
 
 
-def main():
+def parse_args(argv=None):
+    """The arguments and the sweep config they name (None: the default), every one checked before
+    any GPU work: a usage error (exit 2) naming the argument otherwise."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8192, help="sequence length")
     ap.add_argument("--head-dim", type=int, default=128, choices=gluon_fwd.HEAD_DIMS)
     ap.add_argument("--tokens", type=int, default=32768, help="B·N")
     ap.add_argument("--hidden", type=int, default=2048, help="H = hidden / d")
     ap.add_argument("--full", action="store_true", help="non-causal (default causal)")
-    ap.add_argument("--softcap", type=float, default=0.0)
+    ap.add_argument("--softcap", type=float, default=0.0, help="c > 0, or 0 for none")
     ap.add_argument("--alibi", action="store_true", help="ALiBi slopes (Hq,)")
     ap.add_argument("--sinks", action="store_true")
     ap.add_argument("--config", default=None, help="a config of the sweep by name (default: the default's)")
@@ -39,9 +41,25 @@ def main():
     ap.add_argument("--peer", choices=["cudnn", "flash"], default=None,
                     help="torch SDPA's cuDNN or flash backend instead (no options; its kernels' names vary: "
                          "give ncu a broad --kernel-name)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.n < 1 or args.tokens < args.n or args.hidden % args.head_dim:
         ap.error("--n must be ≥ 1 and ≤ --tokens, --hidden a multiple of --head-dim")
+    if not args.softcap >= 0:
+        ap.error(f"--softcap must be > 0, or 0 for none; got {args.softcap}")
+    if args.peer is not None and (args.softcap or args.alibi or args.sinks or args.config is not None):
+        ap.error("--peer takes no options (--softcap, --alibi, --sinks) and no --config")
+    config = None
+    if args.config is not None:
+        sweep = (gluon_bwd.CONFIGS if args.backward else gluon_fwd.CONFIGS)[args.head_dim]
+        names = [c.name for c in sweep]
+        if args.config not in names:
+            ap.error(f"--config {args.config!r} is not in the d {args.head_dim} sweep: {', '.join(names)}")
+        config = sweep[names.index(args.config)]
+    return args, config
+
+
+def main(argv=None):
+    args, config = parse_args(argv)
     assert torch.cuda.is_available(), "ncu_profile launches Gluon kernels: a GPU is needed"
     B, H, d = args.tokens // args.n, args.hidden // args.head_dim, args.head_dim
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -52,16 +70,7 @@ def main():
                           alibi=torch.rand(H, device="cuda", generator=g) * 0.05 if args.alibi else None,
                           sinks=torch.randn(H, device="cuda", generator=g) if args.sinks else None)
     causal, scale = not args.full, d ** -0.5
-    sweep = gluon_bwd.CONFIGS if args.backward else gluon_fwd.CONFIGS
-    config = None
-    if args.config is not None:
-        names = [c.name for c in sweep[d]]
-        if args.config not in names:
-            ap.error(f"--config {args.config!r} is not in the d {d} sweep: {', '.join(names)}")
-        config = sweep[d][names.index(args.config)]
     if args.peer is not None:
-        if variant is not PLAIN or args.config is not None:
-            ap.error("--peer takes no options and no --config")
         from torch.nn.attention import SDPBackend, sdpa_kernel
         backend = SDPBackend.CUDNN_ATTENTION if args.peer == "cudnn" else SDPBackend.FLASH_ATTENTION
         q.requires_grad_(args.backward)

@@ -311,6 +311,28 @@ def test_gluon_bwd_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
     assert exit_info.value.code == 2 and "--rep-ms" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, needle", [(["--n", "0"], "--n"), (["--tokens", "100", "--n", "200"], "--tokens"),
+                                          (["--hidden", "100"], "--hidden"), (["--softcap", "-1"], "--softcap"),
+                                          (["--peer", "cudnn", "--alibi"], "--peer"),
+                                          (["--config", "g-typo"], "g-typo")])
+def test_ncu_profile_checks_its_arguments_before_any_gpu_work(argv, needle, capsys):
+    # benchmarks/ncu_profile.py: each bad argument is a usage error naming it (exit 2), raised by
+    # parse_args before the GPU is touched; a config of the sweep comes back by name.
+    import importlib.util
+    from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "ncu_profile.py"
+    spec = importlib.util.spec_from_file_location("ncu_profile", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+    name = gluon_bwd.CONFIGS[64][0].name
+    args, config = module.parse_args(["--backward", "--head-dim", "64", "--config", name])
+    assert config == gluon_bwd.CONFIGS[64][0] and args.backward
+    assert module.parse_args([])[1] is None
+
+
 def test_ours_portable_turns_the_hopper_paths_off_for_the_whole_measurement():
     # The benchmarks time the backward after the forward returned: the Hopper paths must stay off
     # for every call made inside the runner's context, not only inside the forward.

@@ -186,7 +186,8 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     the choice below 8k before the grid went head-major, now trail by 5–9% there), persistent
     below N 8k (``gluon_fwd-20261125-002134.json``: +1.6% non-causal and +5.1% causal at 2k against
     the same config one tile per program; from 8k ±3% to −10%). A persistent config takes dense
-    batches only: ``attention_forward_gluon`` runs ranges and varlen one tile per program."""
+    batches only: ``attention_forward_gluon`` runs ranges and varlen one tile per program.
+    (``causal`` changes no choice since the grid went head-major; callers still pass it.)"""
     if head_dim == 64:
         return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
     return Config(2, 128, 3, True, persistent=n < 8192)
@@ -1251,7 +1252,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     cfg = config
     if cfg is None:
         cfg = default_config(D, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
-        cfg = cfg._replace(persistent=cfg.persistent and variant.seq == SEQ_DENSE)
+        if cfg.persistent and variant.seq != SEQ_DENSE:
+            cfg = cfg._replace(persistent=False)
     if variant.seq == SEQ_DENSE:
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
