@@ -260,6 +260,16 @@ def test_results_record_the_output_folder_as_a_placeholder():
     assert common.recorded_command(["/usr/local/bin/flashattn-lite", "speed"], "x") == "flashattn-lite speed"
 
 
+def load_benchmark(name: str):
+    """The module of benchmarks/<name>.py (the scripts are files, not a package)."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--out", ".", "--cache-dir", "/no/such/folder"], "--cache-dir"),
     (["--out", ".", "--cache-dir", ".", "--benchmarks", "speeds"], "--benchmarks"),
@@ -271,11 +281,7 @@ def test_results_record_the_output_folder_as_a_placeholder():
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_table_check_argument_errors(argv, needle, capsys):
     # benchmarks/table_check.py (GPU): a bad argument is a usage error naming it, before any run.
-    import importlib.util
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "table_check.py"
-    spec = importlib.util.spec_from_file_location("table_check", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("table_check")
     with pytest.raises(SystemExit) as exit_info:
         module.main(argv)
     assert exit_info.value.code == 2 and needle in capsys.readouterr().err
@@ -284,13 +290,9 @@ def test_table_check_argument_errors(argv, needle, capsys):
 def test_hopper_benchmarks_configs_by_name(monkeypatch):
     # benchmarks/gluon_fwd.py / gluon_bwd.py --configs NAME,...: the named configs of the point's head
     # dim; a name in no head dim's sweep stops the run naming it (a typo would measure nothing).
-    import importlib.util
     from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
-    monkeypatch.syspath_prepend(str(bench))
-    spec = importlib.util.spec_from_file_location("hopper_fwd", bench / "hopper_fwd.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    module = load_benchmark("hopper_fwd")
     d64, d128 = gluon_bwd.CONFIGS[64][0], gluon_bwd.CONFIGS[128][0]
     assert module.chosen_configs(gluon_bwd, f"{d64.name},{d128.name}", 64, True, 2048) == [d64]
     assert module.chosen_configs(gluon_bwd, "all", 128, True, 2048) == gluon_bwd.CONFIGS[128]
@@ -300,11 +302,7 @@ def test_hopper_benchmarks_configs_by_name(monkeypatch):
 
 def test_gluon_bwd_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
     # benchmarks/gluon_bwd_checkout.py --rep-ms 0: a usage error naming it, before any GPU work.
-    import importlib.util
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gluon_bwd_checkout.py"
-    spec = importlib.util.spec_from_file_location("gluon_bwd_checkout", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("gluon_bwd_checkout")
     monkeypatch.setattr(sys, "argv", ["gluon_bwd_checkout.py", "--rep-ms", "0"])
     with pytest.raises(SystemExit) as exit_info:
         module.main()
@@ -318,12 +316,8 @@ def test_gluon_bwd_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
 def test_ncu_profile_checks_its_arguments_before_any_gpu_work(argv, needle, capsys):
     # benchmarks/ncu_profile.py: each bad argument is a usage error naming it (exit 2), raised by
     # parse_args before the GPU is touched; a config of the sweep comes back by name.
-    import importlib.util
     from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "ncu_profile.py"
-    spec = importlib.util.spec_from_file_location("ncu_profile", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("ncu_profile")
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(argv)
     assert exit_info.value.code == 2 and needle in capsys.readouterr().err
