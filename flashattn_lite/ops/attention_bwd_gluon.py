@@ -413,6 +413,22 @@ if _HAS_GLUON:
         return dv, dk
 
     @gluon.jit
+    def _to_16bit(x, dtype: gl.constexpr, PACKED: gl.constexpr):
+        """x (float32) rounded to ``dtype`` (bf16 or fp16, round to nearest even as ``.to`` does).
+        ``PACKED``: two elements per ``cvt.rn.{bf16,f16}x2.f32``. Written with ``.to``, Pᵀ's and
+        dSᵀ's conversions compiled to one ``F2F`` per element on sm_90 (the special-function pipe
+        the exp2 needs; Pᵀ's 16-bit values are widened again for dSᵀ); packed they go to the FMA
+        pipe and the plain d 128 kernel spills 20 bytes, not 72 (triton 3.6, ``ptx_hashes.py
+        --ptxas``). Not under softcap, where the packed form spilled more (248 against 184)."""
+        if PACKED:
+            CVT: gl.constexpr = ("cvt.rn.bf16x2.f32 $0, $2, $1;" if dtype == gl.bfloat16
+                                 else "cvt.rn.f16x2.f32 $0, $2, $1;")
+            y = gl.inline_asm_elementwise(CVT, "=r,f,f", [x], dtype=dtype.value, is_pure=True, pack=2)
+        else:
+            y = x.to(dtype)
+        return y
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                   kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                   b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
@@ -512,7 +528,7 @@ if _HAS_GLUON:
                              st_layout, n_q, SEQ)
             # Pᵀ rounded once to the input dtype serves both dV (the A operand, same registers:
             # the conversion is trivial) and dSᵀ, so no fp32 copy stays live across the wait.
-            p16 = pt.to(dtype)
+            p16 = _to_16bit(pt, dtype, not SOFTCAP)
             if SOFTCAP:  # Pᵀ ∘ (1 − tanh²), rounded once like Pᵀ: the factor of dSᵀ
                 pd16 = (pt * (1.0 - t * t)).to(dtype)
             else:
@@ -521,7 +537,7 @@ if _HAS_GLUON:
             dv = warpgroup_mma(pa, do_t, dv, is_async=True)
             delta = _row(delta_smem, s, BLOCK_M, st_layout)
             dpt = warpgroup_mma_wait(1, deps=[dpt])  # dPᵀ retired; dV may still run
-            dst = (pd16.to(gl.float32) * (dpt - delta)).to(dtype)
+            dst = _to_16bit(pd16.to(gl.float32) * (dpt - delta), dtype, not SOFTCAP)
             dsa = gl.convert_layout(dst, a_layout, assert_trivial=True)
             dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
 
