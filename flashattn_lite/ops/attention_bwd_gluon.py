@@ -39,7 +39,10 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   fp32 dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``; Gluon 3.6 has the op in its
   IR builder but no Python name: ``_tma_reduce_add``). ``ds_bufs`` sets of dS buffers rotate by
   step, each reused once every consumer's dQ wgmma of its last use retired (``ds_free``); two sets
-  let the consumers drift a step apart. A last pass turns the buffer into dq (``Tensor.copy_``).
+  let the consumers drift a step apart. D 64 retires a step's dQ block in the next step, behind its
+  Sᵀ and dPᵀ, and reduce-adds it there, so the tensor pipe goes on from dQ to Sᵀ without the
+  reduce-add in between (D 128 measured no gain from it). A last pass turns the buffer into dq
+  (``Tensor.copy_``).
   5 GEMMs per tile pair, as in FlashAttention; the fp32 adds arrive in any order, so dq is not
   bit-reproducible from run to run (dk and dv are).
   Without ``fused_dq`` the kernel computes dK, dV only and dq comes from the Triton TMA backward's
@@ -103,7 +106,8 @@ try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked 
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language._core import builtin as _builtin
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                  warpgroup_mma, warpgroup_mma_wait)
+                                                                  warpgroup_mma, warpgroup_mma_init,
+                                                                  warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     _HAS_GLUON = (hasattr(gl, "warp_specialize") and hasattr(tma, "async_copy_global_to_shared")
                   and hasattr(_ir, "DESCRIPTOR_REDUCE_KIND"))
@@ -359,13 +363,18 @@ if _HAS_GLUON:
         return gl.where(visible, pt, 0.0)
 
     @gluon.jit
-    def _dq_issue(ds_smem, ds_buf, k_smem, COL: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr):
-        """Issue dQ[:, COL:COL+64] = dS·K[:, COL:COL+64] over every consumer's 64 keys: one chained
-        asynchronous wgmma per consumer, dS and K both from shared memory."""
+    def _dq_zeros(BLOCK_M: gl.constexpr):
+        """A zero dQ block (BLOCK_M × 64, fp32) in the layout of its wgmma."""
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, _DQC, 16])
-        dq = gl.zeros([BLOCK_M, _DQC], gl.float32, layout=dq_layout)
+        return gl.zeros([BLOCK_M, _DQC], gl.float32, layout=dq_layout)
+
+    @gluon.jit
+    def _dq_issue(ds_smem, ds_buf, k_smem, dq, COL: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr):
+        """Issue dQ[:, COL:COL+64] = dS·K[:, COL:COL+64] over every consumer's 64 keys: one chained
+        asynchronous wgmma (one commit group) per consumer, dS and K both from shared memory, into
+        ``dq``'s registers (overwritten: the previous block, already reduced)."""
         for c in gl.static_range(CONSUMERS):
             k_cols = k_smem.index(c).reshape([64, HEAD_DIM])
             if HEAD_DIM != _DQC:
@@ -388,19 +397,27 @@ if _HAS_GLUON:
         _tma_reduce_add(dq_desc, [b, h, start_m, COL], stage)
 
     @gluon.jit
-    def _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc, ds_ready, ds_free, empty_s,
-                 b, h, start_m, sm_scale, COL: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    def _dq_start(dv, dk, pa, dsa, dq, ds_smem, ds_buf, use, k_smem, ds_ready, empty_s, COL: gl.constexpr,
+                  DEFER: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
         """The end of a step for a consumer computing dQ columns COL..COL+63: once every consumer's
-        dS block is in, issue the dQ wgmmas behind dV and dK, retire all three, free the Q/dO slot
-        and the dS set, then reduce-add dQ."""
+        dS block is in, issue the dQ wgmmas (into ``dq``'s registers) behind dV and dK, retire dV
+        and dK, and free the Q/dO slot. ``DEFER``: the dQ groups, the newest, stay in flight (dQ
+        does not read the slot) for ``_dq_finish`` in the next step; else all three retire here."""
         mbarrier.wait(ds_ready.index(ds_buf), use & 1)
-        dq = _dq_issue(ds_smem, ds_buf, k_smem, COL, CONSUMERS, HEAD_DIM, BLOCK_M)
-        dv, dk, pa, dsa, dq = warpgroup_mma_wait(0, deps=[dv, dk, pa, dsa, dq])
+        dq = _dq_issue(ds_smem, ds_buf, k_smem, dq, COL, CONSUMERS, HEAD_DIM, BLOCK_M)
+        if DEFER:
+            dv, dk, pa, dsa = warpgroup_mma_wait(CONSUMERS, deps=[dv, dk, pa, dsa])
+        else:
+            dv, dk, pa, dsa, dq = warpgroup_mma_wait(0, deps=[dv, dk, pa, dsa, dq])
         mbarrier.arrive(empty_s)
+        return dv, dk, dq
+
+    @gluon.jit
+    def _dq_finish(dq, dq_stage, dq_desc, ds_free, ds_buf, b, h, start_m, sm_scale, COL: gl.constexpr,
+                   ME: gl.constexpr, BLOCK_M: gl.constexpr):
+        """After a dQ block issued by ``_dq_start`` retired: free its dS set and reduce-add it."""
         mbarrier.arrive(ds_free.index(ds_buf))
         _dq_reduce(dq, dq_stage, dq_desc, b, h, start_m, sm_scale, COL, ME, BLOCK_M)
-        return dv, dk
 
     @gluon.jit
     def _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty_s, FUSED_DQ: gl.constexpr):
@@ -482,6 +499,12 @@ if _HAS_GLUON:
             keys_f = (keys - off).to(gl.float32)
             if SOFTCAP:  # the query columns 0 … BLOCK_M − 1 as floats, made once (see below)
                 cols_f = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout)).to(gl.float32)
+        # D 64 (turns): a step's dQ block is retired and reduce-added in the next step, behind its
+        # Sᵀ and dPᵀ (``_dq_start``); ``dq`` is the block in flight, a zero block at first. D 128
+        # retires it in its own step: deferred there it measured 0–2% slower (softcap 5%) and
+        # D 64 4.5% faster (NOTES, 2026-11-25 02:20).
+        DEFER_DQ: gl.constexpr = not SPLIT_COLS
+        dq = warpgroup_mma_init(_dq_zeros(BLOCK_M))
         mbarrier.wait(kv_bar, 0)
 
         for it in range(n_steps):
@@ -490,8 +513,18 @@ if _HAS_GLUON:
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+            if FUSED_DQ and DEFER_DQ:  # the previous step's dQ block, retired before Sᵀ is issued
+                dq_done = warpgroup_mma_wait(0, deps=[dq])
             st = warpgroup_mma(k_me, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_me, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            if FUSED_DQ and DEFER_DQ:
+                # ... and reduce-added while Sᵀ and dPᵀ run, so the tensor pipe goes from dQ on to Sᵀ
+                # after only the wait. (Retired first: ptxas serializes every wgmma of the kernel when
+                # other instructions run between a wgmma in flight and its wait, as this would.)
+                if (it > 0) & ((it - 1) % CONSUMERS == ME):
+                    h_prev, m_prev = _query_tile(it - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
+                    _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (it - 1) % DS_BUFS, bt, h_prev, m_prev,
+                               sm_scale, 0, ME, BLOCK_M)
             slope = 0.0
             if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
                 slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
@@ -551,23 +584,34 @@ if _HAS_GLUON:
                 ds_smem.index(ds_buf * CONSUMERS + ME).store(gl.permute(dst, (1, 0)))
                 fence_async_shared()
                 mbarrier.arrive(ds_ready.index(ds_buf))
-                if SPLIT_COLS:
-                    dv, dk = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc, ds_ready,
-                                      ds_free, empty.index(s), bt, h, start_m, sm_scale, ME * _DQC, ME, CONSUMERS,
-                                      HEAD_DIM, BLOCK_M)
+                if SPLIT_COLS:  # every step, columns [64·ME, 64·ME + 64), retired in the step
+                    dv, dk, dq_step = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use, k_smem,
+                                                ds_ready, empty.index(s), ME * _DQC, False, CONSUMERS, HEAD_DIM,
+                                                BLOCK_M)
+                    _dq_finish(dq_step, dq_stage, dq_desc, ds_free, ds_buf, bt, h, start_m, sm_scale, ME * _DQC, ME,
+                               BLOCK_M)
                 else:  # (new names: a runtime branch may not retype the accumulators it takes in)
                     if it % CONSUMERS == ME:
-                        dv_out, dk_out = _dq_step(dv, dk, pa, dsa, ds_smem, ds_buf, use, k_smem, dq_stage, dq_desc,
-                                                  ds_ready, ds_free, empty.index(s), bt, h, start_m, sm_scale, 0, ME,
-                                                  CONSUMERS, HEAD_DIM, BLOCK_M)
+                        dv_out, dk_out, dq_out = _dq_start(dv, dk, pa, dsa, dq_done, ds_smem, ds_buf, use, k_smem,
+                                                           ds_ready, empty.index(s), 0, True, CONSUMERS,
+                                                           HEAD_DIM, BLOCK_M)
                     else:
                         dv_out, dk_out = _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty.index(s), FUSED_DQ)
+                        dq_out = warpgroup_mma_init(dq_done)
                     dv = dv_out
                     dk = dk_out
+                    dq = dq_out
             else:
                 dv, dk = _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty.index(s), FUSED_DQ)
 
         if FUSED_DQ:
+            if DEFER_DQ:  # the last step's dQ block
+                if n_steps > 0:
+                    dq_done = warpgroup_mma_wait(0, deps=[dq])
+                    if (n_steps - 1) % CONSUMERS == ME:
+                        h_last, m_last = _query_tile(n_steps - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
+                        _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (n_steps - 1) % DS_BUFS, bt, h_last, m_last,
+                                   sm_scale, 0, ME, BLOCK_M)
             tma.store_wait(0)
             if n_steps > 0:  # every consumer's dQ wgmmas read K: all retired before K is reused
                 last = n_steps - 1
