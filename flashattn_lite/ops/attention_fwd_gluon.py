@@ -293,59 +293,6 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
     return bh, bh // n_heads, bh % n_heads, start_m, lo, n_tiles, mid_lo, mid_hi
 
 
-# Softcap's exp2, partly on the FMA pipe. With softcap every score costs two MUFU ops (the tanh and
-# the softmax's exp2) where plain attention costs one: the MUFU pipe (16 results/clk/SM against
-# 128 FMAs) then bounds the consumers' softmax. (``tanh.approx.f16x2`` does not help on sm_90:
-# ptxas splits it into two MUFU.TANH.F16, one per half, plus the f32↔f16 conversions.) So, under
-# softcap only, EXP2_EMULATED of every 8 exponentials are computed with FMAs as FlashAttention-4
-# does on Blackwell: x clamped to [−127, ∞) (max.NaN: a NaN stays NaN; −inf, a masked key, gives
-# exactly 0), j = round(x) by the 1.5·2²³ shift, f = x − j ∈ [−0.5, 0.5], 2^f by a degree-3
-# polynomial (EXP2_POLY, float32 minimax of the relative error: ≤ 7.5e-5 ≈ 2^-13.7, where the
-# P it feeds is rounded to bf16/fp16, 2^-9/2^-11), times 2^j built in the exponent field by one
-# integer multiply-add (2^-127 → 0). 9 FMA/ALU instructions for one MUFU op: at 3 of 8, by the
-# instruction counts of the compiled kernel, the MUFU pipe and the issue slots of a consumer's
-# softmax are about balanced (benchmarks/NOTES.md, 2026-11-24). Called with pack = 8 elements.
-EXP2_EMULATED = 3
-EXP2_POLY = (0.9999281167984009, 0.6932609677314758, 0.24261054396629333, 0.05517132207751274)
-
-
-def _f32_hex(v: float) -> str:
-    import struct
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", v))[0]
-
-
-def exp2_emulated_lanes(emulated: int = EXP2_EMULATED, pack: int = 8) -> list[int]:
-    """Which of ``pack`` consecutive elements (a thread's registers) take the FMA path: spread."""
-    return [i for i in range(pack) if ((i + 1) * emulated) // pack > (i * emulated) // pack]
-
-
-def exp2_mixed_asm(emulated: int = EXP2_EMULATED, pack: int = 8) -> str:
-    """PTX for ``pack`` exp2s: ``ex2.approx.ftz.f32`` (what ``gl.exp2`` emits) but for the
-    ``exp2_emulated_lanes``, which take the FMA path described above."""
-    c0, c1, c2, c3 = (_f32_hex(c) for c in EXP2_POLY)
-    lines = ["{", ".reg .f32 xc, t, j, f, p, sc;", ".reg .b32 tb, sb;"]
-    for i in range(pack):
-        out, inp = f"${i}", f"${pack + i}"
-        if i not in exp2_emulated_lanes(emulated, pack):
-            lines.append(f"ex2.approx.ftz.f32 {out}, {inp};")
-            continue
-        lines += [f"max.NaN.f32 xc, {inp}, 0fC2FE0000;",       # max(x, −127), NaN kept
-                  "add.rn.f32 t, xc, 0f4B400000;",              # + 1.5·2²³: round(x) in t's low bits
-                  "sub.rn.f32 j, t, 0f4B400000;",
-                  "sub.rn.f32 f, xc, j;",                       # f ∈ [−0.5, 0.5]
-                  f"fma.rn.f32 p, {c3}, f, {c2};",
-                  f"fma.rn.f32 p, p, f, {c1};",
-                  f"fma.rn.f32 p, p, f, {c0};",
-                  "mov.b32 tb, t;",                             # (bits(t) << 23) = j << 23 (mod 2³²)
-                  "mad.lo.u32 sb, tb, 8388608, 1065353216;",   # bits of 2^j (j = −127: 0)
-                  "mov.b32 sc, sb;",
-                  f"mul.rn.f32 {out}, p, sc;"]
-    lines.append("}")
-    return "\n".join(lines)
-
-
-EXP2_MIXED_ASM = tl.constexpr(exp2_mixed_asm())
-EXP2_MIXED_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 8 + ["f"] * 8))
 
 
 if _HAS_GLUON:
@@ -502,25 +449,15 @@ if _HAS_GLUON:
         return s, fold
 
     @gluon.jit
-    def _exp2_mixed(x):
-        """exp2 of a score tile with ``EXP2_EMULATED`` of every 8 on the FMA pipe (softcap only:
-        ``exp2_mixed_asm``)."""
-        return gl.inline_asm_elementwise(EXP2_MIXED_ASM, EXP2_MIXED_CONSTRAINTS, [x], dtype=gl.float32,
-                                         is_pure=True, pack=8)
-
-    @gluon.jit
-    def _softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr,
-                 MIXED_EXP2: gl.constexpr = False):
+    def _softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr):
         """Online softmax step in base 2 with the scale folded into the exponent: returns
-        (m, ℓ, P in the register-A wgmma layout, α = exp2(m_old − m_new)). ``MIXED_EXP2`` (softcap):
-        part of the exp2s on the FMA pipe (``_exp2_mixed``)."""
+        (m, ℓ, P in the register-A wgmma layout, α = exp2(m_old − m_new)). (Softcap's scores cost a
+        second MUFU op, the tanh; computing 3 of every 8 exp2s with FMAs instead, as
+        FlashAttention-4 does, measured 4% slower under the H100's power cap: NOTES, 2026-11-25.)"""
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         alpha = gl.exp2(m_i - m_ref)
-        if MIXED_EXP2:
-            p = _exp2_mixed(s * qk_scale - gl.expand_dims(m_ref, 1))
-        else:
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
         return m_new, l_i, gl.convert_layout(p.to(dtype), p_layout), alpha
 
@@ -572,7 +509,7 @@ if _HAS_GLUON:
             s, fold = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype, SOFTCAP and FAST_TANH)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
 
         for j in range(1, n_tiles):
             c = kv0 + j
@@ -593,7 +530,7 @@ if _HAS_GLUON:
             s, fold = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype, SOFTCAP and FAST_TANH)
+            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
