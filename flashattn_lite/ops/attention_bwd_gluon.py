@@ -39,10 +39,10 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   fp32 dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``; Gluon 3.6 has the op in its
   IR builder but no Python name: ``_tma_reduce_add``). ``ds_bufs`` sets of dS buffers rotate by
   step, each reused once every consumer's dQ wgmma of its last use retired (``ds_free``); two sets
-  let the consumers drift a step apart. D 64 retires a step's dQ block in the next step, behind its
-  Sᵀ and dPᵀ, and reduce-adds it there, so the tensor pipe goes on from dQ to Sᵀ without the
-  reduce-add in between (D 128 measured no gain from it). A last pass turns the buffer into dq
-  (``Tensor.copy_``).
+  let the consumers drift a step apart. A step's dQ block is retired in the next step, behind its
+  Sᵀ and dPᵀ, and reduce-added there, so the tensor pipe goes on from dQ to Sᵀ without the
+  reduce-add in between (D 64; D 128 where no step is masked: dense, non-causal, no window). A
+  last pass turns the buffer into dq (``Tensor.copy_``).
   5 GEMMs per tile pair, as in FlashAttention; the fp32 adds arrive in any order, so dq is not
   bit-reproducible from run to run (dk and dv are).
   Without ``fused_dq`` the kernel computes dK, dV only and dq comes from the Triton TMA backward's
@@ -387,14 +387,23 @@ if _HAS_GLUON:
                    BLOCK_M: gl.constexpr):
         """dQ·scale into the fp32 buffer: staged in this consumer's buffer, one TMA reduce-add (rows
         past Nq fall outside the descriptor)."""
+        _dq_stage(dq, dq_stage, sm_scale, ME, BLOCK_M)
+        _dq_send(dq_stage, dq_desc, b, h, start_m, COL, ME)
+
+    @gluon.jit
+    def _dq_stage(dq, dq_stage, sm_scale, ME: gl.constexpr, BLOCK_M: gl.constexpr):
+        """dQ·scale into this consumer's staging buffer."""
         # The buffer is free once the previous reduce read it; only the issuing threads can wait on
         # a TMA op, the barrier tells the rest of the warpgroup.
         tma.store_wait(0)
         gl.thread_barrier()
-        stage = dq_stage.index(ME)
-        stage.reshape([BLOCK_M, _DQC]).store(dq * sm_scale)
+        dq_stage.index(ME).reshape([BLOCK_M, _DQC]).store(dq * sm_scale)
+
+    @gluon.jit
+    def _dq_send(dq_stage, dq_desc, b, h, start_m, COL: gl.constexpr, ME: gl.constexpr):
+        """The staged dQ block reduce-added into the fp32 buffer by one TMA op."""
         fence_async_shared()
-        _tma_reduce_add(dq_desc, [b, h, start_m, COL], stage)
+        _tma_reduce_add(dq_desc, [b, h, start_m, COL], dq_stage.index(ME))
 
     @gluon.jit
     def _dq_start(dv, dk, pa, dsa, dq, ds_smem, ds_buf, use, k_smem, ds_ready, empty_s, COL: gl.constexpr,
@@ -414,10 +423,13 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _dq_finish(dq, dq_stage, dq_desc, ds_free, ds_buf, b, h, start_m, sm_scale, COL: gl.constexpr,
-                   ME: gl.constexpr, BLOCK_M: gl.constexpr):
-        """After a dQ block issued by ``_dq_start`` retired: free its dS set and reduce-add it."""
+                   ME: gl.constexpr, BLOCK_M: gl.constexpr, STAGED: gl.constexpr = False):
+        """After a dQ block issued by ``_dq_start`` retired: free its dS set and reduce-add it
+        (``STAGED``: ``_dq_stage`` already put it in the staging buffer)."""
         mbarrier.arrive(ds_free.index(ds_buf))
-        _dq_reduce(dq, dq_stage, dq_desc, b, h, start_m, sm_scale, COL, ME, BLOCK_M)
+        if not STAGED:
+            _dq_stage(dq, dq_stage, sm_scale, ME, BLOCK_M)
+        _dq_send(dq_stage, dq_desc, b, h, start_m, COL, ME)
 
     @gluon.jit
     def _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty_s, FUSED_DQ: gl.constexpr):
@@ -499,11 +511,14 @@ if _HAS_GLUON:
             keys_f = (keys - off).to(gl.float32)
             if SOFTCAP:  # the query columns 0 … BLOCK_M − 1 as floats, made once (see below)
                 cols_f = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout)).to(gl.float32)
-        # D 64 (turns): a step's dQ block is retired and reduce-added in the next step, behind its
-        # Sᵀ and dPᵀ (``_dq_start``); ``dq`` is the block in flight, a zero block at first. D 128
-        # retires it in its own step: deferred there it measured 0–2% slower (softcap 5%) and
-        # D 64 4.5% faster (NOTES, 2026-11-25 02:20).
-        DEFER_DQ: gl.constexpr = not SPLIT_COLS
+        # A step's dQ block is retired and reduce-added in the next step, behind its Sᵀ and dPᵀ
+        # (``_dq_start``; ``dq`` is the block in flight, a zero block at first), so the tensor pipe
+        # does not wait through the reduce-add: D 64 +4.5%, D 128 non-causal +4% (staged in shared
+        # memory before Sᵀ and dPᵀ take their registers). D 128 with masked steps (causal, windows,
+        # ranges, varlen) retires it in its own step: deferred, those spill more (causal measured
+        # 3.5% slower; NOTES, 2026-11-25).
+        DEFER_DQ: gl.constexpr = not (SPLIT_COLS and (CAUSAL or HAS_LEFT or HAS_RIGHT or SEQ != 0))
+        DQ_COL: gl.constexpr = ME * _DQC if SPLIT_COLS else 0
         dq = warpgroup_mma_init(_dq_zeros(BLOCK_M))
         mbarrier.wait(kv_bar, 0)
 
@@ -515,16 +530,19 @@ if _HAS_GLUON:
             do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             if FUSED_DQ and DEFER_DQ:  # the previous step's dQ block, retired before Sᵀ is issued
                 dq_done = warpgroup_mma_wait(0, deps=[dq])
+                if SPLIT_COLS:  # D 128: staged first, so its registers are free for Sᵀ's and dPᵀ's
+                    if it > 0:
+                        _dq_stage(dq_done, dq_stage, sm_scale, ME, BLOCK_M)
             st = warpgroup_mma(k_me, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_me, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             if FUSED_DQ and DEFER_DQ:
                 # ... and reduce-added while Sᵀ and dPᵀ run, so the tensor pipe goes from dQ on to Sᵀ
                 # after only the wait. (Retired first: ptxas serializes every wgmma of the kernel when
                 # other instructions run between a wgmma in flight and its wait, as this would.)
-                if (it > 0) & ((it - 1) % CONSUMERS == ME):
+                if (it > 0) & (SPLIT_COLS or (it - 1) % CONSUMERS == ME):
                     h_prev, m_prev = _query_tile(it - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
                     _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (it - 1) % DS_BUFS, bt, h_prev, m_prev,
-                               sm_scale, 0, ME, BLOCK_M)
+                               sm_scale, DQ_COL, ME, BLOCK_M, SPLIT_COLS)
             slope = 0.0
             if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
                 slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
@@ -584,12 +602,17 @@ if _HAS_GLUON:
                 ds_smem.index(ds_buf * CONSUMERS + ME).store(gl.permute(dst, (1, 0)))
                 fence_async_shared()
                 mbarrier.arrive(ds_ready.index(ds_buf))
-                if SPLIT_COLS:  # every step, columns [64·ME, 64·ME + 64), retired in the step
-                    dv, dk, dq_step = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use, k_smem,
-                                                ds_ready, empty.index(s), ME * _DQC, False, CONSUMERS, HEAD_DIM,
-                                                BLOCK_M)
-                    _dq_finish(dq_step, dq_stage, dq_desc, ds_free, ds_buf, bt, h, start_m, sm_scale, ME * _DQC, ME,
-                               BLOCK_M)
+                if SPLIT_COLS:  # every step, columns [64·ME, 64·ME + 64)
+                    if DEFER_DQ:
+                        dv, dk, dq = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use, k_smem,
+                                               ds_ready, empty.index(s), ME * _DQC, True, CONSUMERS, HEAD_DIM,
+                                               BLOCK_M)
+                    else:
+                        dv, dk, dq_step = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use,
+                                                    k_smem, ds_ready, empty.index(s), ME * _DQC, False, CONSUMERS,
+                                                    HEAD_DIM, BLOCK_M)
+                        _dq_finish(dq_step, dq_stage, dq_desc, ds_free, ds_buf, bt, h, start_m, sm_scale, ME * _DQC,
+                                   ME, BLOCK_M)
                 else:  # (new names: a runtime branch may not retype the accumulators it takes in)
                     if it % CONSUMERS == ME:
                         dv_out, dk_out, dq_out = _dq_start(dv, dk, pa, dsa, dq_done, ds_smem, ds_buf, use, k_smem,
@@ -608,10 +631,10 @@ if _HAS_GLUON:
             if DEFER_DQ:  # the last step's dQ block
                 if n_steps > 0:
                     dq_done = warpgroup_mma_wait(0, deps=[dq])
-                    if (n_steps - 1) % CONSUMERS == ME:
+                    if SPLIT_COLS or (n_steps - 1) % CONSUMERS == ME:
                         h_last, m_last = _query_tile(n_steps - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
                         _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (n_steps - 1) % DS_BUFS, bt, h_last, m_last,
-                                   sm_scale, 0, ME, BLOCK_M)
+                                   sm_scale, DQ_COL, ME, BLOCK_M)
             tma.store_wait(0)
             if n_steps > 0:  # every consumer's dQ wgmmas read K: all retired before K is reused
                 last = n_steps - 1
