@@ -383,16 +383,9 @@ if _HAS_GLUON:
         return dq
 
     @gluon.jit
-    def _dq_reduce(dq, dq_stage, dq_desc, b, h, start_m, sm_scale, COL: gl.constexpr, ME: gl.constexpr,
-                   BLOCK_M: gl.constexpr):
-        """dQ·scale into the fp32 buffer: staged in this consumer's buffer, one TMA reduce-add (rows
-        past Nq fall outside the descriptor)."""
-        _dq_stage(dq, dq_stage, sm_scale, ME, BLOCK_M)
-        _dq_send(dq_stage, dq_desc, b, h, start_m, COL, ME)
-
-    @gluon.jit
     def _dq_stage(dq, dq_stage, sm_scale, ME: gl.constexpr, BLOCK_M: gl.constexpr):
-        """dQ·scale into this consumer's staging buffer."""
+        """dQ·scale into this consumer's staging buffer (``_dq_send`` then reduce-adds it into the
+        fp32 buffer; rows past Nq fall outside the descriptor)."""
         # The buffer is free once the previous reduce read it; only the issuing threads can wait on
         # a TMA op, the barrier tells the rest of the warpgroup.
         tma.store_wait(0)
