@@ -1,9 +1,9 @@
 """The README's headline figure, drawn from measured results (no GPU needed).
 
 Left: peak memory of forward+backward against sequence length, every method in one H100 run
-(``results/memory-20261123-145318.json``). Right: attention TFLOP/s on the same H100, bf16, at
-N = 16k, forward and backward, d 64 and d 128 (``results/attention_speed-20261123-132543.json``
-and ``-143017.json``; the same numbers as the README's table).
+(``results/memory-20261123-145318.json``, 2026-11-23). Right: attention TFLOP/s on the same kind
+of H100, bf16, at N = 16k, forward and backward, d 64 and d 128, every bar from one run
+(``results/attention_speed-20261125-024332.json``, 2026-11-25; the table in docs/benchmarks.md).
 
     python benchmarks/plot_headline.py                 # writes docs/headline.png
     python benchmarks/plot_headline.py --out fig.png
@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MEMORY = RESULTS / "memory-20261123-145318.json"
-SPEED = {64: RESULTS / "attention_speed-20261123-132543.json", 128: RESULTS / "attention_speed-20261123-143017.json"}
+SPEED = {64: RESULTS / "attention_speed-20261125-024332.json", 128: RESULTS / "attention_speed-20261125-024332.json"}
 
 MEMORY_METHODS = [("ours", "flashattn_lite", "C0", "o-"), ("flex", "FlexAttention", "C4", "x--"),
                   ("sdpa-cudnn", "SDPA cuDNN", "C2", "s-"), ("sdpa-flash", "SDPA flash (FA2)", "C1", "^-"),
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.15]})
     _memory_panel(left)
     _speed_panel(right)
-    fig.suptitle("flashattn_lite on an H100 (torch 2.11, triton 3.6), measured 2026-11-23", fontsize=11)
+    fig.suptitle("flashattn_lite on an H100 (torch 2.11, triton 3.6): memory 2026-11-23, speed 2026-11-25",
+                 fontsize=11)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)
