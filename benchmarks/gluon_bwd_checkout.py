@@ -1,6 +1,7 @@
 """The Gluon backward of this checkout at the speed table's points: ms per call and a hash of its dK and
-dV, one JSON object on stdout; also softcap, ALiBi and a 4k window timed at d 128 causal 8k. Run it in two checkouts, alternately, to compare a kernel change in
-separate processes (one process cannot hold two versions of a kernel):
+dV, one JSON object on stdout; also softcap, ALiBi and a 4k window timed at d 128 causal 8k. Run it
+in two checkouts, alternately, to compare a kernel change in separate processes (one process cannot
+hold two versions of a kernel):
 
     for r in 1 2; do (cd old && python benchmarks/gluon_bwd_checkout.py) > old$r.json
                      (cd new && python benchmarks/gluon_bwd_checkout.py) > new$r.json; done

@@ -596,16 +596,14 @@ if _HAS_GLUON:
                 fence_async_shared()
                 mbarrier.arrive(ds_ready.index(ds_buf))
                 if SPLIT_COLS:  # every step, columns [64·ME, 64·ME + 64)
-                    if DEFER_DQ:
-                        dv, dk, dq = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use, k_smem,
-                                               ds_ready, empty.index(s), ME * _DQC, True, CONSUMERS, HEAD_DIM,
-                                               BLOCK_M)
+                    dv, dk, dq_step = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use, k_smem,
+                                                ds_ready, empty.index(s), DQ_COL, DEFER_DQ, CONSUMERS, HEAD_DIM,
+                                                BLOCK_M)
+                    if DEFER_DQ:  # in flight into the next step
+                        dq = dq_step
                     else:
-                        dv, dk, dq_step = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use,
-                                                    k_smem, ds_ready, empty.index(s), ME * _DQC, False, CONSUMERS,
-                                                    HEAD_DIM, BLOCK_M)
-                        _dq_finish(dq_step, dq_stage, dq_desc, ds_free, ds_buf, bt, h, start_m, sm_scale, ME * _DQC,
-                                   ME, BLOCK_M)
+                        _dq_finish(dq_step, dq_stage, dq_desc, ds_free, ds_buf, bt, h, start_m, sm_scale, DQ_COL, ME,
+                                   BLOCK_M)
                 else:  # (new names: a runtime branch may not retype the accumulators it takes in)
                     if it % CONSUMERS == ME:
                         dv_out, dk_out, dq_out = _dq_start(dv, dk, pa, dsa, dq_done, ds_smem, ds_buf, use, k_smem,

@@ -161,8 +161,8 @@ LOADER_REGS = 24
 # Persistent configs (``Config.persistent``; the default at d 128 below 8k): against the same
 # configs one tile per program, head-major units (``gluon_fwd-20261125-002134.json``): d 128 m128
 # n128 +1.6% / +5.1% at 2k (non-causal / causal), +1.9% / +2.6% at 8k, −1.8% / −9.8% at 16k; d 64
-# −8.5% to +1.7%. (Walked bh-fastest, they lost up to 39%: K/V read from DRAM.) Two Q sets but for m128 n128 at d 128
-# (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or not, nor with softcap,
+# −8.5% to +1.7%. (Walked bh-fastest, they lost up to 39%: K/V read from DRAM.) Two Q sets but
+# for m128 n128 at d 128 (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or not, nor with softcap,
 # sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at once, adds a few per tile
 # outside the key loop (one register in it for m128 n128 with every option), but for the d 64
 # three-consumer config, which spills in its key loop with ALiBi (more than without persistence).
