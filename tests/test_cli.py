@@ -313,10 +313,10 @@ def test_hopper_benchmarks_configs_by_name(monkeypatch):
         module.chosen_configs(gluon_bwd, f"{d64.name},gb-typo", 64, True, 2048)
 
 
-def test_gluon_bwd_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
-    # benchmarks/gluon_bwd_checkout.py --rep-ms 0: a usage error naming it, before any GPU work.
-    module = load_benchmark("gluon_bwd_checkout")
-    monkeypatch.setattr(sys, "argv", ["gluon_bwd_checkout.py", "--rep-ms", "0"])
+def test_gluon_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
+    # benchmarks/gluon_checkout.py --rep-ms 0: a usage error naming it, before any GPU work.
+    module = load_benchmark("gluon_checkout")
+    monkeypatch.setattr(sys, "argv", ["gluon_checkout.py", "--rep-ms", "0"])
     with pytest.raises(SystemExit) as exit_info:
         module.main()
     assert exit_info.value.code == 2 and "--rep-ms" in capsys.readouterr().err

@@ -1,0 +1,135 @@
+"""The Gluon backward (or ``--pass forward``: forward) of this checkout at the speed table's points: ms per
+call and a hash of its result, one JSON object on stdout; also softcap, ALiBi and a 4k window timed at
+d 128 causal 8k. Run it in two checkouts, alternately, to compare a kernel change in separate
+processes (one process cannot hold two versions of a kernel):
+
+    for r in 1 2; do (cd old && python ../new/benchmarks/gluon_checkout.py) > old$r.json
+                     (cd new && python benchmarks/gluon_checkout.py) > new$r.json; done
+
+A change that should not alter the result must give the same hashes: dK and dV for the backward (dQ
+is left out: its fp32 reduce-adds land in any order), O and the lse for the forward. bf16, B·N 16k
+tokens, hidden 2048, random inputs (seeded); also fp16 and the options (softcap, ALiBi, a window,
+sinks) on a GQA shape with odd lengths, hashed only. The backward times the six points of its
+earlier A/B runs, the forward all twelve of the table (d 64 and 128, causal or not, 2k/8k/16k).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path.cwd()))  # the checkout it runs in, not this file's
+from flashattn_lite.bench.common import time_ms  # noqa: E402
+from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
+from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
+from flashattn_lite.ops.attention_fwd import PLAIN, Variant  # noqa: E402
+
+BACKWARD_POINTS = [(128, False, 2048), (128, False, 8192), (128, True, 2048), (128, True, 8192), (64, False, 8192),
+                   (64, True, 8192)]
+FORWARD_POINTS = [(d, causal, n) for d in (64, 128) for causal in (False, True) for n in (2048, 8192, 16384)]
+OPTIONS = [("fp16", torch.float16, {}), ("softcap", torch.bfloat16, {"softcap": 30.0}),
+           ("alibi", torch.bfloat16, {"alibi": True}),
+           ("window", torch.bfloat16, {"left": 300}), ("sinks", torch.bfloat16, {"sinks": True})]
+TIMED_OPTIONS = [("softcap", {"softcap": 50.0}), ("alibi", {"alibi": True}), ("window4k", {"left": 4096})]
+
+
+def make_variant(opts: dict, n_heads: int, g: torch.Generator) -> Variant:
+    """The options in ``opts`` (softcap, alibi, sinks, left) as a Variant for ``n_heads`` heads."""
+    return Variant(softcap=opts.get("softcap", 0.0),
+                   alibi=torch.rand(n_heads, device="cuda", generator=g) * 0.05 if opts.get("alibi") else None,
+                   sinks=torch.randn(n_heads, device="cuda", generator=g) if opts.get("sinks") else None,
+                   left=opts.get("left", -1))
+
+
+def grad_hash(*tensors) -> str:
+    """The bytes of ``tensors`` (dK and dV, or O and the lse; as float32: numpy has no bf16), hashed."""
+    return hashlib.sha1(b"".join(t.float().cpu().numpy().tobytes() for t in tensors)).hexdigest()[:12]
+
+
+def forward_pass(rep_ms: float) -> dict:
+    """``--pass forward``: the Gluon forward at FORWARD_POINTS and with each option."""
+    out = {}
+    for d, causal, n in FORWARD_POINTS:
+        B, H = 16384 // n, 2048 // d
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+
+        def forward():
+            return gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal)
+        out[f"d{d}-{'causal' if causal else 'full'}-{n}"] = {"ms": time_ms(forward, rep_ms=rep_ms),
+                                                             "hash": grad_hash(*forward())}
+    for name, dtype, opts in OPTIONS:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=g)
+        k, v = (torch.randn(2, 4, 1037, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+        variant = make_variant(opts, 8, g) if opts else PLAIN
+        out[name] = {"hash": grad_hash(*gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant))}
+    for name, opts in TIMED_OPTIONS:  # the d 128 causal 8k point with each option, timed
+        g = torch.Generator(device="cuda").manual_seed(2)
+        q, k, v = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        variant = make_variant(opts, 16, g)
+
+        def forward():
+            return gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant)
+        out[f"d128-causal-8192-{name}"] = {"ms": time_ms(forward, rep_ms=rep_ms), "hash": grad_hash(*forward())}
+    return out
+
+
+def backward_pass(rep_ms: float) -> dict:
+    """The Gluon backward at BACKWARD_POINTS and with each option."""
+    out = {}
+    for d, causal, n in BACKWARD_POINTS:
+        B, H = 16384 // n, 2048 // d
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal)
+
+        def backward():
+            return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=d ** -0.5, causal=causal)
+        dk, dv = backward()[1:3]
+        out[f"d{d}-{'causal' if causal else 'full'}-{n}"] = {"ms": time_ms(backward, rep_ms=rep_ms),
+                                                             "hash": grad_hash(dk, dv)}
+    for name, dtype, opts in OPTIONS:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q, do = (torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+        k, v = (torch.randn(2, 4, 1037, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+        variant = PLAIN
+        if opts:
+            variant = make_variant(opts, 8, g)
+        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant)
+        dk, dv = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=True,
+                                                    variant=None if variant is PLAIN else variant)[1:3]
+        out[name] = {"hash": grad_hash(dk, dv)}
+    for name, opts in TIMED_OPTIONS:  # the d 128 causal 8k point with each option, timed
+        g = torch.Generator(device="cuda").manual_seed(2)
+        q, k, v, do = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                       for _ in range(4))
+        variant = make_variant(opts, 16, g)
+        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant)
+
+        def backward():
+            return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=True, variant=variant)
+        out[f"d128-causal-8192-{name}"] = {"ms": time_ms(backward, rep_ms=rep_ms),
+                                           "hash": grad_hash(*backward()[1:3])}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rep-ms", type=float, default=300, help="timed milliseconds per point (> 0)")
+    ap.add_argument("--pass", dest="which", choices=("backward", "forward"), default="backward",
+                    help="which Gluon kernel to time (default: backward)")
+    args = ap.parse_args()
+    if not args.rep_ms > 0:
+        ap.error(f"--rep-ms must be > 0, got {args.rep_ms}")
+    assert torch.cuda.is_available(), "gluon_checkout times Gluon kernels: a GPU is needed"
+    run = forward_pass if args.which == "forward" else backward_pass
+    print(json.dumps(run(args.rep_ms)))
+
+
+if __name__ == "__main__":
+    main()
