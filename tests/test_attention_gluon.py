@@ -91,6 +91,25 @@ def test_every_config_on_partial_tiles(head_dim, config):
     check((1, 4, 2, 1000, 1037, head_dim), torch.bfloat16, True, config)
 
 
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", gluon_fwd.HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_rows_whose_maximum_climbs(d, dtype, causal):
+    # Scores that climb along the keys, each row at its own rate (0 to ~20 base-2 units per 128-key
+    # tile; a quarter of the rows fall instead), so the online softmax rescales some rows at every
+    # tile and others never after the first, within one warp's rows.
+    q, k, v = make_qkv((1, 4, 2, 1000, 1037, d), dtype)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    direction = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0).to(q.device)
+    rate = (torch.rand(q.shape[:-1] + (1,), generator=g) * 1.6 - 0.4).to(q.device)
+    climb = torch.linspace(0.0, 20.0, k.shape[2], device=q.device)[:, None] * direction * d ** 0.5
+    k = (k.float() * 0.3 + climb).to(dtype)
+    q = (q.float() * 0.3 + rate * direction * 4.0).to(dtype)
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal)
+    check_against_reference(o, lse, q, k, v, causal)
+
+
 PERSISTENT = [(d, c) for d in gluon_fwd.HEAD_DIMS for c in gluon_fwd.CONFIGS[d] if c.persistent]
 
 
