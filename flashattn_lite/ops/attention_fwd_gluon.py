@@ -413,15 +413,17 @@ if _HAS_GLUON:
                 softcap2, slope,
                 CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                 ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-        """(x, fold): the scores of the j-th loaded key tile (keys from ``key`` = j·BLOCK_N, + ``lo``
-        under a window's left side) as base-2 scores x·fold, fold > 0 for
+        """(x, fold, r): the scores of the j-th loaded key tile (keys from ``key`` = j·BLOCK_N, + ``lo``
+        under a window's left side) as base-2 scores (x + r)·fold, fold > 0 and r a per-row term for
         ``_softmax`` to fold into its exp2 (the portable kernels' ``fold_factor``: S and scale·log2 e,
         or with softcap c tanh(S·scale/c) and c·log2 e, ``tanh.approx.f32`` for 16-bit inputs), ALiBi's
-        slope·log2 e·|i + off − j| subtracted from x over that fold (``slope``), and the keys its rows
+        slope·log2 e·|i + off − j| subtracted from x over that fold (``slope``; causal: its key part
+        added to x and its row part as r, one FMA a score), and the keys its rows
         cannot see set to −inf, only in the tiles outside [mid_lo, mid_hi) (``key_tiles``): without a
         window, keys past Nk and right of the causal diagonal; with one (``HAS_LEFT``/``HAS_RIGHT``,
         causal as the right side at 0), the keys outside the band (``_band``)."""
         s, fold = fold_factor(s, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
+        r = 0.0
         key = j * BLOCK_N
         if HAS_LEFT:
             key = lo + j * BLOCK_N
@@ -430,7 +432,14 @@ if _HAS_GLUON:
             # made once per consumer): exact below 2²⁴, one add per score and no int→float
             # conversion (the ALiBi helper of the portable kernels converts per score).
             rows_f = (rows + (off - key)).to(gl.float32)
-            s = s - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols_f, 0))
+            if CAUSAL:
+                # Every key a row sees is at or left of its diagonal: |i + off − j| = rows_f − c, so
+                # x gains slope·c (an FMA) and the row's −slope·rows_f goes to _softmax as r. (Keys
+                # right of the diagonal get the wrong bias, and −inf below.)
+                s = s + slope * gl.expand_dims(cols_f, 0)
+                r = -slope * rows_f
+            else:
+                s = s - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols_f, 0))
         if HAS_LEFT or HAS_RIGHT:
             if (key < mid_lo) | (key >= mid_hi):
                 right = win_right
@@ -446,18 +455,25 @@ if _HAS_GLUON:
                 if CAUSAL:
                     visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
                 s = gl.where(visible, s, float("-inf"))
-        return s, fold
+        return s, fold, r
 
     @gluon.jit
-    def _softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr):
-        """Online softmax step in base 2 with the scale folded into the exponent: returns
+    def _softmax(s, m_i, l_i, qk_scale, r, p_layout: gl.constexpr, dtype: gl.constexpr, ROW_TERM: gl.constexpr):
+        """Online softmax step in base 2 of the scores (s + r)·qk_scale (``r``: a per-row term from
+        ``_scores`` where ``ROW_TERM``, else none), with the scale folded into the exponent: returns
         (m, ℓ, P in the register-A wgmma layout, α = exp2(m_old − m_new)). (Softcap's scores cost a
         second MUFU op, the tanh; computing 3 of every 8 exp2s with FMAs instead, as
         FlashAttention-4 does, measured 4% slower under the H100's power cap: NOTES, 2026-11-25.)"""
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if ROW_TERM:
+            m_new = gl.maximum(m_i, (gl.max(s, 1) + r) * qk_scale)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         alpha = gl.exp2(m_i - m_ref)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
+        if ROW_TERM:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref - r * qk_scale, 1))
+        else:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
         return m_new, l_i, gl.convert_layout(p.to(dtype), p_layout), alpha
 
@@ -506,10 +522,10 @@ if _HAS_GLUON:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(kv0 % STAGES))
-            s, fold = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+            s, fold, r = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, r, p_layout, dtype, ALIBI and CAUSAL)
 
         for j in range(1, n_tiles):
             c = kv0 + j
@@ -527,10 +543,10 @@ if _HAS_GLUON:
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
             s = warpgroup_mma_wait(1, deps=[s])
             mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
-            s, fold = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
+            s, fold, r = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
                               softcap_scale, softcap2, slope,
                               CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, p_layout, dtype)
+            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, r, p_layout, dtype, ALIBI and CAUSAL)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
