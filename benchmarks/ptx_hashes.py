@@ -239,7 +239,10 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon ps d128 m128 full", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", causal=False)),
          ("gluon ps d128 m128 softcap+sinks", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", softcap=30.0,
                                                            sinks=True)),
-         ("gluon ps d64", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64))]
+         ("gluon ps d64", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64)),
+         # d 64 with two ping-ponging consumers (128-row tiles), one tile per program and persistent.
+         ("gluon d64 m128 pp", gluon, dict(config="g-m128-n128-s3-pp-r240", d=64)),
+         ("gluon ps d64 m128", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64))]
 
 
 def ptxas(ptx):

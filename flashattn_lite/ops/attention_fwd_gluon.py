@@ -168,7 +168,8 @@ LOADER_REGS = 24
 # three-consumer config, which spills in its key loop with ALiBi (more than without persistence).
 CONFIGS = {
     64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False),
-         Config(3, 128, 3, True, 160, persistent=True)],
+         Config(3, 128, 3, True, 160, persistent=True), Config(2, 128, 3, True),
+         Config(2, 128, 3, True, persistent=True)],
     128: [Config(2, 128, 3, True), Config(2, 128, 3, False), Config(3, 64, 3, True, 160),
           Config(3, 64, 4, False, 160), Config(3, 64, 3, True, 160, persistent=True),
           Config(2, 128, 3, True, persistent=True), Config(2, 128, 3, False, persistent=True)],
