@@ -242,7 +242,9 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon ps d64", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64)),
          # d 64 with two ping-ponging consumers (128-row tiles), one tile per program and persistent.
          ("gluon d64 m128 pp", gluon, dict(config="g-m128-n128-s3-pp-r240", d=64)),
-         ("gluon ps d64 m128", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64))]
+         ("gluon ps d64 m128", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64)),
+         ("gluon ps d64 m128 causal window+all", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64, left=300,
+                                                              softcap=30.0, alibi=True, sinks=True))]
 
 
 def ptxas(ptx):

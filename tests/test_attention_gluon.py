@@ -167,11 +167,12 @@ def test_takes_a_window_refuses_ranges():
 
 @needs_gpu
 @pytest.mark.parametrize("d, causal, n, takes_gluon", [(128, False, 2048, True), (128, True, 2048, True),
-                                                       (64, True, 2048, False), (64, True, 8192, True)],
-                         ids=["d128-full-2k", "d128-causal-2k", "d64-causal-2k", "d64-causal-8k"])
+                                                       (64, True, 1024, False), (64, True, 2048, True),
+                                                       (64, True, 8192, True)],
+                         ids=["d128-full-2k", "d128-causal-2k", "d64-causal-1k", "d64-causal-2k", "d64-causal-8k"])
 def test_attention_dispatches_where_it_measured_fastest(d, causal, n, takes_gluon):
     # attention() sends plain calls to the Gluon kernel non-causal at any length and causal from
-    # CAUSAL_MIN_N[d] on (2k at d 128, 8k at d 64), else to the Triton TMA kernel; both give what
+    # CAUSAL_MIN_N[d] on (2k), else to the Triton TMA kernel; both give what
     # the kernel called directly gives, and the backward runs from the Gluon kernel's (o, lse).
     from flashattn_lite import attention, explain
     from flashattn_lite.ops import attention_fwd

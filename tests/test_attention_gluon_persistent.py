@@ -334,12 +334,14 @@ def test_configs():
             assert cfg.q_sets(d) == (1 if not cfg.persistent or (d, cfg.block_m, cfg.block_n) == (128, 128, 128)
                                      else 2)
             assert cfg._replace(persistent=False).name + "-ps" == cfg._replace(persistent=True).name
-    # The default: persistent at d 128 below 8k only (where it measured faster), any options.
+    # The default: persistent below 8k at d 128, and at d 64 for causal calls (where it measured
+    # faster), any options.
     for d in gluon_fwd.HEAD_DIMS:
         for causal in (False, True):
             for n in (1024, 2048, 8191, 8192, 16384):
                 for flags in ((False, False, False), (True, True, True)):
-                    assert gluon_fwd.default_config(d, causal, n, *flags).persistent == (d == 128 and n < 8192)
+                    persistent = n < 8192 and (d == 128 or causal)
+                    assert gluon_fwd.default_config(d, causal, n, *flags).persistent == persistent
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")

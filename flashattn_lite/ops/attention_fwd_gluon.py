@@ -166,6 +166,8 @@ LOADER_REGS = 24
 # sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at once, adds a few per tile
 # outside the key loop (one register in it for m128 n128 with every option), but for the d 64
 # three-consumer config, which spills in its key loop with ALiBi (more than without persistence).
+# D 64 with two ping-ponging consumers (128-row tiles), persistent: the default for causal calls
+# below 8k (``default_config``); no spills with any option.
 CONFIGS = {
     64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False),
          Config(3, 128, 3, True, 160, persistent=True), Config(2, 128, 3, True),
@@ -182,14 +184,19 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     H100, bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major
     grid). d 64: three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with
     ALiBi (whose bias spills those consumers' 160 registers), or a window's left side with softcap
-    (8 bytes), two. d 128: two ping-ponging consumers with 128-key tiles and three stages at every
+    (8 bytes), two; causal below N 8k, two ping-ponging consumers with 128-row tiles, persistent
+    (``gluon_fwd-20261125-041948.json``: 386 / 412 TFLOP/s at 2k / 4k against 356 / 352 for the TMA
+    kernel and 319 / 377 for three consumers; at 8k 442 against 457 for three consumers,
+    ``gluon_fwd-20261125-041725.json``), with any option (no spills). d 128: two ping-ponging consumers with 128-key tiles and three stages at every
     length, causal or not (612–653 non-causal, 493–680 causal; three consumers with 64-key tiles,
     the choice below 8k before the grid went head-major, now trail by 5–9% there), persistent
     below N 8k (``gluon_fwd-20261125-002134.json``: +1.6% non-causal and +5.1% causal at 2k against
     the same config one tile per program; from 8k ±3% to −10%). A persistent config takes dense
     batches only: ``attention_forward_gluon`` runs ranges and varlen one tile per program.
-    (``causal`` changes no choice since the grid went head-major; callers still pass it.)"""
+    """
     if head_dim == 64:
+        if causal and n < 8192:
+            return Config(2, 128, 3, True, persistent=True)
         return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
     return Config(2, 128, 3, True, persistent=n < 8192)
 
@@ -1027,13 +1034,13 @@ def supported(q, k, v, **options) -> str | None:
 
 # Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, bf16, B·N 16k,
 # ``gluon_fwd-20261124-235738.json``, its head-major grid): every non-causal point (d 128 at N 2k:
-# 612 vs 507 TFLOP/s); causal at d 128 from N 2k on (2k: 493 vs 432), at d 64 from 8k on (2k: 315
-# with its default config, 357 with the persistent one, vs 355). Calls with softcap, ALiBi or
-# sinks follow the same rule. A sliding-window call counts as causal for it whether or not it is
+# 612 vs 507 TFLOP/s); causal from N 2k on (d 128 2k: 493 vs 432; d 64 2k with its short-causal
+# config: 386 vs 356, ``gluon_fwd-20261125-041948.json``); shorter causal calls, not measured, keep
+# the TMA kernel. Calls with softcap, ALiBi or sinks follow the same rule. A sliding-window call counts as causal for it whether or not it is
 # causal (``_short``): its programs see a band of keys, not all of them, which is what made causal
 # calls short; its length is the call's (max(Nq, Nk)), not the window's, so a causal 4k window at
 # 32k is long. Windows are measured at 32k only (``flashattn-lite variants``).
-CAUSAL_MIN_N = {64: 8192, 128: 2048}
+CAUSAL_MIN_N = {64: 2048, 128: 2048}
 
 
 def _short(causal: bool, variant: Variant, n_q: int, n_k: int, head_dim: int) -> bool:
