@@ -501,7 +501,10 @@ if _HAS_GLUON:
         keys_f = 0.0
         cols_f = 0.0
         if ALIBI:  # |i + off − j| = |query − (key − off)|: exact float differences below 2²⁴
-            keys_f = (keys - off).to(gl.float32)
+            if CAUSAL:  # the key's offset in this warpgroup's block (see below)
+                keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
+            else:
+                keys_f = (keys - off).to(gl.float32)
             if SOFTCAP:  # the query columns 0 … BLOCK_M − 1 as floats, made once (see below)
                 cols_f = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout)).to(gl.float32)
         # A step's dQ block is retired and reduce-added in the next step, behind its Sᵀ and dPᵀ
@@ -553,12 +556,27 @@ if _HAS_GLUON:
                 # once (16 registers across the loop). Whichever ptxas spilled less at d 128
                 # (triton 3.6, sm_90a): ALiBi alone 28–76 bytes per step-converted against 16–136
                 # kept; with softcap 112–332 kept against 360–464 per step-converted.
-                if SOFTCAP:
-                    rows_f = cols_f + start_m.to(gl.float32)
+                if CAUSAL:
+                    # Every query sees only keys at or left of its diagonal, so |i + off − j| =
+                    # d₀ + c − r for the step's d₀ = start_m + off − (the block's first key), query
+                    # column c and key row r: x gains slope·r (one add a score) and each column's
+                    # slope·(d₀ + c) joins its lse in the exponent's offset; offsets within the
+                    # block keep the terms that matter (d small) exact. (Pairs right of the
+                    # diagonal get the wrong bias, and Pᵀ = 0 from ``_masked``.)
+                    d0 = start_m + off - (start_n + 64 * ME)
+                    if SOFTCAP:
+                        rows_f = cols_f + d0.to(gl.float32)
+                    else:
+                        rows_f = (d0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                    x = x + gl.expand_dims(slope * keys_f, 1)
+                    lse2 = lse2 + gl.expand_dims(slope * fold * rows_f, 0)
                 else:
-                    rows_f = (start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
-                rows_f = gl.expand_dims(rows_f, 0)
-                x = x - slope * gl.abs(rows_f - gl.expand_dims(keys_f, 1))
+                    if SOFTCAP:
+                        rows_f = cols_f + start_m.to(gl.float32)
+                    else:
+                        rows_f = (start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                    rows_f = gl.expand_dims(rows_f, 0)
+                    x = x - slope * gl.abs(rows_f - gl.expand_dims(keys_f, 1))
             pt = gl.exp2(x * fold - lse2)
             # Masked: tiles before the rows seeing every key (``query_tiles``), after them under a
             # window's left side (without one they run to Nq), and a warpgroup holding keys past Nk.
