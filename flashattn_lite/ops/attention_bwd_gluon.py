@@ -155,7 +155,9 @@ class Config(NamedTuple):
 # With the options (same compile, 2026-11-24; sinks alone compile to the plain kernel, PTX hash
 # equal): d 64 spills 0–20 bytes (all three, causal), none otherwise; d 128 fused: ALiBi 28–76
 # (plain 0–72), softcap 100–248, softcap + ALiBi 112–332 (the dSᵀ factor Pᵀ ∘ (1 − tanh²), 16
-# registers, is live across the dPᵀ wait with Pᵀ for dV; bf16/fp16 causal GQA the most).
+# registers, is live across the dPᵀ wait with Pᵀ for dV; bf16/fp16 causal GQA the most). Causal
+# ALiBi in one add a score (2026-11-25, +2.1% measured) spills more: bf16 GQA 2 ALiBi 44 → 132,
+# with softcap and sinks 312 → 364, a causal window with every option 328 → 396 (d 64 20 → 28).
 # With windows (same compile, fp16/bf16, GQA 1 and 2; plain kernels' PTX hash unchanged): d 64 none
 # (with every option too); d 128 fused 16–68 bytes (plain causal 16–72, non-causal 0–40), softcap +
 # ALiBi 220–328, every option with a causal window 328. Non-causal windows with a right side skip
