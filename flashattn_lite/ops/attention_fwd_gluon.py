@@ -162,10 +162,11 @@ LOADER_REGS = 24
 # configs one tile per program, head-major units (``gluon_fwd-20261125-002134.json``): d 128 m128
 # n128 +1.6% / +5.1% at 2k (non-causal / causal), +1.9% / +2.6% at 8k, −1.8% / −9.8% at 16k; d 64
 # −8.5% to +1.7%. (Walked bh-fastest, they lost up to 39%: K/V read from DRAM.) Two Q sets but
-# for m128 n128 at d 128 (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or not, nor with softcap,
-# sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at once, adds a few per tile
-# outside the key loop (one register in it for m128 n128 with every option), but for the d 64
-# three-consumer config, which spills in its key loop with ALiBi (more than without persistence).
+# for m128 n128 at d 128 (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or
+# not, nor with softcap, sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at
+# once, adds a few per tile outside the key loop (one register in it for m128 n128 with every
+# option), but for the d 64 three-consumer config, which spills in its key loop with ALiBi (more
+# than without persistence).
 # D 64 with two ping-ponging consumers (128-row tiles), persistent: the default for causal calls
 # below 8k (``default_config``); no spills with any option.
 CONFIGS = {
@@ -180,25 +181,27 @@ CONFIGS = {
 
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False, softcap: bool = False,
                    left: bool = False) -> Config:
-    """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the
-    H100, bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major
-    grid). d 64: three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with
-    ALiBi (whose bias spills those consumers' 160 registers), or a window's left side with softcap
-    (8 bytes), two; causal below N 8k, two ping-ponging consumers with 128-row tiles, persistent
+    """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the H100,
+    bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major grid). d 64:
+    three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with ALiBi (whose bias
+    spills those consumers' 160 registers), or a window's left side with softcap (8 bytes), two; causal
+    below N 8k, two ping-ponging consumers with 128-row tiles, persistent
     (``gluon_fwd-20261125-041948.json``: 386 / 412 TFLOP/s at 2k / 4k against 356 / 352 for the TMA
     kernel and 319 / 377 for three consumers; at 8k 442 against 457 for three consumers,
-    ``gluon_fwd-20261125-041725.json``), with any option (no spills). d 128: two ping-ponging consumers with 128-key tiles and three stages at every
-    length, causal or not (612–653 non-causal, 493–680 causal; three consumers with 64-key tiles,
-    the choice below 8k before the grid went head-major, now trail by 5–9% there), persistent
-    below N 8k (``gluon_fwd-20261125-002134.json``: +1.6% non-causal and +5.1% causal at 2k against
-    the same config one tile per program; from 8k ±3% to −10%). A persistent config takes dense
-    batches only: ``attention_forward_gluon`` runs ranges and varlen one tile per program.
+    ``gluon_fwd-20261125-041725.json``), with any option (no spills). d 128: two ping-ponging consumers
+    with 128-key tiles and three stages at every length, causal or not (612–653 non-causal, 493–680
+    causal; three consumers with 64-key tiles, the choice below 8k before the grid went head-major, now
+    trail by 5–9% there), persistent below N 8k (``gluon_fwd-20261125-002134.json``: +1.6% non-causal
+    and +5.1% causal at 2k against the same config one tile per program; from 8k ±3% to −10%). A
+    persistent config takes dense batches only: ``attention_forward_gluon`` runs ranges and varlen one
+    tile per program.
     """
     if head_dim == 64:
         if causal and n < 8192:
             return Config(2, 128, 3, True, persistent=True)
         return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
     return Config(2, 128, 3, True, persistent=n < 8192)
+
 
 @triton.jit
 def key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
@@ -466,7 +469,8 @@ if _HAS_GLUON:
         return s, fold, r
 
     @gluon.jit
-    def _softmax(s, m_i, l_i, qk_scale, r, p_layout: gl.constexpr, dtype: gl.constexpr, ROW_TERM: gl.constexpr):
+    def _softmax(s, m_i, l_i, qk_scale, r, p_layout: gl.constexpr, dtype: gl.constexpr,
+                 ROW_TERM: gl.constexpr):
         """Online softmax step in base 2 of the scores (s + r)·qk_scale (``r``: a per-row term from
         ``_scores`` where ``ROW_TERM``, else none), with the scale folded into the exponent: returns
         (m, ℓ, P in the register-A wgmma layout, α = exp2(m_old − m_new)). (Softcap's scores cost a
@@ -530,9 +534,9 @@ if _HAS_GLUON:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(kv0 % STAGES))
-            s, fold, r = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
-                              softcap_scale, softcap2, slope,
-                              CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
+            s, fold, r = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi,
+                                 qk_scale, softcap_scale, softcap2, slope,
+                                 CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
             m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, r, p_layout, dtype, ALIBI and CAUSAL)
 
         for j in range(1, n_tiles):
@@ -551,9 +555,9 @@ if _HAS_GLUON:
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
             s = warpgroup_mma_wait(1, deps=[s])
             mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
-            s, fold, r = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi, qk_scale,
-                              softcap_scale, softcap2, slope,
-                              CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
+            s, fold, r = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi,
+                                 qk_scale, softcap_scale, softcap2, slope,
+                                 CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
             m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, r, p_layout, dtype, ALIBI and CAUSAL)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(prev))  # nor V_{j-1}
@@ -1032,14 +1036,15 @@ def supported(q, k, v, **options) -> str | None:
     return hopper_supported(q, k, v, **options)
 
 
-# Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, bf16, B·N 16k,
-# ``gluon_fwd-20261124-235738.json``, its head-major grid): every non-causal point (d 128 at N 2k:
-# 612 vs 507 TFLOP/s); causal from N 2k on (d 128 2k: 493 vs 432; d 64 2k with its short-causal
+# Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, bf16, B·N
+# 16k, ``gluon_fwd-20261124-235738.json``, its head-major grid): every non-causal point (d 128 at N
+# 2k: 612 vs 507 TFLOP/s); causal from N 2k on (d 128 2k: 493 vs 432; d 64 2k with its short-causal
 # config: 386 vs 356, ``gluon_fwd-20261125-041948.json``); shorter causal calls, not measured, keep
-# the TMA kernel. Calls with softcap, ALiBi or sinks follow the same rule. A sliding-window call counts as causal for it whether or not it is
-# causal (``_short``): its programs see a band of keys, not all of them, which is what made causal
-# calls short; its length is the call's (max(Nq, Nk)), not the window's, so a causal 4k window at
-# 32k is long. Windows are measured at 32k only (``flashattn-lite variants``).
+# the TMA kernel. Calls with softcap, ALiBi or sinks follow the same rule. A sliding-window call
+# counts as causal for it whether or not it is causal (``_short``): its programs see a band of keys,
+# not all of them, which is what made causal calls short; its length is the call's (max(Nq, Nk)),
+# not the window's, so a causal 4k window at 32k is long. Windows are measured at 32k only
+# (``flashattn-lite variants``).
 CAUSAL_MIN_N = {64: 2048, 128: 2048}
 
 
