@@ -31,7 +31,9 @@ def summary(runs: list[tuple[str, dict]], names: list[str]) -> list[str]:
         cols = []
         for n in names:
             same = "=" if hashes[n] == hashes[first] else "≠"
-            if best[n] is None:
+            if n == first and best[n] is None:
+                cols.append(n)
+            elif best[n] is None:
                 cols.append(f"{n} {same}")
             elif n == first:
                 cols.append(f"{n} {best[n]:.3f}")

@@ -322,6 +322,31 @@ def test_gluon_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
     assert exit_info.value.code == 2 and "--rep-ms" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--out", "x.json", "a=.", "b"], ["--out", "x.json", "a=."],
+                                  ["--out", "x.json", "--timeout", "0", "a=.", "a"]],
+                         ids=["unknown-name", "no-runs", "timeout"])
+def test_checkout_ab_rejects_bad_runs_before_running_any(argv, monkeypatch, capsys):
+    # benchmarks/checkout_ab.py: a run order naming no checkout, an empty order or a nonpositive
+    # timeout is a usage error (exit 2), before any checkout runs.
+    module = load_benchmark("checkout_ab")
+    monkeypatch.setattr(sys, "argv", ["checkout_ab.py", *argv])
+    monkeypatch.setattr(module.subprocess, "run", lambda *a, **k: pytest.fail("a checkout ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        module.main()
+    assert exit_info.value.code == 2 and "usage" in capsys.readouterr().err
+
+
+def test_checkout_ab_summary_takes_each_checkouts_best_and_compares_hashes():
+    module = load_benchmark("checkout_ab")
+    runs = [("old", {"p": {"ms": 2.0, "hash": "a"}, "h": {"hash": "x"}}),
+            ("new", {"p": {"ms": 1.6, "hash": "a"}, "h": {"hash": "y"}}),
+            ("new", {"p": {"ms": 1.5, "hash": "a"}, "h": {"hash": "y"}}),
+            ("old", {"p": {"ms": 1.8, "hash": "a"}, "h": {"hash": "x"}})]
+    point, hashed = module.summary(runs, ["old", "new"])
+    assert point.split() == ["p", "old", "1.800", "new", "1.500", "(+20.0%)", "="]
+    assert hashed.split() == ["h", "old", "new", "≠"]
+
+
 @pytest.mark.parametrize("argv, needle", [(["--n", "0"], "--n"), (["--tokens", "100", "--n", "200"], "--tokens"),
                                           (["--hidden", "100"], "--hidden"), (["--softcap", "-1"], "--softcap"),
                                           (["--peer", "cudnn", "--alibi"], "--peer"),
