@@ -313,13 +313,16 @@ def test_hopper_benchmarks_configs_by_name(monkeypatch):
         module.chosen_configs(gluon_bwd, f"{d64.name},gb-typo", 64, True, 2048)
 
 
-def test_gluon_checkout_rejects_a_nonpositive_rep_ms(monkeypatch, capsys):
-    # benchmarks/gluon_checkout.py --rep-ms 0: a usage error naming it, before any GPU work.
+@pytest.mark.parametrize("argv, needle", [(["--rep-ms", "0"], "--rep-ms"), (["--pass", "sideways"], "--pass")],
+                         ids=["rep-ms", "pass"])
+def test_gluon_checkout_rejects_bad_arguments(argv, needle, monkeypatch, capsys):
+    # benchmarks/gluon_checkout.py: a nonpositive --rep-ms or an unknown --pass is a usage error
+    # naming it, before any GPU work.
     module = load_benchmark("gluon_checkout")
-    monkeypatch.setattr(sys, "argv", ["gluon_checkout.py", "--rep-ms", "0"])
+    monkeypatch.setattr(sys, "argv", ["gluon_checkout.py", *argv])
     with pytest.raises(SystemExit) as exit_info:
         module.main()
-    assert exit_info.value.code == 2 and "--rep-ms" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--out", "x.json", "a=.", "b"], ["--out", "x.json", "a=."],

@@ -558,27 +558,24 @@ if _HAS_GLUON:
                 # once (16 registers across the loop). Whichever ptxas spilled less at d 128
                 # (triton 3.6, sm_90a): ALiBi alone 28–76 bytes per step-converted against 16–136
                 # kept; with softcap 112–332 kept against 360–464 per step-converted.
+                # Causal: every query sees only keys at or left of its diagonal, so |i + off − j| =
+                # d₀ + c − r for the step's d₀ = start_m + off − (the block's first key), query column
+                # c and key row r: x gains slope·r (one add a score) and each column's slope·(d₀ + c)
+                # joins its lse in the exponent's offset; offsets within the block keep the terms
+                # that matter (d small) exact. (Pairs right of the diagonal get the wrong bias, and
+                # Pᵀ = 0 from ``_masked``.)
+                first = start_m
                 if CAUSAL:
-                    # Every query sees only keys at or left of its diagonal, so |i + off − j| =
-                    # d₀ + c − r for the step's d₀ = start_m + off − (the block's first key), query
-                    # column c and key row r: x gains slope·r (one add a score) and each column's
-                    # slope·(d₀ + c) joins its lse in the exponent's offset; offsets within the
-                    # block keep the terms that matter (d small) exact. (Pairs right of the
-                    # diagonal get the wrong bias, and Pᵀ = 0 from ``_masked``.)
-                    d0 = start_m + off - (start_n + 64 * ME)
-                    if SOFTCAP:
-                        rows_f = cols_f + d0.to(gl.float32)
-                    else:
-                        rows_f = (d0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                    first = start_m + off - (start_n + 64 * ME)
+                if SOFTCAP:
+                    rows_f = cols_f + first.to(gl.float32)
+                else:
+                    rows_f = (first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                if CAUSAL:
                     x = x + gl.expand_dims(slope * keys_f, 1)
                     lse2 = lse2 + gl.expand_dims(slope * fold * rows_f, 0)
                 else:
-                    if SOFTCAP:
-                        rows_f = cols_f + start_m.to(gl.float32)
-                    else:
-                        rows_f = (start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
-                    rows_f = gl.expand_dims(rows_f, 0)
-                    x = x - slope * gl.abs(rows_f - gl.expand_dims(keys_f, 1))
+                    x = x - slope * gl.abs(gl.expand_dims(rows_f, 0) - gl.expand_dims(keys_f, 1))
             pt = gl.exp2(x * fold - lse2)
             # Masked: tiles before the rows seeing every key (``query_tiles``), after them under a
             # window's left side (without one they run to Nq), and a warpgroup holding keys past Nk.

@@ -304,8 +304,6 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
     return bh, bh // n_heads, bh % n_heads, start_m, lo, n_tiles, mid_lo, mid_hi
 
 
-
-
 if _HAS_GLUON:
 
     @gluon.jit
