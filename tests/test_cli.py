@@ -123,6 +123,31 @@ def test_variants_rounds_start_one_case_later(monkeypatch):
     assert times == {name: [1.0] * 4 for name in "abc"}
 
 
+def test_speed_rounds_time_the_methods_in_turn(tmp_path, capsys, torch_cpu_path, monkeypatch):
+    # --rounds 3: per point every method is built and warmed up, then timed once a round, each round
+    # starting one method later; each keeps its median round and records all of them.
+    from flashattn_lite.bench import attention, common
+    calls, clock = [], iter(range(1, 1000))
+    real = common.time_ms
+
+    def fake_time_ms(fn, rep_ms):
+        real(fn, rep_ms=0.01)  # it still runs
+        calls.append(fn)
+        return float(next(clock))
+    monkeypatch.setattr(common, "time_ms", fake_time_ms)
+    status, out, err = run_cli(TINY_SPEED + ["--modes", "fwd", "--rounds", "3", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    rows = json.loads(one(tmp_path, "attention_speed-*.json").read_text())["results"]
+    assert [r["method"] for r in rows] == ["ours", "sdpa-math"] * 2 and all(r["status"] == "ok" for r in rows)
+    # Point 1's rounds: ours, math | math, ours | ours, math — ms 1..6 in that order; point 2: 7..12.
+    assert [r["rounds_ms"] for r in rows] == [[1.0, 4.0, 5.0], [2.0, 3.0, 6.0], [7.0, 10.0, 11.0], [8.0, 9.0, 12.0]]
+    assert [r["time_ms"] for r in rows] == [4.0, 3.0, 10.0, 9.0]
+    assert calls[0] is calls[3] and calls[1] is calls[2]  # the same callables each round
+    assert common.rotated_rounds("ab", 3) == [list("ab"), list("ba"), list("ab")] and common.rotated_rounds("", 2) == []
+    status, _, err = run_cli(TINY_SPEED + ["--rounds", "0"], capsys)
+    assert status == 2 and "--rounds" in err
+
+
 def test_speed_writes_tflops(tmp_path, capsys, torch_cpu_path):
     status, out, err = run_cli(TINY_SPEED + ["--out", str(tmp_path)], capsys)
     assert status == 0, err

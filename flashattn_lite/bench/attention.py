@@ -6,7 +6,11 @@ multiply-add), halved when causal; the backward as 2.5× the forward and forward
 point after another, each with a warm-up (compilation, autotuning) before
 ``triton.testing.do_bench`` takes the median. The default grid is the one FlashAttention's papers
 use: B·N = 16k tokens at hidden size 2048 (H = 2048 / d), N from 1k to 16k, d = 64 and 128,
-causal and not, bf16.
+causal and not, bf16. With ``--rounds R`` (R > 1) the methods of a point are built and warmed up
+together, then timed in turn R times, each round starting one method later
+(``common.rotated_rounds``), and each method's median round is kept: a drift of the card's clock,
+which at the 700 W cap moves a kernel by a few percent between runs, then moves every method of
+the point alike instead of the later ones.
 
 ``bwd`` times the backward alone: one forward graph is kept and its backward rerun
 (``autograd.grad`` with ``retain_graph``, so no gradient accumulation is timed).
@@ -57,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--modes", help="comma-separated from fwd, bwd, fwd+bwd (default all three)")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
     s.add_argument("--rep-ms", type=float, help="timing repetitions per point, in ms (GPU default 100)")
+    s.add_argument("--rounds", type=int, default=1,
+                   help="time the methods of a point in turn this many times, each keeping its median (default 1)")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     common.add_run_arguments(s)
@@ -80,6 +86,8 @@ def _resolve(args):
         raise common.BenchArgumentError(f"--head-dims must be integers in [1, 256], got {val['head_dims']!r}")
     if val["rep_ms"] <= 0:
         raise common.BenchArgumentError(f"--rep-ms must be positive, got {val['rep_ms']}")
+    if args.rounds < 1:
+        raise common.BenchArgumentError(f"--rounds must be ≥ 1, got {args.rounds}")
     if val["hidden"] <= 0 or any(val["hidden"] % h for h in head_dims):
         raise common.BenchArgumentError(f"--hidden {val['hidden']} must be a positive multiple of every head dim "
                                         f"({', '.join(map(str, head_dims))})")
@@ -92,27 +100,87 @@ def _resolve(args):
     return device, dtype, methods, modes, head_dims, lengths, val
 
 
+def _failure(exc: Exception) -> dict:
+    """The result of a point that failed: recorded, and the sweep goes on."""
+    text = str(exc)
+    oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower()
+    return {"status": "OOM" if oom else "error",
+            "note": f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"}
+
+
+def _free(problem: Problem) -> None:
+    gc.collect()
+    if problem.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _prepare(peer, way, problem: Problem, mode: str):
+    """(runner, timed callable, warm-up seconds) of a peer at a point, warmed up."""
+    q, k, v, do = problem.make_inputs(mode)
+    runner = peer.build(problem, way)
+    with runner.context():
+        fn = timed_callable(runner, q, k, v, do, mode)
+        warmup_s = common.warm_up(fn, f"{peer.name} {mode} d={problem.head_dim} causal={problem.causal} "
+                                      f"N={common.format_size(problem.seqlen)}")
+    return runner, fn, warmup_s
+
+
 def _point(peer, way, problem: Problem, mode: str, rep_ms: float) -> dict:
-    q = k = v = do = fn = None
+    runner = fn = None
     try:
-        q, k, v, do = problem.make_inputs(mode)
-        runner = peer.build(problem, way)
+        runner, fn, warmup_s = _prepare(peer, way, problem, mode)
         with runner.context():
-            fn = timed_callable(runner, q, k, v, do, mode)
-            warmup_s = common.warm_up(fn, f"{peer.name} {mode} d={problem.head_dim} causal={problem.causal} "
-                                          f"N={common.format_size(problem.seqlen)}")
             ms = common.time_ms(fn, rep_ms=rep_ms)
         return {"status": "ok", "time_ms": ms, "warmup_s": warmup_s}
-    except Exception as exc:  # a point that fails is recorded, the sweep goes on
-        text = str(exc)
-        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower()
-        return {"status": "OOM" if oom else "error",
-                "note": f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"}
+    except Exception as exc:
+        return _failure(exc)
     finally:
-        del q, k, v, do, fn
-        gc.collect()
-        if problem.device == "cuda":
-            torch.cuda.empty_cache()
+        del runner, fn
+        _free(problem)
+
+
+def _points_in_turn(peers: dict, problem: Problem, mode: str, rep_ms: float, rounds: int) -> dict:
+    """{name: result} of the peers ({name: (peer, way)}) at one point, timed in turn over ``rounds``
+    rounds (``common.rotated_rounds``): each keeps its median round (``time_ms``) and every round's
+    time (``rounds_ms``). A peer that fails to build, warm up or run is recorded as failed."""
+    results, live = {}, {}
+    try:
+        for name, (peer, way) in peers.items():
+            try:
+                live[name] = _prepare(peer, way, problem, mode)
+            except Exception as exc:
+                results[name] = _failure(exc)
+        times = {name: [] for name in live}
+        for order in common.rotated_rounds(live, rounds):
+            for name in order:
+                if name in results:  # failed in an earlier round
+                    continue
+                runner, fn, _ = live[name]
+                try:
+                    with runner.context():
+                        times[name].append(common.time_ms(fn, rep_ms=rep_ms))
+                except Exception as exc:
+                    results[name] = _failure(exc)
+        for name, (_, _, warmup_s) in live.items():
+            if name not in results:
+                ms = sorted(times[name])[len(times[name]) // 2]
+                results[name] = {"status": "ok", "time_ms": ms, "warmup_s": warmup_s, "rounds_ms": times[name]}
+        return results
+    finally:
+        live.clear()
+        _free(problem)
+
+
+def _row(problem: Problem, mode: str, name: str, way, result: dict) -> dict:
+    """The JSON row of one method at one point."""
+    ms = result.get("time_ms")
+    return {"method": name, "label": PEERS[name].label, "mode": mode, "head_dim": problem.head_dim,
+            "causal": problem.causal, "N": problem.seqlen, "batch": problem.batch, "heads": problem.heads,
+            "kv_heads": problem.kv_heads, "dtype": dtype_name(problem.dtype),
+            "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"], "time_ms": ms,
+            "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None, "flops": problem.flops(mode),
+            "warmup_s": result.get("warmup_s"), "note": result.get("note", ""),
+            **({"rounds_ms": result["rounds_ms"]} if "rounds_ms" in result else {})}
 
 
 def run(args) -> list[dict]:
@@ -138,20 +206,22 @@ def run(args) -> list[dict]:
         for d, causal, mode, n in grid:
             heads = val["hidden"] // d
             problem = Problem(max(1, val["tokens"] // n), heads, heads // args.gqa, n, d, dtype, causal, device)
+            started = {}  # name -> its GQA way: the methods timed in turn (--rounds > 1)
             for name in methods:
                 if not writer.start(method=name, mode=mode, head_dim=d, causal=causal, N=n):
                     continue
-                peer = PEERS[name]
-                reason, way = peer.check(problem, explicit=explicit)
-                result = ({"status": "unavailable", "note": reason} if reason is not None
-                          else _point(peer, way, problem, mode, val["rep_ms"]))
-                ms = result.get("time_ms")
-                writer.add({
-                    "method": name, "label": peer.label, "mode": mode, "head_dim": d, "causal": causal, "N": n,
-                    "batch": problem.batch, "heads": heads, "kv_heads": problem.kv_heads, "dtype": dtype_name(dtype),
-                    "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"],
-                    "time_ms": ms, "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None,
-                    "flops": problem.flops(mode), "warmup_s": result.get("warmup_s"), "note": result.get("note", "")})
+                reason, way = PEERS[name].check(problem, explicit=explicit)
+                if reason is not None:
+                    writer.add(_row(problem, mode, name, way, {"status": "unavailable", "note": reason}))
+                elif args.rounds == 1:  # built, timed and freed one after the other
+                    writer.add(_row(problem, mode, name, way, _point(PEERS[name], way, problem, mode, val["rep_ms"])))
+                else:
+                    started[name] = way
+            if started:
+                timed = _points_in_turn({name: (PEERS[name], way) for name, way in started.items()}, problem, mode,
+                                        val["rep_ms"], args.rounds)
+                for name, way in started.items():
+                    writer.add(_row(problem, mode, name, way, timed[name]))
     _report(writer, methods, dtype, args, val)
     return writer.rows
 

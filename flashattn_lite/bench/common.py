@@ -373,6 +373,14 @@ def settings(args, defaults: dict, quick: dict) -> dict:
     return {k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()}
 
 
+def rotated_rounds(keys, rounds: int) -> list[list]:
+    """The order of each of ``rounds`` rounds that time every key once: round r starts r keys later,
+    so no key always follows the same one (a power-hungry case leaves the clock low for the next
+    for a while) and a drift of the card's clocks during the run moves every key alike."""
+    keys = list(keys)
+    return [keys[r % len(keys):] + keys[:r % len(keys)] for r in range(rounds)] if keys else []
+
+
 def gpu_state() -> str | None:
     """The GPU's SM clock, power draw, temperature and active clock-throttle reasons (nvidia-smi),
     or None where there is no nvidia-smi: printed between a benchmark's rounds, so a slower round

@@ -97,10 +97,9 @@ def _interleaved(steps: dict, rep_ms: float, rounds: int = 3) -> dict:
     low for the next for a while, which read as a 12–13% cost of sinks over two runs in which sinks
     always came after softcap (interleaved directly, sinks cost 0.6%; NOTES, 2026-11-25)."""
     times = {key: [] for key in steps}
-    order = list(steps.items())
-    for r in range(rounds):
-        for key, step in order[r % len(order):] + order[:r % len(order)]:
-            times[key].append(common.time_ms(step, rep_ms=rep_ms))
+    for r, order in enumerate(common.rotated_rounds(steps, rounds)):
+        for key in order:
+            times[key].append(common.time_ms(steps[key], rep_ms=rep_ms))
         state = common.gpu_state()
         if state:
             print(f"  round {r + 1}/{rounds}: {state}", flush=True)
