@@ -126,7 +126,7 @@ def test_variants_rounds_start_one_case_later(monkeypatch):
 def test_speed_rounds_time_the_methods_in_turn(tmp_path, capsys, torch_cpu_path, monkeypatch):
     # --rounds 3: per point every method is built and warmed up, then timed once a round, each round
     # starting one method later; each keeps its median round and records all of them.
-    from flashattn_lite.bench import attention, common
+    from flashattn_lite.bench import common
     calls, clock = [], iter(range(1, 1000))
     real = common.time_ms
 
