@@ -168,22 +168,31 @@ def test_launch_plan(causal):
     assert plan["constexprs"]["DS_BUFS"] == 1
 
 
-def test_row_stats_are_padded():
-    # δ and lse₂ by the portable preprocess (the interpreter runs it here), padded rows δ = 0 and
-    # lse₂ = +inf (P = 0 there); a row with no key (lse −inf) gets lse₂ +inf; dlse folds into δ.
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_row_stats_are_padded(layout):
+    # δ and lse₂ (the interpreter runs the kernel here), padded rows δ = 0 and lse₂ = +inf (P = 0
+    # there); a row with no key (lse −inf) gets lse₂ +inf; dlse folds into δ; the fp32 dQ buffer,
+    # allocated empty, comes back zeroed by the same pass; o and dO in either head layout.
     g = torch.Generator().manual_seed(0)
-    o, do = (torch.randn(1, 2, 20, 64, generator=g).half().to(DEVICE) for _ in range(2))
-    lse = torch.randn(1, 2, 20, generator=g)
+    o, do = (torch.randn(2, 3, 20, 64, generator=g).half().to(DEVICE) for _ in range(2))
+    if layout == "bnhd":
+        o, do = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (o, do))
+    lse = torch.randn(2, 3, 20, generator=g)
     lse[0, 1, 3] = -math.inf
-    lse, dlse = lse.to(DEVICE), torch.randn(1, 2, 20, generator=g).to(DEVICE)
-    (delta_pad, lse2_pad), (delta, lse2) = gluon_bwd._row_stats(do, o, lse, dlse, 128)
+    lse, dlse = lse.to(DEVICE), torch.randn(2, 3, 20, generator=g).to(DEVICE)
+    dq_acc = torch.full((2, 3, 20, 64), math.nan, device=DEVICE)
+    (delta_pad, lse2_pad), (delta, lse2) = gluon_bwd._row_stats(do, o, lse, dlse, 128, dq_acc)
     want_delta = (do.float() * o.float()).sum(-1) - dlse
-    assert delta_pad.shape == lse2_pad.shape == (2, 128)
-    torch.testing.assert_close(delta_pad[:, :20], want_delta.view(2, 20), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lse2_pad[0, :20], lse[0, 0] * 1.4426950408889634)
+    assert delta_pad.shape == lse2_pad.shape == (6, 128)
+    torch.testing.assert_close(delta_pad[:, :20], want_delta.reshape(6, 20), rtol=1e-5, atol=1e-5)
+    want_lse2 = torch.where(lse == -math.inf, math.inf, lse * 1.4426950408889634)
+    torch.testing.assert_close(lse2_pad[:, :20], want_lse2.reshape(6, 20))
     assert lse2_pad[1, 3] == math.inf
     assert (delta_pad[:, 20:] == 0).all() and (lse2_pad[:, 20:] == math.inf).all()
-    assert torch.equal(delta.view(2, 20), delta_pad[:, :20])
+    assert torch.equal(delta, delta_pad.view(2, 3, 128)[:, :, :20]) and torch.equal(lse2, want_lse2)
+    assert (dq_acc == 0).all()
+    (delta_pad2, _), _ = gluon_bwd._row_stats(do, o, lse, None, 128)  # no dlse, no buffer
+    torch.testing.assert_close(delta_pad2[:, :20], (want_delta + dlse).reshape(6, 20), rtol=1e-5, atol=1e-5)
 
 
 def test_dq_conversion_keeps_q_layout():

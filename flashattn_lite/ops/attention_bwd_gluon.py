@@ -94,10 +94,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import cdiv
+from .._launcher import launcher
+from .._runtime import cdiv, interpreter_active, tile_and_slab
 from ..merge import LOG2E
-from .attention_bwd import query_range
-from .attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, score_args, seq_args
+from .attention_bwd import base2_lse, query_range, row_delta
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, load_tile,
+                            score_args, seq_args)
 from .attention_fwd_gluon import tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -943,17 +945,57 @@ def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
     return tma_descriptor(t, [1, block_m], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 
 
-def _row_stats(do, o, lse, dlse, n_pad: int):
-    """δ = rowsum(dO ∘ O) − dlse and lse₂ = lse·log2 e (+inf where lse = −inf), by the portable
-    preprocess kernel, as (B·Hq, n_pad) float32 rows padded with δ = 0 and lse₂ = +inf (P = 0 on the
-    padding rows). Also returns the unpadded (B, Hq, Nq) pair, which the Triton dQ kernel reads."""
-    from .attention_bwd_hopper import row_stats
-    B, Hq, Nq, D = o.shape
-    delta, lse2 = row_stats(do, o, lse, dlse)
-    delta_pad = torch.zeros((B * Hq, n_pad), device=o.device, dtype=torch.float32)
-    lse2_pad = torch.full((B * Hq, n_pad), float("inf"), device=o.device, dtype=torch.float32)
-    delta_pad[:, :Nq] = delta.view(B * Hq, Nq)
-    lse2_pad[:, :Nq] = lse2.view(B * Hq, Nq)
+@launcher
+@triton.jit(do_not_specialize=["n_q", "n_pad", "n_heads"])
+def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
+                      stride_ob, stride_oh, stride_om, stride_od,
+                      stride_dob, stride_doh, stride_dom, stride_dod,
+                      n_heads, n_q, n_pad, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                      HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The portable preprocess (``attention_bwd._bwd_preprocess``) written the way the Gluon kernel
+    reads it: δ and lse₂ in (B·Hq, n_pad) rows, the padding rows δ = 0 and lse₂ = +inf, and with
+    ``ZERO_DQ`` the fp32 dQ buffer's rows zeroed in the same pass (before, a fill kernel, two fills
+    and two copies: ~0.1 ms a call at B·N 16k)."""
+    tile, bh = tile_and_slab(tl.cdiv(n_pad, BLOCK_M))
+    b = bh // n_heads
+    h = bh % n_heads
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_V)
+    o_t = load_tile(head_base(o, b, h, stride_ob, stride_oh), offs_m[:, None], stride_om, n_q,
+                    offs_d[None, :], stride_od, HEAD_DIM_V)
+    do_t = load_tile(head_base(do, b, h, stride_dob, stride_doh), offs_m[:, None], stride_dom, n_q,
+                     offs_d[None, :], stride_dod, HEAD_DIM_V)
+    d = row_delta(o_t, do_t)  # 0 on the padding rows (zero tiles)
+    row = bh.to(tl.int64) * n_q + offs_m
+    row_ok = offs_m < n_q
+    if HAS_DLSE:
+        d -= tl.load(dlse + row, mask=row_ok, other=0.0)
+    out = bh.to(tl.int64) * n_pad + offs_m
+    tl.store(delta_pad + out, d)
+    tl.store(lse2_pad + out, base2_lse(tl.load(lse + row, mask=row_ok, other=float("-inf"))))
+    if ZERO_DQ:  # dq_acc (B, Hq, Nq, HEAD_DIM) contiguous
+        cols = tl.arange(0, HEAD_DIM)
+        tl.store(dq_acc + row[:, None] * HEAD_DIM + cols[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
+                 mask=row_ok[:, None])
+
+
+def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None):
+    """δ = rowsum(dO ∘ O) − dlse and lse₂ = lse·log2 e (+inf where lse = −inf) as (B·Hq, n_pad)
+    float32 rows padded with δ = 0 and lse₂ = +inf (P = 0 on the padding rows), in one pass that also
+    zeroes ``dq_acc`` (the fused dQ's fp32 buffer, allocated empty). Also returns the unpadded
+    (B, Hq, Nq) pair (views of the padded rows)."""
+    B, Hq, Nq, Dv = o.shape
+    lse = lse.contiguous()  # the forward's lse already is: (B, Hq, Nq) rows N apart
+    if dlse is not None:
+        dlse = dlse.float().contiguous()
+    delta_pad = torch.empty((B * Hq, n_pad), device=o.device, dtype=torch.float32)
+    lse2_pad = torch.empty((B * Hq, n_pad), device=o.device, dtype=torch.float32)
+    block_m = 16 if interpreter_active() else 64
+    _row_stats_kernel[(n_pad // block_m * B * Hq,)](
+        o, do, lse, dlse if dlse is not None else lse, delta_pad, lse2_pad, dq_acc, *o.stride(), *do.stride(),
+        Hq, Nq, n_pad, HEAD_DIM=dq_acc.shape[3] if dq_acc is not None else Dv, HEAD_DIM_V=Dv,
+        HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None, BLOCK_M=block_m)
+    delta, lse2 = (t.view(B, Hq, n_pad)[:, :, :Nq] for t in (delta_pad, lse2_pad))
     return (delta_pad, lse2_pad), (delta, lse2)
 
 
@@ -1150,13 +1192,14 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
         from .attention_bwd_hopper import row_stats
         delta, lse2 = row_stats(do, o, lse, dlse)
         delta_pad, lse2_pad, row_starts = _aligned_rows(delta, lse2, variant)
-    else:
-        (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, _pad_rows(Nq))
+        dq_acc = torch.zeros((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
+    else:  # a dense batch: the dQ buffer zeroed by the row statistics' pass
+        dq_acc = torch.empty((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
+        (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, _pad_rows(Nq), dq_acc)
     # Rows outside every range of a padded batch are no program's: their gradients are 0 (the
     # fp32 dQ buffer starts at 0 anyway).
     alloc = torch.zeros_like if variant is not None and variant.seq == SEQ_RANGES else torch.empty_like
     dk, dv = alloc(k), alloc(v)
-    dq_acc = torch.zeros((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
     dq = None if cfg.fused_dq else torch.empty_like(q)
     grid, args, kwargs = _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
                                  PLAIN if variant is None else variant, dq_acc, row_starts)
@@ -1165,7 +1208,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     if cfg.fused_dq:
         dq = _dq_from_buffer(dq_acc, q)
     else:
-        _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
+        _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
     if variant is None:
         return dq, dk, dv
     dsinks = None
