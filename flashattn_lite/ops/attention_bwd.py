@@ -55,17 +55,16 @@ def base2_lse(l):
     return tl.where(l == float("-inf"), float("inf"), l * 1.4426950408889634)
 
 
-@launcher
-@triton.jit(do_not_specialize=["n_q", "n_heads"])
-def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
-                    stride_ob, stride_oh, stride_om, stride_od,
-                    stride_dob, stride_doh, stride_dom, stride_dod,
-                    n_heads, n_q, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
-                    HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr):
-    tile, bh = tile_and_slab(tl.cdiv(n_q, BLOCK_M))
+@triton.jit
+def row_stats_tile(o, do, lse, dlse, bh, n_heads, offs_m,
+                   stride_ob, stride_oh, stride_om, stride_od,
+                   stride_dob, stride_doh, stride_dom, stride_dod,
+                   n_q, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """(δ, lse₂, the rows' offsets in the (B·Hq, Nq) statistics, which rows exist) of query rows
+    ``offs_m`` of (batch, head) ``bh``: δ = rowsum(dO ∘ O) − dlse (0 on rows past Nq), lse₂ =
+    ``base2_lse`` of the lse (of 0 on rows past Nq)."""
     b = bh // n_heads
     h = bh % n_heads
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DV)
     o_t = load_tile(head_base(o, b, h, stride_ob, stride_oh), offs_m[:, None], stride_om, n_q,
                     offs_d[None, :], stride_od, HEAD_DIM_V)
@@ -76,9 +75,24 @@ def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
     row_ok = offs_m < n_q
     if HAS_DLSE:
         d -= tl.load(dlse + row, mask=row_ok, other=0.0)
-    tl.store(delta + row, d, mask=row_ok)
     l = tl.load(lse + row, mask=row_ok, other=0.0)
-    tl.store(lse2 + row, base2_lse(l), mask=row_ok)
+    return d, base2_lse(l), row, row_ok
+
+
+@launcher
+@triton.jit(do_not_specialize=["n_q", "n_heads"])
+def _bwd_preprocess(o, do, lse, dlse, delta, lse2,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    n_heads, n_q, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+                    HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr):
+    tile, bh = tile_and_slab(tl.cdiv(n_q, BLOCK_M))
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    d, l2, row, row_ok = row_stats_tile(o, do, lse, dlse, bh, n_heads, offs_m, stride_ob, stride_oh, stride_om,
+                                        stride_od, stride_dob, stride_doh, stride_dom, stride_dod, n_q,
+                                        HEAD_DIM_V, BLOCK_DV, HAS_DLSE)
+    tl.store(delta + row, d, mask=row_ok)
+    tl.store(lse2 + row, l2, mask=row_ok)
 
 
 @triton.jit

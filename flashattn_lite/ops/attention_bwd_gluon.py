@@ -97,9 +97,8 @@ import triton.language as tl
 from .._launcher import launcher
 from .._runtime import cdiv, interpreter_active, tile_and_slab
 from ..merge import LOG2E
-from .attention_bwd import base2_lse, query_range, row_delta
-from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, load_tile,
-                            score_args, seq_args)
+from .attention_bwd import query_range, row_stats_tile
+from .attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, score_args, seq_args
 from .attention_fwd_gluon import tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -952,27 +951,18 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
                       stride_dob, stride_doh, stride_dom, stride_dod,
                       n_heads, n_q, n_pad, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                       HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The portable preprocess (``attention_bwd._bwd_preprocess``) written the way the Gluon kernel
-    reads it: δ and lse₂ in (B·Hq, n_pad) rows, the padding rows δ = 0 and lse₂ = +inf, and with
+    """The portable preprocess's row statistics (``attention_bwd.row_stats_tile``) written the way the
+    Gluon kernel reads them: δ and lse₂ in (B·Hq, n_pad) rows, the padding rows δ = 0 and lse₂ = +inf, and with
     ``ZERO_DQ`` the fp32 dQ buffer's rows zeroed in the same pass (before, a fill kernel, two fills
     and two copies: ~0.1 ms a call at B·N 16k)."""
     tile, bh = tile_and_slab(tl.cdiv(n_pad, BLOCK_M))
-    b = bh // n_heads
-    h = bh % n_heads
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM_V)
-    o_t = load_tile(head_base(o, b, h, stride_ob, stride_oh), offs_m[:, None], stride_om, n_q,
-                    offs_d[None, :], stride_od, HEAD_DIM_V)
-    do_t = load_tile(head_base(do, b, h, stride_dob, stride_doh), offs_m[:, None], stride_dom, n_q,
-                     offs_d[None, :], stride_dod, HEAD_DIM_V)
-    d = row_delta(o_t, do_t)  # 0 on the padding rows (zero tiles)
-    row = bh.to(tl.int64) * n_q + offs_m
-    row_ok = offs_m < n_q
-    if HAS_DLSE:
-        d -= tl.load(dlse + row, mask=row_ok, other=0.0)
+    d, l2, row, row_ok = row_stats_tile(o, do, lse, dlse, bh, n_heads, offs_m, stride_ob, stride_oh, stride_om,
+                                        stride_od, stride_dob, stride_doh, stride_dom, stride_dod, n_q,
+                                        HEAD_DIM_V, HEAD_DIM_V, HAS_DLSE)
     out = bh.to(tl.int64) * n_pad + offs_m
-    tl.store(delta_pad + out, d)
-    tl.store(lse2_pad + out, base2_lse(tl.load(lse + row, mask=row_ok, other=float("-inf"))))
+    tl.store(delta_pad + out, d)  # 0 on the padding rows (zero tiles)
+    tl.store(lse2_pad + out, tl.where(row_ok, l2, float("inf")))
     if ZERO_DQ:  # dq_acc (B, Hq, Nq, HEAD_DIM) contiguous
         cols = tl.arange(0, HEAD_DIM)
         tl.store(dq_acc + row[:, None] * HEAD_DIM + cols[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
