@@ -16,7 +16,7 @@
 #   Each test's duration goes to $OUT/test_times.txt as it ends (the slowest are printed).
 #   Tracebacks print only when pytest ends: re-run the named failures with benchmarks/gpu_retest.sh.
 # - Each BENCH script (memory.py, attention_speed.py, softmax_speed.py, decode_speed.py) runs with
-#   --quick and --time-budget: the time left, split evenly over the scripts not yet run (a script
+#   --quick (attention_speed.py with --rounds 3 too) and --time-budget: the time left, split evenly over the scripts not yet run (a script
 #   that finishes early leaves its time to the later ones, so put the longest, memory.py, last), less
 #   45 s for start-up and the point in flight; `timeout` kills it at its share. Each prints a line per
 #   point and rewrites its JSON + CSV in $OUT after every point, so a cut-off run keeps what it
@@ -54,7 +54,9 @@ while [ $# -gt 0 ]; do
   if [ $budget -lt 20 ]; then
     echo "   not run: no time left"; status=1; shift; continue
   fi
-  timeout "$share" python "$bench" --out "$OUT" --quick --time-budget "$budget" ${BENCH_ARGS:-} > "$log" 2>&1
+  extra=""  # the attention table: each point's methods timed in turn over three rounds
+  [ "$(basename "$bench")" = attention_speed.py ] && extra="--rounds 3"
+  timeout "$share" python "$bench" --out "$OUT" --quick --time-budget "$budget" $extra ${BENCH_ARGS:-} > "$log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   [ $rc -eq 124 ] && echo "   killed by timeout after ${share}s: the points measured are in $log and $OUT/*.json"
