@@ -16,8 +16,9 @@
 #   Each test's duration goes to $OUT/test_times.txt as it ends (the slowest are printed).
 #   Tracebacks print only when pytest ends: re-run the named failures with benchmarks/gpu_retest.sh.
 # - Each BENCH script (memory.py, attention_speed.py, softmax_speed.py, decode_speed.py) runs with
-#   --quick (attention_speed.py with --rounds 3 too) and --time-budget: the time left, split evenly over the scripts not yet run (a script
-#   that finishes early leaves its time to the later ones, so put the longest, memory.py, last), less
+#   --quick (attention_speed.py with --rounds 3 too) and --time-budget: the time left, split evenly
+#   over the scripts not yet run (a script that finishes early leaves its time to the later ones, so
+#   put the longest, memory.py, last), less
 #   45 s for start-up and the point in flight; `timeout` kills it at its share. Each prints a line per
 #   point and rewrites its JSON + CSV in $OUT after every point, so a cut-off run keeps what it
 #   measured. BENCH_ARGS are added to every script (options all of them take).
