@@ -195,13 +195,20 @@ def test_row_stats_are_padded(layout):
     torch.testing.assert_close(delta_pad2[:, :20], (want_delta + dlse).reshape(6, 20), rtol=1e-5, atol=1e-5)
 
 
-def test_dq_conversion_keeps_q_layout():
-    # dq is empty_like(q) (q's strides, q's dtype) filled from the dense fp32 buffer.
-    q = torch.randn(2, 5, 3, 64).to(torch.bfloat16).transpose(1, 2)  # (B, H, N, D) over (B, N, H, D)
-    acc = torch.randn(q.shape)
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_conversion_keeps_q_layout(d):
+    # dq is empty_like(q) (q's strides, q's dtype) filled from the fp32 buffer, whose columns the
+    # kernel stages in _spread_banks' order: column j of a 32-column span (16-byte chunk c = j // 4)
+    # sits at 16·(c mod 2) + 4·(c // 2) + j mod 4, written out here once more.
+    q = torch.randn(2, 5, 3, d).to(torch.bfloat16).transpose(1, 2)  # (B, H, N, D) over (B, N, H, D)
+    want = torch.randn(q.shape)
+    j = torch.arange(d)
+    c = (j % 32) // 4
+    acc = torch.empty_like(want)
+    acc[..., j // 32 * 32 + 16 * (c % 2) + 4 * (c // 2) + j % 4] = want
     dq = gluon_bwd._dq_from_buffer(acc, q)
     assert dq.stride() == q.stride() and dq.dtype == q.dtype
-    torch.testing.assert_close(dq.float(), acc, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(dq.float(), want, rtol=1e-2, atol=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------

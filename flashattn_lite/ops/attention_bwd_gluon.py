@@ -393,7 +393,19 @@ if _HAS_GLUON:
         # a TMA op, the barrier tells the rest of the warpgroup.
         tma.store_wait(0)
         gl.thread_barrier()
-        dq_stage.index(ME).reshape([BLOCK_M, _DQC]).store(dq * sm_scale)
+        dq_stage.index(ME).reshape([BLOCK_M, _DQC]).store(_spread_banks(dq * sm_scale))
+
+    @gluon.jit
+    def _spread_banks(x):
+        """``x`` (rows × 64, fp32, the wgmma layout) with the 16-byte chunks of each 128-byte span
+        reordered as ``dq_from_buffer`` undoes: chunk 2a + b goes to 4b + a. Why: a thread's 8-byte
+        store covers half a chunk; a half-warp stores 4 rows × 2 adjacent chunks, and under the
+        128-byte swizzle (chunk XOR row mod 8) rows r and r ^ 1 put their pair on the same banks
+        (two wavefronts where one does). Spread 4 chunks apart, the 4 rows fill the 32 banks once.
+        The registers only change names: the stores stay 8-byte ones."""
+        M: gl.constexpr = x.shape[0]
+        x = gl.reshape(x, [M, _DQC // 32, 4, 2, 4])
+        return gl.reshape(gl.permute(x, [0, 1, 3, 2, 4]), [M, _DQC])
 
     @gluon.jit
     def _dq_send(dq_stage, dq_desc, b, h, start_m, COL: gl.constexpr, ME: gl.constexpr):
@@ -1210,9 +1222,12 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
 
 def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """dq as the portable backward returns it (``empty_like(q)``: q's strides and dtype) from the
-    dense fp32 buffer the kernel reduce-added into (already times scale)."""
+    dense fp32 buffer the kernel reduce-added into (already times scale), whose 16-byte chunks
+    each 128-byte span holds in ``_spread_banks``' order: chunk 4b + a of the buffer is chunk
+    2a + b of dq."""
     dq = torch.empty_like(q)
-    dq.copy_(dq_acc)
+    spans = dq_acc.shape[-1] // 32
+    dq.unflatten(-1, (spans, 4, 2, 4)).copy_(dq_acc.unflatten(-1, (spans, 2, 4, 4)).transpose(-3, -2))
     return dq
 
 
