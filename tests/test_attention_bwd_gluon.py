@@ -195,20 +195,35 @@ def test_row_stats_are_padded(layout):
     torch.testing.assert_close(delta_pad2[:, :20], (want_delta + dlse).reshape(6, 20), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("spread", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_dq_conversion_keeps_q_layout(d):
-    # dq is empty_like(q) (q's strides, q's dtype) filled from the fp32 buffer, whose columns the
-    # kernel stages in _spread_banks' order: column j of a 32-column span (16-byte chunk c = j // 4)
-    # sits at 16·(c mod 2) + 4·(c // 2) + j mod 4, written out here once more.
-    q = torch.randn(2, 5, 3, d).to(torch.bfloat16).transpose(1, 2)  # (B, H, N, D) over (B, N, H, D)
-    want = torch.randn(q.shape)
+def test_dq_conversion_keeps_q_layout(d, spread):
+    # dq is empty_like(q) (q's strides, q's dtype) filled from the fp32 buffer (the interpreter runs
+    # the conversion kernel), whose columns a deferring kernel stages in _spread_banks' order:
+    # column j of a 32-column span (16-byte chunk c = j // 4) sits at 16·(c mod 2) + 4·(c // 2) +
+    # j mod 4, written out here once more. 17 rows: a partial block of rows.
+    q = torch.randn(2, 17, 3, d).to(torch.float16).transpose(1, 2).to(DEVICE)  # (B, H, N, D) over (B, N, H, D)
+    want = torch.randn(q.shape).to(DEVICE)
     j = torch.arange(d)
     c = (j % 32) // 4
-    acc = torch.empty_like(want)
-    acc[..., j // 32 * 32 + 16 * (c % 2) + 4 * (c // 2) + j % 4] = want
-    dq = gluon_bwd._dq_from_buffer(acc, q)
+    acc = torch.full_like(want, math.nan)
+    acc[..., j // 32 * 32 + 16 * (c % 2) + 4 * (c // 2) + j % 4 if spread else j] = want
+    dq = gluon_bwd._dq_from_buffer(acc, q, spread)
     assert dq.stride() == q.stride() and dq.dtype == q.dtype
-    torch.testing.assert_close(dq.float(), want, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(dq.float(), want, rtol=1e-3, atol=1e-3)
+
+
+def test_defers_dq_where_no_step_is_masked():
+    # d 64 always (the consumers take turns by step); d 128 only where no step is masked.
+    cfg = gluon_bwd.default_config(128)
+    assert gluon_bwd.defers_dq(64, gluon_bwd.default_config(64), causal=True)
+    assert gluon_bwd.defers_dq(128, cfg, causal=False)
+    assert not gluon_bwd.defers_dq(128, cfg, causal=True)
+    assert not gluon_bwd.defers_dq(128, cfg, causal=False, variant=Variant(left=100))
+    ranges = torch.tensor([[0, 5]], dtype=torch.int32)
+    assert not gluon_bwd.defers_dq(128, cfg, causal=False, variant=Variant(seq=SEQ_RANGES, seq_q=ranges,
+                                                                          seq_k=ranges))
+    assert gluon_bwd.defers_dq(128, cfg, causal=False, variant=Variant(softcap=30.0, sinks=torch.zeros(3)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -187,6 +187,18 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     return Config(2, 64, 2, True, 2) if head_dim == 128 else Config(2, 64, 4, True, 2)
 
 
+def defers_dq(head_dim: int, cfg: Config, causal: bool, variant: Variant = PLAIN) -> bool:
+    """Whether the kernel retires and reduce-adds a step's dQ block in the next step, behind its Sᵀ
+    and dPᵀ, so the tensor pipe does not wait through the reduce-add (D 64 +4.5%, D 128 non-causal
+    +4%; staged in shared memory before Sᵀ and dPᵀ take their registers), and stages it in
+    ``_spread_banks``' order (``dq_from_buffer`` undoes it). D 128 with masked steps (causal,
+    windows, ranges, varlen) retires it in its own step: deferred, those spill more (causal
+    measured 3.5% slower; NOTES, 2026-11-25)."""
+    split_cols = head_dim // DQ_COLS == cfg.consumers  # D 128: each consumer its own 64 columns
+    masked = causal or variant.seq != SEQ_DENSE or window_flags(variant, causal) != (False, False)
+    return not (split_cols and masked)
+
+
 def _pad_rows(n_q: int) -> int:
     """lse₂ and δ rows are padded to whole 128-row tiles (TMA-aligned, no masks on the loads)."""
     return cdiv(n_q, 128) * 128
@@ -386,14 +398,18 @@ if _HAS_GLUON:
         return dq
 
     @gluon.jit
-    def _dq_stage(dq, dq_stage, sm_scale, ME: gl.constexpr, BLOCK_M: gl.constexpr):
+    def _dq_stage(dq, dq_stage, sm_scale, ME: gl.constexpr, BLOCK_M: gl.constexpr, SPREAD: gl.constexpr):
         """dQ·scale into this consumer's staging buffer (``_dq_send`` then reduce-adds it into the
-        fp32 buffer; rows past Nq fall outside the descriptor)."""
+        fp32 buffer; rows past Nq fall outside the descriptor), its chunks in ``_spread_banks``'
+        order where ``SPREAD``."""
         # The buffer is free once the previous reduce read it; only the issuing threads can wait on
         # a TMA op, the barrier tells the rest of the warpgroup.
         tma.store_wait(0)
         gl.thread_barrier()
-        dq_stage.index(ME).reshape([BLOCK_M, _DQC]).store(_spread_banks(dq * sm_scale))
+        if SPREAD:
+            dq_stage.index(ME).reshape([BLOCK_M, _DQC]).store(_spread_banks(dq * sm_scale))
+        else:
+            dq_stage.index(ME).reshape([BLOCK_M, _DQC]).store(dq * sm_scale)
 
     @gluon.jit
     def _spread_banks(x):
@@ -402,7 +418,10 @@ if _HAS_GLUON:
         store covers half a chunk; a half-warp stores 4 rows × 2 adjacent chunks, and under the
         128-byte swizzle (chunk XOR row mod 8) rows r and r ^ 1 put their pair on the same banks
         (two wavefronts where one does). Spread 4 chunks apart, the 4 rows fill the 32 banks once.
-        The registers only change names: the stores stay 8-byte ones."""
+        The registers only change names: the stores stay 8-byte ones. (Used where the dQ block is
+        deferred, ``defers_dq``: there it measured 6% fewer cycles at d 128 non-causal 8k; in the
+        causal kernel, whose consumers stage at the end of every step, 11% more: NOTES,
+        2026-11-25.)"""
         M: gl.constexpr = x.shape[0]
         x = gl.reshape(x, [M, _DQC // 32, 4, 2, 4])
         return gl.reshape(gl.permute(x, [0, 1, 3, 2, 4]), [M, _DQC])
@@ -431,12 +450,12 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _dq_finish(dq, dq_stage, dq_desc, ds_free, ds_buf, b, h, start_m, sm_scale, COL: gl.constexpr,
-                   ME: gl.constexpr, BLOCK_M: gl.constexpr, STAGED: gl.constexpr = False):
+                   ME: gl.constexpr, BLOCK_M: gl.constexpr, SPREAD: gl.constexpr, STAGED: gl.constexpr = False):
         """After a dQ block issued by ``_dq_start`` retired: free its dS set and reduce-add it
         (``STAGED``: ``_dq_stage`` already put it in the staging buffer)."""
         mbarrier.arrive(ds_free.index(ds_buf))
         if not STAGED:
-            _dq_stage(dq, dq_stage, sm_scale, ME, BLOCK_M)
+            _dq_stage(dq, dq_stage, sm_scale, ME, BLOCK_M, SPREAD)
         _dq_send(dq_stage, dq_desc, b, h, start_m, COL, ME)
 
     @gluon.jit
@@ -474,7 +493,8 @@ if _HAS_GLUON:
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, SEQ: gl.constexpr):
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, SEQ: gl.constexpr,
+                  DEFER_DQ: gl.constexpr):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
 
         Options (constexprs; a plain call compiles to the code it compiled to without them): the
@@ -522,13 +542,8 @@ if _HAS_GLUON:
                 keys_f = (keys - off).to(gl.float32)
             if SOFTCAP:  # the query columns 0 … BLOCK_M − 1 as floats, made once (see below)
                 cols_f = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout)).to(gl.float32)
-        # A step's dQ block is retired and reduce-added in the next step, behind its Sᵀ and dPᵀ
-        # (``_dq_start``; ``dq`` is the block in flight, a zero block at first), so the tensor pipe
-        # does not wait through the reduce-add: D 64 +4.5%, D 128 non-causal +4% (staged in shared
-        # memory before Sᵀ and dPᵀ take their registers). D 128 with masked steps (causal, windows,
-        # ranges, varlen) retires it in its own step: deferred, those spill more (causal measured
-        # 3.5% slower; NOTES, 2026-11-25).
-        DEFER_DQ: gl.constexpr = not (SPLIT_COLS and (CAUSAL or HAS_LEFT or HAS_RIGHT or SEQ != 0))
+        # DEFER_DQ (``defers_dq``): a step's dQ block is retired and reduce-added in the next step,
+        # behind its Sᵀ and dPᵀ (``_dq_start``; ``dq`` is the block in flight, a zero block at first).
         DQ_COL: gl.constexpr = ME * _DQC if SPLIT_COLS else 0
         dq = warpgroup_mma_init(_dq_zeros(BLOCK_M))
         mbarrier.wait(kv_bar, 0)
@@ -543,7 +558,7 @@ if _HAS_GLUON:
                 dq_done = warpgroup_mma_wait(0, deps=[dq])
                 if SPLIT_COLS:  # D 128: staged first, so its registers are free for Sᵀ's and dPᵀ's
                     if it > 0:
-                        _dq_stage(dq_done, dq_stage, sm_scale, ME, BLOCK_M)
+                        _dq_stage(dq_done, dq_stage, sm_scale, ME, BLOCK_M, DEFER_DQ)
             st = warpgroup_mma(k_me, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_me, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             if FUSED_DQ and DEFER_DQ:
@@ -553,7 +568,7 @@ if _HAS_GLUON:
                 if (it > 0) & (SPLIT_COLS or (it - 1) % CONSUMERS == ME):
                     h_prev, m_prev = _query_tile(it - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
                     _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (it - 1) % DS_BUFS, bt, h_prev, m_prev,
-                               sm_scale, DQ_COL, ME, BLOCK_M, SPLIT_COLS)
+                               sm_scale, DQ_COL, ME, BLOCK_M, DEFER_DQ, SPLIT_COLS)
             slope = 0.0
             if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
                 slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
@@ -633,7 +648,7 @@ if _HAS_GLUON:
                         dq = dq_step
                     else:
                         _dq_finish(dq_step, dq_stage, dq_desc, ds_free, ds_buf, bt, h, start_m, sm_scale, DQ_COL, ME,
-                                   BLOCK_M)
+                                   BLOCK_M, DEFER_DQ)
                 else:  # (new names: a runtime branch may not retype the accumulators it takes in)
                     if it % CONSUMERS == ME:
                         dv_out, dk_out, dq_out = _dq_start(dv, dk, pa, dsa, dq_done, ds_smem, ds_buf, use, k_smem,
@@ -655,7 +670,7 @@ if _HAS_GLUON:
                     if SPLIT_COLS or (n_steps - 1) % CONSUMERS == ME:
                         h_last, m_last = _query_tile(n_steps - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
                         _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (n_steps - 1) % DS_BUFS, bt, h_last, m_last,
-                                   sm_scale, DQ_COL, ME, BLOCK_M)
+                                   sm_scale, DQ_COL, ME, BLOCK_M, DEFER_DQ)
             tma.store_wait(0)
             if n_steps > 0:  # every consumer's dQ wgmmas read K: all retired before K is reused
                 last = n_steps - 1
@@ -706,7 +721,7 @@ if _HAS_GLUON:
                                ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, GROUP: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
+                               LOADER_REGS: gl.constexpr, DEFER_DQ: gl.constexpr, SEQ: gl.constexpr = 0):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
@@ -807,14 +822,14 @@ if _HAS_GLUON:
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -1085,7 +1100,7 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
                         GROUP=Hq // Hkv,
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
                         DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
-                        LOADER_REGS=LOADER_REGS),
+                        LOADER_REGS=LOADER_REGS, DEFER_DQ=defers_dq(D, cfg, causal, variant)),
         row_stats_shape=(B * Hq, _pad_rows(Nq + 3 * (variant.seq_q.shape[0] - 1) if seq == SEQ_VARLEN else Nq)),
         dq_acc_shape=(B, Hq, Nq, D) if cfg.fused_dq else None,
     )
@@ -1208,7 +1223,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     _attn_bwd_gluon_kernel[grid](*args, **kwargs)
 
     if cfg.fused_dq:
-        dq = _dq_from_buffer(dq_acc, q)
+        dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"])
     else:
         _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
     if variant is None:
@@ -1220,14 +1235,37 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     return dq, dk, dv, dsinks
 
 
-def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+@launcher
+@triton.jit(do_not_specialize=["n_heads", "n_q", "n_rows"])
+def _dq_convert_kernel(acc, dq, n_heads, n_q, n_rows, stride_b, stride_h, stride_n, HEAD_DIM: tl.constexpr,
+                       SPREAD: tl.constexpr, BLOCK_R: tl.constexpr):
+    """dq rows (q's strides and dtype) from the fp32 buffer's (B, Hq, Nq, HEAD_DIM) contiguous rows,
+    the chunk order of ``_spread_banks`` undone where ``SPREAD``: in each 32-column span, buffer
+    chunk 4b + a (16 bytes) is dq chunk 2a + b."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, HEAD_DIM)
+    ok = rows < n_rows
+    x = tl.load(acc + rows[:, None].to(tl.int64) * HEAD_DIM + cols[None, :], mask=ok[:, None])
+    if SPREAD:  # (span, b, a, 4 floats) -> (span, a, b, 4 floats)
+        x = tl.permute(tl.reshape(x, [BLOCK_R, HEAD_DIM // 32, 2, 4, 4]), [0, 1, 3, 2, 4])
+        x = tl.reshape(x, [BLOCK_R, HEAD_DIM])
+    n = rows % n_q
+    h = rows // n_q % n_heads
+    b = rows // n_q // n_heads
+    row_off = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + n.to(tl.int64) * stride_n
+    tl.store(dq + row_off[:, None] + cols[None, :], x.to(dq.dtype.element_ty), mask=ok[:, None])
+
+
+def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool) -> torch.Tensor:
     """dq as the portable backward returns it (``empty_like(q)``: q's strides and dtype) from the
-    dense fp32 buffer the kernel reduce-added into (already times scale), whose 16-byte chunks
-    each 128-byte span holds in ``_spread_banks``' order: chunk 4b + a of the buffer is chunk
-    2a + b of dq."""
+    dense fp32 buffer the kernel reduce-added into (already times scale), staged in
+    ``_spread_banks``' order where ``spread`` (``defers_dq``). One pass: a strided torch copy
+    that undid the order took 0.101 ms against the plain copy's 0.069 at 16k × 16 heads × 128 (H100)."""
     dq = torch.empty_like(q)
-    spans = dq_acc.shape[-1] // 32
-    dq.unflatten(-1, (spans, 4, 2, 4)).copy_(dq_acc.unflatten(-1, (spans, 2, 4, 4)).transpose(-3, -2))
+    B, Hq, Nq, D = dq_acc.shape
+    block_r = 8192 // D
+    _dq_convert_kernel[(cdiv(B * Hq * Nq, block_r),)](dq_acc, dq, Hq, Nq, B * Hq * Nq, *dq.stride()[:3], HEAD_DIM=D,
+                                                      SPREAD=spread, BLOCK_R=block_r)
     return dq
 
 
