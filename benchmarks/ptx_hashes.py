@@ -133,7 +133,8 @@ def gluon_seq(opts, causal=True, d=128):
         raise ValueError(g._variant_reason(variant))
     n = q.shape[2] // 3 if seq == "varlen" else N
     cfg = g.default_config(d, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
-    cfg = cfg._replace(persistent=False)  # as attention_forward_gluon runs ranges and varlen
+    # as attention_forward_gluon runs ranges and varlen
+    cfg = g.one_tile_per_program(cfg) if hasattr(g, "one_tile_per_program") else cfg._replace(persistent=False)
     o, lse = f.output_buffers(q, d, variant, True)
     _, args, kwargs = g._launch(q, kv, kv, o, lse, 0.088, causal, cfg, variant)
     return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
@@ -244,7 +245,12 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d64 m128 pp", gluon, dict(config="g-m128-n128-s3-pp-r240", d=64)),
          ("gluon ps d64 m128", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64)),
          ("gluon ps d64 m128 causal window+all", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64, left=300,
-                                                              softcap=30.0, alibi=True, sinks=True))]
+                                                              softcap=30.0, alibi=True, sinks=True)),
+         # d 128 persistent with a 2-deep K ring and a 3-deep V ring (two Q sets fit).
+         ("gluon ps d128 m128 k2v3", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps")),
+         ("gluon ps d128 m128 k2v3 full", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps", causal=False)),
+         ("gluon ps d128 m128 k2v3 causal window+all", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps", left=300,
+                                                                   softcap=30.0, alibi=True, sinks=True))]
 
 
 def ptxas(ptx):

@@ -156,21 +156,23 @@ def wait(bar, parity, phase):
     return bar, parity, phase
 
 
-def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=False, q_after=None):
+def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=False, q_after=None, v_stages=None):
     """One program's partitions over its tiles (``tiles``: each tile's n_tiles), scheduled at random;
-    raises AssertionError on a deadlock or a hazard. ``per_tile_ring`` (consumers count ring slots
-    per tile) and ``q_after`` (the loader's Q after that many of a tile's K/V loads, one Q set) are
-    the mistakes the model must catch."""
+    raises AssertionError on a deadlock or a hazard. ``v_stages``: V's ring depth where it differs
+    from K's (``stages``). ``per_tile_ring`` (consumers count ring slots per tile) and ``q_after``
+    (the loader's Q after that many of a tile's K/V loads, one Q set) are the mistakes the model
+    must catch."""
     rng = random.Random(seed)
+    v_stages = v_stages or stages
     k_ready = [Barrier(f"k_ready{s}", 1) for s in range(stages)]
-    v_ready = [Barrier(f"v_ready{s}", 1) for s in range(stages)]
+    v_ready = [Barrier(f"v_ready{s}", 1) for s in range(v_stages)]
     k_empty = [Barrier(f"k_empty{s}", consumers) for s in range(stages)]
-    v_empty = [Barrier(f"v_empty{s}", consumers) for s in range(stages)]
+    v_empty = [Barrier(f"v_empty{s}", consumers) for s in range(v_stages)]
     q_ready = [Barrier(f"q_ready{i}", 1) for i in range(q_sets)]
     q_empty = [Barrier(f"q_empty{i}", consumers) for i in range(q_sets)]
     turn = [Barrier(f"turn{c}", 1) for c in range(consumers)]
     k_buf = [Buffer(consumers) for _ in range(stages)]
-    v_buf = [Buffer(consumers) for _ in range(stages)]
+    v_buf = [Buffer(consumers) for _ in range(v_stages)]
     q_buf = [Buffer(consumers) for _ in range(q_sets)]
     landing = []  # TMA fills issued, not landed: (buffer, barrier)
     issued = []  # the consumers' GEMM issues in order: (consumer, k)
@@ -185,6 +187,7 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
         s, use = k % stages, k // stages
         yield wait(k_empty[s], (use & 1) ^ 1, use - 1)
         tma(k_buf[s], k_ready[s], ("K", k, tile))
+        s, use = k % v_stages, k // v_stages
         yield wait(v_empty[s], (use & 1) ^ 1, use - 1)
         tma(v_buf[s], v_ready[s], ("V", k, tile))
 
@@ -198,7 +201,7 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
         for i, n in enumerate(tiles):
             first = 0
             if q_sets == 1:
-                first = min(n, stages if q_after is None else q_after)
+                first = min(n, min(stages, v_stages) if q_after is None else q_after)
                 for j in range(first):
                     yield from load_kv(kv + j, i)
             yield from load_q(i)
@@ -220,8 +223,8 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
                 yield wait(k_ready[cur], (c // stages) & 1, c // stages)
                 k_buf[cur].read(("K", kv + j, i))
                 if j > 0:
-                    prev = (c - 1) % stages
-                    yield wait(v_ready[prev], ((c - 1) // stages) & 1, (c - 1) // stages)
+                    prev = (c - 1) % v_stages
+                    yield wait(v_ready[prev], ((c - 1) // v_stages) & 1, (c - 1) // v_stages)
                     v_buf[prev].read(("V", kv + j - 1, i))
                 if pingpong:
                     yield wait(turn[me], c & 1, c)
@@ -234,9 +237,9 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
                     v_empty[prev].arrive()
             if n > 0:
                 last = base + n - 1
-                yield wait(v_ready[last % stages], (last // stages) & 1, last // stages)
-                v_buf[last % stages].release(("V", kv + n - 1, i))
-                v_empty[last % stages].arrive()
+                yield wait(v_ready[last % v_stages], (last // v_stages) & 1, last // v_stages)
+                v_buf[last % v_stages].release(("V", kv + n - 1, i))
+                v_empty[last % v_stages].arrive()
             q_buf[qs].release(("Q", i))  # after the O store has read the set
             q_empty[qs].arrive()
             kv += n
@@ -296,6 +299,21 @@ def test_barriers_never_deadlock_or_overrun(stages, consumers, q_sets, pingpong)
     run_program([stages + 1] * 30, stages, consumers, q_sets, pingpong, 2)
 
 
+RING_DEPTHS = [(2, 3), (3, 2), (2, 4)]  # (K's stages, V's), as ``Config.v_stages`` sets them
+
+
+@model_only
+@pytest.mark.parametrize("q_sets", [1, 2])
+@pytest.mark.parametrize("stages, v_stages", RING_DEPTHS, ids=[f"k{k}-v{v}" for k, v in RING_DEPTHS])
+def test_barriers_with_rings_of_their_own_depth(stages, v_stages, q_sets):
+    # K's and V's rings of different depths: slots and parities counted per ring; with one Q set the
+    # loader takes min(depths) K/V tiles of the tile before its Q.
+    rng = random.Random(stages * 10 + v_stages + q_sets)
+    for seed in range(40):
+        run_program(random_tiles(rng, max(stages, v_stages)), stages, 2, q_sets, True, seed, v_stages=v_stages)
+    run_program([max(stages, v_stages) + 1] * 30, stages, 2, q_sets, True, 2, v_stages=v_stages)
+
+
 @model_only
 def test_the_model_catches_a_ring_counted_per_tile():
     # The ring's slot from the tile's j alone: the second tile's K/V land in other slots than the
@@ -325,15 +343,18 @@ PERSISTENT = [(d, c) for d in gluon_fwd.HEAD_DIMS for c in gluon_fwd.CONFIGS[d] 
 
 def test_configs():
     # Persistent configs in the sweep for each head dim, named -ps; Q double-buffered where two sets
-    # and the ring fit (all but m128 n128 at d 128); every config fits in shared memory.
+    # and the rings fit (all but m128 n128 with two 3-deep rings at d 128); every config fits in shared
+    # memory.
     assert {d for d, _ in PERSISTENT} == set(gluon_fwd.HEAD_DIMS)
     for d, configs in gluon_fwd.CONFIGS.items():
         for cfg in configs:
             assert cfg.name.endswith("-ps") == cfg.persistent
             assert cfg.smem_bytes(d, cfg.q_sets(d)) <= gluon_fwd.SMEM_BYTES
-            assert cfg.q_sets(d) == (1 if not cfg.persistent or (d, cfg.block_m, cfg.block_n) == (128, 128, 128)
-                                     else 2)
+            one_set = not cfg.persistent or ((d, cfg.block_m, cfg.block_n) == (128, 128, 128) and not cfg.v_stages)
+            assert cfg.q_sets(d) == (1 if one_set else 2)
             assert cfg._replace(persistent=False).name + "-ps" == cfg._replace(persistent=True).name
+            flat = gluon_fwd.one_tile_per_program(cfg)  # how ranges and varlen run it
+            assert not flat.persistent and not flat.v_stages and flat.stages == max(cfg.stages, cfg.v_stages)
     # The default: persistent below 8k at d 128, and at d 64 for causal calls (where it measured
     # faster), any options.
     for d in gluon_fwd.HEAD_DIMS:
@@ -347,20 +368,21 @@ def test_configs():
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
 @pytest.mark.parametrize("d, cfg", PERSISTENT, ids=[f"d{d}-{c.name}" for d, c in PERSISTENT])
 def test_persistent_launch(d, cfg):
-    # min(tiles, SMs) programs in one dim (132 off the GPU, or as asked), PERSISTENT and Q_SETS
-    # passed, the arguments of the one-tile launch; that launch passes neither (the kernel it
-    # compiled to before: benchmarks/ptx_hashes.py) and keeps its grid.
+    # min(tiles, SMs) programs in one dim (132 off the GPU, or as asked), PERSISTENT, Q_SETS and
+    # V_STAGES passed, the arguments of the one-tile launch; that launch passes none of them (the
+    # kernel it compiled to before: benchmarks/ptx_hashes.py) and keeps its grid.
     B, H, N = 2, 4, 1000
     q, kv = torch.zeros(B, H, N, d, dtype=torch.bfloat16), torch.zeros(B, H // 2, N, d, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(B, H, N)
     tiles = B * H * triton.cdiv(N, cfg.block_m)
-    one_tile = cfg._replace(persistent=False)
+    one_tile = gluon_fwd.one_tile_per_program(cfg)
     grid1, args1, kwargs1 = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, one_tile)
-    assert grid1 == (tiles,) and not {"PERSISTENT", "Q_SETS"} & set(kwargs1)  # head-major, one dim
+    assert grid1 == (tiles,) and not {"PERSISTENT", "Q_SETS", "V_STAGES"} & set(kwargs1)  # head-major, one dim
     for sms, programs in ((None, min(tiles, gluon_fwd.DEFAULT_SMS)), (5, 5), (10_000, tiles)):
         grid, args, kwargs = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, cfg, sms=sms)
         assert grid == (programs,)
-        assert kwargs == {**kwargs1, "PERSISTENT": True, "Q_SETS": cfg.q_sets(d)}
+        assert kwargs == {**kwargs1, "STAGES": cfg.stages, "PERSISTENT": True, "Q_SETS": cfg.q_sets(d),
+                          "V_STAGES": cfg.v_stages or cfg.stages}
         assert [type(a) for a in args] == [type(a) for a in args1] and args[4:] == args1[4:]
     variant = Variant(softcap=30.0, sinks=torch.zeros(H), left=100)
     grid, args, kwargs = gluon_fwd._launch(q, kv, kv, o, lse, 0.125, True, cfg, variant, sms=7)
@@ -384,8 +406,11 @@ def test_persistent_refuses_ranges_and_varlen():
     o, lse = attention_fwd.output_buffers(q1, d, varlen, True)
     with pytest.raises(ValueError, match="varlen"):
         gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, cfg, varlen)
-    _, _, kwargs = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, cfg._replace(persistent=False), varlen)
+    _, _, kwargs = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, gluon_fwd.one_tile_per_program(cfg), varlen)
     assert "PERSISTENT" not in kwargs and kwargs["SEQ"] == SEQ_VARLEN
+    # A V ring of its own depth is a persistent config's: refused one tile per program.
+    with pytest.raises(ValueError, match="v_stages"):
+        gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, gluon_fwd.Config(2, 128, 2, True, v_stages=3), varlen)
     # The same tensors as a dense batch: taken (8 tiles, 8 programs).
     grid, _, _ = gluon_fwd._launch(q, k, k, torch.empty_like(q), torch.empty(2, 4, 7), 0.125, False, cfg, PLAIN)
     assert grid == (2 * 4,)

@@ -125,6 +125,7 @@ class Config(NamedTuple):
     pingpong: bool
     consumer_regs: int = 240
     persistent: bool = False
+    v_stages: int = 0  # persistent configs: V's ring depth where it differs from K's (``stages``)
 
     @property
     def block_m(self) -> int:
@@ -134,11 +135,14 @@ class Config(NamedTuple):
     def name(self) -> str:
         pp = "-pp" if self.pingpong else ""
         ps = "-ps" if self.persistent else ""
-        return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{pp}-r{self.consumer_regs}{ps}"
+        v = f"v{self.v_stages}" if self.v_stages else ""
+        return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{v}{pp}-r{self.consumer_regs}{ps}"
 
     def smem_bytes(self, head_dim: int, q_sets: int = 1) -> int:
-        """Shared memory of Q (``q_sets`` sets of BLOCK_M rows, O staged there) and the K/V ring, 16-bit."""
-        return 2 * head_dim * (q_sets * self.block_m + 2 * self.stages * self.block_n)
+        """Shared memory of Q (``q_sets`` sets of BLOCK_M rows, O staged there) and the K and V rings,
+        16-bit."""
+        ring = self.stages + (self.v_stages or self.stages)
+        return 2 * head_dim * (q_sets * self.block_m + ring * self.block_n)
 
     def q_sets(self, head_dim: int) -> int:
         """Q buffers of a persistent launch: two where they fit (the next tile's Q loads while this
@@ -175,7 +179,8 @@ CONFIGS = {
          Config(2, 128, 3, True, persistent=True)],
     128: [Config(2, 128, 3, True), Config(2, 128, 3, False), Config(3, 64, 3, True, 160),
           Config(3, 64, 4, False, 160), Config(3, 64, 3, True, 160, persistent=True),
-          Config(2, 128, 3, True, persistent=True), Config(2, 128, 3, False, persistent=True)],
+          Config(2, 128, 3, True, persistent=True), Config(2, 128, 3, False, persistent=True),
+          Config(2, 128, 2, True, persistent=True, v_stages=3)],
 }
 
 
@@ -200,7 +205,9 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
         if causal and n < 8192:
             return Config(2, 128, 3, True, persistent=True)
         return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
-    return Config(2, 128, 3, True, persistent=n < 8192)
+    if n < 8192:
+        return Config(2, 128, 2, True, persistent=True, v_stages=3)
+    return Config(2, 128, 3, True)
 
 
 @triton.jit
@@ -328,20 +335,24 @@ if _HAS_GLUON:
                 key = lo + j * BLOCK_N
             if SEQ != 0:
                 key = k0 + key
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, b, h_kv, key, STAGES)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, b, h_kv, key, STAGES,
+                     STAGES)
 
     @gluon.jit
     def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, c, b, h_kv, key,
-                 STAGES: gl.constexpr):
-        """K and V of keys [key, key + BLOCK_N) of (b, h_kv) into slot c % STAGES of the ring, the
-        ``c``-th K/V tile the program loads (the ``c``-th the consumers take), once the consumers
-        freed the slot (its K and V separately)."""
+                 STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+        """K and V of keys [key, key + BLOCK_N) of (b, h_kv), the ``c``-th K/V tile the program loads
+        (the ``c``-th the consumers take): K into slot c % STAGES of its ring, V into slot
+        c % V_STAGES of its own, each once the consumers freed it."""
         s = c % STAGES
         # A fresh barrier's "previous" phase counts as complete: the first round never waits.
         free = ((c // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, 0], k_ready.index(s), k_smem.index(s))
+        if V_STAGES != STAGES:
+            s = c % V_STAGES
+            free = ((c // V_STAGES) & 1) ^ 1
         mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [b, h_kv, key, 0], v_ready.index(s), v_smem.index(s))
@@ -360,29 +371,31 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv0, first, last, b, h_kv,
-                       lo, HAS_LEFT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                       lo, HAS_LEFT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       V_STAGES: gl.constexpr):
         """K/V tiles j ∈ [first, last) of a tile whose first is the program's ``kv0``-th (keys from
         ``lo`` under a window's left side, else from 0, as ``_loader``)."""
         for j in range(first, last):
             key = j * BLOCK_N
             if HAS_LEFT:
                 key = lo + j * BLOCK_N
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv0 + j, b, h_kv, key, STAGES)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv0 + j, b, h_kv, key,
+                     STAGES, V_STAGES)
 
     @gluon.jit
     def _loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                            k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left, win_right,
                            CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                            HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                           Q_SETS: gl.constexpr):
+                           V_STAGES: gl.constexpr, Q_SETS: gl.constexpr):
         """The loader warp of a persistent program: for each of its tiles (``persistent_tile``), Q and
         the K/V tiles as ``_loader`` loads them, the ring's slot and phase counted over the program
         (``kv``: K/V tiles loaded so far), so the next tile's first K/V tiles load while the
         consumers finish this one. Two Q sets: the tile's Q first (its set's previous tile, two
         back, is done by then unless the tile before had at most STAGES key tiles). One: Q after
-        the tile's first min(n_tiles, STAGES) K/V tiles, whose slots the consumers free during the
-        previous tile, while the set is free only after that tile's epilogue; a K/V load past those
-        would wait for this tile's consumers, who wait for its Q (a deadlock)."""
+        the tile's first min(n_tiles, STAGES, V_STAGES) K/V tiles, whose slots the consumers free
+        during the previous tile, while the set is free only after that tile's epilogue; a K/V load
+        past those would wait for this tile's consumers, who wait for its Q (a deadlock)."""
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         kv = 0
         qi = 0
@@ -393,12 +406,13 @@ if _HAS_GLUON:
             h_kv = h // group
             first = 0
             if Q_SETS == 1:
-                first = gl.minimum(n_tiles, STAGES)
+                FIRST: gl.constexpr = STAGES if STAGES < V_STAGES else V_STAGES
+                first = gl.minimum(n_tiles, FIRST)
                 _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, 0, first, b,
-                               h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
+                               h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES)
             _load_q(q_desc, q_smem, q_ready, q_empty, qi, b, h, start_m, CONSUMERS, Q_SETS)
             _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, first, n_tiles,
-                           b, h_kv, lo, HAS_LEFT, BLOCK_N, STAGES)
+                           b, h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES)
             kv += n_tiles
             qi += 1
 
@@ -513,10 +527,12 @@ if _HAS_GLUON:
                 ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
                 HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                 FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, j0=0):
+                V_STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                j0=0):
         """A consumer's online softmax of its rows ``q`` over the tile's ``n_tiles`` key tiles: (m, ℓ,
-        unnormalised O). Key tile j of the tile is the ``kv0 + j``-th the program takes: the ring's
-        slot (kv0 + j) % STAGES and its phase, and the turns' phase, continue from the tiles before
+        unnormalised O). Key tile j of the tile is the ``kv0 + j``-th the program takes: the rings'
+        slots ((kv0 + j) % STAGES for K, % V_STAGES for V) and their phases, and the turns' phase,
+        continue from the tiles before
         (kv0 = 0 for one tile per program). ``j0``: 0, the first key tile's index for its scores
         (the persistent consumer passes an opaque 0: ``_consumer_persistent``)."""
         dtype: gl.constexpr = q.dtype
@@ -540,9 +556,9 @@ if _HAS_GLUON:
         for j in range(1, n_tiles):
             c = kv0 + j
             cur = c % STAGES
-            prev = (c - 1) % STAGES
+            prev = (c - 1) % V_STAGES
             mbarrier.wait(k_ready.index(cur), (c // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((c - 1) // V_STAGES) & 1)
             if PINGPONG:  # my turn to issue GEMMs: the other warpgroup is in its softmax
                 mbarrier.wait(turn.index(ME), c & 1)
             s = warpgroup_mma(q, k_smem.index(cur).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
@@ -563,8 +579,8 @@ if _HAS_GLUON:
             p = p_next
 
         if n_tiles > 0:
-            last = (kv0 + n_tiles - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((kv0 + n_tiles - 1) // STAGES) & 1)
+            last = (kv0 + n_tiles - 1) % V_STAGES
+            mbarrier.wait(v_ready.index(last), ((kv0 + n_tiles - 1) // V_STAGES) & 1)
             acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(last))
@@ -636,7 +652,7 @@ if _HAS_GLUON:
                                 m_i, l_i, acc, p, s_zero, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                                 qk_scale, softcap_scale, softcap2,
                                 ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                                HEAD_DIM, BLOCK_N, STAGES, s_layout, o_layout, p_layout)
+                                HEAD_DIM, BLOCK_N, STAGES, STAGES, s_layout, o_layout, p_layout)
         acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
         if SEQ == 0:
             gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
@@ -677,7 +693,7 @@ if _HAS_GLUON:
                              CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINKS: gl.constexpr,
                              FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                             STAGES: gl.constexpr, Q_SETS: gl.constexpr):
+                             STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr):
         """One consumer warpgroup of a persistent program: ``_consumer``'s work (dense batch) for each
         of the program's tiles (``persistent_tile``), the ring and the turns continued over the program
         (``kv``: K/V tiles taken so far, the same count in every partition), Q's set and phase by
@@ -722,7 +738,7 @@ if _HAS_GLUON:
                                     turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, n_k, off, win_left,
                                     win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
                                     ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                                    HEAD_DIM, BLOCK_N, STAGES, s_layout, o_layout, p_layout, j0)
+                                    HEAD_DIM, BLOCK_N, STAGES, V_STAGES, s_layout, o_layout, p_layout, j0)
             acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
             out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
             # The slot's last wgmma has retired (``_attend``): stage O there for one TMA store
@@ -750,7 +766,8 @@ if _HAS_GLUON:
                                CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0,
-                               PERSISTENT: gl.constexpr = False, Q_SETS: gl.constexpr = 1):
+                               PERSISTENT: gl.constexpr = False, Q_SETS: gl.constexpr = 1,
+                               V_STAGES: gl.constexpr = 0):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if PERSISTENT:
             # One program per SM (``_launch``), each taking units pid, pid + programs, … of the
@@ -782,22 +799,27 @@ if _HAS_GLUON:
             dtype: gl.constexpr = q_desc.dtype
             q_smem = gl.allocate_shared_memory(dtype, [Q_SETS * CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
             k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-            v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+            v_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
             q_ready = gl.allocate_shared_memory(gl.int64, [Q_SETS, 1], mbarrier.MBarrierLayout())
             q_empty = gl.allocate_shared_memory(gl.int64, [Q_SETS, 1], mbarrier.MBarrierLayout())
             k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
             k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
             turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(Q_SETS):
                 mbarrier.init(q_ready.index(i), count=1)
                 mbarrier.init(q_empty.index(i), count=CONSUMERS)
-            for s in gl.static_range(STAGES):
-                mbarrier.init(k_ready.index(s), count=1)
-                mbarrier.init(v_ready.index(s), count=1)
-                mbarrier.init(k_empty.index(s), count=CONSUMERS)
-                mbarrier.init(v_empty.index(s), count=CONSUMERS)
+            RING: gl.constexpr = STAGES if STAGES > V_STAGES else V_STAGES
+            for s in gl.static_range(RING):
+                if s < STAGES:
+                    mbarrier.init(k_ready.index(s), count=1)
+                if s < V_STAGES:
+                    mbarrier.init(v_ready.index(s), count=1)
+                if s < STAGES:
+                    mbarrier.init(k_empty.index(s), count=CONSUMERS)
+                if s < V_STAGES:
+                    mbarrier.init(v_empty.index(s), count=CONSUMERS)
             for c in gl.static_range(CONSUMERS):
                 mbarrier.init(turn.index(c), count=1)
             if PINGPONG:
@@ -809,11 +831,12 @@ if _HAS_GLUON:
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
+                                            Q_SETS)),
                     (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
                                           win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
-                                          Q_SETS)),
+                                          V_STAGES, Q_SETS)),
                 ], [1], [LOADER_REGS])
             elif CONSUMERS == 2:
                 gl.warp_specialize([
@@ -821,16 +844,18 @@ if _HAS_GLUON:
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
+                                            Q_SETS)),
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
+                                            Q_SETS)),
                     (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
                                           win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
-                                          Q_SETS)),
+                                          V_STAGES, Q_SETS)),
                 ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
             else:
                 gl.warp_specialize([
@@ -838,21 +863,24 @@ if _HAS_GLUON:
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
+                                            Q_SETS)),
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
+                                            Q_SETS)),
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, Q_SETS)),
+                                            SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
+                                            Q_SETS)),
                     (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
                                           win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
-                                          Q_SETS)),
+                                          V_STAGES, Q_SETS)),
                 ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         else:
             if SEQ == 2:
@@ -1166,6 +1194,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     if cfg.persistent and seq != SEQ_DENSE:
         raise ValueError(f"attention_forward_gluon: the persistent config {cfg.name} takes dense batches only, "
                          f"not {'ranges' if seq == SEQ_RANGES else 'varlen'}")
+    if cfg.v_stages and not cfg.persistent:
+        raise ValueError(f"attention_forward_gluon: config {cfg.name}: a V ring of its own depth (v_stages) "
+                         "needs a persistent config")
     seq_args_ = _DENSE_SEQ_ARGS
     if seq != SEQ_DENSE:
         # Ranges: the dense grid, each batch row's tiles from its range's start. Varlen (tensors
@@ -1185,8 +1216,14 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     if cfg.persistent:
         # The grid above's tiles, in ``persistent_tile``'s order.
         grid = (min(grid[0], sms or _sm_count(q.device)),)
-        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D))
+        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D), V_STAGES=cfg.v_stages or cfg.stages)
     return grid, args, kwargs
+
+
+def one_tile_per_program(cfg: Config) -> Config:
+    """``cfg`` as ranges and varlen batches run it (the persistent schedule takes dense ones only):
+    one tile per program, one ring depth for K and V (the deeper of the two)."""
+    return cfg._replace(persistent=False, stages=max(cfg.stages, cfg.v_stages), v_stages=0)
 
 
 def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Config | None = None,
@@ -1217,7 +1254,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     if cfg is None:
         cfg = default_config(D, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
         if cfg.persistent and variant.seq != SEQ_DENSE:
-            cfg = cfg._replace(persistent=False)
+            cfg = one_tile_per_program(cfg)
     if variant.seq == SEQ_DENSE:
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
