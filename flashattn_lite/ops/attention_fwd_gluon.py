@@ -62,8 +62,9 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   the next tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
   where shared memory allows (``Config.q_sets``): the next tile's Q loads while this tile's O is
   staged in the other set; with one set it loads after the next tile's first STAGES K/V tiles,
-  once the epilogue's TMA store has read the set. The barrier invariants are written out in the
-  kernel.
+  once the epilogue's TMA store has read the set. K's and V's rings may differ in depth
+  (``Config.v_stages``, ``V_STAGES``: d 128's default, K 2 and V 3, makes room for two Q sets).
+  The barrier invariants are written out in the kernel.
 
 Measured on the H100 (``benchmarks/gluon_fwd.py``, ``gluon_fwd-20261124-235738.json``, bf16, B·N 16k
 tokens, the default config per point, the head-major grid): d 128 612–653 TFLOP/s non-causal (N 2k
@@ -173,6 +174,9 @@ LOADER_REGS = 24
 # than without persistence).
 # D 64 with two ping-ponging consumers (128-row tiles), persistent: the default for causal calls
 # below 8k (``default_config``); no spills with any option.
+# D 128 m128 n128 persistent with rings of their own depth (``Config.v_stages``: K 2, V 3) fits two Q
+# sets (224 KB): the default below 8k. No spills plain, causal or not, with softcap, sinks or a
+# window; ALiBi 80 bytes, every option at once 104 (the 3-deep one-set config: 68 and 48).
 CONFIGS = {
     64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False),
          Config(3, 128, 3, True, 160, persistent=True), Config(2, 128, 3, True),
@@ -197,9 +201,11 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     with 128-key tiles and three stages at every length, causal or not (612–653 non-causal, 493–680
     causal; three consumers with 64-key tiles, the choice below 8k before the grid went head-major, now
     trail by 5–9% there), persistent below N 8k (``gluon_fwd-20261125-002134.json``: +1.6% non-causal
-    and +5.1% causal at 2k against the same config one tile per program; from 8k ±3% to −10%). A
-    persistent config takes dense batches only: ``attention_forward_gluon`` runs ranges and varlen one
-    tile per program.
+    and +5.1% causal at 2k against the same config one tile per program; from 8k ±3% to −10%), there
+    with a 2-deep K ring, a 3-deep V ring and two Q sets (the next tile's Q loads during this one:
+    +4.8% non-causal and +7.2% causal at 2k against one Q set and two 3-deep rings,
+    ``gluon_checkout-20261125-0812.json``). A persistent config takes dense batches only:
+    ``attention_forward_gluon`` runs ranges and varlen one tile per program (``one_tile_per_program``).
     """
     if head_dim == 64:
         if causal and n < 8192:
@@ -777,8 +783,9 @@ if _HAS_GLUON:
             # Barrier invariants across tiles. Waits test a phase's parity, so a barrier must never
             # run two phases ahead of a waiter: every fill waits for the release of the previous
             # use of its buffer, and every release follows the wait for that use's fill.
-            # * K/V ring: the k-th K/V tile of the program (k counted over all its tiles: ``kv``)
-            #   goes to slot k % STAGES; k_ready/v_ready complete once per fill, awaited with
+            # * K/V rings: the k-th K/V tile of the program (k counted over all its tiles: ``kv``)
+            #   goes to K slot k % STAGES and V slot k % V_STAGES (the same formulas below with
+            #   V_STAGES for V); k_ready/v_ready complete once per fill, awaited with
             #   parity (k // STAGES) & 1; k_empty/v_empty (CONSUMERS arrivals) once per use, the
             #   loader awaiting use k − STAGES's with the opposite parity. All consumers take every
             #   K/V tile of every tile (a tile's n_tiles is the same for all), so k is the same
