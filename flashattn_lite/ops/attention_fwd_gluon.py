@@ -1190,8 +1190,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     """(grid, args, keyword args) of the kernel writing o and lse for this call
     (``attention_forward_gluon``'s launch; ``benchmarks/ptx_hashes.py`` compiles from it without a
     GPU). A persistent config: min(tiles, ``sms``) programs (default: q's device's SMs,
-    ``DEFAULT_SMS`` off the GPU) and ``PERSISTENT``/``Q_SETS`` (``Config.q_sets``), passed only then;
-    ValueError for ranges or varlen (one tile per program there)."""
+    ``DEFAULT_SMS`` off the GPU) and ``PERSISTENT``/``Q_SETS`` (``Config.q_sets``)/``V_STAGES``,
+    passed only then; ValueError for ranges or varlen (one tile per program there), and for a
+    ``v_stages`` config one tile per program."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     options, flags = _option_args(_dense(variant), q, scale, causal)
