@@ -3,8 +3,8 @@
 Left: peak memory of forward+backward against sequence length, every method in one H100 run
 (``results/memory-20261123-145318.json``, 2026-11-23). Right: attention TFLOP/s on the same kind
 of H100, bf16, at N = 16k, forward and backward, d 64 and d 128, every bar from one run, the
-methods timed in turn over three rounds (``results/attention_speed-20261125-075412.json``, 2026-11-25
-07:54, ``speed --quick --rounds 3``; the table in docs/benchmarks.md).
+methods timed in turn over three rounds (``results/attention_speed-20261125-082144.json``, 2026-11-25
+08:21, ``speed --quick --rounds 3``; the table in docs/benchmarks.md).
 
     python benchmarks/plot_headline.py                 # writes docs/headline.png
     python benchmarks/plot_headline.py --out fig.png
@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MEMORY = RESULTS / "memory-20261123-145318.json"
-SPEED = {64: RESULTS / "attention_speed-20261125-075412.json", 128: RESULTS / "attention_speed-20261125-075412.json"}
+SPEED = {64: RESULTS / "attention_speed-20261125-082144.json", 128: RESULTS / "attention_speed-20261125-082144.json"}
 
 MEMORY_METHODS = [("ours", "flashattn_lite", "C0", "o-"), ("flex", "FlexAttention", "C4", "x--"),
                   ("sdpa-cudnn", "SDPA cuDNN", "C2", "s-"), ("sdpa-flash", "SDPA flash (FA2)", "C1", "^-"),
