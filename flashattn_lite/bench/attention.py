@@ -62,7 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
     s.add_argument("--rep-ms", type=float, help="timing repetitions per point, in ms (GPU default 100)")
     s.add_argument("--rounds", type=int, default=1,
-                   help="time the methods of a point in turn this many times, each keeping its median (default 1)")
+                   help="time the methods of a point in turn this many times, each keeping its median (default 1); "
+                        "above 1 every method's inputs stay allocated at once while a point is timed, so a point "
+                        "that fits one method at a time may be recorded as OOM")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     common.add_run_arguments(s)
