@@ -226,6 +226,39 @@ def test_defers_dq_where_no_step_is_masked():
     assert gluon_bwd.defers_dq(128, cfg, causal=False, variant=Variant(softcap=30.0, sinks=torch.zeros(3)))
 
 
+def _staging_wavefronts(spread: bool) -> set[int]:
+    """Shared-memory wavefronts of each half-warp's 8-byte store when a consumer stages its dQ block
+    (64 × 64 fp32, the wgmma accumulator layout) into the 128-byte-swizzled buffer, modelled: thread
+    (warp w, lane l) holds rows 16w + l // 4 (+ 8) and column pairs 8g + 2·(l mod 4) (+ 1), g < 8;
+    the buffer is two 32-column sub-tiles of 128-byte rows, chunk c of row r stored at c XOR (r mod 8);
+    ``spread``: ``_spread_banks``' order, chunk 2a + b of a span at 4b + a. The set of wavefront
+    counts over all store instructions (one per (w, row half, g)); 1 is the ideal."""
+    counts = set()
+    for w in range(4):
+        for half in range(2):
+            for g in range(8):
+                for lanes in (range(0, 16), range(16, 32)):
+                    words = set()
+                    for lane in lanes:
+                        row = 16 * w + 8 * half + lane // 4
+                        for col in (8 * g + 2 * (lane % 4), 8 * g + 2 * (lane % 4) + 1):
+                            c = col % 32 // 4
+                            if spread:
+                                c = 4 * (c % 2) + c // 2
+                            line = col // 32 * 64 + row
+                            words.add(line * 32 + (c ^ line % 8) * 4 + col % 4)
+                    banks = [word % 32 for word in words]
+                    counts.add(max(banks.count(bank) for bank in set(banks)))
+    return counts
+
+
+def test_spread_staging_covers_the_banks_once():
+    # The reason for _spread_banks: in the plain order rows r and r ^ 1 of a half-warp put their
+    # chunk pair on the same banks (two wavefronts a store); spread, every store takes one.
+    assert _staging_wavefronts(spread=False) == {2}
+    assert _staging_wavefronts(spread=True) == {1}
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: the kernel's schedule, modelled in float64
 # ---------------------------------------------------------------------------------------------
