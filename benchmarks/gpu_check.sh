@@ -19,8 +19,9 @@
 #   --quick (attention_speed.py with --rounds 3 too) and --time-budget: the time left, split evenly
 #   over the scripts not yet run (a script that finishes early leaves its time to the later ones, so
 #   put the longest, memory.py, last), less 45 s for start-up and the point in flight; `timeout`
-#   kills it at its share. Each prints a line per point and rewrites its JSON + CSV in $OUT after every point, so a cut-off run keeps what it
-#   measured. BENCH_ARGS are added to every script (options all of them take).
+#   kills it at its share. Each prints a line per point and rewrites its JSON + CSV in $OUT after
+#   every point, so a cut-off run keeps what it measured. BENCH_ARGS are added to every script
+#   (options all of them take).
 # - The device tool brings back at most 8 files: everything is written to a work folder and packed
 #   into $OUT/results.tgz when the script exits (also when a step was cut short).
 set -uo pipefail

@@ -356,7 +356,7 @@ if _HAS_GLUON:
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, 0], k_ready.index(s), k_smem.index(s))
-        if V_STAGES != STAGES:
+        if V_STAGES != STAGES:  # (equal depths reuse K's slot and parity: the code before V_STAGES)
             s = c % V_STAGES
             free = ((c // V_STAGES) & 1) ^ 1
         mbarrier.wait(v_empty.index(s), free)
@@ -817,6 +817,7 @@ if _HAS_GLUON:
             for i in gl.static_range(Q_SETS):
                 mbarrier.init(q_ready.index(i), count=1)
                 mbarrier.init(q_empty.index(i), count=CONSUMERS)
+            # One loop in the order the barriers were always set up, so equal depths compile as before.
             RING: gl.constexpr = STAGES if STAGES > V_STAGES else V_STAGES
             for s in gl.static_range(RING):
                 if s < STAGES:
