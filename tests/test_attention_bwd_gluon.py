@@ -213,6 +213,26 @@ def test_dq_conversion_keeps_q_layout(d, spread):
     torch.testing.assert_close(dq.float(), want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("B, Hq, Hkv, Nq, D, cap, want", [
+    (1, 16, 16, 1024, 128, 256 << 20, [(None, None, 0, 16)]),  # 8 MiB: one launch
+    (1, 16, 16, 524288, 128, 256 << 20, [(None, None, h, h + 1) for h in range(16)]),  # 256 MiB a head
+    (2, 8, 2, 65536, 128, 256 << 20, [(None, None, 0, 1), (None, None, 1, 2)]),  # 4 query heads · 2 rows: 256 MiB
+    (4, 4, 4, 100_000, 64, 60 << 20, [(b, b + 2, h, h + 1) for h in range(4) for b in (0, 2)]),  # rows split
+    (3, 2, 1, 1_000_000, 128, 256 << 20, [(b, b + 1, 0, 1) for b in range(3)]),  # over the cap: one row each
+    (1, 6, 3, 5000, 64, 5000 * 64 * 4 * 2 * 2, [(None, None, 0, 2), (None, None, 2, 3)])])  # a short last chunk
+def test_dq_buffer_chunks(monkeypatch, B, Hq, Hkv, Nq, D, cap, want):
+    # Chunks of (batch rows, KV heads) whose fp32 dQ buffer fits the cap (or one KV head of one
+    # row, whatever its size), covering every (row, KV head) once, all rows together where they fit.
+    monkeypatch.setattr(gluon_bwd, "DQ_BUFFER_BYTES", cap)
+    chunks = gluon_bwd.dq_buffer_chunks(B, Hq, Hkv, Nq, D)
+    assert [(r.start, r.stop, h.start or 0, h.stop or Hkv) for r, h in chunks] == want
+    cells = [(b, h) for r, kv in chunks for b in range(B)[r] for h in range(Hkv)[kv]]
+    assert sorted(cells) == [(b, h) for b in range(B) for h in range(Hkv)]
+    for r, kv in chunks:
+        size = len(range(B)[r]) * len(range(Hkv)[kv]) * (Hq // Hkv) * Nq * D * 4
+        assert size <= cap or (len(range(B)[r]), len(range(Hkv)[kv])) == (1, 1)
+
+
 def test_defers_dq_where_no_step_is_masked():
     # d 64 always (the consumers take turns by step); d 128 only where no step is masked.
     cfg = gluon_bwd.default_config(128)
@@ -583,6 +603,37 @@ def test_strided_heads_read_and_written_in_place(causal):
                                                o, lse, scale=shape[-1] ** -0.5, causal=causal)
     assert torch.equal(ours[1], dense[1]) and torch.equal(ours[2], dense[2])
     assert (ours[0].float() - dense[0].float()).abs().max() <= 1e-2 * dense[0].float().abs().max()
+
+
+@needs_gpu
+@pytest.mark.parametrize("cap_heads, opts", [(2, {}), (2, dict(softcap=4.0, alibi="bh", sinks=True)),
+                                             (0.5, dict(alibi="h", sinks=True)), (1, dict(left=300))],
+                         ids=["kv-heads", "kv-heads-options", "rows", "window"])
+def test_long_calls_run_in_chunks_with_the_same_gradients(monkeypatch, cap_heads, opts):
+    # A cap on the fp32 dQ buffer of `cap_heads` KV heads' worth (of all rows): the call runs in
+    # chunks (of KV heads, or of rows when one KV head of all rows is over it), into one set of
+    # gradients equal to the one-launch call's: dk, dv (and the sinks' gradient up to fp32
+    # summation order) bit for bit, dq up to its fp32 reduce-adds' order; ALiBi's slopes and the
+    # sinks taken per chunk.
+    B, Hq, Hkv, N, d = 2, 8, 4, 700, 64
+    q, k, v, do, o, lse = _saved((B, Hq, Hkv, N, N, d), torch.bfloat16, True)
+    g = torch.Generator().manual_seed(3)
+    variant = Variant(softcap=opts.get("softcap", 0.0), left=opts.get("left", -1),
+                      alibi=None if "alibi" not in opts else
+                      (torch.rand(Hq, generator=g) if opts["alibi"] == "h" else torch.rand(B, Hq, generator=g))
+                      .to(q.device) * 0.1,
+                      sinks=torch.randn(Hq, generator=g).to(q.device) if opts.get("sinks") else None)
+    whole = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True, variant=variant)
+    monkeypatch.setattr(gluon_bwd, "DQ_BUFFER_BYTES", int(cap_heads * B * (Hq // Hkv) * N * d * 4))
+    assert len(gluon_bwd.dq_buffer_chunks(B, Hq, Hkv, N, d)) > 1
+    parts = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True, variant=variant)
+    assert torch.equal(parts[1], whole[1]) and torch.equal(parts[2], whole[2])
+    assert parts[0].stride() == whole[0].stride()
+    assert (parts[0].float() - whole[0].float()).abs().max() <= 1e-2 * whole[0].float().abs().max()
+    if variant.sinks is not None:
+        torch.testing.assert_close(parts[3], whole[3], rtol=1e-5, atol=1e-5)
+    else:
+        assert parts[3] is None and whole[3] is None
 
 
 @needs_gpu

@@ -299,7 +299,8 @@ def _ours_theory(p: Problem, mode: str, way: str) -> int:
 
 def _gluon_dq_bytes(p: Problem) -> int:
     """What the Gluon backward adds where a large plain call on sm_90 takes it: the float32 dQ it
-    reduce-adds into (as FlashAttention's backwards keep) and δ, lse₂ padded to 128-row tiles."""
+    reduce-adds into (as FlashAttention's backwards keep) and δ, lse₂ padded to 128-row tiles, for
+    its largest launch (long calls run in chunks of rows and KV heads: ``dq_buffer_chunks``)."""
     from ..ops import attention_bwd_gluon as gluon
     from ..ops import attention_fwd_hopper as hopper
     takes = (p.device == "cuda" and torch.cuda.get_device_capability() == (9, 0) and gluon._HAS_GLUON
@@ -308,8 +309,9 @@ def _gluon_dq_bytes(p: Problem) -> int:
              and p.head_dim in gluon.HEAD_DIMS and p.batch * p.heads * p.seqlen ** 2 * p.head_dim >= hopper.MIN_WORK)
     if not takes:
         return 0
-    padded = p.batch * p.heads * (-(-p.seqlen // 128) * 128) * 4
-    return p.batch * p.heads * p.seqlen * p.head_dim * 4 + 2 * padded
+    rows, kv_heads = gluon.dq_buffer_chunks(p.batch, p.heads, p.kv_heads, p.seqlen, p.head_dim)[0]
+    planes = len(range(p.batch)[rows]) * len(range(p.kv_heads)[kv_heads]) * p.group  # (row, query head) pairs
+    return planes * (p.seqlen * p.head_dim * 4 + 2 * (-(-p.seqlen // 128) * 128) * 4)
 
 
 def _triton_version() -> str:

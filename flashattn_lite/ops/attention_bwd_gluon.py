@@ -1204,6 +1204,58 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     reason = config_reason(D, cfg, q.element_size())
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: {reason}")
+    chunks = dq_buffer_chunks(B, Hq, Hkv, Nq, D) if cfg.fused_dq and (variant is None or variant.seq == SEQ_DENSE) \
+        else [(slice(None), slice(None))]
+    if len(chunks) == 1:
+        return _backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant)
+    # Long calls in chunks of (batch rows, KV heads), each with its own fp32 dQ buffer, into one
+    # set of gradients: the buffer (twice q's bytes whole) stays within DQ_BUFFER_BYTES.
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sinks = None if variant is None else variant.sinks
+    dsinks = None if sinks is None else torch.zeros(Hq, device=q.device, dtype=torch.float32)
+    group = Hq // Hkv
+    for rows, kv_heads in chunks:
+        heads = slice(kv_heads.start * group, kv_heads.stop * group)
+        part = None
+        if variant is not None:  # the chunk's slopes and sinks (float32: dsinks sums over chunks)
+            alibi = variant.alibi
+            alibi = None if alibi is None else alibi[heads] if alibi.dim() == 1 else alibi[rows, heads]
+            part = variant._replace(alibi=alibi, sinks=None if sinks is None else sinks[heads].float())
+        grads = _backward(do[rows, heads], q[rows, heads], k[rows, kv_heads], v[rows, kv_heads], o[rows, heads],
+                          lse[rows, heads].contiguous(), None if dlse is None else dlse[rows, heads], scale, causal,
+                          cfg, part, out=(dq[rows, heads], dk[rows, kv_heads], dv[rows, kv_heads]))
+        if dsinks is not None:
+            dsinks[heads] += grads[3]
+    if variant is None:
+        return dq, dk, dv
+    return dq, dk, dv, None if dsinks is None else dsinks.to(sinks.dtype)
+
+
+DQ_BUFFER_BYTES = 256 * 2 ** 20  # the fused dQ's fp32 buffer of one launch, at most (but for one head's)
+
+
+def dq_buffer_chunks(B: int, Hq: int, Hkv: int, Nq: int, D: int) -> list[tuple[slice, slice]]:
+    """(batch rows, KV heads) of each launch of a dense backward with the fused dQ, so that its fp32
+    dQ buffer (rows · heads · Nq · D · 4 bytes) stays within DQ_BUFFER_BYTES: one launch where the
+    whole buffer fits; else as many KV heads (each with its query heads) of all rows as fit, or,
+    where one KV head of all rows does not fit, as many rows as fit of one KV head at a time (at
+    least one). The buffer is then a small part of the call's memory, as the leanest SDPA
+    backends keep it, while a launch still has ≥ Nq / 64 key tiles of work per head."""
+    head_bytes = (Hq // Hkv) * Nq * D * 4  # one KV head's query heads, one batch row
+    if B * Hkv * head_bytes <= DQ_BUFFER_BYTES:
+        return [(slice(None), slice(None))]
+    if B * head_bytes <= DQ_BUFFER_BYTES:
+        step = DQ_BUFFER_BYTES // (B * head_bytes)
+        return [(slice(None), slice(h, min(h + step, Hkv))) for h in range(0, Hkv, step)]
+    step = max(1, DQ_BUFFER_BYTES // head_bytes)
+    return [(slice(b, min(b + step, B)), slice(h, h + 1)) for h in range(Hkv) for b in range(0, B, step)]
+
+
+def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config, variant: Variant | None,
+              out: tuple | None = None):
+    """``attention_backward_gluon``'s work for one launch, checks done; ``out``: (dq, dk, dv) to
+    write (views of a chunked call's gradients), else new tensors."""
+    B, Hq, Nq, D = q.shape
     row_starts = None
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd_hopper import row_stats
@@ -1215,15 +1267,18 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
         (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, _pad_rows(Nq), dq_acc)
     # Rows outside every range of a padded batch are no program's: their gradients are 0 (the
     # fp32 dQ buffer starts at 0 anyway).
-    alloc = torch.zeros_like if variant is not None and variant.seq == SEQ_RANGES else torch.empty_like
-    dk, dv = alloc(k), alloc(v)
-    dq = None if cfg.fused_dq else torch.empty_like(q)
+    if out is not None:
+        dq, dk, dv = out
+    else:
+        alloc = torch.zeros_like if variant is not None and variant.seq == SEQ_RANGES else torch.empty_like
+        dk, dv = alloc(k), alloc(v)
+        dq = None if cfg.fused_dq else torch.empty_like(q)
     grid, args, kwargs = _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
                                  PLAIN if variant is None else variant, dq_acc, row_starts)
     _attn_bwd_gluon_kernel[grid](*args, **kwargs)
 
     if cfg.fused_dq:
-        dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"])
+        dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
     else:
         _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
     if variant is None:
@@ -1256,12 +1311,14 @@ def _dq_convert_kernel(acc, dq, n_heads, n_q, n_rows, stride_b, stride_h, stride
     tl.store(dq + row_off[:, None] + cols[None, :], x.to(dq.dtype.element_ty), mask=ok[:, None])
 
 
-def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool) -> torch.Tensor:
-    """dq as the portable backward returns it (``empty_like(q)``: q's strides and dtype) from the
-    dense fp32 buffer the kernel reduce-added into (already times scale), staged in
-    ``_spread_banks``' order where ``spread`` (``defers_dq``). One pass: a strided torch copy
-    that undid the order took 0.101 ms against the plain copy's 0.069 at 16k × 16 heads × 128 (H100)."""
-    dq = torch.empty_like(q)
+def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool, dq: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """dq as the portable backward returns it (``empty_like(q)``: q's strides and dtype; or into
+    ``dq``, any strides) from the dense fp32 buffer the kernel reduce-added into (already times
+    scale), staged in ``_spread_banks``' order where ``spread`` (``defers_dq``). One pass: a
+    strided torch copy that undid the order took 0.101 ms against the plain copy's 0.069 at
+    16k × 16 heads × 128 (H100)."""
+    dq = torch.empty_like(q) if dq is None else dq
     B, Hq, Nq, D = dq_acc.shape
     block_r = 8192 // D
     _dq_convert_kernel[(cdiv(B * Hq * Nq, block_r),)](dq_acc, dq, Hq, Nq, B * Hq * Nq, *dq.stride()[:3], HEAD_DIM=D,
