@@ -1,7 +1,7 @@
 """The README's headline figure, drawn from measured results (no GPU needed).
 
 Left: peak memory of forward+backward against sequence length, every method in one H100 run
-(``results/memory-20261123-145318.json``, 2026-11-23). Right: attention TFLOP/s on the same kind
+(``results/memory-20261125-094215.json``, 2026-11-25 09:42). Right: attention TFLOP/s on the same kind
 of H100, bf16, at N = 16k, forward and backward, d 64 and d 128, every bar from one run, the
 methods timed in turn over three rounds (``results/attention_speed-20261125-082144.json``, 2026-11-25
 08:21, ``speed --quick --rounds 3``; the table in docs/benchmarks.md).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-MEMORY = RESULTS / "memory-20261123-145318.json"
+MEMORY = RESULTS / "memory-20261125-094215.json"
 SPEED = {64: RESULTS / "attention_speed-20261125-082144.json", 128: RESULTS / "attention_speed-20261125-082144.json"}
 
 MEMORY_METHODS = [("ours", "flashattn_lite", "C0", "o-"), ("flex", "FlexAttention", "C4", "x--"),
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.15]})
     _memory_panel(left)
     _speed_panel(right)
-    fig.suptitle("flashattn_lite on an H100 (torch 2.11, triton 3.6): memory 2026-11-23, speed 2026-11-25",
+    fig.suptitle("flashattn_lite on an H100 (torch 2.11, triton 3.6): memory and speed 2026-11-25",
                  fontsize=11)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
