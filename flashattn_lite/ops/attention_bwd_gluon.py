@@ -1181,8 +1181,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     portable backward's four gradients come back, (dq, dk, dv, dsinks), dsinks (Hq,) in the sinks'
     dtype or None. Query tiles that see no key of a key tile are never loaded (``query_tiles``):
     a window of W keys costs O(N·W). Softcap, ALiBi and windows need a ``fused_dq`` config (the
-    Triton dQ kernel is plain only). A config or variant the kernel does not take raises
-    ValueError before anything runs."""
+    Triton dQ kernel is plain only). A dense call whose fused dQ buffer (float32, twice q's bytes
+    in 16 bits) would pass ``DQ_BUFFER_BYTES`` runs in launches over chunks of rows and KV heads
+    (``dq_buffer_chunks``); ranges and varlen keep one launch. A config or variant the kernel does
+    not take raises ValueError before anything runs."""
     reason = _variant_reason(variant)
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: variant: {reason}")
