@@ -191,7 +191,7 @@ def defers_dq(head_dim: int, cfg: Config, causal: bool, variant: Variant = PLAIN
     """Whether the kernel retires and reduce-adds a step's dQ block in the next step, behind its Sᵀ
     and dPᵀ, so the tensor pipe does not wait through the reduce-add (D 64 +4.5%, D 128 non-causal
     +4%; staged in shared memory before Sᵀ and dPᵀ take their registers), and stages it in
-    ``_spread_banks``' order (``dq_from_buffer`` undoes it). D 128 with masked steps (causal,
+    ``_spread_banks``' order (``_dq_from_buffer`` undoes it). D 128 with masked steps (causal,
     windows, ranges, varlen) retires it in its own step: deferred, those spill more (causal
     measured 3.5% slower; NOTES, 2026-11-25)."""
     split_cols = head_dim // DQ_COLS == cfg.consumers  # D 128: each consumer its own 64 columns
@@ -414,7 +414,7 @@ if _HAS_GLUON:
     @gluon.jit
     def _spread_banks(x):
         """``x`` (rows × 64, fp32, the wgmma layout) with the 16-byte chunks of each 128-byte span
-        reordered as ``dq_from_buffer`` undoes: chunk 2a + b goes to 4b + a. Why: a thread's 8-byte
+        reordered as ``_dq_from_buffer`` undoes: chunk 2a + b goes to 4b + a. Why: a thread's 8-byte
         store covers half a chunk; a half-warp stores 4 rows × 2 adjacent chunks, and under the
         128-byte swizzle (chunk XOR row mod 8) rows r and r ^ 1 put their pair on the same banks
         (two wavefronts where one does). Spread 4 chunks apart, the 4 rows fill the 32 banks once.
