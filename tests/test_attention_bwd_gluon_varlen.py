@@ -452,6 +452,42 @@ def test_ranges_match_portable(monkeypatch, d):
     assert (got[0][1, :, :100] == 0).all() and (got[1][2, :, 17:] == 0).all()
 
 
+@needs_gpu
+@pytest.mark.parametrize("layout", ["varlen", "ranges"])
+def test_long_varlen_and_ranges_calls_run_in_chunks(monkeypatch, layout):
+    # A cap of one KV head's buffer: a packed batch runs over KV heads, a padded one over rows and
+    # KV heads (each chunk with its rows' ranges); the gradients equal the one-launch call's (dk,
+    # dv bit for bit, dq up to its fp32 reduce order) and rows outside the ranges stay 0.
+    from flashattn_lite.ops import attention_fwd
+    Hq, Hkv, d = 4, 2, 64
+    if layout == "varlen":
+        lq = [17, 1000, 333]
+        q, k, v, do, cq, ck = _gpu_varlen(lq, lq, Hq, Hkv, d, torch.bfloat16, seed=3)
+        pk = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731
+        q, k, v, do = pk(q), pk(k), pk(v), pk(do).contiguous()
+        variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
+    else:
+        B, N = 3, 700
+        g = torch.Generator(device="cuda").manual_seed(4)
+        q, do = (torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16() for _ in range(2))
+        k, v = (torch.randn(B, Hkv, N, d, device="cuda", generator=g).bfloat16() for _ in range(2))
+        rq = torch.tensor([[0, 700], [100, 700], [699, 700]], dtype=torch.int32, device="cuda")
+        rk = torch.tensor([[0, 700], [3, 700], [0, 17]], dtype=torch.int32, device="cuda")
+        variant = Variant(seq=SEQ_RANGES, seq_q=rq, seq_k=rk)
+    o, lse = attention_fwd.attention_forward(q, k, v, scale=0.125, causal=True, causal_offset=0, mask=None,
+                                             dropout_p=0.0, seed=0, variant=variant)
+    whole = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True, variant=variant)
+    B, _, N, _ = q.shape
+    monkeypatch.setattr(gluon_bwd, "DQ_BUFFER_BYTES", (Hq // Hkv) * N * d * 4)
+    chunks = gluon_bwd.dq_buffer_chunks(B, Hq, Hkv, N, d)
+    assert len(chunks) == B * Hkv
+    parts = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True, variant=variant)
+    assert torch.equal(parts[1], whole[1]) and torch.equal(parts[2], whole[2])
+    assert (parts[0].float() - whole[0].float()).abs().max() <= 1e-2 * whole[0].float().abs().max()
+    if layout == "ranges":
+        assert (parts[0][1, :, :100] == 0).all() and (parts[1][2, :, 17:] == 0).all()
+
+
 def test_packed_do_is_taken_without_a_copy():
     # attention_backward hands a packed varlen dO, (1, H, total, D) over (total, H, D), to the Gluon
     # backward as it is; an expanded one (of o.sum()) is made contiguous first.

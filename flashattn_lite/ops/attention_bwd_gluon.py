@@ -1183,8 +1183,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     a window of W keys costs O(N·W). Softcap, ALiBi and windows need a ``fused_dq`` config (the
     Triton dQ kernel is plain only). A dense call whose fused dQ buffer (float32, twice q's bytes
     in 16 bits) would pass ``DQ_BUFFER_BYTES`` runs in launches over chunks of rows and KV heads
-    (``dq_buffer_chunks``); ranges and varlen keep one launch. A config or variant the kernel does
-    not take raises ValueError before anything runs."""
+    (``dq_buffer_chunks``; a varlen batch, one row, over KV heads). A config or variant the kernel
+    does not take raises ValueError before anything runs."""
     reason = _variant_reason(variant)
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: variant: {reason}")
@@ -1206,13 +1206,16 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     reason = config_reason(D, cfg, q.element_size())
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: {reason}")
-    chunks = dq_buffer_chunks(B, Hq, Hkv, Nq, D) if cfg.fused_dq and (variant is None or variant.seq == SEQ_DENSE) \
-        else [(slice(None), slice(None))]
+    chunks = dq_buffer_chunks(B, Hq, Hkv, Nq, D) if cfg.fused_dq else [(slice(None), slice(None))]
     if len(chunks) == 1:
         return _backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant)
     # Long calls in chunks of (batch rows, KV heads), each with its own fp32 dQ buffer, into one
-    # set of gradients: the buffer (twice q's bytes whole) stays within DQ_BUFFER_BYTES.
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # set of gradients: the buffer (twice q's bytes whole) stays within DQ_BUFFER_BYTES. A varlen
+    # batch (B = 1) splits its heads only; a ranges batch takes its rows' ranges, and its dk, dv
+    # start at 0 (rows outside every range are no program's).
+    ranges = variant is not None and variant.seq == SEQ_RANGES
+    alloc = torch.zeros_like if ranges else torch.empty_like
+    dq, dk, dv = torch.empty_like(q), alloc(k), alloc(v)
     sinks = None if variant is None else variant.sinks
     dsinks = None if sinks is None else torch.zeros(Hq, device=q.device, dtype=torch.float32)
     group = Hq // Hkv
@@ -1223,6 +1226,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
             alibi = variant.alibi
             alibi = None if alibi is None else alibi[heads] if alibi.dim() == 1 else alibi[rows, heads]
             part = variant._replace(alibi=alibi, sinks=None if sinks is None else sinks[heads].float())
+            if ranges:
+                part = part._replace(seq_q=variant.seq_q[rows], seq_k=variant.seq_k[rows])
         grads = _backward(do[rows, heads], q[rows, heads], k[rows, kv_heads], v[rows, kv_heads], o[rows, heads],
                           lse[rows, heads].contiguous(), None if dlse is None else dlse[rows, heads], scale, causal,
                           cfg, part, out=(dq[rows, heads], dk[rows, kv_heads], dv[rows, kv_heads]))
@@ -1237,7 +1242,7 @@ DQ_BUFFER_BYTES = 256 * 2 ** 20  # the fused dQ's fp32 buffer of one launch, at 
 
 
 def dq_buffer_chunks(B: int, Hq: int, Hkv: int, Nq: int, D: int) -> list[tuple[slice, slice]]:
-    """(batch rows, KV heads) of each launch of a dense backward with the fused dQ, so that its fp32
+    """(batch rows, KV heads) of each launch of a backward with the fused dQ, so that its fp32
     dQ buffer (rows · heads · Nq · D · 4 bytes) stays within DQ_BUFFER_BYTES: one launch where the
     whole buffer fits; else as many KV heads (each with its query heads) of all rows as fit, or,
     where one KV head of all rows does not fit, as many rows as fit of one KV head at a time (at
