@@ -352,6 +352,17 @@ def _gpu_varlen(lq, lk, Hq, Hkv, d, dtype, seed=0):
     return q, k, v, do, cq, ck
 
 
+def _gpu_ranges(N, Hq, Hkv, d, dtype, seed):
+    """A padded batch of three rows with per-row ranges (a full row, one whose queries start at 100
+    and keys at 3, one of a single query over 17 keys): q, k, v, dO (3, H, N, d) and the Variant."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, do = (torch.randn(3, Hq, N, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(3, Hkv, N, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    rq = torch.tensor([[0, N], [100, N], [N - 1, N]], dtype=torch.int32, device="cuda")
+    rk = torch.tensor([[0, N], [3, N], [0, 17]], dtype=torch.int32, device="cuda")
+    return q, k, v, do, Variant(seq=SEQ_RANGES, seq_q=rq, seq_k=rk)
+
+
 def _check_against_reference(got, ref, portable, dtype):
     eps = torch.finfo(dtype).eps
     for name, a, r, p in zip(("dq", "dk", "dv"), got, ref, portable):
@@ -430,13 +441,7 @@ def test_ranges_match_portable(monkeypatch, d):
     # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on
     # the same saved o and lse; rows outside the ranges get zero gradients.
     from flashattn_lite.ops import attention_bwd, attention_fwd
-    B, Hq, Hkv, N = 3, 4, 2, 1100
-    g = torch.Generator(device="cuda").manual_seed(2)
-    q, do = (torch.randn(B, Hq, N, d, device="cuda", generator=g).half() for _ in range(2))
-    k, v = (torch.randn(B, Hkv, N, d, device="cuda", generator=g).half() for _ in range(2))
-    rq = torch.tensor([[0, 1100], [100, 1100], [1099, 1100]], dtype=torch.int32, device="cuda")
-    rk = torch.tensor([[0, 1100], [3, 1100], [0, 17]], dtype=torch.int32, device="cuda")
-    variant = Variant(seq=SEQ_RANGES, seq_q=rq, seq_k=rk)
+    q, k, v, do, variant = _gpu_ranges(1100, 4, 2, d, torch.float16, seed=2)
     scale = d ** -0.5
     o, lse = attention_fwd.attention_forward(q, k, v, scale=scale, causal=True, causal_offset=0, mask=None,
                                              dropout_p=0.0, seed=0, variant=variant)
@@ -467,13 +472,7 @@ def test_long_varlen_and_ranges_calls_run_in_chunks(monkeypatch, layout):
         q, k, v, do = pk(q), pk(k), pk(v), pk(do).contiguous()
         variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
     else:
-        B, N = 3, 700
-        g = torch.Generator(device="cuda").manual_seed(4)
-        q, do = (torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16() for _ in range(2))
-        k, v = (torch.randn(B, Hkv, N, d, device="cuda", generator=g).bfloat16() for _ in range(2))
-        rq = torch.tensor([[0, 700], [100, 700], [699, 700]], dtype=torch.int32, device="cuda")
-        rk = torch.tensor([[0, 700], [3, 700], [0, 17]], dtype=torch.int32, device="cuda")
-        variant = Variant(seq=SEQ_RANGES, seq_q=rq, seq_k=rk)
+        q, k, v, do, variant = _gpu_ranges(700, Hq, Hkv, d, torch.bfloat16, seed=4)
     o, lse = attention_fwd.attention_forward(q, k, v, scale=0.125, causal=True, causal_offset=0, mask=None,
                                              dropout_p=0.0, seed=0, variant=variant)
     whole = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True, variant=variant)

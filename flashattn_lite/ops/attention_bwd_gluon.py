@@ -98,7 +98,8 @@ from .._launcher import launcher
 from .._runtime import cdiv, interpreter_active, tile_and_slab
 from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
-from .attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, score_args, seq_args
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
+                            seq_args)
 from .attention_fwd_gluon import tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -1298,24 +1299,23 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
 
 
 @launcher
-@triton.jit(do_not_specialize=["n_heads", "n_q", "n_rows"])
-def _dq_convert_kernel(acc, dq, n_heads, n_q, n_rows, stride_b, stride_h, stride_n, HEAD_DIM: tl.constexpr,
+@triton.jit(do_not_specialize=["n_heads", "n_q"])
+def _dq_convert_kernel(acc, dq, n_heads, n_q, stride_b, stride_h, stride_n, HEAD_DIM: tl.constexpr,
                        SPREAD: tl.constexpr, BLOCK_R: tl.constexpr):
-    """dq rows (q's strides and dtype) from the fp32 buffer's (B, Hq, Nq, HEAD_DIM) contiguous rows,
+    """BLOCK_R dq rows of one head (q's strides and dtype; grid: cdiv(Nq, BLOCK_R) tiles of each of
+    the B·Hq heads, ``tile_and_slab``) from the fp32 buffer's (B, Hq, Nq, HEAD_DIM) contiguous rows,
     the chunk order of ``_spread_banks`` undone where ``SPREAD``: in each 32-column span, buffer
     chunk 4b + a (16 bytes) is dq chunk 2a + b."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    tile, bh = tile_and_slab(tl.cdiv(n_q, BLOCK_R))
+    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, HEAD_DIM)
-    ok = rows < n_rows
-    x = tl.load(acc + rows[:, None].to(tl.int64) * HEAD_DIM + cols[None, :], mask=ok[:, None])
+    ok = rows[:, None] < n_q
+    x = tl.load(acc + (bh.to(tl.int64) * n_q + rows[:, None]) * HEAD_DIM + cols[None, :], mask=ok)
     if SPREAD:  # (span, b, a, 4 floats) -> (span, a, b, 4 floats)
         x = tl.permute(tl.reshape(x, [BLOCK_R, HEAD_DIM // 32, 2, 4, 4]), [0, 1, 3, 2, 4])
         x = tl.reshape(x, [BLOCK_R, HEAD_DIM])
-    n = rows % n_q
-    h = rows // n_q % n_heads
-    b = rows // n_q // n_heads
-    row_off = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + n.to(tl.int64) * stride_n
-    tl.store(dq + row_off[:, None] + cols[None, :], x.to(dq.dtype.element_ty), mask=ok[:, None])
+    base = head_base(dq, bh // n_heads, bh % n_heads, stride_b, stride_h)
+    tl.store(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :], x.to(dq.dtype.element_ty), mask=ok)
 
 
 def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool, dq: torch.Tensor | None = None
@@ -1328,7 +1328,7 @@ def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool, dq: tor
     dq = torch.empty_like(q) if dq is None else dq
     B, Hq, Nq, D = dq_acc.shape
     block_r = 8192 // D
-    _dq_convert_kernel[(cdiv(B * Hq * Nq, block_r),)](dq_acc, dq, Hq, Nq, B * Hq * Nq, *dq.stride()[:3], HEAD_DIM=D,
+    _dq_convert_kernel[(cdiv(Nq, block_r) * B * Hq,)](dq_acc, dq, Hq, Nq, *dq.stride()[:3], HEAD_DIM=D,
                                                       SPREAD=spread, BLOCK_R=block_r)
     return dq
 
