@@ -166,6 +166,34 @@ def test_takes_a_window_refuses_ranges():
 
 
 @needs_gpu
+@pytest.mark.parametrize("offset", [0, 3000, -500])
+def test_non_causal_call_takes_the_gluon_kernels_at_any_causal_offset(offset):
+    # A causal_offset places the diagonal, a window and ALiBi's distances; a non-causal call has none
+    # of them, so whatever its offset it takes the Gluon kernels, forward and backward (ring
+    # attention's off-diagonal blocks: n/2 query rows against n keys, offset 0), and gives what the
+    # bottom-right default gives.
+    from flashattn_lite import _log
+    from flashattn_lite.ops import attention_bwd, attention_fwd
+    from flashattn_lite.ops.attention import attention_core
+    q, k, v = make_qkv((1, 8, 2, 2048, 4096, 128), torch.bfloat16)
+    attention_fwd._HOPPER.clear()
+    attention_bwd._HOPPER.clear()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with _log.recording() as notes:
+        o, lse = attention_core(*leaves, causal_offset=offset, return_lse=True)
+        grads = torch.autograd.grad(o.float().square().sum(), leaves)
+    assert [(where, path, "Gluon" in reason) for path, where, reason in notes] == [
+        ("attention forward", "hopper", True), ("attention backward", "hopper", True)]
+    default_o, default_lse = attention_core(q, k, v, return_lse=True)
+    assert torch.equal(o, default_o) and torch.equal(lse, default_lse)
+    check_against_reference(o.detach(), lse.detach(), q, k, v, False)
+    with hopper.disabled():
+        want = torch.autograd.grad(attention_core(*leaves, causal_offset=offset).float().square().sum(), leaves)
+    for g, w in zip(grads, want):
+        assert (g.float() - w.float()).norm() <= 2e-2 * w.float().norm()
+
+
+@needs_gpu
 @pytest.mark.parametrize("d, causal, n, takes_gluon", [(128, False, 2048, True), (128, True, 2048, True),
                                                        (64, True, 1024, False), (64, True, 2048, True),
                                                        (64, True, 8192, True)],

@@ -318,6 +318,15 @@ def test_variant_reasons():
     assert "mask" in reason(dict(mask=torch.ones(1, 1, 8, 8, dtype=torch.bool)), variants=True)
     assert "dropout" in reason(dict(dropout_p=0.1, variant=every), variants=True)
     assert "causal_offset" in reason(dict(causal_offset=3, variant=every), variants=True)
+    # The offset places the diagonal, a window and ALiBi's distances: where none is, it changes
+    # nothing and the kernel (bottom-right) takes the call.
+    capped = as_variant(q, k, dict(softcap=5.0, sinks=sinks))
+    assert reason(dict(causal_offset=3)) is None and reason(dict(causal_offset=-7, causal=False)) is None
+    assert reason(dict(causal_offset=3, variant=capped), variants=True) is None
+    assert "causal_offset" in reason(dict(causal_offset=3, causal=True))
+    assert "causal_offset" in reason(dict(causal_offset=3, variant=capped, causal=True), variants=True)
+    for banded in (dict(alibi_slopes=slopes[0]), dict(window=(3, None)), dict(window=(None, 0))):
+        assert "causal_offset" in reason(dict(causal_offset=3, variant=as_variant(q, k, banded)), variants=True)
 
 
 @pytest.fixture

@@ -296,6 +296,10 @@ def test_results_record_the_output_folder_as_a_placeholder():
     entry = ["/some/env/site-packages/flashattn_lite/__main__.py", "memory", "--out", "/d"]
     assert common.recorded_command(entry, "/d") == "flashattn-lite memory --out $OUT"
     assert common.recorded_command(["/usr/local/bin/flashattn-lite", "speed"], "x") == "flashattn-lite speed"
+    # torchrun hands a script its absolute path: the machine's folders stay out of the record.
+    inside = str(Path.cwd() / "benchmarks" / "ring.py")
+    assert common.recorded_command([inside, "--quick"], "x") == "benchmarks/ring.py --quick"
+    assert common.recorded_command(["/elsewhere/ring.py", "--quick"], "x") == "ring.py --quick"
 
 
 def load_benchmark(name: str):

@@ -265,6 +265,10 @@ _CASES = {
         "bad-arguments-raise-on-every-rank": _case_errors,
         "cpu-tensors-refused": _case_cpu_tensors_on_nccl,
         "after-errors-bf16": lambda r, w: _compare(r, w, dtype=BF16, layout="zigzag", causal=True, n=64, d=64),
+        # Long enough for the Hopper kernels (sm_90): the diagonal block causal, the other n/2 rows
+        # against n keys non-causal with causal_offset 0.
+        "zigzag-causal-hopper-bf16": lambda r, w: _compare(r, w, dtype=BF16, layout="zigzag", causal=True, hq=4,
+                                                           hkv=2, n=4096, d=128, with_lse=True),
         "bench-smoke": _case_bench_smoke,
     },
 }

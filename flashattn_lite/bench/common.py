@@ -417,14 +417,17 @@ def warm_up(fn: Callable[[], object], what: str) -> float:
 
 def recorded_command(argv: list[str], out) -> str:
     """The command line as results record it: the output folder written as $OUT (it is a path of
-    the machine that ran it, which says nothing to a reader and should not end up in the repo), and
-    the package's console entry (``python -m flashattn_lite`` or ``flashattn-lite``, whose argv[0]
-    is an absolute path) as ``flashattn-lite``."""
+    the machine that ran it, which says nothing to a reader and should not end up in the repo), the
+    package's console entry (``python -m flashattn_lite`` or ``flashattn-lite``, whose argv[0]
+    is an absolute path) as ``flashattn-lite``, and any other absolute script path (torchrun
+    passes one) relative to the working folder."""
     out_s = str(out)
     argv = list(argv)
     entry = Path(argv[0]) if argv else Path()
     if entry.name == "flashattn-lite" or (entry.name == "__main__.py" and entry.parent.name == "flashattn_lite"):
         argv[0] = "flashattn-lite"
+    elif entry.is_absolute():  # a script torchrun started: its path from the working folder, else its name
+        argv[0] = entry.relative_to(Path.cwd()).as_posix() if entry.is_relative_to(Path.cwd()) else entry.name
     return " ".join("$OUT" if a == out_s else "--out=$OUT" if a.startswith("--out=") else a for a in argv)
 
 

@@ -222,6 +222,15 @@ def _reason_for_variant(q, variant) -> str | None:
     return None
 
 
+def _offset_matters(options) -> bool:
+    """Whether a call's ``causal_offset`` changes its result: it places the causal diagonal, the
+    window's sides and ALiBi's distances. A call with none of them (ring attention's off-diagonal
+    blocks, say) ignores it, so these kernels, which place the diagonal bottom-right, take it."""
+    variant = options.get("variant")
+    banded = isinstance(variant, Variant) and (variant.left >= 0 or variant.right >= 0 or variant.alibi is not None)
+    return bool(options.get("causal")) or banded
+
+
 def _reason_for_options(q, k, options, variants: bool = False) -> str | None:
     """Why the options ask for more than the kernel does, or None. ``variants``: the forward's
     ``variant`` options (``_reason_for_variant``) are covered; without it (the backward) only plain
@@ -233,7 +242,7 @@ def _reason_for_options(q, k, options, variants: bool = False) -> str | None:
             if value is not None and not value > 0:
                 return f"scale {value} is not > 0 (the scale is folded into the exp2)"
         elif name == "causal_offset":
-            if value is not None and value != k.shape[2] - q.shape[2]:
+            if value is not None and value != k.shape[2] - q.shape[2] and _offset_matters(options):
                 return f"causal_offset {value} is not the bottom-right default Nk − Nq = {k.shape[2] - q.shape[2]}"
         elif name == "dropout_p":
             if value:
@@ -337,7 +346,8 @@ def supported(q, k, v, **options) -> str | None:
     Covered: CUDA tensors on an sm_90 device, fp16/bf16, q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with
     Hq a multiple of Hkv and D ∈ {64, 128}, last stride 1, base and other strides 16-byte aligned
     (TMA's rules), and options no more than ``causal``, a positive ``scale``, the default
-    ``causal_offset`` (Nk − Nq), ``need_lse`` and a dense-batch ``variant`` (softcap, ALiBi, sinks,
+    ``causal_offset`` (Nk − Nq; any offset where it changes nothing: ``_offset_matters``), ``need_lse``
+    and a dense-batch ``variant`` (softcap, ALiBi, sinks,
     a window: ``_reason_for_variant``); masks, dropout and ranges/varlen layouts are not, nor the
     variant options given by name. CPU tensors are never covered, even under the interpreter (the
     tests call ``attention_forward_hopper`` directly)."""
