@@ -59,7 +59,7 @@ def main():
         inputs = _inputs(b, hq, hkv, n, d, dtype, device, seed=1)
         methods = {
             "ring_compute": _fwd_bwd(lambda q, k, v: ring_mod._RingAttentionFn.apply(
-                q, k, v, scale, _NoTransfer(), steps)[0], inputs),
+                q, k, v, None, scale, 0.0, _NoTransfer(), steps)[0], inputs),
             "attention": _fwd_bwd(lambda q, k, v: attention(q, k, v, causal=True), inputs),
         }
         for fn in methods.values():  # compile, first-call allocations

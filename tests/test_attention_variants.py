@@ -375,6 +375,19 @@ def test_window_sides_past_the_sequence_are_unbounded():
         attention_core(q, k, v, causal=True, causal_offset=1.5)
 
 
+@pytest.mark.parametrize("offset, window", [(40, (45, None)), (-40, (None, 45)), (30, (33, 2))])
+def test_window_sides_are_measured_from_a_far_diagonal(offset, window):
+    # A side wider than both sequences still cuts when the diagonal sits far off (ring attention's
+    # blocks): it is unbounded only past the lengths plus the offset.
+    q, k, v = _qkv((1, 2, 1, 9, 7, 16, 16), torch.float32)
+    o, lse = attention_core(q, k, v, causal_offset=offset, window=window, return_lse=True)
+    o_ref, lse_ref = attention_reference(q, k, v, causal_offset=offset, window=window)
+    o_same, _ = attention_reference(q, k, v, causal_offset=offset, window=window, dtype=q.dtype)
+    assert_close_to_ref(o, o_same, o_ref, eps=1e-5)
+    assert (lse.isinf() == lse_ref.isinf()).all() and not o.isnan().any()
+    assert not torch.allclose(o, attention_core(q, k, v, causal_offset=offset))  # the window does cut
+
+
 def test_sinks_of_rows_without_keys_get_their_lse_gradient():
     """A batch row whose key range is empty has lse = sink: d(Σ lse)/d sink counts its rows."""
     q, k, v = _qkv((2, 2, 1, 5, 6, 16, 16), torch.float32)

@@ -36,33 +36,74 @@ def _positions(layout, rank, world, n):
     return [g + i for _, g, length in runs(layout, rank, world, n) for i in range(length)]
 
 
+def _piece_mask(p):
+    """The (q1 − q0, k1 − k0) mask a piece's call applies (``attention_core``'s semantics)."""
+    i = torch.arange(p.q1 - p.q0).view(-1, 1) + p.offset
+    j = torch.arange(p.k1 - p.k0).view(1, -1)
+    seen = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool)
+    if p.left >= 0:
+        seen &= j >= i - p.left
+    if p.causal:
+        seen &= j <= i
+    elif p.right >= 0:
+        seen &= j <= i + p.right
+    return seen
+
+
+def _check_schedule(layout, world, n, causal, window):
+    """Every (query, key) pair of every rank and step is computed once if visible, never if not.
+    Returns the pieces of each rank and its count of computed pairs."""
+    left, right = window
+    per_rank = []
+    for rank in range(world):
+        qpos, done = _positions(layout, rank, world, n), 0
+        steps = schedule(layout, rank, world, n, causal, window)
+        for step, pieces in enumerate(steps):
+            kpos = torch.tensor(_positions(layout, (rank - step) % world, world, n)).view(1, -1)
+            got = torch.zeros(n, n, dtype=torch.int64)
+            for p in pieces:
+                got[p.q0:p.q1, p.k0:p.k1] += _piece_mask(p).long()
+                done += (p.q1 - p.q0) * (p.k1 - p.k0)
+            i = torch.tensor(qpos).view(-1, 1)
+            want = torch.ones(n, n, dtype=torch.bool)
+            right_side = 0 if causal else right  # causal caps the right side at 0
+            if left >= 0:
+                want &= kpos >= i - left
+            if right_side >= 0:
+                want &= kpos <= i + right_side
+            assert torch.equal(got, want.long()), (layout, world, n, causal, window, rank, step, pieces)
+        per_rank.append((steps, done))
+    return per_rank
+
+
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_schedule_covers_exactly_the_visible_pairs(layout):
-    """Every (query, key) pair of every rank and step is computed once if visible, never if not;
-    zigzag needs one call per step, and every rank does the same causal work."""
+    """Causal alone: zigzag needs one call per step, and every rank does the same causal work."""
     for world in (1, 2, 3, 4):
         for n in (2, 4, 6):
-            work = set()
-            for rank in range(world):
-                qpos, done = _positions(layout, rank, world, n), 0
-                for step, pieces in enumerate(schedule(layout, rank, world, n, causal=True)):
-                    kpos = _positions(layout, (rank - step) % world, world, n)
-                    got = torch.zeros(n, n, dtype=torch.int64)
-                    for p in pieces:
-                        i = torch.arange(p.q0, p.q1).view(-1, 1)
-                        j = torch.arange(p.k0, p.k1).view(1, -1)
-                        seen = (j - p.k0 <= i - p.q0 + p.offset) if p.causal else (i >= 0) & (j >= 0)
-                        got[p.q0:p.q1, p.k0:p.k1] += seen.long()
-                        done += (p.q1 - p.q0) * (p.k1 - p.k0)
-                    want = torch.tensor(kpos).view(1, -1) <= torch.tensor(qpos).view(-1, 1)
-                    assert torch.equal(got, want.long()), (layout, world, n, rank, step, pieces)
-                    if layout == "zigzag":
-                        assert len(pieces) == 1
-                work.add(done)
+            per_rank = _check_schedule(layout, world, n, True, (-1, -1))
             if layout == "zigzag":
-                assert len(work) == 1, f"unbalanced causal work over ranks: {work}"
+                assert all(len(pieces) == 1 for steps, _ in per_rank for pieces in steps)
+                assert len({done for _, done in per_rank}) == 1, "unbalanced causal work over ranks"
     full = schedule(layout, 1, 3, 4, causal=False)
     assert [[(p.q0, p.q1, p.k0, p.k1, p.causal) for p in s] for s in full] == [[(0, 4, 0, 4, False)]] * 3
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_schedule_with_a_window(layout):
+    """Sliding windows over global positions, causal or not, one side or two, narrower and wider
+    than a shard: exact cover; blocks outside every window have no call (O(N·W) work)."""
+    for world in (1, 2, 3, 4):
+        for n in (2, 4, 6, 8):
+            for causal in (True, False):
+                for window in ((0, 0), (1, -1), (3, 0), (5, 2), (-1, 3), (n, n // 2), (3 * n, -1)):
+                    per_rank = _check_schedule(layout, world, n, causal, window)
+                    for steps, _ in per_rank:
+                        assert all(1 <= len(pieces) <= 4 for pieces in steps[:1])  # its own block: the diagonal
+    # A window narrower than a shard: a contiguous rank computes only its own block and its left neighbour's.
+    steps = schedule("contiguous", 2, 4, 8, True, (3, -1))
+    assert [len(pieces) for pieces in steps] == [1, 1, 0, 0]
+    assert steps[0][0].causal and steps[0][0].left == 3 and steps[0][0].offset == 0
 
 
 # ------------------------------------------------------------------ worker side
@@ -81,9 +122,11 @@ def _randn(*shape):
 
 
 def _compare(rank, world, *, dtype, layout, causal, hq=2, hkv=2, n=4, d=8, dv=None, b=1, scale=None,
-             with_lse=False, strided=False, group=None, eps=None):
+             with_lse=False, strided=False, group=None, eps=None, window=None, softcap=None, sinks=False):
     """Ring attention on this rank's shards against whole-sequence attention: o (and lse) and the
-    gradients of ⟨o, do⟩ (+ ⟨lse, dlse⟩) with respect to q, k, v."""
+    gradients of ⟨o, do⟩ (+ ⟨lse, dlse⟩) with respect to q, k, v (and the sinks: each rank's share,
+    summed over the group)."""
+    import torch.distributed as dist
     import flashattn_lite
     from conftest import assert_close_to_ref
     from flashattn_lite.distributed import ring_attention, shard
@@ -97,25 +140,31 @@ def _compare(rank, world, *, dtype, layout, causal, hq=2, hkv=2, n=4, d=8, dv=No
     else:
         q, k, v = (_seeded(s, b, h, N, e, dtype=dtype) for s, h, e in ((1, hq, d), (2, hkv, d), (3, hkv, dv)))
     do, dlse = _seeded(4, b, hq, N, dv, dtype=dtype), _seeded(5, b, hq, N, dtype=torch.float32)
+    inputs = [q, k, v] + ([_seeded(6, hq, dtype=torch.float32)] if sinks else [])
+    options = dict(causal=causal, scale=scale, window=window, softcap=softcap)
 
-    def run(fn, inputs, cut):
-        inputs = [x.detach().clone().requires_grad_() for x in inputs]
-        o, lse = fn(*inputs)
+    def run(fn, tensors, cut):
+        tensors = [x.detach().clone().requires_grad_() for x in tensors]
+        o, lse = fn(*tensors)
         loss = (o.double() * cut(do).double()).sum()
         if with_lse:
             loss = loss + (lse.double() * cut(dlse).double()).sum()
         loss.backward()
-        return [o, lse] + [x.grad for x in inputs]
+        return [o, lse] + [x.grad for x in tensors]
+
+    def split(fn):  # (q, k, v[, sinks]) positionally → the keyword the functions take
+        return lambda q, k, v, *sink: fn(q, k, v, sinks=sink[0] if sink else None)
 
     whole = lambda x: x  # noqa: E731
-    ref = run(lambda *t: attention_reference(*t, causal=causal, scale=scale), [q, k, v], whole)
-    base = run(lambda *t: flashattn_lite.attention(*t, causal=causal, scale=scale, return_lse=True), [q, k, v], whole)
+    ref = run(split(lambda *t, sinks: attention_reference(*t, sinks=sinks, **options)), inputs, whole)
+    base = run(split(lambda *t, sinks: flashattn_lite.attention(*t, sinks=sinks, return_lse=True, **options)),
+               inputs, whole)
     cut = lambda x: shard(x, 2, group=group, layout=layout)  # noqa: E731
     shards = [shard(x.transpose(1, 2), 1, group=group, layout=layout).transpose(1, 2) if strided else cut(x)
               for x in (q, k, v)]
     assert strided != shards[0].is_contiguous()
-    ours = run(lambda *t: ring_attention(*t, causal=causal, scale=scale, group=group, layout=layout,
-                                         return_lse=True), shards, cut)
+    ours = run(split(lambda *t, sinks: ring_attention(*t, sinks=sinks, group=group, layout=layout, return_lse=True,
+                                                      **options)), shards + inputs[3:], cut)
     assert ours[0].dtype == dtype and ours[0].shape == (b, hq, n, dv)
     eps = eps if eps is not None else {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5,
                                        torch.float64: 1e-6}[dtype]
@@ -123,6 +172,10 @@ def _compare(rank, world, *, dtype, layout, causal, hq=2, hkv=2, n=4, d=8, dv=No
         if what == "lse" and not with_lse:
             continue
         assert_close_to_ref(mine, cut(theirs), cut(exact), eps=eps, what=what)
+    if sinks:
+        total = ours[5].clone()
+        dist.all_reduce(total, group=group)
+        assert_close_to_ref(total, base[5], ref[5], eps=eps, what="dsinks")
 
 
 def _raises(fn, *needles, types=(ValueError,)):
@@ -175,6 +228,12 @@ def _case_errors(rank, world):
     _raises(_bad(rank, dict(q=half, k=half, v=half)), "q must be the same")
     _raises(_bad(rank, dict(scale=0.5)), "scale must be the same")
     _raises(_bad(rank, dict(q=_randn(1, 2, 4, 8).requires_grad_())), "requires_grad must be the same")
+    _raises(_bad(rank, window=(-3, 0)), "window left side")
+    _raises(_bad(rank, sinks=_randn(3)), "sinks must have shape (2,)")
+    _raises(_bad(rank, dict(softcap=2.0)), "softcap must be the same")
+    _raises(_bad(rank, dict(window=(4, 0))), "window must be the same")
+    _raises(_bad(rank, dict(sinks=torch.ones(2, device=_device)), sinks=torch.zeros(2, device=_device)),
+            "sinks must be the same")
     _raises(lambda: unshard(_randn(2, 3 + rank), 1, layout="contiguous"), "x must be the same on every rank")
     _raises(lambda: unshard(_randn(2, 3), 1), "even")
     _raises(lambda: shard(_randn(2, 6), 1, layout="zigzag"), "multiple of")
@@ -233,6 +292,12 @@ _CASES = {
                                                         b=2, with_lse=True),
         "contiguous-causal-strided": lambda r, w: _compare(r, w, dtype=F32, layout="contiguous", causal=True,
                                                            hq=4, hkv=2, strided=True, with_lse=True),
+        "zigzag-causal-window-softcap-sinks-fp32": lambda r, w: _compare(
+            r, w, dtype=F32, layout="zigzag", causal=True, hq=4, hkv=2, n=8, window=(3, None), softcap=2.0,
+            sinks=True, with_lse=True),
+        "contiguous-window-two-sides-fp32": lambda r, w: _compare(r, w, dtype=F32, layout="contiguous", causal=False,
+                                                                  n=6, window=(2, 4)),
+        "zigzag-causal-sinks-fp16": lambda r, w: _compare(r, w, dtype=F16, layout="zigzag", causal=True, sinks=True),
         "shard-unshard": _case_shard_roundtrip,
         "bad-arguments-raise-on-every-rank": _case_errors,
         "after-errors-fp32": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=True),
@@ -244,6 +309,10 @@ _CASES = {
         "contiguous-causal-fp32-odd-n": lambda r, w: _compare(r, w, dtype=F32, layout="contiguous", causal=True, n=3,
                                                               dv=4),
         "zigzag-full-fp16": lambda r, w: _compare(r, w, dtype=F16, layout="zigzag", causal=False),
+        "zigzag-causal-window-softcap-sinks-fp32": lambda r, w: _compare(
+            r, w, dtype=F32, layout="zigzag", causal=True, hq=4, hkv=2, window=(5, 0), softcap=1.5, sinks=True),
+        "contiguous-causal-window-fp32-odd-n": lambda r, w: _compare(r, w, dtype=F32, layout="contiguous",
+                                                                     causal=True, n=3, window=(2, -1)),
         "shard-unshard": _case_shard_roundtrip,
         "bad-arguments-raise-on-every-rank": _case_errors,
         "subgroups": _case_subgroups,
@@ -252,6 +321,8 @@ _CASES = {
     "interpreter": {
         "zigzag-causal-gqa-fp32": lambda r, w: _compare(r, w, dtype=F32, layout="zigzag", causal=True, hq=4, hkv=2,
                                                         n=8, d=16, with_lse=True),
+        "zigzag-causal-window-softcap-sinks-fp32": lambda r, w: _compare(
+            r, w, dtype=F32, layout="zigzag", causal=True, n=8, d=16, window=(5, 0), softcap=2.0, sinks=True),
     },
     # Two GPUs over NCCL (compiled kernels; skipped without two GPUs).
     "nccl": {
@@ -269,6 +340,11 @@ _CASES = {
         # against n keys non-causal with causal_offset 0.
         "zigzag-causal-hopper-bf16": lambda r, w: _compare(r, w, dtype=BF16, layout="zigzag", causal=True, hq=4,
                                                            hkv=2, n=4096, d=128, with_lse=True),
+        # The options at those lengths: softcap and sinks on the Hopper kernels, the window's calls
+        # off the bottom-right diagonal on the portable ones.
+        "zigzag-causal-window-softcap-sinks-bf16": lambda r, w: _compare(
+            r, w, dtype=BF16, layout="zigzag", causal=True, hq=4, hkv=2, n=4096, d=128, window=(3000, 0),
+            softcap=30.0, sinks=True, with_lse=True),
         "bench-smoke": _case_bench_smoke,
     },
 }

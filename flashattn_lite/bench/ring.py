@@ -224,7 +224,7 @@ def _point(val, args, group: Group, device, n: int) -> dict:
     ring_call = lambda q, k, v: ring_mod.ring_attention(q, k, v, causal=causal, layout=args.layout)  # noqa: E731
     steps = ring_mod.schedule(args.layout, group.rank, w, n, causal)
     scale = d ** -0.5
-    local_call = lambda q, k, v: ring_mod._RingAttentionFn.apply(q, k, v, scale, _NoTransfer(), steps)[0]  # noqa: E731
+    local_call = lambda q, k, v: ring_mod._RingAttentionFn.apply(q, k, v, None, scale, 0.0, _NoTransfer(), steps)[0]  # noqa: E731
     row["ring_ms"] = _time_ms(_fwd_bwd(ring_call, inputs), **timing)
     row["ring_peak_gib"] = _peak_gib(_fwd_bwd(ring_call, inputs), group, device)
     row["compute_ms"] = _time_ms(_fwd_bwd(local_call, inputs), **timing)

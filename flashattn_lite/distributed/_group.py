@@ -9,9 +9,9 @@ import json
 import torch
 import torch.distributed as dist
 
-# One rank's record in the agreement exchange: its error message and up to 8 argument descriptions,
+# One rank's record in the agreement exchange: its error message and up to 12 argument descriptions,
 # each cut to a bound, so that even escaped to JSON (≤ 12 bytes a character) the record fits.
-_ERROR_CHARS, _FIELD_CHARS, _MAX_FIELDS = 400, 100, 8
+_ERROR_CHARS, _FIELD_CHARS, _MAX_FIELDS = 400, 100, 12
 _RECORD_BYTES = 12 * (_ERROR_CHARS + _MAX_FIELDS * (_FIELD_CHARS + 16)) + 64
 
 

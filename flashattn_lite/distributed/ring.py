@@ -19,13 +19,15 @@ accumulators, never the whole sequence.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple
 
 import torch
 
 from .. import _checks
 from .._runtime import runs_triton
-from ..ops.attention import _backward_impl, attention_core
+from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _variant, attention_core
+from ..ops.attention_bwd import sinks_grad
 from ..ops.merge_states import merge_attention_states
 from ._group import Group, agree, describe
 from .sharding import check_layout, runs
@@ -34,73 +36,97 @@ from .sharding import check_layout, runs
 # ------------------------------------------------------------------ which pieces to compute
 
 class Piece(NamedTuple):
-    """One attention call: local query rows [q0, q1) against local key rows [k0, k1); with
-    ``causal``, key j' (counted from k0) is visible to query i' (from q0) iff j' ≤ i' + offset."""
+    """One attention call: local query rows [q0, q1) against local key rows [k0, k1). Counting
+    query i' from q0 and key j' from k0, key j' is visible iff i' + offset − left ≤ j' and (with
+    ``causal``) j' ≤ i' + offset, or (with ``right`` ≥ 0) j' ≤ i' + offset + right; a side of −1
+    bounds nothing. This is ``attention_core``'s ``causal``, ``causal_offset`` and ``window``."""
     q0: int
     q1: int
     k0: int
     k1: int
     causal: bool
     offset: int
+    left: int = -1
+    right: int = -1
 
 
-def _one_piece(q_runs, k_runs) -> list[Piece] | None:
+def _span(lo, hi):
+    """The integer interval [lo, hi], or None when empty (sides may be ±inf)."""
+    return (lo, hi) if lo <= hi else None
+
+
+def _one_piece(q_runs, k_runs, left: float, right: float) -> list[Piece] | None:
     """The (query runs) × (key runs) rectangle as at most one call: [] when no key is visible to any
-    query, [Piece] when one causal offset (or none) gives exactly the causal mask of the global
-    positions, None when no single offset does.
+    query, [Piece] when one call gives exactly the global mask, None when no single call does.
 
-    For a run pair the global mask is j' − i' ≤ d (d from the runs' global starts); on the pair's
-    rectangle j' − i' spans [lo, hi], so an offset o gives the same mask iff o = d (the diagonal
-    crosses the rectangle), o ≥ hi (d ≥ hi: all visible) or o < lo (d < lo: all hidden). The
-    call exists iff those intervals intersect."""
+    Globally key j is visible to query i iff −left ≤ j − i ≤ right (sides ±inf when unbounded;
+    causal is right = 0). On a run pair j − i = j' − i' − d (d from the runs' global starts) and
+    j' − i' spans [lo, hi], so the visible part is [d − left, d + right] ∩ [lo, hi]. A call masks
+    [o − l, o + r] ∩ [lo, hi] with its offset o and its own sides (l, r each the global side, or
+    unbounded where the global side cuts no pair). The plainest call that matches every pair wins
+    (no mask, then one side, then both), at the bottom-right offset if it matches (the Hopper
+    kernels take that one), else at the first offset that does among the interval ends, where a
+    set of valid offsets always has a member when it is not empty."""
     qs, ks = q_runs[0][0], k_runs[0][0]
-    lower, upper = -float("inf"), float("inf")
-    any_visible = any_hidden = False
+    pairs = []
     for q_local, q_global, q_len in q_runs:
         for k_local, k_global, k_len in k_runs:
             i0, j0 = q_local - qs, k_local - ks
             d = (q_global - i0) - (k_global - j0)
             lo, hi = j0 - (i0 + q_len - 1), j0 + k_len - 1 - i0
-            if d >= hi:
-                lower, any_visible = max(lower, hi), True
-            elif d < lo:
-                upper, any_hidden = min(upper, lo - 1), True
-            else:
-                lower, upper, any_visible, any_hidden = max(lower, d), min(upper, d), True, True
-    if not any_visible:
+            pairs.append((d, lo, hi, _span(max(lo, d - left), min(hi, d + right))))
+    if all(want is None for *_, want in pairs):
         return []
-    if lower > upper:
-        return None
     q1, k1 = q_runs[-1][0] + q_runs[-1][2], k_runs[-1][0] + k_runs[-1][2]
-    return [Piece(qs, q1, ks, k1, any_hidden, int(lower) if any_hidden else 0)]
+    inf = float("inf")
+    bottom_right = (k1 - ks) - (q1 - qs)
+    for l, r in dict.fromkeys([(inf, inf), (inf, right), (left, inf), (left, right)]):
+        ends = {bottom_right}
+        for d, lo, hi, _ in pairs:
+            ends |= {d, lo + l, hi - r, lo - r - 1, hi + l + 1}
+        finite = [int(e) for e in ends if abs(e) != inf]
+        ends = [bottom_right] + sorted(set(finite) | {min(finite) - 1, max(finite) + 1})
+        for o in ends:
+            if all(_span(max(lo, o - l), min(hi, o + r)) == want for _, lo, hi, want in pairs):
+                causal = r == 0 and right == 0
+                return [Piece(qs, q1, ks, k1, causal, o, -1 if l == inf else int(l),
+                              -1 if r == inf or causal else int(r))]
+    return None
 
 
-def _fewest_pieces(q_runs: tuple, k_runs: tuple) -> list[Piece]:
+def _fewest_pieces(q_runs: tuple, k_runs: tuple, left: float, right: float) -> list[Piece]:
     """Exact cover of the visible pairs by the fewest calls: one call if possible, else the better
-    of splitting the key runs or the query runs in two (layouts have at most two runs)."""
-    one = _one_piece(q_runs, k_runs)
+    of splitting the key runs or the query runs in two (layouts have at most two runs; one run
+    pair is always one call, at its own offset)."""
+    one = _one_piece(q_runs, k_runs, left, right)
     if one is not None:
         return one
     options = []
     if len(k_runs) > 1:
         h = len(k_runs) // 2
-        options.append(_fewest_pieces(q_runs, k_runs[:h]) + _fewest_pieces(q_runs, k_runs[h:]))
+        options.append(_fewest_pieces(q_runs, k_runs[:h], left, right) + _fewest_pieces(q_runs, k_runs[h:], left, right))
     if len(q_runs) > 1:
         h = len(q_runs) // 2
-        options.append(_fewest_pieces(q_runs[:h], k_runs) + _fewest_pieces(q_runs[h:], k_runs))
+        options.append(_fewest_pieces(q_runs[:h], k_runs, left, right) + _fewest_pieces(q_runs[h:], k_runs, left, right))
     return min(options, key=len)
 
 
-def schedule(layout: str, rank: int, world: int, n_local: int, causal: bool) -> tuple[list[Piece], ...]:
+def schedule(layout: str, rank: int, world: int, n_local: int, causal: bool,
+             window: tuple[int, int] = (-1, -1)) -> tuple[list[Piece], ...]:
     """The pieces rank ``rank`` computes at each ring step s, against the block of rank (rank − s) mod W.
 
-    Without a mask every step is one full call. With one, a block entirely in the future is
-    skipped (no pieces) and one entirely in the past runs non-causal; with zigzag shards every
-    step is a single call (the diagonal block causal; the others n × n/2, non-causal)."""
-    if not causal:
+    ``window``: (left, right) over global positions, −1 unbounded (``attention``'s sides; causal
+    caps right at 0). Without a mask every step is one full call. With one, a block entirely
+    hidden is skipped (no pieces) and one entirely visible runs unmasked; with zigzag shards and
+    causal alone every step is a single call (the diagonal block causal; the others n × n/2,
+    unmasked). A window can split a block into up to four calls."""
+    left, right = (float("inf") if side < 0 else side for side in window)
+    if causal:
+        right = min(right, 0)
+    if left == float("inf") and right == float("inf"):
         return tuple([Piece(0, n_local, 0, n_local, False, 0)] for _ in range(world))
     mine = tuple(runs(layout, rank, world, n_local))
-    return tuple(_fewest_pieces(mine, tuple(runs(layout, (rank - s) % world, world, n_local)))
+    return tuple(_fewest_pieces(mine, tuple(runs(layout, (rank - s) % world, world, n_local)), left, right)
                  for s in range(world))
 
 
@@ -120,9 +146,15 @@ def _unpack(buf: torch.Tensor, k_shape, v_shape):
     return buf[:nk].view(k_shape), buf[nk:].view(v_shape)
 
 
-def _forward(q, k, v, *, scale: float, ring, steps):
-    """(o, lse) of this rank's queries over the whole sequence. ``ring`` has ``shift(tensor)`` (see
-    ``_group.Group``); ``steps`` is ``schedule(...)``."""
+def _piece_options(p: Piece, softcap: float) -> dict:
+    """``attention_core``'s keywords for a piece's mask and the call's softcap."""
+    window = None if p.left < 0 and p.right < 0 else (p.left, p.right)
+    return dict(causal=p.causal, causal_offset=p.offset, window=window, softcap=softcap or None)
+
+
+def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps):
+    """(o, lse) of this rank's queries over the whole sequence (and the sinks). ``ring`` has
+    ``shift(tensor)`` (see ``_group.Group``); ``steps`` is ``schedule(...)``."""
     B, Hq, n, _ = q.shape
     # float32 partials: W merges in bf16 would round W times (merges take float32 lse, so float64
     # inputs merge in float32 too).
@@ -134,7 +166,7 @@ def _forward(q, k, v, *, scale: float, ring, steps):
         k_blk, v_blk = _unpack(kv, k.shape, v.shape)
         for p in pieces:
             o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], k_blk[:, :, p.k0:p.k1], v_blk[:, :, p.k0:p.k1],
-                                        causal=p.causal, causal_offset=p.offset, scale=scale, return_lse=True)
+                                        scale=scale, return_lse=True, **_piece_options(p, softcap))
             o_m, lse_m = merge_attention_states(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p.float(), lse_p.float())
             if p.q1 - p.q0 == n:
                 out, lse = o_m, lse_m
@@ -142,13 +174,19 @@ def _forward(q, k, v, *, scale: float, ring, steps):
                 out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1] = o_m, lse_m
         if incoming is not None:
             kv = incoming.wait()
+    if sinks is not None:  # one more term of each row's denominator, with no value (``merge.add_sink``)
+        with_sink = torch.logaddexp(lse, sinks.float().view(1, Hq, 1))
+        out = out * torch.exp(lse - with_sink).unsqueeze(-1)
+        lse = with_sink
     return out.to(q.dtype), lse
 
 
-def _backward(do, dlse, q, k, v, o, lse, *, scale: float, ring, steps):
-    """(dq, dk, dv) for this rank's shards. At step s the gradient of the block held (that of rank
-    r − s) is added to the accumulator received from rank r − 1 and passed on to rank r + 1; the
-    last hop brings each rank its own block's total."""
+def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float, ring, steps):
+    """(dq, dk, dv, dsinks) for this rank's shards. At step s the gradient of the block held (that
+    of rank r − s) is added to the accumulator received from rank r − 1 and passed on to rank r + 1;
+    the last hop brings each rank its own block's total. The pieces run without the sinks: the
+    global lse already holds them, and P = exp(S − lse) is all a piece's backward needs. dsinks is
+    this rank's rows' share (``sinks_grad``), as for any parameter its queries use."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32  # W sums of per-block gradients
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = _pack(k, v)
@@ -161,10 +199,14 @@ def _backward(do, dlse, q, k, v, o, lse, *, scale: float, ring, steps):
             rows, keys = slice(p.q0, p.q1), slice(p.k0, p.k1)
             # The Triton backward reads lse as a dense (B, H, N) array, hence the copy of a slice.
             # (dq, dk, dv) lead the result (options such as sinks may append their gradients).
+            q_p, k_p = q[:, :, rows], k_blk[:, :, keys]
+            options = _piece_options(p, softcap)
+            variant = _variant(q_p, k_p, window=options["window"], softcap=options["softcap"], sinks=None,
+                               alibi_slopes=None, offset=p.offset)
             dq_p, dk_p, dv_p = _backward_impl(
-                do[:, :, rows], q[:, :, rows], k_blk[:, :, keys], v_blk[:, :, keys], o[:, :, rows],
+                do[:, :, rows], q_p, k_p, v_blk[:, :, keys], o[:, :, rows],
                 lse[:, :, rows].contiguous(), None if dlse is None else dlse[:, :, rows].contiguous(),
-                None, scale, p.causal, p.offset, 0.0, 0)[:3]
+                None, scale, p.causal, p.offset, 0.0, 0, variant)[:3]
             dq[:, :, rows] += dq_p
             if mine is None:
                 mine = torch.zeros(kv.numel(), dtype=acc, device=kv.device)
@@ -184,7 +226,11 @@ def _backward(do, dlse, q, k, v, o, lse, *, scale: float, ring, steps):
     if grads_in is not None:
         grads = grads_in.wait()
     dk, dv = _unpack(grads, k.shape, v.shape)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dsinks = None
+    if sinks is not None:
+        delta = (do.float() * o.float()).sum(-1) - (0.0 if dlse is None else dlse.float())
+        dsinks = sinks_grad(sinks, lse, delta)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 
 class _RingAttentionFn(torch.autograd.Function):
@@ -192,26 +238,34 @@ class _RingAttentionFn(torch.autograd.Function):
     o and lse, and must run the same communication on every rank)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, ring, steps):
-        o, lse = _forward(q, k, v, scale=scale, ring=ring, steps=steps)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = dict(scale=scale, ring=ring, steps=steps)
+    def forward(ctx, q, k, v, sinks, scale, softcap, ring, steps):
+        o, lse = _forward(q, k, v, sinks, scale=scale, softcap=softcap, ring=ring, steps=steps)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
+        ctx.args = dict(scale=scale, softcap=softcap, ring=ring, steps=steps)
         ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, lse, sinks = ctx.saved_tensors
         if do is None:
             do = torch.zeros_like(o)
-        dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, **ctx.args)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, sinks, **ctx.args)
+        return dq, dk, dv, dsinks, None, None, None, None
 
 
 # ------------------------------------------------------------------ validation and public API
 
-def _check_local(q, k, v, causal, scale, layout, group: Group) -> float | None:
-    """Everything one rank can check alone; returns the scale (None: the default)."""
+class _Options(NamedTuple):
+    """A call's checked score options."""
+    scale: float | None   # None: D ** -0.5
+    window: tuple[int, int]
+    softcap: float        # 0: none
+    sinks: torch.Tensor | None
+
+
+def _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, group: Group) -> _Options:
+    """Everything one rank can check alone."""
     dtypes = _checks.FLOAT_DTYPES
     if isinstance(q, torch.Tensor) and not runs_triton(q):
         dtypes += (torch.float64,)  # the CPU twin, for exact checks
@@ -238,11 +292,21 @@ def _check_local(q, k, v, causal, scale, layout, group: Group) -> float | None:
                          f"holds two half-shards), got {n}")
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {type(causal).__name__}")
-    return _checks.check_scale(scale)
+    return _Options(_checks.check_scale(scale), _check_window(window), _check_softcap(softcap),
+                    _check_sinks(sinks, q, Hq))
+
+
+def _describe_sinks(sinks) -> str:
+    """What ranks must agree on about the sinks: a replicated parameter, so its values too (a digest)."""
+    if not isinstance(sinks, torch.Tensor):
+        return repr(sinks) if sinks is None else type(sinks).__name__
+    values = repr(sinks.detach().double().cpu().tolist()).encode()
+    return f"{describe(sinks)}, values {hashlib.sha1(values).hexdigest()[:12]}"
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                   scale: float | None = None, group=None, layout: str = "zigzag", return_lse: bool = False):
+                   scale: float | None = None, window: tuple | None = None, softcap: float | None = None,
+                   sinks: torch.Tensor | None = None, group=None, layout: str = "zigzag", return_lse: bool = False):
     """Exact attention over a sequence sharded across the ranks of ``group`` (ring / context parallel).
 
     Args:
@@ -254,6 +318,13 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
             tensors for gloo.
         causal: key at global position j visible to the query at global position i iff j ≤ i.
         scale: multiplies q·k; defaults to D ** -0.5.
+        window: (left, right) over global positions, as in ``attention``: key j visible to query i
+            iff i − left ≤ j ≤ i + right (None or −1: unbounded; causal caps right at 0). Blocks
+            outside every query's window are skipped.
+        softcap: scores capped as c·tanh(s / c) (Gemma 2), as in ``attention``.
+        sinks: (Hq,) one logit per head in every row's denominator (gpt-oss), as in ``attention``;
+            the same values on every rank. Its gradient is this rank's rows' share: sum it over
+            the group as for any parameter the sharded sequence uses.
         group: a ``torch.distributed`` process group (default: the whole world).
         layout: ``"zigzag"`` (n even; balances causal work across ranks) or ``"contiguous"``.
         return_lse: also return the log-sum-exp over the whole sequence, (B, Hq, n) float32.
@@ -265,20 +336,26 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     arguments (on any rank, or differing between ranks) raise on every rank, after one small
     all-gather and before any K/V moves. Communication: W − 1 K/V transfers to the next rank in
     the forward, posted before each block's compute so they overlap it; in the backward the same
-    and W transfers of the float32 dK/dV accumulators. Memory per rank O(n·(D + Dv)).
+    and W transfers of the float32 dK/dV accumulators (a window skips compute, not transfers).
+    Memory per rank O(n·(D + Dv)). Speed on sm_90: each call takes the Hopper kernels where its
+    mask's diagonal is the bottom-right one or unused (every call without a window), else the
+    portable kernels (some of a windowed ring's calls).
     """
     g = Group(group)
-    error, checked_scale = None, None
+    error, checked = None, None
     try:
-        checked_scale = _check_local(q, k, v, causal, scale, layout, g)
+        checked = _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, g)
     except (TypeError, ValueError) as e:
         error = e
     # Whether a backward will follow must agree too: a rank without one would leave the others waiting.
-    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in (q, k, v, sinks))
+    same = lambda name: repr(getattr(checked, name, None))  # noqa: E731 (None on a rank whose checks failed)
     agree(g, "ring_attention", error, {"q": describe(q), "k": describe(k), "v": describe(v), "causal": repr(causal),
-                                       "scale": repr(checked_scale), "layout": repr(layout),
-                                       "requires_grad": repr(needs_grad)})
-    scale = q.shape[-1] ** -0.5 if checked_scale is None else checked_scale
-    steps = schedule(layout, g.rank, g.world, q.shape[2], causal)
-    o, lse = _RingAttentionFn.apply(q, k, v, scale, g, steps)
+                                       "scale": same("scale"), "window": same("window"),
+                                       "softcap": same("softcap"), "sinks": _describe_sinks(sinks),
+                                       "layout": repr(layout), "requires_grad": repr(needs_grad)})
+    scale = q.shape[-1] ** -0.5 if checked.scale is None else checked.scale
+    steps = schedule(layout, g.rank, g.world, q.shape[2], causal, checked.window)
+    o, lse = _RingAttentionFn.apply(q, k, v, checked.sinks, scale, checked.softcap, g, steps)
     return (o, lse) if return_lse else o

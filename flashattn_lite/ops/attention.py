@@ -196,16 +196,17 @@ def _bounds_checked(check_seqlens, t) -> bool:
     return (t.device.type == "cpu") if check_seqlens is None else bool(check_seqlens)
 
 
-def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None) -> Variant:
+def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None,
+             offset: int = 0) -> Variant:
     if seq == SEQ_DENSE and window is None and softcap is None and sinks is None and alibi_slopes is None:
         return PLAIN  # the common call: no checks to walk on its host path
     left, right = _check_window(window)
     cap = _check_softcap(softcap)
     B, Hq = (q.shape[0], q.shape[1]) if seq <= SEQ_RANGES else (seq_q.shape[0] - 1, q.shape[1])
     alibi, sinks = _check_alibi(alibi_slopes, q, B, Hq), _check_sinks(sinks, q, Hq)
-    # A side at least as wide as both sequences bounds nothing: unbounded, so no int32 overflow
-    # of i + off ± side in the kernels.
-    reach = (q.shape[0] + k.shape[0]) if seq > SEQ_RANGES else (q.shape[2] + k.shape[2])
+    # A side at least as wide as both sequences and the diagonal's offset (``offset``: the call's
+    # causal_offset) bounds nothing: unbounded, so no int32 overflow of i + off ± side in the kernels.
+    reach = (q.shape[0] + k.shape[0]) if seq > SEQ_RANGES else (q.shape[2] + k.shape[2] + abs(offset))
     left, right = (-1 if side >= reach else side for side in (left, right))
     # The kernels read sinks and sequence bounds at unit steps (no copy when already so).
     contiguous = lambda t: None if t is None else t.contiguous()  # noqa: E731
@@ -252,9 +253,9 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
         _check_bounds("q_ranges", q_ranges, q, q.shape[2], None, _bounds_checked(check_seqlens, q_ranges))
         _check_bounds("k_ranges", k_ranges, q, k.shape[2], None, _bounds_checked(check_seqlens, k_ranges))
         seq, seq_q, seq_k = SEQ_RANGES, q_ranges, k_ranges
-    variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-                       seq=seq, seq_q=seq_q, seq_k=seq_k)
     offset = k.shape[2] - q.shape[2] if causal_offset is None else _check_offset(causal_offset)
+    variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                       seq=seq, seq_q=seq_q, seq_k=seq_k, offset=offset)
     o, lse = _run(q, k, v, attn_mask, float(scale), causal, offset, float(dropout_p), need_lse=return_lse,
                   variant=variant)
     return (o, lse) if return_lse else o
