@@ -2,8 +2,8 @@
 
 Each world is one spawn of worker processes (this file, run as a script) that runs every case of
 that world in turn and prints one RESULT line per case; one test per world reads those lines and
-names every case that failed on any rank. Outputs and gradients are compared with single-device attention over the whole sequence
-(a float64 reference and the package's own attention in the same dtype: ours may err at most
+names every case that failed on any rank. Outputs and gradients are compared with single-device
+attention over the whole sequence (a float64 reference and the package's own attention in the same dtype: ours may err at most
 twice as much as that, plus eps). Most cases run the PyTorch CPU twin (TRITON_INTERPRET=0 in the
 workers); one world runs the Triton kernels in the interpreter.
 """

@@ -101,13 +101,14 @@ def _fewest_pieces(q_runs: tuple, k_runs: tuple, left: float, right: float) -> l
     one = _one_piece(q_runs, k_runs, left, right)
     if one is not None:
         return one
+    cover = lambda qr, kr: _fewest_pieces(qr, kr, left, right)  # noqa: E731
     options = []
     if len(k_runs) > 1:
         h = len(k_runs) // 2
-        options.append(_fewest_pieces(q_runs, k_runs[:h], left, right) + _fewest_pieces(q_runs, k_runs[h:], left, right))
+        options.append(cover(q_runs, k_runs[:h]) + cover(q_runs, k_runs[h:]))
     if len(q_runs) > 1:
         h = len(q_runs) // 2
-        options.append(_fewest_pieces(q_runs[:h], k_runs, left, right) + _fewest_pieces(q_runs[h:], k_runs, left, right))
+        options.append(cover(q_runs[:h], k_runs) + cover(q_runs[h:], k_runs))
     return min(options, key=len)
 
 
@@ -250,7 +251,8 @@ class _RingAttentionFn(torch.autograd.Function):
         q, k, v, o, lse, sinks = ctx.saved_tensors
         if do is None:
             do = torch.zeros_like(o)
-        dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, sinks, **ctx.args)
+        wants_dsinks = sinks is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, sinks if wants_dsinks else None, **ctx.args)
         return dq, dk, dv, dsinks, None, None, None, None
 
 
