@@ -89,6 +89,17 @@ def test_schedule_covers_exactly_the_visible_pairs(layout):
     assert [[(p.q0, p.q1, p.k0, p.k1, p.causal) for p in s] for s in full] == [[(0, 4, 0, 4, False)]] * 3
 
 
+def test_visible_pairs_counts_what_the_calls_attend_to():
+    from flashattn_lite.bench.ring import visible_pairs
+    from flashattn_lite.distributed.ring import Piece
+    assert visible_pairs([Piece(0, 7, 0, 7, True, 0)]) == 28 and visible_pairs([Piece(0, 3, 0, 5, False, 2)]) == 15
+    for layout in ("zigzag", "contiguous"):
+        for causal, window in ((True, (-1, -1)), (True, (3, 0)), (False, (2, 5)), (False, (-1, 1))):
+            for rank in range(3):
+                pieces = [p for s in schedule(layout, rank, 3, 6, causal, window) for p in s]
+                assert visible_pairs(pieces) == sum(int(_piece_mask(p).sum()) for p in pieces)
+
+
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_schedule_with_a_window(layout):
     """Sliding windows over global positions, causal or not, one side or two, narrower and wider
@@ -252,6 +263,11 @@ def _case_bench_smoke(rank, world):
                                              "--no-plot", "--out", out]))
     assert [r["n_global"] for r in rows] == [16 * world]
     assert all(r["ring_ms"] > 0 and r["comm_ms"] > 0 and r["efficiency"] > 0 for r in rows)
+    assert rows[0]["work_vs_local"] == world
+    windowed = bench_ring.run(parser.parse_args(["--lengths", "16", "--iters", "1", "--warmup", "0", "--window", "5",
+                                                 "--softcap", "3", "--sinks", "--no-plot", "--out", out + "/w"]))
+    # a window of 6 keys: each rank does about the work of one GPU at n (plus a strip of its neighbour's)
+    assert 1 < windowed[0]["work_vs_local"] < 1.5 and windowed[0]["efficiency"] > 0
     if rank == 0:
         docs = [json.loads(p.read_text()) for p in Path(out).glob("ring-*.json")]
         assert len(docs) == 1 and docs[0]["complete"] and docs[0]["world"] == world

@@ -12,13 +12,16 @@ For each per-GPU length n (global N = W·n; default B 1, Hq 32, Hkv 8, d 128, bf
   shifts backward). ``exposed_comm_ms`` = ring − compute; ``comm_hidden`` = 1 − exposed / comm.
 - one GPU: ``attention`` forward + backward at n (``one_gpu_local_ms``) and, up to
   ``--single-max``, at the whole N (``one_gpu_global_ms``).
-- ``efficiency`` = W · one_gpu_local / ring: attention costs ∝ N², so each GPU of the ring does W
-  times the work of one GPU at n; 1.0 means the ring costs nothing beyond that work.
+- ``efficiency`` = work · one_gpu_local / ring, ``work`` (``work_vs_local``) the mean rank's pairs
+  over those of one GPU at n: W without a window (attention costs ∝ N²), counted from the
+  schedules with ``--window``; 1.0 means the ring costs nothing beyond that work.
   ``speedup`` = one_gpu_global / ring (ideal W).
+- ``--window``, ``--softcap``, ``--sinks``: the options (the same in the one-GPU runs).
 
 Times are the slowest rank's mean over ``--iters`` runs after ``--warmup`` runs (host clock after a
 device sync: every rank must run the same number of iterations, so no adaptive repetition).
-FLOPs as elsewhere: 3.5 × 4·B·Hq·N²·d, halved when causal. Rank 0 prints and writes the files.
+FLOPs as elsewhere: 3.5 × 4·B·Hq·N²·d, halved when causal; with a window, 3.5 × 4·B·Hq·d per
+visible pair. Rank 0 prints and writes the files.
 """
 from __future__ import annotations
 
@@ -58,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="bf16, fp16 or fp32 (GPU default bf16)")
     p.add_argument("--layout", choices=LAYOUTS, default="zigzag")
     p.add_argument("--causal", choices=("yes", "no"), default="yes")
+    p.add_argument("--window", type=int, metavar="LEFT",
+                   help="a sliding window of LEFT + 1 keys: window=(LEFT, 0) causal, (LEFT, LEFT) otherwise")
+    p.add_argument("--softcap", type=float, help="softcap c (scores c·tanh(s / c))")
+    p.add_argument("--sinks", action="store_true", help="one sink logit per head (random, the same on every rank)")
     p.add_argument("--iters", type=int, help="timed runs per measurement (GPU default 5)")
     p.add_argument("--warmup", type=int, help="untimed runs first (GPU default 2)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -78,6 +85,10 @@ def _resolve(args, device: str) -> dict:
     if val["heads"] < 1 or val["kv_heads"] < 1 or val["heads"] % val["kv_heads"]:
         raise common.BenchArgumentError(f"--heads ({val['heads']}) must be a positive multiple of --kv-heads "
                                         f"({val['kv_heads']})")
+    if args.window is not None and args.window < 0:
+        raise common.BenchArgumentError(f"--window must be >= 0, got {args.window}")
+    if args.softcap is not None and not args.softcap > 0:
+        raise common.BenchArgumentError(f"--softcap must be > 0, got {args.softcap}")
     if not 1 <= val["head_dim"] <= 256:
         raise common.BenchArgumentError(f"--head-dim must be in [1, 256], got {val['head_dim']}")
     if val["iters"] < 1 or val["warmup"] < 0:
@@ -212,6 +223,29 @@ def _flops(b, hq, n, d, causal) -> float:
     return 3.5 * 4 * b * hq * n * n * d / (2 if causal else 1)
 
 
+def visible_pairs(pieces) -> int:
+    """(query, key) pairs the calls ``pieces`` (``ring.Piece``) attend to, per (batch, head): the
+    work a schedule asks of a rank, or of one ``attention`` call given as one piece."""
+    total = 0
+    for p in pieces:
+        i = torch.arange(p.q1 - p.q0, dtype=torch.int64) + p.offset
+        first = (i - p.left).clamp(min=0) if p.left >= 0 else torch.zeros_like(i)
+        last = i if p.causal else (i + p.right if p.right >= 0 else torch.full_like(i, p.k1 - p.k0 - 1))
+        total += int((last.clamp(max=p.k1 - p.k0 - 1) - first + 1).clamp(min=0).sum())
+    return total
+
+
+def _options(args, val, device) -> dict:
+    """``window``, ``softcap`` and ``sinks`` of the runs (``attention``'s keywords)."""
+    causal = args.causal == "yes"
+    window = None if args.window is None else (args.window, 0 if causal else args.window)
+    sinks = None
+    if args.sinks:
+        g = torch.Generator(device=device).manual_seed(7)
+        sinks = torch.randn(val["heads"], generator=g, device=device, dtype=torch.float32)
+    return dict(window=window, softcap=args.softcap, sinks=sinks)
+
+
 def _point(val, args, group: Group, device, n: int) -> dict:
     b, hq, hkv, d, dtype = 1, val["heads"], val["kv_heads"], val["head_dim"], val["dtype"]
     causal, w = args.causal == "yes", group.world
@@ -219,33 +253,50 @@ def _point(val, args, group: Group, device, n: int) -> dict:
     timing = dict(group=group, device=device, iters=val["iters"], warmup=val["warmup"])
     row = dict(world=w, n_local=n, n_global=big_n, layout=args.layout, causal=causal)
     itemsize = torch.empty((), dtype=dtype).element_size()
+    options = _options(args, val, device)
+    side = (-1, -1) if options["window"] is None else options["window"]
 
     inputs = _inputs(b, hq, hkv, n, d, dtype, device, seed=1 + group.rank)
-    ring_call = lambda q, k, v: ring_mod.ring_attention(q, k, v, causal=causal, layout=args.layout)  # noqa: E731
-    steps = ring_mod.schedule(args.layout, group.rank, w, n, causal)
+    ring_call = lambda q, k, v: ring_mod.ring_attention(q, k, v, causal=causal, layout=args.layout,  # noqa: E731
+                                                        **options)
+    steps = ring_mod.schedule(args.layout, group.rank, w, n, causal, side)
     scale = d ** -0.5
-    local_call = lambda q, k, v: ring_mod._RingAttentionFn.apply(q, k, v, None, scale, 0.0, _NoTransfer(), steps)[0]  # noqa: E731
+    local_call = lambda q, k, v: ring_mod._RingAttentionFn.apply(  # noqa: E731
+        q, k, v, options["sinks"], scale, args.softcap or 0.0, _NoTransfer(), steps)[0]
+    one_gpu = lambda q, k, v: attention(q, k, v, causal=causal, **options)  # noqa: E731
     row["ring_ms"] = _time_ms(_fwd_bwd(ring_call, inputs), **timing)
     row["ring_peak_gib"] = _peak_gib(_fwd_bwd(ring_call, inputs), group, device)
     row["compute_ms"] = _time_ms(_fwd_bwd(local_call, inputs), **timing)
     row["comm_ms"] = _time_ms(_comm_only(group, 2 * b * hkv * n * d, dtype, device), **timing)
-    row["one_gpu_local_ms"] = _time_ms(_fwd_bwd(lambda q, k, v: attention(q, k, v, causal=causal), inputs), **timing)
+    row["one_gpu_local_ms"] = _time_ms(_fwd_bwd(one_gpu, inputs), **timing)
     del inputs
 
     if big_n <= val["single_max"] and _fits(_bytes_single(b, hq, hkv, big_n, d, itemsize), group, device):
         whole = _inputs(b, hq, hkv, big_n, d, dtype, device, seed=1)
-        single = _fwd_bwd(lambda q, k, v: attention(q, k, v, causal=causal), whole)
+        single = _fwd_bwd(one_gpu, whole)
         row["one_gpu_global_ms"] = _time_ms(single, **timing)
         row["one_gpu_global_peak_gib"] = _peak_gib(single, group, device)
         del whole, single
 
+    # A rank's mean share of the pairs against one GPU's call at n: W without a window (attention
+    # costs ∝ N²); with one, counted from every rank's schedule.
+    if options["window"] is None:
+        work = w
+        ring_flops = _flops(b, hq, big_n, d, causal) / w
+    else:
+        local = [ring_mod.Piece(0, n, 0, n, causal, 0, side[0], -1 if causal else side[1])]
+        pairs = sum(visible_pairs(p for pieces in ring_mod.schedule(args.layout, r, w, n, causal, side)
+                                  for p in pieces) for r in range(w)) / w
+        work = pairs / visible_pairs(local)
+        ring_flops = 3.5 * 4 * b * hq * pairs * d
     exposed = max(0.0, row["ring_ms"] - row["compute_ms"])
     row.update(exposed_comm_ms=exposed,
                comm_hidden=max(0.0, 1.0 - exposed / row["comm_ms"]) if row["comm_ms"] > 0 else None,
                ring_tokens_s=big_n / row["ring_ms"] * 1e3,
                one_gpu_local_tokens_s=n / row["one_gpu_local_ms"] * 1e3,
-               efficiency=w * row["one_gpu_local_ms"] / row["ring_ms"],
-               ring_tflops_per_gpu=_flops(b, hq, big_n, d, causal) / w / (row["ring_ms"] * 1e-3) * 1e-12)
+               work_vs_local=work,
+               efficiency=work * row["one_gpu_local_ms"] / row["ring_ms"],
+               ring_tflops_per_gpu=ring_flops / (row["ring_ms"] * 1e-3) * 1e-12)
     if "one_gpu_global_ms" in row:
         row.update(one_gpu_global_tokens_s=big_n / row["one_gpu_global_ms"] * 1e3,
                    speedup=row["one_gpu_global_ms"] / row["ring_ms"])
@@ -253,7 +304,7 @@ def _point(val, args, group: Group, device, n: int) -> dict:
 
 
 _COLUMNS = ["n_local", "n_global", "ring_ms", "compute_ms", "comm_ms", "comm_hidden", "one_gpu_local_ms",
-            "one_gpu_global_ms", "efficiency", "speedup", "ring_tflops_per_gpu"]
+            "one_gpu_global_ms", "work_vs_local", "efficiency", "speedup", "ring_tflops_per_gpu"]
 
 
 def _plot(rows: list[dict], path, world: int):
@@ -296,7 +347,8 @@ def _sweep(args, device) -> list[dict]:
     lead = group.rank == 0
     meta = dict(world=group.world, backend=group.backend, batch=1, heads=val["heads"], kv_heads=val["kv_heads"],
                 head_dim=val["head_dim"], dtype=dtype_name(val["dtype"]), layout=args.layout,
-                causal=args.causal == "yes", iters=val["iters"], warmup=val["warmup"])
+                causal=args.causal == "yes", window=args.window, softcap=args.softcap, sinks=args.sinks,
+                iters=val["iters"], warmup=val["warmup"])
     out = getattr(args, "out", None) or "benchmarks/results"
     writer = common.ResultWriter(out, "ring", columns=_COLUMNS, meta=meta, budget_s=args.time_budget) if lead else None
     itemsize = torch.empty((), dtype=val["dtype"]).element_size()
