@@ -375,10 +375,13 @@ def test_window_sides_past_the_sequence_are_unbounded():
         attention_core(q, k, v, causal=True, causal_offset=1.5)
 
 
-@pytest.mark.parametrize("offset, window", [(40, (45, None)), (-40, (None, 45)), (30, (33, 2))])
+@pytest.mark.parametrize("offset, window", [(40, (45, None)), (-40, (None, 45)), (30, (33, 2)),
+                                            (2 ** 30 - 1, (2 ** 30 + 2, 2 ** 30 + 6)),
+                                            (1 - 2 ** 30, (2 ** 30 + 6, 2 ** 30 + 1))])
 def test_window_sides_are_measured_from_a_far_diagonal(offset, window):
     # A side wider than both sequences still cuts when the diagonal sits far off (ring attention's
-    # blocks): it is unbounded only past the lengths plus the offset.
+    # blocks): it is unbounded only where it cuts nothing, and a side kept near 2^30 with an offset
+    # near 2^30 must not overflow the kernels' int32 positions.
     q, k, v = _qkv((1, 2, 1, 9, 7, 16, 16), torch.float32)
     o, lse = attention_core(q, k, v, causal_offset=offset, window=window, return_lse=True)
     o_ref, lse_ref = attention_reference(q, k, v, causal_offset=offset, window=window)

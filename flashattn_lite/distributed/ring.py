@@ -6,8 +6,9 @@ queries to that block the next block is already on its way (the exchange is post
 compute). Everything here is scheduling and communication; the math is the package's:
 
 - forward: each (query slice, key slice) piece is ``attention_core(..., return_lse=True)`` with
-  the causal diagonal placed by ``causal_offset`` (``schedule`` chooses the pieces), and the partial
-  (o, lse) are combined with ``merge_attention_states`` into a float32 accumulator;
+  the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
+  and the softcap, and the partial (o, lse) are combined with ``merge_attention_states`` into a
+  float32 accumulator; sinks enter once at the end, as one more term of each row's denominator;
 - backward: FlashAttention-2's recomputation P = exp(S − lse) is exact for one key block when
   given the *global* o and lse (δ = rowsum(dO∘O) − dlse is a property of the query row, not of
   the block), so each piece is the attention backward (``_backward_impl``) with the global o and

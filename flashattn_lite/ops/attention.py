@@ -197,17 +197,27 @@ def _bounds_checked(check_seqlens, t) -> bool:
 
 
 def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None,
-             offset: int = 0) -> Variant:
+             offset: int | None = None) -> Variant:
+    """The call's options as the launchers take them. ``offset``: the call's causal_offset (None:
+    bottom-right, Nk − Nq), which places the window."""
     if seq == SEQ_DENSE and window is None and softcap is None and sinks is None and alibi_slopes is None:
         return PLAIN  # the common call: no checks to walk on its host path
     left, right = _check_window(window)
     cap = _check_softcap(softcap)
     B, Hq = (q.shape[0], q.shape[1]) if seq <= SEQ_RANGES else (seq_q.shape[0] - 1, q.shape[1])
     alibi, sinks = _check_alibi(alibi_slopes, q, B, Hq), _check_sinks(sinks, q, Hq)
-    # A side at least as wide as both sequences and the diagonal's offset (``offset``: the call's
-    # causal_offset) bounds nothing: unbounded, so no int32 overflow of i + off ± side in the kernels.
-    reach = (q.shape[0] + k.shape[0]) if seq > SEQ_RANGES else (q.shape[2] + k.shape[2] + abs(offset))
-    left, right = (-1 if side >= reach else side for side in (left, right))
+    if seq == SEQ_DENSE:
+        # A side that cuts no (query, key) pair is unbounded: j ≥ i + off − left holds for every
+        # pair once left ≥ Nq − 1 + off, j ≤ i + off + right once right ≥ Nk − 1 − off (``offset``:
+        # the call's causal_offset). The sides kept are below |off| + N, so i + off ± side stays
+        # within int32 in the kernels.
+        off = k.shape[2] - q.shape[2] if offset is None else offset
+        bounds = (q.shape[2] - 1 + off, k.shape[2] - 1 - off)
+    else:
+        # Positions are per sequence: a side at least as wide as both lengths bounds nothing.
+        reach = (q.shape[0] + k.shape[0]) if seq > SEQ_RANGES else (q.shape[2] + k.shape[2])
+        bounds = (reach, reach)
+    left, right = (-1 if side >= bound else side for side, bound in zip((left, right), bounds))
     # The kernels read sinks and sequence bounds at unit steps (no copy when already so).
     contiguous = lambda t: None if t is None else t.contiguous()  # noqa: E731
     variant = Variant(left, right, cap, alibi, contiguous(sinks), seq, contiguous(seq_q), contiguous(seq_k))
