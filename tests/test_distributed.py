@@ -447,6 +447,16 @@ def test_two_ranks_triton_interpreter(tmp_path):
     _check_world("interpreter", 2, True, tmp_path)
 
 
+def test_example_runs():
+    """examples/ring_attention.py (it starts torchrun itself; two CPU processes without two GPUs)."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "ring_attention.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    result = subprocess.run([sys.executable, str(example)], env={**env, "OMP_NUM_THREADS": "1"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.stdout.count("relative error against one device") >= 2, result.stdout[-4000:]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_nccl(tmp_path):
     _check_world("nccl", 2, False, tmp_path)
