@@ -20,6 +20,8 @@ if [ "${TEST_TIMEOUT:-240}" != 0 ]; then
     > "$OUT/nccl_tests.log" 2>&1 || status=1
   grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/nccl_tests.log" | tail -12
   [ $status -ne 0 ] && tail -60 "$OUT/nccl_tests.log"
+  echo "== examples/ring_attention.py"
+  timeout 120 python examples/ring_attention.py 2>&1 | grep -E "^rank|Error" || status=1
 fi
 echo "== ring benchmark"
 timeout "${BENCH_TIMEOUT:-330}" python benchmarks/ring.py --lengths "${LENGTHS:-32k,128k,256k}" \
