@@ -810,6 +810,26 @@ def test_supported_and_fast_path_take_each_option(sm90, case):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+def test_an_offset_off_the_bottom_right_is_taken_only_where_nothing_reads_it(sm90):
+    # The kernel places the diagonal at Nk − Nq. Another causal_offset is harmless on a call with no
+    # causal mask, window or ALiBi (ring attention's unmasked blocks) and taken; with any of them it
+    # would move the mask, so the call keeps the portable kernels: forward and backward agree.
+    from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
+    q, k, v, _ = _variant_call({})
+    off = 2 + k.shape[2] - q.shape[2]
+    for opts, taken in ((dict(), True), (dict(softcap=4.0, sinks=True), True), (dict(window=(3, None)), False),
+                        (dict(window=(None, 2)), False), (dict(alibi="h"), False)):
+        variant = _variant_call(opts)[3]
+        for causal in (False, True):
+            want = taken and not causal
+            assert gluon_bwd.fast_path(q, q, k, v, causal, off, 0.125, variant=variant) == want, (opts, causal)
+            forward = hopper_fwd._reason_for_options(q, k, dict(causal=causal, causal_offset=off, variant=variant),
+                                                     variants=True)
+            assert (forward is None) == want, (opts, causal, forward)
+            assert gluon_bwd.fast_path(q, q, k, v, causal, off - 2, 0.125, variant=variant)  # the bottom-right one
+
+
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
 def test_supported_refuses_the_rest(sm90):
     q, k, v, every = _variant_call(dict(softcap=4.0, sinks=True, alibi="bh"))
     reason = gluon_bwd.supported

@@ -300,9 +300,10 @@ def _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, group: 
 
 
 def _describe_sinks(sinks) -> str:
-    """What ranks must agree on about the sinks: a replicated parameter, so its values too (a digest)."""
-    if not isinstance(sinks, torch.Tensor):
-        return repr(sinks) if sinks is None else type(sinks).__name__
+    """What ranks must agree on about the (checked) sinks: a replicated parameter, so its values too
+    (a digest; reading them syncs the device, as the agreement's exchange does anyway)."""
+    if sinks is None:
+        return "None"
     values = repr(sinks.detach().double().cpu().tolist()).encode()
     return f"{describe(sinks)}, values {hashlib.sha1(values).hexdigest()[:12]}"
 
@@ -345,9 +346,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     portable kernels (some of a windowed ring's calls).
     """
     g = Group(group)
-    error, checked = None, None
+    error, checked, sinks_text = None, None, "not checked"
     try:
         checked = _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, g)
+        sinks_text = _describe_sinks(checked.sinks)  # reads the values: after the checks, inside the try
     except (TypeError, ValueError) as e:
         error = e
     # Whether a backward will follow must agree too: a rank without one would leave the others waiting.
@@ -356,7 +358,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     same = lambda name: repr(getattr(checked, name, None))  # noqa: E731 (None on a rank whose checks failed)
     agree(g, "ring_attention", error, {"q": describe(q), "k": describe(k), "v": describe(v), "causal": repr(causal),
                                        "scale": same("scale"), "window": same("window"),
-                                       "softcap": same("softcap"), "sinks": _describe_sinks(sinks),
+                                       "softcap": same("softcap"), "sinks": sinks_text,
                                        "layout": repr(layout), "requires_grad": repr(needs_grad)})
     scale = q.shape[-1] ** -0.5 if checked.scale is None else checked.scale
     steps = schedule(layout, g.rank, g.world, q.shape[2], causal, checked.window)

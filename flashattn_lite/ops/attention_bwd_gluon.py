@@ -855,9 +855,14 @@ def supported(q, k, v, do, **options) -> str | None:
     if not triton.__version__.startswith(TESTED_TRITON):
         return f"triton {triton.__version__}: the Gluon backward is written for triton {TESTED_TRITON[0]}x"
     from .attention_bwd_hopper import supported as hopper_supported
+    from .attention_fwd_hopper import offset_reason
     seq = SEQ_DENSE if variant is None or variant is PLAIN else variant.seq
     if seq != SEQ_DENSE and "causal_offset" in options:  # each sequence's own offset, from its bounds
         options["causal_offset"] = k.shape[2] - q.shape[2]
+    elif seq == SEQ_DENSE:  # the variant's window and ALiBi are placed by the offset too
+        reason = offset_reason(q, k, options.get("causal_offset"), options.get("causal"), variant)
+        if reason is not None:
+            return reason
     reason = hopper_supported(q, k, v, do, **options)
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant

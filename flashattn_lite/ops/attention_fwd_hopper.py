@@ -222,13 +222,17 @@ def _reason_for_variant(q, variant) -> str | None:
     return None
 
 
-def _offset_matters(options) -> bool:
-    """Whether a call's ``causal_offset`` changes its result: it places the causal diagonal, the
-    window's sides and ALiBi's distances. A call with none of them (ring attention's off-diagonal
-    blocks, say) ignores it, so these kernels, which place the diagonal bottom-right, take it."""
-    variant = options.get("variant")
+def offset_reason(q, k, offset, causal, variant) -> str | None:
+    """Why a call's ``causal_offset`` keeps it off these kernels, which place the diagonal
+    bottom-right (Nk − Nq), or None. The offset places the causal diagonal, the window's sides and
+    ALiBi's distances; a call with none of them (ring attention's unmasked blocks, say) ignores it.
+    The Gluon backward asks too, with the ``variant`` it takes apart from the other options."""
+    if offset is None or offset == k.shape[2] - q.shape[2]:
+        return None
     banded = isinstance(variant, Variant) and (variant.left >= 0 or variant.right >= 0 or variant.alibi is not None)
-    return bool(options.get("causal")) or banded
+    if causal or banded:
+        return f"causal_offset {offset} is not the bottom-right default Nk − Nq = {k.shape[2] - q.shape[2]}"
+    return None
 
 
 def _reason_for_options(q, k, options, variants: bool = False) -> str | None:
@@ -242,8 +246,9 @@ def _reason_for_options(q, k, options, variants: bool = False) -> str | None:
             if value is not None and not value > 0:
                 return f"scale {value} is not > 0 (the scale is folded into the exp2)"
         elif name == "causal_offset":
-            if value is not None and value != k.shape[2] - q.shape[2] and _offset_matters(options):
-                return f"causal_offset {value} is not the bottom-right default Nk − Nq = {k.shape[2] - q.shape[2]}"
+            reason = offset_reason(q, k, value, options.get("causal"), options.get("variant"))
+            if reason is not None:
+                return reason
         elif name == "dropout_p":
             if value:
                 return "dropout"
@@ -346,7 +351,7 @@ def supported(q, k, v, **options) -> str | None:
     Covered: CUDA tensors on an sm_90 device, fp16/bf16, q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with
     Hq a multiple of Hkv and D ∈ {64, 128}, last stride 1, base and other strides 16-byte aligned
     (TMA's rules), and options no more than ``causal``, a positive ``scale``, the default
-    ``causal_offset`` (Nk − Nq; any offset where it changes nothing: ``_offset_matters``), ``need_lse``
+    ``causal_offset`` (Nk − Nq; any offset where it changes nothing: ``offset_reason``), ``need_lse``
     and a dense-batch ``variant`` (softcap, ALiBi, sinks,
     a window: ``_reason_for_variant``); masks, dropout and ranges/varlen layouts are not, nor the
     variant options given by name. CPU tensors are never covered, even under the interpreter (the
