@@ -38,6 +38,7 @@ from ..distributed.sharding import LAYOUTS
 from ..ops.attention import attention
 from . import common
 from .peers import dtype_name, parse_dtype
+from .variants import _tflops as pair_tflops
 
 DEFAULTS = {"cuda": dict(dtype="bf16", heads=32, kv_heads=8, head_dim=128, lengths="8k,16k,32k,64k",
                          single_max=128 * 1024, iters=5, warmup=2),
@@ -282,13 +283,13 @@ def _point(val, args, group: Group, device, n: int) -> dict:
     # costs ∝ N²); with one, counted from every rank's schedule.
     if options["window"] is None:
         work = w
-        ring_flops = _flops(b, hq, big_n, d, causal) / w
+        tflops = _flops(b, hq, big_n, d, causal) / w / (row["ring_ms"] * 1e-3) * 1e-12
     else:
         local = [ring_mod.Piece(0, n, 0, n, causal, 0, side[0], -1 if causal else side[1])]
         pairs = sum(visible_pairs(p for pieces in ring_mod.schedule(args.layout, r, w, n, causal, side)
                                   for p in pieces) for r in range(w)) / w
         work = pairs / visible_pairs(local)
-        ring_flops = 3.5 * 4 * b * hq * pairs * d
+        tflops = pair_tflops(b * pairs, hq, d, row["ring_ms"], "fwd+bwd")
     exposed = max(0.0, row["ring_ms"] - row["compute_ms"])
     row.update(exposed_comm_ms=exposed,
                comm_hidden=max(0.0, 1.0 - exposed / row["comm_ms"]) if row["comm_ms"] > 0 else None,
@@ -296,7 +297,7 @@ def _point(val, args, group: Group, device, n: int) -> dict:
                one_gpu_local_tokens_s=n / row["one_gpu_local_ms"] * 1e3,
                work_vs_local=work,
                efficiency=work * row["one_gpu_local_ms"] / row["ring_ms"],
-               ring_tflops_per_gpu=ring_flops / (row["ring_ms"] * 1e-3) * 1e-12)
+               ring_tflops_per_gpu=tflops)
     if "one_gpu_global_ms" in row:
         row.update(one_gpu_global_tokens_s=big_n / row["one_gpu_global_ms"] * 1e3,
                    speedup=row["one_gpu_global_ms"] / row["ring_ms"])
