@@ -187,6 +187,24 @@ def lse_of_torch(m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
     return torch.where(empty, torch.full_like(m, float("-inf")), m + torch.log(torch.where(empty, torch.ones_like(l), l)))
 
 
+def add_sink_torch(o: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor):
+    """Twin of :func:`add_sink` on a finished (O, lse) state: a value-less term exp(sink) joins
+    each row's denominator (an attention sink). o [..., D], lse [...] natural log, sink
+    broadcastable to lse; returns float32 (o, lse). A row with no key stays O = 0, lse = sink.
+
+    >>> import torch
+    >>> s, v = torch.tensor([0.5, 2.0]), torch.tensor([[1.0], [3.0]])
+    >>> o, lse = add_sink_torch(torch.softmax(s, 0) @ v, torch.logsumexp(s, 0), torch.tensor(1.0))
+    >>> with_sink = torch.tensor([0.5, 2.0, 1.0])  # the sink's logit last: it has no value
+    >>> torch.allclose(o, torch.softmax(with_sink, 0)[:2] @ v), torch.allclose(lse, torch.logsumexp(with_sink, 0))
+    (True, True)
+    """
+    lse, sink = lse.float(), sink.float()
+    total = torch.logaddexp(lse, sink)
+    weight = torch.where(lse == float("-inf"), torch.zeros_like(total), torch.exp(lse - total))
+    return o.float() * weight.unsqueeze(-1), total
+
+
 def merge_states_torch(o_a, lse_a, o_b, lse_b):
     """Twin of :func:`merge_states`: o [..., D], lse [...] natural log; returns float32 (o, lse)."""
     o_a, o_b, lse_a, lse_b = o_a.float(), o_b.float(), lse_a.float(), lse_b.float()

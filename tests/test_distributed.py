@@ -89,6 +89,22 @@ def test_schedule_covers_exactly_the_visible_pairs(layout):
     assert [[(p.q0, p.q1, p.k0, p.k1, p.causal) for p in s] for s in full] == [[(0, 4, 0, 4, False)]] * 3
 
 
+@pytest.mark.parametrize("argv, needle", [(["--window", "-1"], "--window"), (["--softcap", "0"], "--softcap"),
+                                          (["--lengths", "6", "--layout", "zigzag", "--window", "2"], None)])
+def test_ring_benchmark_checks_its_options(argv, needle):
+    import argparse
+    from flashattn_lite.bench import common
+    from flashattn_lite.bench import ring as bench_ring
+    parser = argparse.ArgumentParser()
+    bench_ring.add_arguments(parser)
+    args = parser.parse_args(argv)
+    if needle is None:
+        assert bench_ring._resolve(args, "cpu")["lengths"] == [6]
+        return
+    with pytest.raises(common.BenchArgumentError, match=needle):
+        bench_ring._resolve(args, "cpu")
+
+
 def test_visible_pairs_counts_what_the_calls_attend_to():
     from flashattn_lite.bench.ring import visible_pairs
     from flashattn_lite.distributed.ring import Piece
@@ -241,6 +257,8 @@ def _case_errors(rank, world):
     _raises(_bad(rank, dict(scale=0.5)), "scale must be the same")
     _raises(_bad(rank, dict(q=_randn(1, 2, 4, 8).requires_grad_())), "requires_grad must be the same")
     _raises(_bad(rank, window=(-3, 0)), "window left side")
+    _raises(_bad(rank, window=(2, 1.5)), "window right side", types=(TypeError,))
+    _raises(_bad(rank, softcap=-1.0), "softcap must be a finite float > 0")
     _raises(_bad(rank, sinks=_randn(3)), "sinks must have shape (2,)")
     _raises(_bad(rank, dict(softcap=2.0)), "softcap must be the same")
     _raises(_bad(rank, dict(window=(4, 0))), "window must be the same")

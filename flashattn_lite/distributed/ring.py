@@ -27,6 +27,7 @@ import torch
 
 from .. import _checks
 from .._runtime import runs_triton
+from ..merge import add_sink_torch
 from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _variant, attention_core
 from ..ops.attention_bwd import sinks_grad
 from ..ops.merge_states import merge_attention_states
@@ -176,10 +177,8 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps):
                 out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1] = o_m, lse_m
         if incoming is not None:
             kv = incoming.wait()
-    if sinks is not None:  # one more term of each row's denominator, with no value (``merge.add_sink``)
-        with_sink = torch.logaddexp(lse, sinks.float().view(1, Hq, 1))
-        out = out * torch.exp(lse - with_sink).unsqueeze(-1)
-        lse = with_sink
+    if sinks is not None:  # one more term of each row's denominator, with no value
+        out, lse = add_sink_torch(out, lse, sinks.view(1, Hq, 1))
     return out.to(q.dtype), lse
 
 

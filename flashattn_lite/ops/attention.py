@@ -236,8 +236,9 @@ def attention_core(q, k, v, *, causal: bool = False, causal_offset: int | None =
     ``causal_offset``: the diagonal that causal, window and ALiBi positions are measured from (key
     j is visible to query i iff j ≤ i + causal_offset under causal); default Nk − Nq
     (bottom-right). ALiBi's distances |i + offset − j| are float32: past about 2²⁰ from the
-    diagonal the bias loses precision (a far block under ALiBi is weighted ≈ 0 anyway). ``attn_mask`` broadcastable to (B, Hq, Nq, Nk), bool (True = take part) or
-    float (added to the scaled scores); broadcast dims are read with stride 0, never copied.
+    diagonal the bias loses precision (a far block under ALiBi is weighted ≈ 0 anyway).
+    ``attn_mask`` broadcastable to (B, Hq, Nq, Nk), bool (True = take part) or float (added to
+    the scaled scores); broadcast dims are read with stride 0, never copied.
     Dropout seeds come from ``draw_seed``. ``window``, ``softcap``, ``sinks``, ``alibi_slopes``: as
     in :func:`attention`.
 
