@@ -212,6 +212,12 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
     def consumer(me):  # _consumer_persistent and _attend
         other = (me + 1) % consumers
         kv = 0
+        held = None  # two Q sets: the set of the tile before, released in this tile once S_0 retired
+
+        def release_held():
+            q_buf[held[0]].release(("Q", held[1]))  # after the O store has read the set
+            q_empty[held[0]].arrive()
+
         for i, n in enumerate(tiles):
             qs = i % q_sets
             yield wait(q_ready[qs], (i // q_sets) & 1, i // q_sets)
@@ -232,6 +238,9 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
                     turn[other].arrive()
                 k_buf[cur].release(("K", kv + j, i))
                 k_empty[cur].arrive()
+                if j == 0 and held is not None:
+                    release_held()
+                    held = None
                 if j > 0:
                     v_buf[prev].release(("V", kv + j - 1, i))
                     v_empty[prev].arrive()
@@ -240,8 +249,13 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
                 yield wait(v_ready[last % v_stages], (last // v_stages) & 1, last // v_stages)
                 v_buf[last % v_stages].release(("V", kv + n - 1, i))
                 v_empty[last % v_stages].arrive()
-            q_buf[qs].release(("Q", i))  # after the O store has read the set
-            q_empty[qs].arrive()
+            if q_sets == 1:
+                q_buf[qs].release(("Q", i))  # after the O store has read the set
+                q_empty[qs].arrive()
+            else:
+                if held is not None:  # a tile without key tiles releases the one before at its end
+                    release_held()
+                held = (qs, i)
             kv += n
 
     agents = {"loader": loader(), **{f"consumer{c}": consumer(c) for c in range(consumers)}}

@@ -61,8 +61,9 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   phases, the ping-pong turns and Q's barriers run on across tiles (counted over the program), so
   the next tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
   where shared memory allows (``Config.q_sets``): the next tile's Q loads while this tile's O is
-  staged in the other set; with one set it loads after the next tile's first STAGES K/V tiles,
-  once the epilogue's TMA store has read the set. K's and V's rings may differ in depth
+  staged in the other set (released in the next tile, once its first scores retired: the wait for
+  the store stays off the tile boundary); with one set it loads after the next tile's first STAGES
+  K/V tiles, once the epilogue's TMA store has read the set. K's and V's rings may differ in depth
   (``Config.v_stages``, ``V_STAGES``: d 128's default, K 2 and V 3, makes room for two Q sets).
   The barrier invariants are written out in the kernel.
 
@@ -534,13 +535,15 @@ if _HAS_GLUON:
                 HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                 FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 V_STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                j0=0):
+                j0=0, q_free=None, free_prev=None, DEFER_Q: gl.constexpr = False):
         """A consumer's online softmax of its rows ``q`` over the tile's ``n_tiles`` key tiles: (m, ℓ,
         unnormalised O). Key tile j of the tile is the ``kv0 + j``-th the program takes: the rings'
         slots ((kv0 + j) % STAGES for K, % V_STAGES for V) and their phases, and the turns' phase,
         continue from the tiles before
         (kv0 = 0 for one tile per program). ``j0``: 0, the first key tile's index for its scores
-        (the persistent consumer passes an opaque 0: ``_consumer_persistent``)."""
+        (the persistent consumer passes an opaque 0: ``_consumer_persistent``). ``DEFER_Q``: once S_0
+        has retired, wait for the previous tile's O store to have read its Q slot and release that
+        set (``q_free``, where ``free_prev``): off the tile boundary's path."""
         dtype: gl.constexpr = q.dtype
         OTHER: gl.constexpr = (ME + 1) % CONSUMERS
         if n_tiles > 0:
@@ -554,6 +557,9 @@ if _HAS_GLUON:
                 mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(kv0 % STAGES))
+            if DEFER_Q:
+                tma.store_wait(0)
+                mbarrier.arrive(q_free, pred=free_prev)
             s, fold, r = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi,
                                  qk_scale, softcap_scale, softcap2, slope,
                                  CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
@@ -704,7 +710,9 @@ if _HAS_GLUON:
         of the program's tiles (``persistent_tile``), the ring and the turns continued over the program
         (``kv``: K/V tiles taken so far, the same count in every partition), Q's set and phase by
         the program's tile count ``qi``. O is staged in the tile's Q slot and stored by TMA; once
-        the store has read it the consumer releases the set (``q_empty``) for the loader."""
+        the store has read it the consumer releases the set (``q_empty``) for the loader: with one
+        set at once, with two inside the next tile, after its S_0 (``_attend``'s ``DEFER_Q``), so
+        the wait for the store is not on the tile boundary's path."""
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -740,23 +748,32 @@ if _HAS_GLUON:
             # them inside.
             j0 = _opaque_zero(j)
             mbarrier.wait(q_ready.index(qs), (qi // Q_SETS) & 1)
+            # Two Q sets: the previous tile's set is released in this tile, once S_0 has retired
+            # (``DEFER_Q``), or here for a tile without key tiles.
+            prev_set = q_empty.index((qi + 1) % Q_SETS)
             m_i, l_i, acc = _attend(q_slot.reshape([64, HEAD_DIM]), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                                     turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, n_k, off, win_left,
                                     win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
                                     ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                                    HEAD_DIM, BLOCK_N, STAGES, V_STAGES, s_layout, o_layout, p_layout, j0)
+                                    HEAD_DIM, BLOCK_N, STAGES, V_STAGES, s_layout, o_layout, p_layout, j0,
+                                    prev_set, qi > 0, Q_SETS == 2)
             acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
             out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
+            if Q_SETS == 2:
+                tma.store_wait(0)
+                mbarrier.arrive(prev_set, pred=(qi > 0) & (n_tiles == 0))
             # The slot's last wgmma has retired (``_attend``): stage O there for one TMA store
             # (which drops the rows past Nq); the lse goes out while it runs.
             q_slot.reshape([64, HEAD_DIM]).store(out.to(dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
             gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(qs))
+            if Q_SETS == 1:  # the loader reloads this set next: release it as soon as the store read it
+                tma.store_wait(0)
+                mbarrier.arrive(q_empty.index(qs))
             kv += n_tiles
             qi += 1
+        tma.store_wait(0)  # the last O store has read its slot before the program ends
 
     # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
     # Window sides too (a side the call does not have is None: a constexpr, no parameter).
@@ -796,7 +813,9 @@ if _HAS_GLUON:
             # * Q: the program's i-th tile uses set i % Q_SETS; q_ready completes once per load,
             #   awaited with parity (i // Q_SETS) & 1; q_empty (CONSUMERS arrivals, each after its
             #   O store has read the set) once per use, the loader awaiting tile i − Q_SETS's with
-            #   the opposite parity.
+            #   the opposite parity. With two sets a consumer releases tile i's set in tile i + 1,
+            #   once that tile's S_0 has retired (its store's wait off the tile boundary), or at
+            #   tile i + 1's end if it has no key tiles; the program's last store is awaited last.
             # No deadlock: a load waits only for releases of earlier tiles (K/V tile k for the
             # release of k − STAGES, Q for tile i − Q_SETS's epilogue), except the K/V loads of
             # tile i past its first STAGES, which need tile i's consumers, hence its Q: issued
