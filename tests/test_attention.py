@@ -310,6 +310,27 @@ def test_gradcheck_float64_cpu_twin(torch_cpu_path, causal):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cpu_twin_sink_gradient_matches_reference(torch_cpu_path, causal):
+    # The twin's dsinks is the kernels' reduction (attention_bwd.sinks_grad); a window leaves some
+    # rows with few keys, so the sink weighs differently row to row.
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 4, 17, 16, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 23, 16, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 23, 8, generator=g, requires_grad=True)
+    sinks = torch.randn(4, generator=g, requires_grad=True)
+    o, lse = attention(q, k, v, causal=causal, window=(5, 3), sinks=sinks, return_lse=True)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    o_ref, lse_ref = attention_reference(*leaves[:3], causal=causal, window=(5, 3), sinks=leaves[3])
+    assert torch.allclose(o.double(), o_ref, atol=1e-5)
+    assert torch.allclose(lse.double(), lse_ref, atol=1e-5)
+    do, dlse = torch.randn_like(o), torch.randn_like(lse)
+    ours = torch.autograd.grad((o, lse), (q, k, v, sinks), (do, dlse))
+    ref = torch.autograd.grad((o_ref, lse_ref), leaves, (do.double(), dlse.double()))
+    for a, r in zip(ours, ref):
+        assert torch.allclose(a.double(), r, atol=1e-4)
+
+
 def test_float64_is_refused_by_the_kernels():
     x = torch.randn(1, 1, 4, 16, dtype=torch.float64, device=DEVICE)
     with pytest.raises(TypeError, match="q must have dtype"):

@@ -731,10 +731,10 @@ def sinks_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> t
     """∂L/∂sinks (Hq,) in the sinks' dtype from the forward's lse (sink included) and δ (dlse
     included), both in the lse's layout: d lse/d sink = P_sink = exp(sink − lse), so
     ∂L/∂sink_h = −Σ_rows of head h δ·P_sink (rows with lse = −inf give 0). The Gluon backward uses
-    it too."""
+    it too, and the CPU twin and the ring."""
     Hq = sinks.shape[0]
-    lse3 = lse.view(-1, Hq, lse.shape[-1])
-    p_sink = torch.exp(sinks.float().view(1, Hq, 1) - lse3)
-    contrib = torch.where(torch.isfinite(lse3), -delta.view_as(lse3) * p_sink, torch.zeros_like(p_sink))
+    lse3 = lse.reshape(-1, Hq, lse.shape[-1])
+    p_sink = torch.exp(sinks.to(torch.promote_types(lse.dtype, torch.float32)).view(1, Hq, 1) - lse3)
+    contrib = torch.where(torch.isfinite(lse3), -delta.reshape_as(lse3) * p_sink, torch.zeros_like(p_sink))
     return contrib.sum((0, 2)).to(sinks.dtype)
 

@@ -11,6 +11,7 @@ import torch
 
 from ..dropout import keep_threshold, philox_randint_torch
 from ..merge import lse_of_torch, online_softmax_update_torch
+from .attention_bwd import sinks_grad
 from .attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, Variant, causal_window
 
 CPU_CHUNK = 512
@@ -178,9 +179,8 @@ def cpu_backward(do, q, k, v, o, lse, dlse, *, scale, causal, causal_offset, mas
         dq += torch.matmul(ds, kg[:, :, :, j0:j1]) * scale
         dk[:, :, j0:j1] = torch.matmul(ds.transpose(-1, -2), qg).sum(2) * scale
     dsinks = None
-    if variant.sinks is not None:
-        p_sink = torch.exp(variant.sinks.to(w).view(1, Hkv, G, 1) - lse_g)  # lse₂ = +inf rows give 0
-        dsinks = (-delta * p_sink).sum((0, 3)).reshape(-1).to(variant.sinks.dtype)
+    if variant.sinks is not None:  # the kernels' reduction (rows with lse = ±inf give 0)
+        dsinks = sinks_grad(variant.sinks, lse_g.reshape(B, Hkv * G, Nq), delta.reshape(B, Hkv * G, Nq))
     return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 
