@@ -246,6 +246,11 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon ps d64 m128", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64)),
          ("gluon ps d64 m128 causal window+all", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64, left=300,
                                                               softcap=30.0, alibi=True, sinks=True)),
+         # d 64's causal default below 8k: two consumers without turns, persistent.
+         ("gluon ps d64 m128 no turns", gluon, dict(config="g-m128-n128-s3-r240-ps", d=64)),
+         ("gluon ps d64 m128 no turns causal window+all", gluon, dict(config="g-m128-n128-s3-r240-ps", d=64,
+                                                                       left=300, softcap=30.0, alibi=True,
+                                                                       sinks=True)),
          # d 128 persistent with a 2-deep K ring and a 3-deep V ring (two Q sets fit).
          ("gluon ps d128 m128 k2v3", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps")),
          ("gluon ps d128 m128 k2v3 full", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps", causal=False)),

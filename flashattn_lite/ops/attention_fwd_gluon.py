@@ -173,15 +173,15 @@ LOADER_REGS = 24
 # once, adds a few per tile outside the key loop (one register in it for m128 n128 with every
 # option), but for the d 64 three-consumer config, which spills in its key loop with ALiBi (more
 # than without persistence).
-# D 64 with two ping-ponging consumers (128-row tiles), persistent: the default for causal calls
-# below 8k (``default_config``); no spills with any option.
+# D 64 with two consumers (128-row tiles), persistent: the default for causal calls below 8k
+# (``default_config``), without turns; no spills with any option, with turns or without.
 # D 128 m128 n128 persistent with rings of their own depth (``Config.v_stages``: K 2, V 3) fits two Q
 # sets (224 KB): the default below 8k. No spills plain, causal or not, with softcap, sinks or a
 # window; ALiBi 80 bytes, every option at once 104 (the 3-deep one-set config: 68 and 48).
 CONFIGS = {
     64: [Config(3, 128, 3, True, 160), Config(3, 128, 2, False, 160), Config(2, 128, 3, False),
          Config(3, 128, 3, True, 160, persistent=True), Config(2, 128, 3, True),
-         Config(2, 128, 3, True, persistent=True)],
+         Config(2, 128, 3, True, persistent=True), Config(2, 128, 3, False, persistent=True)],
     128: [Config(2, 128, 3, True), Config(2, 128, 3, False), Config(3, 64, 3, True, 160),
           Config(3, 64, 4, False, 160), Config(3, 64, 3, True, 160, persistent=True),
           Config(2, 128, 3, True, persistent=True), Config(2, 128, 3, False, persistent=True),
@@ -195,10 +195,12 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major grid). d 64:
     three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with ALiBi (whose bias
     spills those consumers' 160 registers), or a window's left side with softcap (8 bytes), two; causal
-    below N 8k, two ping-ponging consumers with 128-row tiles, persistent
+    below N 8k, two consumers with 128-row tiles, persistent
     (``gluon_fwd-20261125-041948.json``: 386 / 412 TFLOP/s at 2k / 4k against 356 / 352 for the TMA
     kernel and 319 / 377 for three consumers; at 8k 442 against 457 for three consumers,
-    ``gluon_fwd-20261125-041725.json``), with any option (no spills). d 128: two ping-ponging consumers
+    ``gluon_fwd-20261125-041725.json``), with any option (no spills), and without turns: their softmax
+    is longer than the other consumer's GEMMs, so the turns only add waits (H200, +0.9% / +1.0% at
+    2k / 4k, outputs bit-identical: ``gluon_checkout-20261128-2342.json``). d 128: two ping-ponging consumers
     with 128-key tiles and three stages at every length, causal or not (612–653 non-causal, 493–680
     causal; three consumers with 64-key tiles, the choice below 8k before the grid went head-major, now
     trail by 5–9% there), persistent below N 8k (``gluon_fwd-20261125-002134.json``: +1.6% non-causal
@@ -210,7 +212,7 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     """
     if head_dim == 64:
         if causal and n < 8192:
-            return Config(2, 128, 3, True, persistent=True)
+            return Config(2, 128, 3, False, persistent=True)
         return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
     if n < 8192:
         return Config(2, 128, 2, True, persistent=True, v_stages=3)
