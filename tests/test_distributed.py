@@ -128,6 +128,13 @@ def test_schedule_with_a_window(layout):
                     for steps, _ in per_rank:
                         # its own block holds the diagonal; a window cuts a block into at most 4 calls
                         assert len(steps[0]) >= 1 and all(len(pieces) <= 4 for pieces in steps)
+    # A window narrower than a chunk, zigzag: the own block is each chunk's causal diagonal, at
+    # offset 0 (the Hopper kernels' diagonal), and no call carries a chunk of rows that sees nothing.
+    steps = schedule("zigzag", 0, 2, 8, True, (1, -1))
+    assert [(p.q0, p.q1, p.k0, p.k1, p.causal, p.offset) for p in steps[0]] == [(0, 4, 0, 4, True, 0),
+                                                                               (4, 8, 4, 8, True, 0)]
+    assert [(p.q0, p.q1, p.k0, p.k1) for p in steps[1]] == [(4, 8, 4, 8)]
+    assert [(p.q0, p.q1, p.k0, p.k1) for p in schedule("zigzag", 1, 2, 8, True, (1, -1))[1]] == [(0, 4, 0, 4)]
     # A window narrower than a shard: a contiguous rank computes only its own block and its left neighbour's.
     steps = schedule("contiguous", 2, 4, 8, True, (3, -1))
     assert [len(pieces) for pieces in steps] == [1, 1, 0, 0]

@@ -96,10 +96,29 @@ def _one_piece(q_runs, k_runs, left: float, right: float) -> list[Piece] | None:
     return None
 
 
+def _sees(q_run, k_run, left: float, right: float) -> bool:
+    """Whether any query of ``q_run`` sees any key of ``k_run`` (runs as in ``_one_piece``): over
+    the pair, j − i spans [k_global − (q_global + q_len − 1), k_global + k_len − 1 − q_global]."""
+    _, qg, ql = q_run
+    _, kg, kl = k_run
+    return _span(max(kg - (qg + ql - 1), -left), min(kg + kl - 1 - qg, right)) is not None
+
+
 def _fewest_pieces(q_runs: tuple, k_runs: tuple, left: float, right: float) -> list[Piece]:
     """Exact cover of the visible pairs by the fewest calls: one call if possible, else the better
     of splitting the key runs or the query runs in two (layouts have at most two runs; one run
-    pair is always one call, at its own offset)."""
+    pair is always one call, at its own offset). Runs at either end that see no key (or that no
+    query sees) are left out first: a call over fewer rows, and the plainer mask it may then take."""
+    while q_runs and not any(_sees(q_runs[0], kr, left, right) for kr in k_runs):
+        q_runs = q_runs[1:]
+    while q_runs and not any(_sees(q_runs[-1], kr, left, right) for kr in k_runs):
+        q_runs = q_runs[:-1]
+    while k_runs and not any(_sees(qr, k_runs[0], left, right) for qr in q_runs):
+        k_runs = k_runs[1:]
+    while k_runs and not any(_sees(qr, k_runs[-1], left, right) for qr in q_runs):
+        k_runs = k_runs[:-1]
+    if not q_runs or not k_runs:
+        return []
     one = _one_piece(q_runs, k_runs, left, right)
     if one is not None:
         return one
