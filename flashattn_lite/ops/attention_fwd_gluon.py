@@ -492,8 +492,7 @@ if _HAS_GLUON:
         return s, fold, r
 
     @gluon.jit
-    def _softmax(s, m_i, l_i, qk_scale, r, p_layout: gl.constexpr, dtype: gl.constexpr,
-                 ROW_TERM: gl.constexpr):
+    def _softmax(s, m_i, l_i, qk_scale, r, ROW_TERM: gl.constexpr):
         """Online softmax step in base 2 of the scores (s + r)·qk_scale (``r``: a per-row term from
         ``_scores`` where ``ROW_TERM``, else none), with the scale folded into the exponent: returns
         (m, ℓ, P in float32, α = exp2(m_old − m_new)); ``_as_operand`` makes P the P·V wgmma's A
@@ -575,7 +574,7 @@ if _HAS_GLUON:
             s, fold, r = _scores(s, j0, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi,
                                  qk_scale, softcap_scale, softcap2, slope,
                                  CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, r, p_layout, dtype, ALIBI and CAUSAL)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, fold, r, ALIBI and CAUSAL)
             p = _as_operand(p, p_layout, dtype)
 
         if PV_OVERLAP:
@@ -599,7 +598,7 @@ if _HAS_GLUON:
             s, fold, r = _scores(s, j, lo, rows, cols_f, n_k, off, win_left, win_right, mid_lo, mid_hi,
                                  qk_scale, softcap_scale, softcap2, slope,
                                  CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, BLOCK_N, s_layout)
-            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, r, p_layout, dtype, ALIBI and CAUSAL)
+            m_i, l_i, p_next, alpha = _softmax(s, m_i, l_i, fold, r, ALIBI and CAUSAL)
             if PV_OVERLAP:
                 # ptxas places the new P in the registers the in-flight P·V reads, and would hoist
                 # this wait above the whole softmax; it does not move it above a shared-memory store,
