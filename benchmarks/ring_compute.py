@@ -67,6 +67,8 @@ def main():
     args = ap.parse_args()
     if args.world < 1 or not 0 <= args.rank < args.world or args.rounds < 1:
         ap.error("need --world >= 1, 0 <= --rank < --world and --rounds >= 1")
+    if args.window < -1:
+        ap.error(f"--window must be a left side >= 0 (or -1: none), got {args.window}")
     b, hq, hkv, d, dtype = 1, 32, 8, 128, torch.bfloat16
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":  # a smoke run of the script: the CPU twin at small sizes

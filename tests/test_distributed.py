@@ -105,6 +105,16 @@ def test_ring_benchmark_checks_its_options(argv, needle):
         bench_ring._resolve(args, "cpu")
 
 
+def test_ring_compute_script_checks_its_window():
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ring_compute.py"
+    run = subprocess.run([sys.executable, str(script), "--out", "unused", "--lengths", "64", "--window", "-2"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--window must be a left side >= 0" in run.stderr, run.stderr
+
+
 def test_visible_pairs_counts_what_the_calls_attend_to():
     from flashattn_lite.bench.ring import visible_pairs
     from flashattn_lite.distributed.ring import Piece
