@@ -1,0 +1,155 @@
+"""Ring attention's W ranks as threads of one process on one device: the schedule, the pieces'
+kernels, the merges and the gradient sums of a real ring, checked without a process group, so the
+GPU's compiled kernels (the Hopper ones included) run a ring's calls on a one-GPU machine.
+
+Each rank runs ``ring._forward`` then ``ring._backward`` (the autograd node's two halves) with a
+ring whose ``shift`` puts a copy of the tensor in the next rank's queue. One thread runs at a
+time (a baton lock, handed over while a thread waits for its queue): the GPU's kernels compile
+and launch from one thread at a time. Outputs and gradients are compared as in
+``test_distributed.py``: against a float64 reference and the package's own attention in the
+same dtype over the whole sequence.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU, assert_close_to_ref
+import flashattn_lite
+from flashattn_lite.distributed import ring as ring_mod
+from flashattn_lite.distributed.sharding import runs
+from flashattn_lite.reference import attention_reference
+
+_WAIT_S = 300  # a rank that never receives fails the test instead of hanging it
+
+
+class _ThreadRing:
+    """``Group.shift`` between threads: one queue per (rank, tag)."""
+
+    def __init__(self, rank: int, boxes: list, baton: threading.Lock):
+        self.rank, self.boxes, self.baton = rank, boxes, baton
+
+    def shift(self, tensor, tag=0):
+        self.boxes[(self.rank + 1) % len(self.boxes)][tag].put(tensor.clone())
+        return self._Pending(self, tag)
+
+    class _Pending:
+        def __init__(self, ring, tag):
+            self.ring, self.tag = ring, tag
+
+        def wait(self):
+            self.ring.baton.release()
+            try:
+                return self.ring.boxes[self.ring.rank][self.tag].get(timeout=_WAIT_S)
+            finally:
+                self.ring.baton.acquire()
+
+
+def _positions(layout, rank, world, n):
+    return torch.tensor([g + i for _, g, length in runs(layout, rank, world, n) for i in range(length)])
+
+
+def _ring_threads(q, k, v, do, dlse, sinks, *, world, layout, causal, window, softcap):
+    """o, lse, dq, dk, dv (whole-sequence tensors gathered from the ranks' shards) and dsinks
+    (summed over the ranks) of the ring on ``world`` threads."""
+    n = q.shape[2] // world
+    scale = q.shape[-1] ** -0.5
+    window = ring_mod._check_window(window)
+    boxes = [(queue.Queue(), queue.Queue()) for _ in range(world)]
+    baton = threading.Lock()
+    results, errors = [None] * world, []
+
+    def rank_body(rank):
+        baton.acquire()
+        try:
+            rows = _positions(layout, rank, world, n).to(q.device)
+            local = [t.index_select(2, rows) for t in (q, k, v, do)] + [dlse.index_select(2, rows)]
+            q_r, k_r, v_r, do_r, dlse_r = local
+            ring = _ThreadRing(rank, boxes, baton)
+            steps = ring_mod.schedule(layout, rank, world, n, causal, window)
+            args = dict(scale=scale, softcap=softcap or 0.0, ring=ring, steps=steps)
+            o, lse = ring_mod._forward(q_r, k_r, v_r, sinks, **args)
+            grads = ring_mod._backward(do_r, dlse_r, q_r, k_r, v_r, o, lse, sinks, **args)
+            results[rank] = (rows, o, lse) + tuple(grads)
+        except BaseException as e:  # noqa: BLE001 (reported by the test, with the rank)
+            errors.append((rank, e))
+        finally:
+            baton.release()
+
+    threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        rank, e = errors[0]
+        raise AssertionError(f"rank {rank} failed: {e!r}") from e
+    whole = []
+    for i, like in enumerate((q, None, q, k, v)):  # o, lse, dq, dk, dv
+        shape = (*q.shape[:3], v.shape[3]) if i == 0 else q.shape[:3] if i == 1 else like.shape
+        dtype = torch.float32 if i == 1 else q.dtype
+        out = torch.empty(shape, dtype=dtype, device=q.device)
+        for r in results:
+            out.index_copy_(2, r[0], r[1 + i])
+        whole.append(out)
+    dsinks = None if sinks is None else sum(r[6] for r in results)
+    return whole, dsinks
+
+
+def _compare(*, dtype, world, layout, causal, b=1, hq=2, hkv=2, n=8, d=16, window=None, softcap=None,
+             sinks=False, eps=None):
+    gen = torch.Generator().manual_seed(0)
+    N = world * n
+
+    def rand(*shape, dtype=dtype):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=DEVICE, dtype=dtype)
+
+    q, k, v, do = rand(b, hq, N, d), rand(b, hkv, N, d), rand(b, hkv, N, d), rand(b, hq, N, d)
+    dlse = rand(b, hq, N, dtype=torch.float32)
+    sink = rand(hq, dtype=torch.float32) if sinks else None
+    options = dict(causal=causal, window=window, softcap=softcap)
+
+    def whole_sequence(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v) + ((sink,) if sinks else ())]
+        o, lse = fn(*leaves[:3], sinks=leaves[3] if sinks else None)
+        ((o.double() * do.double()).sum() + (lse.double() * dlse.double()).sum()).backward()
+        return [o, lse] + [t.grad for t in leaves]
+
+    ref = whole_sequence(lambda *t, sinks: attention_reference(*t, sinks=sinks, **options))
+    base = whole_sequence(lambda *t, sinks: flashattn_lite.attention(*t, sinks=sinks, return_lse=True, **options))
+    ours, dsinks = _ring_threads(q, k, v, do, dlse, sink, world=world, layout=layout, causal=causal,
+                                 window=window, softcap=softcap)
+    eps = eps if eps is not None else {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5}[dtype]
+    for what, mine, theirs, exact in zip(("o", "lse", "dq", "dk", "dv"), ours, base, ref):
+        assert_close_to_ref(mine, theirs, exact, eps=eps, what=what)
+    if sinks:
+        assert_close_to_ref(dsinks, base[5], ref[5], eps=eps, what="dsinks")
+
+
+@pytest.mark.parametrize("world,layout,causal,window,softcap,sinks", [
+    (2, "zigzag", True, None, None, False),
+    (3, "contiguous", False, (2, 4), None, False),
+    (2, "zigzag", True, (3, 0), 2.0, True),
+    (4, "zigzag", True, (5, -1), None, True),
+])
+def test_ring_threads_match_one_device(world, layout, causal, window, softcap, sinks, torch_cpu_path):
+    """Small shapes on the CPU twin (the kernels compiled on a GPU): the threads stand for ranks."""
+    _compare(dtype=torch.float32, world=world, layout=layout, causal=causal, window=window, softcap=softcap,
+             sinks=sinks)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the Hopper kernels' lengths: compiled kernels only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout,causal,window,softcap,sinks", [
+    ("zigzag", True, None, None, False),
+    ("zigzag", True, (3000, 0), 30.0, True),   # the neighbour's strip: a window off the own diagonal
+    ("contiguous", True, (1000, -1), None, False),
+    ("zigzag", False, (700, 1500), None, True),
+])
+def test_ring_threads_long_on_gpu(dtype, layout, causal, window, softcap, sinks):
+    """Two ranks of 4096 tokens, d 128, GQA: long enough for the Hopper kernels on sm_90."""
+    _compare(dtype=dtype, world=2, layout=layout, causal=causal, hq=4, hkv=2, n=4096, d=128, window=window,
+             softcap=softcap, sinks=sinks)
