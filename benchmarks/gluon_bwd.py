@@ -43,10 +43,25 @@ CONFIG_WIDTH = 26
 
 
 def parse_args(argv=None):
-    return argument_parser(__doc__, "the Gluon backward's", sdpa_switch=True).parse_args(argv)
+    p = argument_parser(__doc__, "the Gluon backward's", sdpa_switch=True)
+    p.add_argument("--profile", action="store_true",
+                   help="also one call of the default config under torch.profiler: each kernel's device µs")
+    return p.parse_args(argv)
 
 
-def run_point(d, causal, n, configs, budget, rep_ms, sdpa) -> dict:
+def kernel_us(fn) -> dict:
+    """Each CUDA kernel's device time (µs) over one call of ``fn``: the backward's row statistics,
+    main kernel and dQ conversion apart (their launches and gaps are not in the sum)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()  # compiled and warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.key: round(e.self_device_time_total, 1) for e in prof.key_averages() if e.self_device_time_total > 0}
+
+
+def run_point(d, causal, n, configs, budget, rep_ms, sdpa, profile=False) -> dict:
     """A new point: the forward once, then the portable and TMA backwards, the Gluon configs, SDPA."""
     q, k, v, do = inputs(d, n, 4)
     b, h = q.shape[:2]
@@ -89,6 +104,14 @@ def run_point(d, causal, n, configs, budget, rep_ms, sdpa) -> dict:
         point["gluon_best"] = point.pop("hopper_best")
     if sdpa:
         time_sdpa(point, q, k, v, do, refs, budget, rep_ms)
+    if profile:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        point["profile_us"] = kernel_us(lambda: run(glu.default_config(d, causal, n)))
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o_cudnn = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+        point["profile_cudnn_us"] = kernel_us(lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True))
+        print(f"  kernels, µs (one call): ours {point['profile_us']}; cuDNN {point['profile_cudnn_us']}", flush=True)
     return point
 
 
@@ -117,7 +140,8 @@ def main(argv=None) -> int:
     header = (f"{'d':>4} {'causal':>6} {'N':>6} {'portbl':>7} {'tma':>7} {'gluon':>7} {'best config':>{CONFIG_WIDTH}} "
               f"{'vs tma':>6} {'cudnn':>7} {'vs cud':>6} {'flash':>7}")
     return sweep(args, budget, "gluon_bwd", glu,
-                 lambda d, causal, n, cfgs: run_point(d, causal, n, cfgs, budget, args.rep_ms, not args.no_sdpa),
+                 lambda d, causal, n, cfgs: run_point(d, causal, n, cfgs, budget, args.rep_ms, not args.no_sdpa,
+                                                           args.profile),
                  config_width=CONFIG_WIDTH, line=table_line, header=header,
                  unit="backward TFLOP/s", flops="2.5 x 4·B·H·N²·d (÷2 causal)")
 

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parent))  # for hopper_fwd (there already when run as a script)
 from flashattn_lite.ops import attention_bwd_hopper as hopper  # noqa: E402
+from flashattn_lite.ops import attention_fwd_hopper  # noqa: E402
 from flashattn_lite.ops.attention_bwd import attention_backward  # noqa: E402
 # The problem (TOKENS, HIDDEN, bf16), the command line, the budget, timing and the sweep: the forward's.
 from hopper_fwd import (Budget, argument_parser, inputs, measure, portable_forward, sdpa_backends,  # noqa: E402
@@ -70,8 +71,9 @@ def grad_diffs(grads, refs) -> dict:
 
 
 def portable_backward(do, q, k, v, o, lse, causal):
-    return attention_backward(do, q, k, v, o, lse, None, scale=q.shape[-1] ** -0.5, causal=causal, causal_offset=0,
-                              mask=None, dropout_p=0.0, seed=0)[:3]
+    with attention_fwd_hopper.disabled():  # attention_backward itself would take the Hopper kernels
+        return attention_backward(do, q, k, v, o, lse, None, scale=q.shape[-1] ** -0.5, causal=causal, causal_offset=0,
+                                  mask=None, dropout_p=0.0, seed=0)[:3]
 
 
 def time_hopper(point, saved, refs, configs, budget, rep_ms) -> None:

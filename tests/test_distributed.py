@@ -139,12 +139,19 @@ def test_schedule_with_a_window(layout):
                         # its own block holds the diagonal; a window cuts a block into at most 4 calls
                         assert len(steps[0]) >= 1 and all(len(pieces) <= 4 for pieces in steps)
     # A window narrower than a chunk, zigzag: the own block is each chunk's causal diagonal, at
-    # offset 0 (the Hopper kernels' diagonal), and no call carries a chunk of rows that sees nothing.
-    steps = schedule("zigzag", 0, 2, 8, True, (1, -1))
-    assert [(p.q0, p.q1, p.k0, p.k1, p.causal, p.offset) for p in steps[0]] == [(0, 4, 0, 4, True, 0),
-                                                                               (4, 8, 4, 8, True, 0)]
-    assert [(p.q0, p.q1, p.k0, p.k1) for p in steps[1]] == [(4, 8, 4, 8)]
-    assert [(p.q0, p.q1, p.k0, p.k1) for p in schedule("zigzag", 1, 2, 8, True, (1, -1))[1]] == [(0, 4, 0, 4)]
+    # offset 0 (the Hopper kernels' diagonal); the neighbour's strip is cut to the rows and keys
+    # that meet (2 × 2 for a window of 3) and its mask moved to the bottom-right offset.
+    def calls(steps):
+        return [[(p.q0, p.q1, p.k0, p.k1, p.causal, p.offset, p.left, p.right) for p in s] for s in steps]
+    assert calls(schedule("zigzag", 0, 2, 16, True, (2, -1))) == [
+        [(0, 8, 0, 8, True, 0, 2, -1), (8, 16, 8, 16, True, 0, 2, -1)], [(8, 10, 14, 16, False, 0, 0, -1)]]
+    assert calls(schedule("zigzag", 1, 2, 16, True, (2, -1)))[1] == [(0, 2, 6, 8, False, 0, 0, -1)]
+    # Every masked call of a windowed schedule sits at the bottom-right offset.
+    for layout in ("zigzag", "contiguous"):
+        for causal, window in ((True, (3, 0)), (True, (8, -1)), (False, (5, 2)), (False, (-1, 3))):
+            for rank in range(4):
+                for p in (p for s in schedule(layout, rank, 4, 16, causal, window) for p in s):
+                    assert not (p.causal or p.left >= 0 or p.right >= 0) or p.offset == (p.k1 - p.k0) - (p.q1 - p.q0)
     # A window narrower than a shard: a contiguous rank computes only its own block and its left neighbour's.
     steps = schedule("contiguous", 2, 4, 8, True, (3, -1))
     assert [len(pieces) for pieces in steps] == [1, 1, 0, 0]

@@ -30,7 +30,7 @@ from .._runtime import runs_triton
 from ..merge import add_sink_torch
 from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _variant, attention_core
 from ..ops.attention_bwd import sinks_grad
-from ..ops.merge_states import merge_attention_states
+from ..ops.merge_states import merge_attention_states, merge_pair_launch
 from ._group import Group, agree, describe
 from .sharding import check_layout, runs
 
@@ -66,9 +66,10 @@ def _one_piece(q_runs, k_runs, left: float, right: float) -> list[Piece] | None:
     j' − i' spans [lo, hi], so the visible part is [d − left, d + right] ∩ [lo, hi]. A call masks
     [o − l, o + r] ∩ [lo, hi] with its offset o and its own sides (l, r each the global side, or
     unbounded where the global side cuts no pair). The plainest call that matches every pair wins
-    (no mask, then one side, then both), at the bottom-right offset if it matches (the Hopper
-    kernels take that one), else at the first offset that does among the interval ends, where a
-    set of valid offsets always has a member when it is not empty."""
+    (no mask, then one side, then both), at the first offset that matches among the interval ends
+    (a set of valid offsets always has a member when it is not empty), then moved to the
+    bottom-right offset with its sides changed to keep the mask where they stay ≥ 0 (the Hopper
+    kernels take that one)."""
     qs, ks = q_runs[0][0], k_runs[0][0]
     pairs = []
     for q_local, q_global, q_len in q_runs:
@@ -90,33 +91,61 @@ def _one_piece(q_runs, k_runs, left: float, right: float) -> list[Piece] | None:
         ends = [bottom_right] + sorted(set(finite) | {min(finite) - 1, max(finite) + 1})
         for o in ends:
             if all(_span(max(lo, o - l), min(hi, o + r)) == want for _, lo, hi, want in pairs):
-                causal = r == 0 and right == 0
+                # The mask is [o − l, o + r]: at the bottom-right offset the same bounds need sides
+                # br − (o − l) and (o + r) − br; where both are ≥ 0 the Hopper kernels take the call.
+                l_br, r_br = bottom_right - (o - l), (o + r) - bottom_right
+                if l_br >= 0 and r_br >= 0:
+                    o, l, r = bottom_right, l_br, r_br
+                causal = r == 0
                 return [Piece(qs, q1, ks, k1, causal, o, -1 if l == inf else int(l),
                               -1 if r == inf or causal else int(r))]
     return None
 
 
-def _sees(q_run, k_run, left: float, right: float) -> bool:
-    """Whether any query of ``q_run`` sees any key of ``k_run`` (runs as in ``_one_piece``): over
-    the pair, j − i spans [k_global − (q_global + q_len − 1), k_global + k_len − 1 − q_global]."""
-    _, qg, ql = q_run
-    _, kg, kl = k_run
-    return _span(max(kg - (qg + ql - 1), -left), min(kg + kl - 1 - qg, right)) is not None
+def _seen(run, others, left: float, right: float, keys: bool) -> tuple[float, float] | None:
+    """The first and last global positions of ``run`` (a run as in ``_one_piece``) that see some
+    position of the runs ``others`` (``keys``: ``run`` holds keys, seen by the others' rows), or
+    None. Row i sees key j iff i − left ≤ j ≤ i + right."""
+    _, g, n = run
+    lo_side, hi_side = (left, right) if keys else (right, left)
+    spans = [_span(max(g, og - lo_side), min(g + n - 1, og + on - 1 + hi_side)) for _, og, on in others]
+    spans = [x for x in spans if x is not None]
+    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+
+
+def _cut(run, first: float, last: float):
+    """``run`` cut to global positions [first, last] (within it)."""
+    local, g, n = run
+    start, stop = int(first), int(last) + 1
+    return (local + start - g, start, stop - start)
+
+
+def _trimmed(runs, others, left: float, right: float, keys: bool) -> tuple:
+    """``runs`` without the positions at their two ends that see nothing of ``others`` (or that
+    nothing of them sees): the first run cut at its start, the last at its end, a run left empty
+    dropped. Only the ends: a call spans its runs, so a cut between two runs would leave rows
+    (or keys) of the call that no run pair accounts for."""
+    runs = list(runs)
+    while runs and _seen(runs[0], others, left, right, keys) is None:
+        runs.pop(0)
+    while runs and _seen(runs[-1], others, left, right, keys) is None:
+        runs.pop()
+    if runs:
+        first, _ = _seen(runs[0], others, left, right, keys)
+        runs[0] = _cut(runs[0], first, runs[0][1] + runs[0][2] - 1)
+        _, last = _seen(runs[-1], others, left, right, keys)
+        runs[-1] = _cut(runs[-1], runs[-1][1], last)
+    return tuple(runs)
 
 
 def _fewest_pieces(q_runs: tuple, k_runs: tuple, left: float, right: float) -> list[Piece]:
     """Exact cover of the visible pairs by the fewest calls: one call if possible, else the better
     of splitting the key runs or the query runs in two (layouts have at most two runs; one run
-    pair is always one call, at its own offset). Runs at either end that see no key (or that no
-    query sees) are left out first: a call over fewer rows, and the plainer mask it may then take."""
-    while q_runs and not any(_sees(q_runs[0], kr, left, right) for kr in k_runs):
-        q_runs = q_runs[1:]
-    while q_runs and not any(_sees(q_runs[-1], kr, left, right) for kr in k_runs):
-        q_runs = q_runs[:-1]
-    while k_runs and not any(_sees(qr, k_runs[0], left, right) for qr in q_runs):
-        k_runs = k_runs[1:]
-    while k_runs and not any(_sees(qr, k_runs[-1], left, right) for qr in q_runs):
-        k_runs = k_runs[:-1]
+    pair is always one call, at its own offset). The rows at either end that see no key, and the
+    keys at either end that no row sees, are left out first: a smaller call, and one whose mask
+    may then sit at the bottom-right offset (a windowed ring's strip of its neighbour's block)."""
+    q_runs = _trimmed(q_runs, k_runs, left, right, keys=False)
+    k_runs = _trimmed(k_runs, q_runs, left, right, keys=True)
     if not q_runs or not k_runs:
         return []
     one = _one_piece(q_runs, k_runs, left, right)
@@ -174,6 +203,21 @@ def _piece_options(p: Piece, softcap: float) -> dict:
     return dict(causal=p.causal, causal_offset=p.offset, window=window, softcap=softcap or None)
 
 
+def _merge_into(out: torch.Tensor, lse: torch.Tensor, o_p: torch.Tensor, lse_p: torch.Tensor) -> None:
+    """Merge a piece's (o_p, lse_p) into the float32 accumulator views (out, lse), in place. The
+    kernel reads o_p in its own dtype and each element of ``out`` once before writing it (a row's
+    ``out`` is not read while its lse is −inf); the merged lse goes through a new tensor, since
+    the kernel's programs over a row's D blocks all read the old one."""
+    if runs_triton(out):
+        merged_lse = torch.empty_like(lse)
+        merge_pair_launch(out, lse, o_p, lse_p, out, merged_lse)
+        lse.copy_(merged_lse)
+    else:
+        o_m, lse_m = merge_attention_states(out, lse, o_p.float(), lse_p)
+        out.copy_(o_m)
+        lse.copy_(lse_m)
+
+
 def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps):
     """(o, lse) of this rank's queries over the whole sequence (and the sinks). ``ring`` has
     ``shift(tensor)`` (see ``_group.Group``); ``steps`` is ``schedule(...)``."""
@@ -189,11 +233,7 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps):
         for p in pieces:
             o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], k_blk[:, :, p.k0:p.k1], v_blk[:, :, p.k0:p.k1],
                                         scale=scale, return_lse=True, **_piece_options(p, softcap))
-            o_m, lse_m = merge_attention_states(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p.float(), lse_p.float())
-            if p.q1 - p.q0 == n:
-                out, lse = o_m, lse_m
-            else:
-                out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1] = o_m, lse_m
+            _merge_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
         if incoming is not None:
             kv = incoming.wait()
     if sinks is not None:  # one more term of each row's denominator, with no value
@@ -360,8 +400,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     the forward, posted before each block's compute so they overlap it; in the backward the same
     and W transfers of the float32 dK/dV accumulators (a window skips compute, not transfers).
     Memory per rank O(n·(D + Dv)). Speed on sm_90: each call takes the Hopper kernels where its
-    mask's diagonal is the bottom-right one or unused (every call without a window), else the
-    portable kernels (some of a windowed ring's calls).
+    mask's diagonal is the bottom-right one or unused: every call without a window, and a window's
+    calls, each cut to the rows and keys it needs, wherever its mask can sit there.
     """
     g = Group(group)
     error, checked, sinks_text = None, None, "not checked"
