@@ -186,6 +186,31 @@ def test_cpu_twin_matches_reference(torch_cpu_path, dtype):
     check_against_full(o, lse, q, k, v, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_merge_into_an_accumulator_in_place(dtype):
+    # A float32 accumulator merged in place with parts in their own dtype, as ring attention's
+    # forward does: equals the out-of-place merge of the same states, empty rows (lse −inf, o NaN)
+    # included, and the accumulator tensors are the ones written (views of a larger state).
+    from flashattn_lite.ops.merge_states import merge_pair_into
+    g = torch.Generator().manual_seed(3)
+    o_a = torch.randn(2, 3, 9, 16, generator=g).to(DEVICE)
+    lse_a = torch.randn(2, 3, 9, generator=g).to(DEVICE)
+    lse_a[0, 1, :4] = float("-inf")
+    o_a[0, 1, :4] = float("nan")
+    o_b = torch.randn(2, 3, 9, 16, generator=g).to(device=DEVICE, dtype=dtype)
+    lse_b = torch.randn(2, 3, 9, generator=g).to(DEVICE)
+    lse_b[0, 1, 2:6] = float("-inf")
+    want_o, want_lse = merge_attention_states(o_a.nan_to_num(), lse_a, o_b.float(), lse_b)
+    state_o = torch.full((2, 3, 12, 16), 7.0, device=DEVICE)
+    state_lse = torch.full((2, 3, 12), 7.0, device=DEVICE)
+    state_o[:, :, 1:10], state_lse[:, :, 1:10] = o_a, lse_a
+    merge_pair_into(state_o[:, :, 1:10], state_lse[:, :, 1:10], o_b, lse_b)
+    torch.testing.assert_close(state_o[:, :, 1:10], want_o, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(state_lse[:, :, 1:10], want_lse, rtol=1e-6, atol=1e-6)
+    assert (state_o[:, :, [0, 10, 11]] == 7).all() and (state_lse[:, :, [0, 10, 11]] == 7).all()
+    assert torch.isneginf(state_lse[0, 1, 3:5]).all() and (state_o[0, 1, 3:5] == 0).all()
+
+
 def test_bad_input_names_the_argument():
     o = torch.randn(1, 2, 3, 16, device=DEVICE)
     lse = torch.randn(1, 2, 3, device=DEVICE)

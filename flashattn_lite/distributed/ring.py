@@ -7,8 +7,8 @@ compute). Everything here is scheduling and communication; the math is the packa
 
 - forward: each (query slice, key slice) piece is ``attention_core(..., return_lse=True)`` with
   the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
-  and the softcap, and the partial (o, lse) are combined with ``merge_attention_states`` into a
-  float32 accumulator; sinks enter once at the end, as one more term of each row's denominator;
+  and the softcap, and the partial (o, lse) are merged in place into a float32 accumulator
+  (``merge_pair_into``, the pair merge's in-place form); sinks enter once at the end, as one more term of each row's denominator;
 - backward: FlashAttention-2's recomputation P = exp(S − lse) is exact for one key block when
   given the *global* o and lse (δ = rowsum(dO∘O) − dlse is a property of the query row, not of
   the block), so each piece is the attention backward (``_backward_impl``) with the global o and
@@ -30,7 +30,7 @@ from .._runtime import runs_triton
 from ..merge import add_sink_torch
 from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _variant, attention_core
 from ..ops.attention_bwd import sinks_grad
-from ..ops.merge_states import merge_attention_states, merge_pair_launch
+from ..ops.merge_states import merge_pair_into
 from ._group import Group, agree, describe
 from .sharding import check_layout, runs
 
@@ -203,21 +203,6 @@ def _piece_options(p: Piece, softcap: float) -> dict:
     return dict(causal=p.causal, causal_offset=p.offset, window=window, softcap=softcap or None)
 
 
-def _merge_into(out: torch.Tensor, lse: torch.Tensor, o_p: torch.Tensor, lse_p: torch.Tensor) -> None:
-    """Merge a piece's (o_p, lse_p) into the float32 accumulator views (out, lse), in place. The
-    kernel reads o_p in its own dtype and each element of ``out`` once before writing it (a row's
-    ``out`` is not read while its lse is −inf); the merged lse goes through a new tensor, since
-    the kernel's programs over a row's D blocks all read the old one."""
-    if runs_triton(out):
-        merged_lse = torch.empty_like(lse)
-        merge_pair_launch(out, lse, o_p, lse_p, out, merged_lse)
-        lse.copy_(merged_lse)
-    else:
-        o_m, lse_m = merge_attention_states(out, lse, o_p.float(), lse_p)
-        out.copy_(o_m)
-        lse.copy_(lse_m)
-
-
 def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps):
     """(o, lse) of this rank's queries over the whole sequence (and the sinks). ``ring`` has
     ``shift(tensor)`` (see ``_group.Group``); ``steps`` is ``schedule(...)``."""
@@ -233,7 +218,7 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps):
         for p in pieces:
             o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], k_blk[:, :, p.k0:p.k1], v_blk[:, :, p.k0:p.k1],
                                         scale=scale, return_lse=True, **_piece_options(p, softcap))
-            _merge_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
+            merge_pair_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
         if incoming is not None:
             kv = incoming.wait()
     if sinks is not None:  # one more term of each row's denominator, with no value

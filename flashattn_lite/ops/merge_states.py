@@ -200,6 +200,23 @@ def _empty_to_zero(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, o.float())
 
 
+def merge_pair_into(o: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> None:
+    """(o, lse) ← the merge of (o, lse) and (o_b, lse_b), in place, without autograd: for a loop
+    that merges many parts into one accumulator (ring attention's forward keeps o in float32 and
+    merges each piece's 16-bit output). o_b may be in any float dtype; empty parts (lse −inf) as in
+    ``merge_attention_states``. The kernel reads each element of ``o`` once before writing it; the
+    merged lse goes through a new tensor, since the programs over a row's D blocks all read the
+    old one."""
+    if runs_triton(o):
+        merged_lse = torch.empty_like(lse)
+        merge_pair_launch(o, lse, o_b, lse_b, o, merged_lse)
+        lse.copy_(merged_lse)
+    else:
+        o_m, lse_m = merge_states_torch(_empty_to_zero(o, lse), lse, _empty_to_zero(o_b, lse_b), lse_b)
+        o.copy_(o_m)
+        lse.copy_(lse_m)
+
+
 # ------------------------------------------------------------------ autograd
 
 def _merge_backward(o_parts, lse_parts, o, lse, do, dlse):
