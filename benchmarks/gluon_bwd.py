@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hopper_bwd import flops, grad_diffs, portable_backward, time_sdpa  # noqa: E402
 from hopper_fwd import Budget, argument_parser, inputs, measure, portable_forward, sweep, time_configs  # noqa: E402
 
+from flashattn_lite.bench import common  # noqa: E402
 from flashattn_lite.ops import attention_bwd_gluon as glu  # noqa: E402
 from flashattn_lite.ops import attention_bwd_hopper as hopper  # noqa: E402
 
@@ -47,18 +48,6 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="also one call of the default config under torch.profiler: each kernel's device µs")
     return p.parse_args(argv)
-
-
-def kernel_us(fn) -> dict:
-    """Each CUDA kernel's device time (µs) over one call of ``fn``: the backward's row statistics,
-    main kernel and dQ conversion apart (their launches and gaps are not in the sum)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()  # compiled and warm
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.key: round(e.self_device_time_total, 1) for e in prof.key_averages() if e.self_device_time_total > 0}
 
 
 def run_point(d, causal, n, configs, budget, rep_ms, sdpa, profile=False) -> dict:
@@ -106,11 +95,12 @@ def run_point(d, causal, n, configs, budget, rep_ms, sdpa, profile=False) -> dic
         time_sdpa(point, q, k, v, do, refs, budget, rep_ms)
     if profile:
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        point["profile_us"] = kernel_us(lambda: run(glu.default_config(d, causal, n)))
+        point["profile_us"] = common.kernel_times_us(lambda: run(glu.default_config(d, causal, n)))
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             o_cudnn = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
-        point["profile_cudnn_us"] = kernel_us(lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True))
+        point["profile_cudnn_us"] = common.kernel_times_us(
+            lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True))
         print(f"  kernels, µs (one call): ours {point['profile_us']}; cuDNN {point['profile_cudnn_us']}", flush=True)
     return point
 

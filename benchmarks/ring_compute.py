@@ -41,19 +41,6 @@ def _ms(fn, device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def _print_kernels(name, fn, device) -> None:
-    """One call of ``fn`` under torch.profiler: its 12 costliest kernels (device time) and their total."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(f"-- {name}: one call's kernels", flush=True)
-    print(prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=60), flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the JSON")
@@ -113,8 +100,9 @@ def main():
               f"attention(n) {ms['attention']:.1f} ms ({row['attention_tflops']:.0f}); "
               f"efficiency {row['efficiency']:.3f}", flush=True)
         if args.profile:
-            for name, fn in methods.items():
-                _print_kernels(name, fn, device)
+            for name, fn in methods.items():  # one call's 12 costliest kernels
+                top = list(common.kernel_times_us(fn, device).items())[:12]
+                print(f"-- {name}: " + ", ".join(f"{k[:60]} {t:.0f} µs" for k, t in top), flush=True)
         del inputs, methods
     path = common.write_json(args.out, "ring_compute", rows, batch=b, heads=hq, kv_heads=hkv, head_dim=d,
                              dtype=str(dtype).replace("torch.", ""), causal=True, rounds=args.rounds,

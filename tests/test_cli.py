@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import run_cli
 from flashattn_lite import cli
@@ -146,6 +147,23 @@ def test_speed_rounds_time_the_methods_in_turn(tmp_path, capsys, torch_cpu_path,
     assert common.rotated_rounds("ab", 3) == [list("ab"), list("ba"), list("ab")] and common.rotated_rounds("", 2) == []
     status, _, err = run_cli(TINY_SPEED + ["--rounds", "0"], capsys)
     assert status == 2 and "--rounds" in err
+
+
+def test_kernel_times_lists_one_calls_ops_costliest_first():
+    # The benchmarks' profile of one call (gluon_bwd.py and ring_compute.py --profile): each op
+    # of the call with its time, costliest first; the warm call before it is not counted.
+    import torch
+    calls = []
+
+    def fn():
+        calls.append(1)
+        x = torch.randn(64, 64)
+        return (x @ x).exp().sum()
+
+    times = common.kernel_times_us(fn, "cpu")
+    assert len(calls) == 2 and times and all(t > 0 for t in times.values())
+    assert any("mm" in name for name in times)
+    assert list(times.values()) == sorted(times.values(), reverse=True)
 
 
 def test_speed_writes_tflops(tmp_path, capsys, torch_cpu_path):

@@ -110,6 +110,22 @@ def time_ms_graph(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: fl
 H100_L2_BYTES = 50 * 2 ** 20
 
 
+def kernel_times_us(fn: Callable[[], object], device: torch.device | str = "cuda") -> dict[str, float]:
+    """Each kernel's device time (µs) over one call of ``fn``, after one warm call (torch.profiler),
+    costliest first: where a call's time goes, kernel by kernel (launch gaps are not in it). Off
+    the GPU, each op's CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        sync()
+    times = {e.key: e.self_device_time_total if cuda else e.self_cpu_time_total for e in prof.key_averages()}
+    return {k: round(t, 1) for k, t in sorted(times.items(), key=lambda kv: -kv[1]) if t > 0}
+
+
 def l2_cache_bytes() -> int:
     """The current CUDA device's L2 size in bytes (the H100's without CUDA or where torch does not say)."""
     if torch.cuda.is_available():
