@@ -10,7 +10,8 @@ A change that should not alter the result must give the same hashes: dK and dV f
 is left out: its fp32 reduce-adds land in any order), O and the lse for the forward. bf16, B·N 16k
 tokens, hidden 2048, random inputs (seeded); also fp16 and the options (softcap, ALiBi, a window,
 sinks) on a GQA shape with odd lengths, hashed only. Both time all twelve points of the table (d 64 and 128,
-causal or not, 2k/8k/16k), the forward also causal 4k.
+causal or not, 2k/8k/16k), the forward also causal 4k, and both the 8k points with GQA 4:1 (``-gqa4``: a
+quarter of the K/V heads, as Llama 3's).
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ FORWARD_POINTS = TABLE_POINTS + [(64, True, 4096), (128, True, 4096)]
 OPTIONS = [("fp16", torch.float16, {}), ("softcap", torch.bfloat16, {"softcap": 30.0}),
            ("alibi", torch.bfloat16, {"alibi": True}),
            ("window", torch.bfloat16, {"left": 300}), ("sinks", torch.bfloat16, {"sinks": True})]
+GQA_POINTS = [(d, causal, 8192) for d in (64, 128) for causal in (False, True)]
+GQA = 4  # query heads per K/V head at GQA_POINTS
 TIMED_OPTIONS = [("softcap", {"softcap": 50.0}), ("alibi", {"alibi": True}), ("window4k", {"left": 4096})]
 
 
@@ -50,18 +53,25 @@ def grad_hash(*tensors) -> str:
     return hashlib.sha1(b"".join(t.float().cpu().numpy().tobytes() for t in tensors)).hexdigest()[:12]
 
 
+def _point(d: int, causal: bool, n: int, group: int, tensors: int):
+    """The name of a timed point and its random bf16 inputs: q (and dO, ``tensors`` 4), then k and v with
+    H / ``group`` heads; B·N 16k tokens, hidden 2048."""
+    B, H = 16384 // n, 2048 // d
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(B, H, n, d), (B, H // group, n, d), (B, H // group, n, d), (B, H, n, d)][:tensors]
+    name = f"d{d}-{'causal' if causal else 'full'}-{n}" + (f"-gqa{group}" if group > 1 else "")
+    return name, [torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g) for s in shapes]
+
+
 def forward_pass(rep_ms: float) -> dict:
-    """``--pass forward``: the Gluon forward at FORWARD_POINTS and with each option."""
+    """``--pass forward``: the Gluon forward at FORWARD_POINTS, GQA_POINTS and with each option."""
     out = {}
-    for d, causal, n in FORWARD_POINTS:
-        B, H = 16384 // n, 2048 // d
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for d, causal, n, group in [p + (1,) for p in FORWARD_POINTS] + [p + (GQA,) for p in GQA_POINTS]:
+        name, (q, k, v) = _point(d, causal, n, group, 3)
 
         def forward():
             return gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal)
-        out[f"d{d}-{'causal' if causal else 'full'}-{n}"] = {"ms": time_ms(forward, rep_ms=rep_ms),
-                                                             "hash": grad_hash(*forward())}
+        out[name] = {"ms": time_ms(forward, rep_ms=rep_ms), "hash": grad_hash(*forward())}
     for name, dtype, opts in OPTIONS:
         g = torch.Generator(device="cuda").manual_seed(1)
         q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=g)
@@ -80,19 +90,16 @@ def forward_pass(rep_ms: float) -> dict:
 
 
 def backward_pass(rep_ms: float) -> dict:
-    """The Gluon backward at BACKWARD_POINTS and with each option."""
+    """The Gluon backward at BACKWARD_POINTS, GQA_POINTS and with each option."""
     out = {}
-    for d, causal, n in BACKWARD_POINTS:
-        B, H = 16384 // n, 2048 // d
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    for d, causal, n, group in [p + (1,) for p in BACKWARD_POINTS] + [p + (GQA,) for p in GQA_POINTS]:
+        name, (q, k, v, do) = _point(d, causal, n, group, 4)
         o, lse = gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal)
 
         def backward():
             return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=d ** -0.5, causal=causal)
         dk, dv = backward()[1:3]
-        out[f"d{d}-{'causal' if causal else 'full'}-{n}"] = {"ms": time_ms(backward, rep_ms=rep_ms),
-                                                             "hash": grad_hash(dk, dv)}
+        out[name] = {"ms": time_ms(backward, rep_ms=rep_ms), "hash": grad_hash(dk, dv)}
     for name, dtype, opts in OPTIONS:
         g = torch.Generator(device="cuda").manual_seed(1)
         q, do = (torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
