@@ -283,6 +283,48 @@ def test_spread_staging_covers_the_banks_once():
 # CPU: the kernel's schedule, modelled in float64
 # ---------------------------------------------------------------------------------------------
 
+@triton.jit
+def _banded_key_tile_kernel(out, n_key_tiles, band):
+    pid = tl.program_id(0)
+    bh, tile = gluon_bwd.banded_key_tile(pid, tl.num_programs(0), n_key_tiles, band)
+    tl.store(out + 2 * pid, bh)
+    tl.store(out + 2 * pid + 1, tile)
+
+
+@pytest.mark.parametrize("n_heads, n_key_tiles, band", [(3, 7, 2), (5, 16, 4), (2, 9, 9), (4, 1, 1), (3, 10, 3),
+                                                        (1, 5, 8)])
+def test_banded_key_tile_order(n_heads, n_key_tiles, band):
+    # The kernel's program → (head, key tile) map, run by the interpreter (or the GPU): every pair
+    # exactly once; band 0 of every head before band 1, a head's tiles of a band on consecutive
+    # programs, heaviest (lowest) tile first; a band as wide as the head is the head-major order.
+    grid = n_heads * n_key_tiles
+    out = torch.full((grid, 2), -1, dtype=torch.int32, device=DEVICE)
+    _banded_key_tile_kernel[(grid,)](out, n_key_tiles, band)
+    got = [tuple(x) for x in out.cpu().tolist()]
+    want = [(h, t) for start in range(0, n_key_tiles, band) for h in range(n_heads)
+            for t in range(start, min(start + band, n_key_tiles))]
+    assert got == want
+    if band >= n_key_tiles:
+        assert got == [(h, t) for h in range(n_heads) for t in range(n_key_tiles)]
+
+
+@pytest.mark.parametrize("n_k, causal, window", [(1037, True, None), (1037, False, None), (4097, True, (300, 0))])
+def test_launch_plan_band(monkeypatch, n_k, causal, window):
+    # The band comes from key_tile_band for dense causal launches only; every other launch gets the
+    # whole head (the head-major order; the kernel reads it only under causal).
+    q = torch.zeros(2, 8, 1000, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, n_k, 64, dtype=torch.bfloat16)
+    asked = []
+    monkeypatch.setattr(gluon_bwd, "key_tile_band", lambda nt, nh, g: asked.append((nt, nh, g)) or 3)
+    variant = PLAIN if window is None else Variant(left=window[0], right=window[1])
+    plan = gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], causal, variant)
+    tiles = math.ceil(n_k / 128)
+    assert plan["band"] == (3 if causal else tiles)
+    assert asked == ([(tiles, 4, 4)] if causal else [])
+    plan = gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], causal, Variant(seq=SEQ_RANGES))
+    assert plan["band"] == tiles
+
+
 LOG2E = 1.4426950408889634
 
 
@@ -573,6 +615,19 @@ def test_backward_matches_reference_and_portable(shape, d, dtype, causal):
 def test_gqa_4_to_1():
     check_backward((1, 8, 2, 1000, 1000, 128), torch.bfloat16, True, None)
     check_backward((2, 8, 2, 333, 777, 64), torch.float16, False, None)
+
+
+@needs_gpu
+@pytest.mark.parametrize("band", [1, 2, 3, 100])
+@pytest.mark.parametrize("shape, dtype", [((3, 8, 2, 1000, 1037, 128), torch.bfloat16),
+                                          ((2, 4, 4, 777, 1500, 64), torch.float16)], ids=["d128-gqa4", "d64"])
+def test_causal_bands_match_reference(monkeypatch, shape, dtype, band):
+    # Every band width (narrower than a head, one not dividing its tiles, wider) against float64,
+    # and the band only reorders the programs: dK and dV bit-identical to the head-major order's.
+    head_major = check_backward(shape, dtype, True, None)
+    monkeypatch.setattr(gluon_bwd, "key_tile_band", lambda nt, nh, g: band)
+    ours = check_backward(shape, dtype, True, None)
+    assert torch.equal(ours[1], head_major[1]) and torch.equal(ours[2], head_major[2])
 
 
 @needs_gpu

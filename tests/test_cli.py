@@ -429,3 +429,16 @@ def test_ours_portable_turns_the_hopper_paths_off_for_the_whole_measurement():
     with runner.context():
         assert os.environ.get("FLASHATTN_LITE_HOPPER") == "0"
     assert os.environ.get("FLASHATTN_LITE_HOPPER") != "0"
+
+
+@pytest.mark.parametrize("argv, needle", [(["--out", ".", "--rep-ms", "0"], "--rep-ms"),
+                                          (["--out", ".", "--bands", "4,x"], "--bands"),
+                                          (["--out", ".", "--lengths", "0"], "--lengths"),
+                                          (["--out", ".", "--head-dims", "96"], "--head-dims"), ([], "--out")],
+                         ids=["rep-ms", "bands", "lengths", "head-dims", "no-out"])
+def test_bwd_band_rejects_bad_arguments(argv, needle, capsys):
+    # benchmarks/bwd_band.py (GPU): a bad argument is a usage error naming it, before any GPU work.
+    module = load_benchmark("bwd_band")
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err

@@ -239,6 +239,19 @@ def query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL: tl.constexpr, HA
 
 
 @triton.jit
+def banded_key_tile(pid, n_programs, n_key_tiles, band):
+    """(batch·KV head, key tile) of program ``pid`` of a dense causal grid: bands of ``band`` key tiles
+    (``key_tile_band``), band 0 (the heaviest tiles) of every head first, then band 1, and so on, a
+    head's tiles of a band on consecutive programs (they share its Q and dO in L2). A band as wide
+    as the head (``band`` = ``n_key_tiles``) is the head-major order."""
+    per_band = band * (n_programs // n_key_tiles)
+    band_start = pid // per_band * band
+    width = tl.minimum(band, n_key_tiles - band_start)  # the last band may be narrower
+    r = pid % per_band
+    return r // width, band_start + r % width
+
+
+@triton.jit
 def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, BLOCK_N: tl.constexpr,
                  SEQ: tl.constexpr):
     """The key tile of a ranges (``SEQ`` 1) or varlen (``SEQ`` 2) program: (b, start_n, q0, n_q, k0,
@@ -710,9 +723,9 @@ if _HAS_GLUON:
     # Lengths and the GQA group's position change from call to call: one binary for all of them.
     # (Ranges and varlen: the sequence bounds and dk, dv as pointers for the masked stores at a
     # sequence's end; all None for a dense batch, whose launch and code are as before.)
-    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "win_left", "win_right", "n_seq"])
+    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "win_left", "win_right", "n_seq"])
     def _attn_bwd_gluon_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-                               n_heads, n_kv_heads, n_q, n_k, win_left, win_right, qk_scale, sm_scale,
+                               n_heads, n_kv_heads, n_q, n_k, band, win_left, win_right, qk_scale, sm_scale,
                                alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                                q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq,
                                dk_ptr, dv_ptr, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -728,7 +741,7 @@ if _HAS_GLUON:
         # with one, the programs' ranges start apart already (and the rotation costs registers).
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)
         # Key tiles of one KV head on consecutive programs (they share its Q and dO in L2), the
-        # first tiles (under causal the heaviest) first.
+        # first tiles (under causal the heaviest) first; causal, in bands (``banded_key_tile``).
         pid = gl.program_id(0)
         q0 = 0
         k0 = 0
@@ -739,8 +752,11 @@ if _HAS_GLUON:
             tile = start_n // BLOCK_N
         else:
             n_key_tiles = gl.cdiv(n_k, BLOCK_N)
-            tile = pid % n_key_tiles
-            bh_kv = pid // n_key_tiles
+            if CAUSAL and SEQ == 0:
+                bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band)
+            else:
+                tile = pid % n_key_tiles
+                bh_kv = pid // n_key_tiles
             b = bh_kv // n_kv_heads
             h_kv = bh_kv % n_kv_heads
             start_n = tile * BLOCK_N
@@ -1087,6 +1103,12 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
     return None
 
 
+def key_tile_band(n_key_tiles: int, n_heads: int, group: int) -> int:
+    """Key tiles per band of a dense causal launch (``banded_key_tile``) of ``n_heads`` (batch, KV head)
+    pairs with ``group`` query heads each."""
+    return n_key_tiles
+
+
 def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> dict:
     """What the kernel launch is given, without launching (the CPU tests check it): the grid (one
     program per key tile of each (batch, KV head)), the constexprs (the option flags as the
@@ -1102,6 +1124,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
     seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
     return dict(
         grid=grid,
+        band=key_tile_band(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv) if causal and seq == SEQ_DENSE
+        else cdiv(Nk, cfg.block_n),
         constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1], **seq_ce,
                         GROUP=Hq // Hkv,
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
@@ -1166,7 +1190,7 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
             tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
             tma_descriptor(dk, box), tma_descriptor(dv, box),
-            Hq, Hkv, Nq, Nk, win_left, win_right, scale * LOG2E, scale, *options, *seq_options)
+            Hq, Hkv, Nq, Nk, plan["band"], win_left, win_right, scale * LOG2E, scale, *options, *seq_options)
     return plan["grid"], args, dict(**plan["constexprs"], num_warps=4)
 
 

@@ -1,0 +1,126 @@
+"""The Gluon backward's causal launch order: ms per call for each band of key tiles
+(``attention_bwd_gluon.key_tile_band``: band 0 of every head, then band 1, ...), MHA and GQA, with
+cuDNN's backward (SDPA, ``enable_gqa``) timed beside it, and the default's pick.
+
+    python benchmarks/bwd_band.py --out benchmarks/results
+    python benchmarks/bwd_band.py --bands 2,4,8 --lengths 2048,8192 --groups 1,4 --out DIR
+
+bf16, B·N 16k tokens, hidden 2048 (d 64: 32 query heads, d 128: 16), causal, random inputs. A band
+as wide as a head's key tiles (the row ``head``) is the head-major order. Each band's gradients are
+checked against the head-major order's (the same programs in another order: dK and dV bit-identical;
+dQ's fp32 adds land in another order). The output is one JSON file and a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
+
+from flashattn_lite.bench.common import time_ms  # noqa: E402
+from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
+from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
+
+DEFAULT_BAND = gluon_bwd.key_tile_band
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bands", type=_ints, default=[2, 4, 8, 16], help="band widths in key tiles (default 2,4,8,16)")
+    ap.add_argument("--lengths", type=_ints, default=[2048, 4096, 8192, 16384], help="N (default 2k,4k,8k,16k)")
+    ap.add_argument("--groups", type=_ints, default=[1, 4, 8], help="query heads per K/V head (default 1,4,8)")
+    ap.add_argument("--head-dims", type=_ints, default=[64, 128], help="d (default 64,128)")
+    ap.add_argument("--rep-ms", type=float, default=150, help="timed milliseconds per measurement (> 0)")
+    ap.add_argument("--out", required=True, help="folder of the JSON result")
+    args = ap.parse_args(argv)
+    if not args.rep_ms > 0:
+        ap.error(f"--rep-ms must be > 0, got {args.rep_ms}")
+    if any(d not in gluon_bwd.HEAD_DIMS for d in args.head_dims):
+        ap.error(f"--head-dims must be among {gluon_bwd.HEAD_DIMS}, got {args.head_dims}")
+    return args
+
+
+def cudnn_ms(q, k, v, do, rep_ms: float) -> float | None:
+    """cuDNN's backward alone (SDPA, ``enable_gqa``): one forward graph, ``autograd.grad`` rerun on it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    try:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+            return time_ms(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), rep_ms=rep_ms)
+    except RuntimeError:
+        return None
+
+
+def run_point(d: int, n: int, group: int, bands: list[int], rep_ms: float) -> dict:
+    B, H = max(1, 16384 // n), 2048 // d
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, do = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, H // group, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    scale = d ** -0.5
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, True)
+    cfg = gluon_bwd.default_config(d, True, n)
+    n_tiles = -(-n // cfg.block_n)
+
+    def backward():
+        return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True)
+
+    point = {"d": d, "n": n, "group": group, "batch": B, "heads": H, "key_tiles": n_tiles,
+             "default_band": DEFAULT_BAND(n_tiles, B * H // group, group), "bands": {}}
+    ref = None
+    for band in [n_tiles] + [b for b in bands if b < n_tiles]:
+        gluon_bwd.key_tile_band = lambda nt, nh, grp, band=band: band
+        try:
+            dq, dk, dv = backward()
+            if ref is None:
+                ref = (dq, dk, dv)
+            same = bool(torch.equal(dk, ref[1]) and torch.equal(dv, ref[2]))
+            dq_rel = ((dq.float() - ref[0].float()).norm() / ref[0].float().norm()).item()
+            point["bands"][str(band)] = {"ms": time_ms(backward, rep_ms=rep_ms), "dkdv_equal": same, "dq_rel": dq_rel}
+        finally:
+            gluon_bwd.key_tile_band = DEFAULT_BAND
+    point["default_ms"] = time_ms(backward, rep_ms=rep_ms)
+    point["cudnn_ms"] = cudnn_ms(q, k, v, do, rep_ms)
+    return point
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    assert torch.cuda.is_available(), "bwd_band times the Gluon backward: a GPU is needed"
+    points = []
+    for d in args.head_dims:
+        for group in args.groups:
+            for n in args.lengths:
+                p = run_point(d, n, group, args.bands, args.rep_ms)
+                points.append(p)
+                head = p["bands"][str(p["key_tiles"])]["ms"]
+                cells = " ".join(f"b{b}:{r['ms']:.3f}({head / r['ms'] - 1:+.1%}){'' if r['dkdv_equal'] else '!'}"
+                                 for b, r in p["bands"].items() if b != str(p["key_tiles"]))
+                cud = f"{p['cudnn_ms']:.3f}" if p["cudnn_ms"] else "-"
+                print(f"d{d} g{group} {n:>5}  head {head:.3f}  {cells}  default(b{p['default_band']}) "
+                      f"{p['default_ms']:.3f}  cudnn {cud}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"bwd_band-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"benchmark": "bwd_band", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                "command": " ".join(sys.argv), "points": points}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
