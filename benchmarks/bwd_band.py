@@ -80,10 +80,11 @@ def run_point(d: int, n: int, group: int, bands: list[int], rep_ms: float) -> di
         return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True)
 
     point = {"d": d, "n": n, "group": group, "batch": B, "heads": H, "key_tiles": n_tiles,
-             "default_band": DEFAULT_BAND(n_tiles, B * H // group, group), "bands": {}}
+             "default_band": DEFAULT_BAND(n_tiles, B * H // group, group, gluon_bwd.gpu_sm_count(q.device)),
+             "bands": {}}
     ref = None
     for band in [n_tiles] + [b for b in bands if b < n_tiles]:
-        gluon_bwd.key_tile_band = lambda nt, nh, grp, band=band: band
+        gluon_bwd.key_tile_band = lambda *shape, band=band: band
         try:
             dq, dk, dv = backward()
             if ref is None:

@@ -87,6 +87,8 @@ Gluon kernels do not run in the Triton interpreter.
 """
 from __future__ import annotations
 
+import functools
+import heapq
 import warnings
 from typing import NamedTuple
 
@@ -100,7 +102,7 @@ from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
                             seq_args)
-from .attention_fwd_gluon import tma_descriptor, window_flags
+from .attention_fwd_gluon import gpu_sm_count, tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -1103,10 +1105,40 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
     return None
 
 
-def key_tile_band(n_key_tiles: int, n_heads: int, group: int) -> int:
+# A causal key tile's steps fall linearly from the first tile's to the last's, so in the head-major
+# order the last heads' heaviest tiles start late and run alone. Bands of NARROW_BAND tiles (every
+# head's heaviest first) remove that tail, but spread the programs running at once over more heads,
+# so fewer share a head's Q, dO and dQ rows in L2: measured (H200, ``bwd_band-20261129-030431.json``)
+# they lose 1–5% wherever the modelled tail is small (MHA; N 16k) and gain 3–22% where it is large
+# (GQA 4 and 8 below 16k). They are taken where the model says they end the launch ≥ BAND_GAIN sooner.
+NARROW_BAND = 2
+BAND_GAIN = 1.08
+PROGRAM_STEPS = 2.3  # a program's fixed cost (K/V load, epilogue) in steps (fit of 2k and 16k, NOTES)
+
+
+def _modelled_end(n_key_tiles: int, n_heads: int, group: int, band: int, sms: int) -> float:
+    """When a dense causal launch ends, in steps, if each SM takes the next program as it frees (a
+    list schedule in launch order; the programs as ``banded_key_tile`` orders them, each costing its
+    steps — GQA group × visible 64-row query tiles — plus PROGRAM_STEPS)."""
+    ends = [0.0] * sms
+    for first in range(0, n_key_tiles, band):
+        tiles = range(first, min(first + band, n_key_tiles))
+        for _ in range(n_heads):
+            for t in tiles:
+                heapq.heapreplace(ends, ends[0] + PROGRAM_STEPS + group * 2 * (n_key_tiles - t))
+    return max(ends)
+
+
+@functools.lru_cache(maxsize=256)
+def key_tile_band(n_key_tiles: int, n_heads: int, group: int, sms: int = 132) -> int:
     """Key tiles per band of a dense causal launch (``banded_key_tile``) of ``n_heads`` (batch, KV head)
-    pairs with ``group`` query heads each."""
-    return n_key_tiles
+    pairs with ``group`` query heads each on ``sms`` SMs: NARROW_BAND where the model
+    (``_modelled_end``) says the head-major order's tail costs ≥ BAND_GAIN, else the whole head."""
+    if n_key_tiles * n_heads > 32 * sms:  # a heaviest program under 1/16 of an SM's share: no tail to cut
+        return n_key_tiles
+    head_major = _modelled_end(n_key_tiles, n_heads, group, n_key_tiles, sms)
+    narrow = _modelled_end(n_key_tiles, n_heads, group, NARROW_BAND, sms)
+    return NARROW_BAND if head_major >= BAND_GAIN * narrow else n_key_tiles
 
 
 def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> dict:
@@ -1124,8 +1156,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
     seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
     return dict(
         grid=grid,
-        band=key_tile_band(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv) if causal and seq == SEQ_DENSE
-        else cdiv(Nk, cfg.block_n),
+        band=(key_tile_band(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv, gpu_sm_count(q.device))
+              if causal and seq == SEQ_DENSE else cdiv(Nk, cfg.block_n)),
         constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1], **seq_ce,
                         GROUP=Hq // Hkv,
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),

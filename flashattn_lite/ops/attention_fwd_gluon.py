@@ -1223,7 +1223,8 @@ DEFAULT_SMS = 132
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
+def gpu_sm_count(device: torch.device) -> int:
+    """SMs of ``device``; off the GPU the H100's (the launch rules then plan for it)."""
     if device.type != "cuda":
         return DEFAULT_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -1267,7 +1268,7 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         kwargs["SEQ"] = seq
     if cfg.persistent:
         # The grid above's tiles, in ``persistent_tile``'s order.
-        grid = (min(grid[0], sms or _sm_count(q.device)),)
+        grid = (min(grid[0], sms or gpu_sm_count(q.device)),)
         kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D), V_STAGES=cfg.v_stages or cfg.stages)
     return grid, args, kwargs
 
