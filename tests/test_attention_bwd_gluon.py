@@ -331,10 +331,12 @@ def test_modelled_end_of_a_launch():
     assert gluon_bwd._modelled_end(64, 8, 4, 2, 132) < gluon_bwd._modelled_end(64, 8, 4, 64, 132) / 1.15
 
 
-@pytest.mark.parametrize("n_k, causal, window", [(1037, True, None), (1037, False, None), (4097, True, (300, 0))])
+@pytest.mark.parametrize("n_k, causal, window", [(1037, True, None), (1037, False, None), (4097, True, (300, 0)),
+                                                 (4097, True, (-1, 0))])
 def test_launch_plan_band(monkeypatch, n_k, causal, window):
-    # The band comes from key_tile_band for dense causal launches only; every other launch gets the
-    # whole head (the head-major order; the kernel reads it only under causal).
+    # The band comes from key_tile_band for dense causal launches without a window's left side (whose
+    # tiles cost what its model says) only; every other launch gets the whole head (the head-major
+    # order; the kernel reads the band only under causal).
     q = torch.zeros(2, 8, 1000, 64, dtype=torch.bfloat16)
     k = torch.zeros(2, 2, n_k, 64, dtype=torch.bfloat16)
     asked = []
@@ -342,8 +344,9 @@ def test_launch_plan_band(monkeypatch, n_k, causal, window):
     variant = PLAIN if window is None else Variant(left=window[0], right=window[1])
     plan = gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], causal, variant)
     tiles = math.ceil(n_k / 128)
-    assert plan["band"] == (3 if causal else tiles)
-    assert asked == ([(tiles, 4, 4, 132)] if causal else [])
+    triangular = causal and (window is None or window[0] < 0)
+    assert plan["band"] == (3 if triangular else tiles)
+    assert asked == ([(tiles, 4, 4, 132)] if triangular else [])
     plan = gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], causal, Variant(seq=SEQ_RANGES))
     assert plan["band"] == tiles
 

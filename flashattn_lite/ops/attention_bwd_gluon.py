@@ -54,10 +54,10 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   the key tile's index, so the programs of one head reduce-add into different dQ rows at a time.
 * Launch order: a head's key tiles on consecutive programs, heaviest first (they share its Q, dO
   and dQ rows in L2). Under causal a key tile's steps fall linearly with its index, so in that order
-  the last heads' heaviest tiles start late and run alone; a dense causal launch whose tail a
-  list-schedule model puts at ≥ 8% (GQA 4 and 8 below N 16k) is ordered in bands of 2 key tiles
-  instead, every head's band 0 first (``key_tile_band``, ``banded_key_tile``): +3 to +22% there,
-  measured; elsewhere the narrower bands lose 1–10% to L2 and are not taken.
+  the last heads' heaviest tiles start late and run alone. A dense causal launch (no window's left
+  side) whose tail a list-schedule model puts at ≥ 8% (GQA 4 and 8 below N 16k) is ordered in
+  bands of 2 key tiles instead, every head's band 0 first (``key_tile_band``, ``banded_key_tile``):
+  +3 to +22% there, measured; elsewhere the narrower bands lose 1–10% to L2 and are not taken.
 * Sliding windows (FlashAttention-2's: key j visible to query i iff i + off − left ≤ j ≤
   i + off + right, off = Nk − Nq, a side −1 unbounded, causal capping right at 0; the forward's
   ``window_flags``): ``HAS_LEFT`` / ``HAS_RIGHT`` constexprs, the sides runtime ints (one binary for
@@ -1147,11 +1147,19 @@ def key_tile_band(n_key_tiles: int, n_heads: int, group: int, sms: int = 132) ->
     return NARROW_BAND if head_major >= BAND_GAIN * narrow else n_key_tiles
 
 
+def _triangular(causal: bool, variant) -> bool:
+    """Whether a launch's key tiles cost what ``key_tile_band``'s model says: a dense causal batch
+    without a window's left side (with one, every tile sees about the window's rows)."""
+    return causal and (variant is None or (variant.seq == SEQ_DENSE and not window_flags(variant, causal)[0]))
+
+
 def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> dict:
     """What the kernel launch is given, without launching (the CPU tests check it): the grid (one
     program per key tile of each (batch, KV head)), the constexprs (the option flags as the
     portable kernels set them, ``score_args``; all off for a plain call or sinks only), the padded
-    lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``)."""
+    lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``), and the band of key
+    tiles of the launch order (``key_tile_band``; a head's tile count, the head-major order, for
+    every launch but a dense causal one without a window's left side)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     seq = SEQ_DENSE if variant is None else variant.seq
@@ -1163,7 +1171,7 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> di
     return dict(
         grid=grid,
         band=(key_tile_band(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv, gpu_sm_count(q.device))
-              if causal and seq == SEQ_DENSE else cdiv(Nk, cfg.block_n)),
+              if _triangular(causal, variant) else cdiv(Nk, cfg.block_n)),
         constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1], **seq_ce,
                         GROUP=Hq // Hkv,
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
