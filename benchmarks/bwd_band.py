@@ -60,7 +60,8 @@ def cudnn_ms(q, k, v, do, rep_ms: float) -> float | None:
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     try:
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True,
+                                                                 enable_gqa=k.shape[1] != q.shape[1])
             return time_ms(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), rep_ms=rep_ms)
     except RuntimeError:
         return None
@@ -117,8 +118,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bwd_band-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"benchmark": "bwd_band", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                "command": " ".join(sys.argv), "points": points}, indent=1))
+    path.write_text(json.dumps({"benchmark": "bwd_band", "gpu": torch.cuda.get_device_name(),
+                                "torch": torch.__version__, "command": " ".join(sys.argv), "points": points}, indent=1))
     print(f"wrote {path}")
     return 0
 
