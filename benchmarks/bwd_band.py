@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
+from flashattn_lite.bench import peers  # noqa: E402
 from flashattn_lite.bench.common import time_ms  # noqa: E402
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
@@ -55,16 +56,18 @@ def parse_args(argv=None):
 
 
 def cudnn_ms(q, k, v, do, rep_ms: float) -> float | None:
-    """cuDNN's backward alone (SDPA, ``enable_gqa``): one forward graph, ``autograd.grad`` rerun on it."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    try:
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True,
-                                                                 enable_gqa=k.shape[1] != q.shape[1])
-            return time_ms(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), rep_ms=rep_ms)
-    except RuntimeError:
+    """cuDNN's backward alone, as ``flashattn-lite speed`` times it (its ``sdpa-cudnn`` peer, GQA by
+    ``enable_gqa`` where cuDNN takes it), or None where it does not run here."""
+    B, H, n, d = q.shape
+    problem = peers.Problem(B, H, k.shape[1], n, d, q.dtype, True, "cuda")
+    peer = peers.PEERS["sdpa-cudnn"]
+    reason, way = peer.check(problem)
+    if reason is not None:
         return None
+    runner = peer.build(problem, way)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with runner.context():
+        return time_ms(peers.timed_callable(runner, *leaves, do, "bwd"), rep_ms=rep_ms)
 
 
 def run_point(d: int, n: int, group: int, bands: list[int], rep_ms: float) -> dict:
