@@ -83,14 +83,13 @@ than 3.6 (whose Gluon API this is written against) or without CUDA, the module i
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .._runtime import cdiv
+from .._runtime import cdiv, sm_count
 from ..merge import LOG2E, add_sink
 
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
@@ -1222,12 +1221,12 @@ def _option_args(variant: Variant, q: torch.Tensor, scale: float, causal: bool =
 DEFAULT_SMS = 132
 
 
-@functools.lru_cache(maxsize=None)
 def gpu_sm_count(device: torch.device) -> int:
-    """SMs of ``device``; off the GPU the H100's (the launch rules then plan for it)."""
+    """SMs of ``device`` (``_runtime.sm_count``); off the GPU the H100's, where the launch rules then
+    plan for it (the interpreter's small count is for the portable kernels' grids)."""
     if device.type != "cuda":
         return DEFAULT_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: Variant = PLAIN,
