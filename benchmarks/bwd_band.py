@@ -1,14 +1,16 @@
-"""The Gluon backward's causal launch order: ms per call for each band of key tiles
-(``attention_bwd_gluon.key_tile_band``: band 0 of every head, then band 1, ...), MHA and GQA, with
-cuDNN's backward (SDPA, ``enable_gqa``) timed beside it, and the default's pick.
+"""The Gluon backward's causal launch order: ms per call for each band of key tiles and number of
+banded heads (``attention_bwd_gluon.launch_order``: the last heads' band 0, then band 1, ...), MHA
+and GQA, with cuDNN's backward (SDPA, ``enable_gqa``) timed beside it, and the default's pick.
 
     python benchmarks/bwd_band.py --out benchmarks/results
     python benchmarks/bwd_band.py --bands 2,4,8 --lengths 2048,8192 --groups 1,4 --out DIR
 
-bf16, B·N 16k tokens, hidden 2048 (d 64: 32 query heads, d 128: 16), causal, random inputs. A band
-as wide as a head's key tiles (the row ``head``) is the head-major order. Each band's gradients are
-checked against the head-major order's (the same programs in another order: dK and dV bit-identical;
-dQ's fp32 adds land in another order). The output is one JSON file and a table.
+bf16, B·N 16k tokens, hidden 2048 (d 64: 32 query heads, d 128: 16), causal, random inputs. Each
+``--bands`` width with every head banded, and bands of 2 on the last one, two and four waves' worth
+of heads (``b2h<heads>``); ``head`` is the head-major order. Each band's gradients are
+checked against the head-major order's (the same programs in another order: dK and dV bit-identical
+but where a GQA launch is split over query heads, ``"split"``, whose dK, dV float32 sums, like dQ's,
+take their adds in another order). The output is one JSON file and a table.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from flashattn_lite.bench.common import time_ms  # noqa: E402
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 
-DEFAULT_BAND = gluon_bwd.key_tile_band
+DEFAULT_ORDER = gluon_bwd.launch_order
 
 
 def _ints(text: str) -> list[int]:
@@ -83,21 +85,27 @@ def run_point(d: int, n: int, group: int, bands: list[int], rep_ms: float) -> di
     def backward():
         return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True)
 
-    point = {"d": d, "n": n, "group": group, "batch": B, "heads": H, "key_tiles": n_tiles,
-             "default_band": DEFAULT_BAND(n_tiles, B * H // group, group, gluon_bwd.gpu_sm_count(q.device)),
-             "bands": {}}
+    share = gluon_bwd.group_split(q, k, True, None, cfg)  # a split group: one program per query head
+    heads, walked = B * H // group * share, group // share  # the launch's heads, the group a program walks
+    point = {"d": d, "n": n, "group": group, "batch": B, "heads": H, "key_tiles": n_tiles, "split": share > 1,
+             "default_order": DEFAULT_ORDER(n_tiles, heads, walked, gluon_bwd.gpu_sm_count(q.device)),
+             "orders": {}}
     ref = None
-    for band in [n_tiles] + [b for b in bands if b < n_tiles]:
-        gluon_bwd.key_tile_band = lambda *shape, band=band: band
+    wave = -(-gluon_bwd.gpu_sm_count(q.device) // n_tiles)
+    orders = [(n_tiles, 0)] + [(b, heads) for b in bands if b < n_tiles]
+    orders += [(2, k * wave) for k in (1, 2, 4) if k * wave < heads]
+    for band, banded in orders:
+        gluon_bwd.launch_order = lambda *shape, order=(band, banded): order
         try:
             dq, dk, dv = backward()
             if ref is None:
                 ref = (dq, dk, dv)
             same = bool(torch.equal(dk, ref[1]) and torch.equal(dv, ref[2]))
             dq_rel = ((dq.float() - ref[0].float()).norm() / ref[0].float().norm()).item()
-            point["bands"][str(band)] = {"ms": time_ms(backward, rep_ms=rep_ms), "dkdv_equal": same, "dq_rel": dq_rel}
+            name = "head" if banded == 0 else f"b{band}h{banded}"
+            point["orders"][name] = {"ms": time_ms(backward, rep_ms=rep_ms), "dkdv_equal": same, "dq_rel": dq_rel}
         finally:
-            gluon_bwd.key_tile_band = DEFAULT_BAND
+            gluon_bwd.launch_order = DEFAULT_ORDER
     point["default_ms"] = time_ms(backward, rep_ms=rep_ms)
     point["cudnn_ms"] = cudnn_ms(q, k, v, do, rep_ms)
     return point
@@ -112,11 +120,11 @@ def main(argv=None) -> int:
             for n in args.lengths:
                 p = run_point(d, n, group, args.bands, args.rep_ms)
                 points.append(p)
-                head = p["bands"][str(p["key_tiles"])]["ms"]
-                cells = " ".join(f"b{b}:{r['ms']:.3f}({head / r['ms'] - 1:+.1%}){'' if r['dkdv_equal'] else '!'}"
-                                 for b, r in p["bands"].items() if b != str(p["key_tiles"]))
+                head = p["orders"]["head"]["ms"]
+                cells = " ".join(f"{o}:{r['ms']:.3f}({head / r['ms'] - 1:+.1%}){'' if r['dkdv_equal'] else '!'}"
+                                 for o, r in p["orders"].items() if o != "head")
                 cud = f"{p['cudnn_ms']:.3f}" if p["cudnn_ms"] else "-"
-                print(f"d{d} g{group} {n:>5}  head {head:.3f}  {cells}  default(b{p['default_band']}) "
+                print(f"d{d} g{group} {n:>5}  head {head:.3f}  {cells}  default{tuple(p['default_order'])} "
                       f"{p['default_ms']:.3f}  cudnn {cud}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

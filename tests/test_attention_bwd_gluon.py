@@ -284,41 +284,49 @@ def test_spread_staging_covers_the_banks_once():
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _banded_key_tile_kernel(out, n_key_tiles, band):
+def _banded_key_tile_kernel(out, n_key_tiles, band, banded_heads):
     pid = tl.program_id(0)
-    bh, tile = gluon_bwd.banded_key_tile(pid, tl.num_programs(0), n_key_tiles, band)
+    bh, tile = gluon_bwd.banded_key_tile(pid, tl.num_programs(0), n_key_tiles, band, banded_heads)
     tl.store(out + 2 * pid, bh)
     tl.store(out + 2 * pid + 1, tile)
 
 
-@pytest.mark.parametrize("n_heads, n_key_tiles, band", [(3, 7, 2), (5, 16, 4), (2, 9, 9), (4, 1, 1), (3, 10, 3),
-                                                        (1, 5, 8)])
-def test_banded_key_tile_order(n_heads, n_key_tiles, band):
+@pytest.mark.parametrize("n_heads, n_key_tiles, band, banded", [(3, 7, 2, 3), (5, 16, 4, 2), (2, 9, 9, 2), (4, 1, 1, 4),
+                                                                (3, 10, 3, 1), (1, 5, 8, 1), (4, 6, 2, 0)])
+def test_banded_key_tile_order(n_heads, n_key_tiles, band, banded):
     # The kernel's program → (head, key tile) map, run by the interpreter (or the GPU): every pair
-    # exactly once; band 0 of every head before band 1, a head's tiles of a band on consecutive
-    # programs, heaviest (lowest) tile first; a band as wide as the head is the head-major order.
+    # exactly once; the first heads head by head, heaviest (lowest) tile first; then the last
+    # ``banded`` heads in bands: band 0 of each before band 1, a head's tiles of a band on
+    # consecutive programs. No banded heads, or a band as wide as the head, is the head-major order.
     grid = n_heads * n_key_tiles
     out = torch.full((grid, 2), -1, dtype=torch.int32, device=DEVICE)
-    _banded_key_tile_kernel[(grid,)](out, n_key_tiles, band)
+    _banded_key_tile_kernel[(grid,)](out, n_key_tiles, band, banded)
     got = [tuple(x) for x in out.cpu().tolist()]
-    want = [(h, t) for start in range(0, n_key_tiles, band) for h in range(n_heads)
-            for t in range(start, min(start + band, n_key_tiles))]
+    first = n_heads - banded
+    want = [(h, t) for h in range(first) for t in range(n_key_tiles)]
+    want += [(h, t) for start in range(0, n_key_tiles, band) for h in range(first, n_heads)
+             for t in range(start, min(start + band, n_key_tiles))]
     assert got == want
-    if band >= n_key_tiles:
+    if band >= n_key_tiles or banded == 0:
         assert got == [(h, t) for h in range(n_heads) for t in range(n_key_tiles)]
 
 
-def test_key_tile_band_follows_the_measured_sweep():
-    # bwd_band-20261129-030431.json (H200): narrow bands won at GQA 4 and 8 below 16k (+3 to +22%)
-    # and lost on MHA and at 16k (−1 to −5%); the model's rule picks the same (d 64 and d 128 alike:
-    # both use 128-key tiles and 64-row query tiles). B·N 16k tokens, hidden 2048.
-    for d, heads in ((64, 32), (128, 16)):
+def test_launch_order_rule():
+    # The model's picks (B·N 16k tokens, hidden 2048, d 64 and 128 alike: 128-key tiles, 64-row
+    # query tiles). One query head a program: no banded heads at 16k (no tail), some of the last
+    # heads at 2k–8k. Programs walking a group of 4 or 8: every head banded below 16k (the measured
+    # sweep, bwd_band-20261129-030431.json: +3 to +22%), the head-major order at 16k.
+    for heads in (32, 16):
         for n in (2048, 4096, 8192, 16384):
-            for group in (1, 4, 8):
-                tiles, kv_heads = n // 128, 16384 // n * heads // group
-                narrow = group >= 4 and n < 16384
-                want = gluon_bwd.NARROW_BAND if narrow else tiles
-                assert gluon_bwd.key_tile_band(tiles, kv_heads, group, 132) == want, (d, n, group)
+            tiles = n // 128
+            kv_heads = 16384 // n * heads
+            band, banded = gluon_bwd.launch_order(tiles, kv_heads, 1, 132)
+            assert band == gluon_bwd.NARROW_BAND and 0 <= banded < kv_heads
+            assert (banded == 0) == (n == 16384), (heads, n)
+            for group in (4, 8):
+                walked = gluon_bwd.launch_order(tiles, kv_heads // group, group, 132)
+                assert walked == ((tiles, 0) if n == 16384 else (gluon_bwd.NARROW_BAND, kv_heads // group))
+    assert gluon_bwd.launch_order(64, 32, 1, 132)[1] < 32
 
 
 def test_modelled_end_of_a_launch():
@@ -326,29 +334,29 @@ def test_modelled_end_of_a_launch():
     # SM, after all of them; the band changes the order, not the sum.
     steps = [gluon_bwd.PROGRAM_STEPS + 4 * 2 * (10 - t) for t in range(10)]
     assert gluon_bwd._modelled_end(10, 3, 4, 10, sms=30) == pytest.approx(max(steps))
-    for band in (1, 3, 10):
-        assert gluon_bwd._modelled_end(10, 3, 4, band, sms=1) == pytest.approx(3 * sum(steps))
+    for band, banded in ((1, -1), (3, -1), (10, -1), (2, 1), (2, 0)):
+        assert gluon_bwd._modelled_end(10, 3, 4, band, 1, banded) == pytest.approx(3 * sum(steps))
     assert gluon_bwd._modelled_end(64, 8, 4, 2, 132) < gluon_bwd._modelled_end(64, 8, 4, 64, 132) / 1.15
 
 
 @pytest.mark.parametrize("n_k, causal, window", [(1037, True, None), (1037, False, None), (4097, True, (300, 0)),
                                                  (4097, True, (-1, 0))])
 def test_launch_plan_band(monkeypatch, n_k, causal, window):
-    # The band comes from key_tile_band for dense causal launches without a window's left side (whose
-    # tiles cost what its model says) only; every other launch gets the whole head (the head-major
-    # order; the kernel reads the band only under causal).
+    # The order comes from launch_order for dense causal launches without a window's left side (whose
+    # tiles cost what its model says) only; every other launch gets the head-major order (the kernel
+    # reads the order only under causal).
     q = torch.zeros(2, 8, 1000, 64, dtype=torch.bfloat16)
     k = torch.zeros(2, 2, n_k, 64, dtype=torch.bfloat16)
     asked = []
-    monkeypatch.setattr(gluon_bwd, "key_tile_band", lambda nt, nh, g, sms: asked.append((nt, nh, g, sms)) or 3)
+    monkeypatch.setattr(gluon_bwd, "launch_order", lambda nt, nh, g, sms: asked.append((nt, nh, g, sms)) or (3, 1))
     variant = PLAIN if window is None else Variant(left=window[0], right=window[1])
     plan = gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], causal, variant)
     tiles = math.ceil(n_k / 128)
     triangular = causal and (window is None or window[0] < 0)
-    assert plan["band"] == (3 if triangular else tiles)
+    assert plan["order"] == ((3, 1) if triangular else (tiles, 0))
     assert asked == ([(tiles, 4, 4, 132)] if triangular else [])
     plan = gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], causal, Variant(seq=SEQ_RANGES))
-    assert plan["band"] == tiles
+    assert plan["order"] == (tiles, 0)
 
 
 LOG2E = 1.4426950408889634
@@ -624,6 +632,19 @@ def check_backward(shape, dtype, causal, config, *, layout="bhnd", with_dlse=Fal
     return ours
 
 
+def assert_same_dk_dv(ours, other, shape, causal):
+    """dK and dV of two calls bit for bit; where the launch splits a GQA group (``group_split``),
+    its float32 sums take the group's adds in any order: then within one rounding of the dtype."""
+    B, Hq, Hkv, Nq, Nk, D = shape
+    q, k = torch.empty(B, Hq, Nq, D, device="meta"), torch.empty(B, Hkv, Nk, D, device="meta")
+    split = gluon_bwd.group_split(q, k, causal, None, gluon_bwd.default_config(D, causal, max(Nq, Nk))) > 1
+    for a, b in zip(ours[1:3], other[1:3]):
+        if split:
+            assert (a.float() - b.float()).abs().max() <= 2 ** -9 * b.float().abs().max()
+        else:
+            assert torch.equal(a, b)
+
+
 def _shape_id(s):
     return "b{}-h{}:{}-q{}-k{}".format(*s)
 
@@ -644,17 +665,17 @@ def test_gqa_4_to_1():
 
 
 @needs_gpu
-@pytest.mark.parametrize("band", [1, 2, 3, 100])
+@pytest.mark.parametrize("band, banded", [(1, 100), (2, 100), (3, 100), (100, 100), (2, 1), (3, 2)])
 @pytest.mark.parametrize("shape, dtype", [((3, 8, 2, 1000, 1037, 128), torch.bfloat16),
                                           ((2, 4, 4, 777, 1500, 64), torch.float16)], ids=["d128-gqa4", "d64"])
-def test_causal_bands_match_reference(monkeypatch, shape, dtype, band):
+def test_causal_bands_match_reference(monkeypatch, shape, dtype, band, banded):
     # Every band width (narrower than a head, one not dividing its tiles, wider) against float64,
     # and the band only reorders the programs: dK and dV bit-identical to the head-major order's.
-    monkeypatch.setattr(gluon_bwd, "key_tile_band", lambda n_key_tiles, *rest: n_key_tiles)
+    monkeypatch.setattr(gluon_bwd, "launch_order", lambda nt, nh, g, sms: (nt, 0))
     head_major = check_backward(shape, dtype, True, None)
-    monkeypatch.setattr(gluon_bwd, "key_tile_band", lambda *shape: band)
+    monkeypatch.setattr(gluon_bwd, "launch_order", lambda nt, nh, g, sms: (band, min(banded, nh)))
     ours = check_backward(shape, dtype, True, None)
-    assert torch.equal(ours[1], head_major[1]) and torch.equal(ours[2], head_major[2])
+    assert_same_dk_dv(ours, head_major, shape, True)
 
 
 @needs_gpu
@@ -683,7 +704,7 @@ def test_strided_heads_read_and_written_in_place(causal):
     assert not q.is_contiguous() and ours[0].stride() == q.stride() and ours[1].stride() == k.stride()
     dense = gluon_bwd.attention_backward_gluon(do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
                                                o, lse, scale=shape[-1] ** -0.5, causal=causal)
-    assert torch.equal(ours[1], dense[1]) and torch.equal(ours[2], dense[2])
+    assert_same_dk_dv(ours, dense, shape, causal)
     assert (ours[0].float() - dense[0].float()).abs().max() <= 1e-2 * dense[0].float().abs().max()
 
 
@@ -719,11 +740,50 @@ def test_long_calls_run_in_chunks_with_the_same_gradients(monkeypatch, cap_heads
 
 
 @needs_gpu
-def test_dk_dv_are_deterministic():
+@pytest.mark.parametrize("shape, split", [((2, 8, 8, 2000, 2000, 128), False), ((2, 8, 2, 2000, 2000, 128), False),
+                                          ((2, 8, 2, 2000, 2000, 128), True)], ids=["mha", "gqa4", "gqa4-split"])
+def test_dk_dv_are_deterministic(monkeypatch, shape, split):
+    # One program writes each dK, dV row (a GQA program walking its group); a split GQA launch
+    # (``group_split``) adds the group's rows in float32 in any order, within one rounding.
+    if split:
+        monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
+    q, k, v, do, o, lse = _saved(shape, torch.bfloat16, True)
+    runs = [gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True) for _ in range(2)]
+    assert_same_dk_dv(*runs, shape, True)
+
+
+@needs_gpu
+@pytest.mark.parametrize("shape, dtype, layout", [((3, 8, 2, 1000, 1037, 128), torch.bfloat16, "bhnd"),
+                                                  ((1, 8, 1, 777, 1500, 64), torch.float16, "bhnd"),
+                                                  ((2, 8, 2, 1000, 777, 128), torch.float16, "bnhd")],
+                         ids=["d128-gqa4", "d64-gqa8", "d128-gqa4-strided"])
+def test_split_group_matches_reference(monkeypatch, shape, dtype, layout):
+    # A GQA launch split into one program per query head (``group_split``; from SPLIT_MIN_KEYS keys,
+    # here at any length): the float32 dK, dV sums against float64, in the head-major order, every
+    # head banded and the last head banded (the group's heads apart in the order in each).
+    monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
+    B, Hq, Hkv, Nq, Nk, D = shape
+    q, k = torch.empty(B, Hq, Nq, D, device="meta"), torch.empty(B, Hkv, Nk, D, device="meta")
+    assert gluon_bwd.group_split(q, k, True, None, gluon_bwd.default_config(D, True, max(Nq, Nk))) == Hq // Hkv
+    runs = []
+    for order in (lambda nt, nh, g, sms: (nt, 0), lambda nt, nh, g, sms: (2, nh), lambda nt, nh, g, sms: (3, 1)):
+        monkeypatch.setattr(gluon_bwd, "launch_order", order)
+        runs.append(check_backward(shape, dtype, True, None, layout=layout))
+    assert_same_dk_dv(runs[1], runs[0], shape, True)
+
+
+@needs_gpu
+def test_deterministic_mode_walks_the_gqa_group(monkeypatch):
+    # Under torch.use_deterministic_algorithms a GQA causal call is not split (at any length): every
+    # gradient bit-identical from run to run.
+    monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
     q, k, v, do, o, lse = _saved((2, 8, 2, 2000, 2000, 128), torch.bfloat16, True)
-    first = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True)
-    second = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True)
-    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True) for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 @needs_gpu
@@ -1083,3 +1143,26 @@ def check_variant_backward(shape, dtype, causal, options):
         assert_close_to_ref(dsinks, same[3], ref[3], eps=eps, what="dsinks")
     else:
         assert dsinks is None and port[3] is None
+
+
+def test_group_split_plan(monkeypatch):
+    # A dense plain causal GQA call with the fused dQ and SPLIT_MIN_KEYS keys runs one program per
+    # query head's key tile (KV_SHARE = the group; the kernel walks no group), others walk the
+    # group in one program.
+    q = torch.zeros(2, 8, 1000, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, 1037, 64, dtype=torch.bfloat16)
+    fused, triton_dq = gluon_bwd.CONFIGS[64][0], gluon_bwd.CONFIGS[64][-1]
+    assert gluon_bwd.group_split(q, k, True, None, fused) == 1  # short: walked
+    long_k = torch.empty(2, 2, gluon_bwd.SPLIT_MIN_KEYS, 64, device="meta")
+    assert gluon_bwd.group_split(q, long_k, True, None, fused) == 4
+    assert gluon_bwd.group_split(q, long_k[:, :, 1:], True, None, fused) == 1
+    monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
+    assert gluon_bwd.group_split(q, k, True, None, fused) == 4
+    assert gluon_bwd.group_split(q, k, False, None, fused) == 1
+    assert gluon_bwd.group_split(q, k, True, Variant(softcap=5.0), fused) == 1
+    assert gluon_bwd.group_split(q, q, True, None, fused) == 1
+    assert gluon_bwd.group_split(q, k, True, None, triton_dq) == 1  # deterministic: no float32 adds
+    plan = gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], True, PLAIN, kv_share=4)
+    assert plan["grid"] == (math.ceil(1037 / 128) * 2 * 8,)
+    assert plan["constexprs"]["GROUP"] == 1 and plan["constexprs"]["KV_SHARE"] == 4
+    assert "KV_SHARE" not in gluon_bwd.launch_plan(q, k, gluon_bwd.CONFIGS[64][0], True)["constexprs"]

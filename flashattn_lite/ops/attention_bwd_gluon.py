@@ -44,7 +44,12 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   reduce-add in between (D 64; D 128 where no step is masked: dense, non-causal, no window). A
   last pass turns the buffer into dq (``Tensor.copy_``).
   5 GEMMs per tile pair, as in FlashAttention; the fp32 adds arrive in any order, so dq is not
-  bit-reproducible from run to run (dk and dv are).
+  bit-reproducible from run to run (dk and dv are, but for a split GQA launch).
+* GQA: a program walks its KV head's group of query heads (its dK, dV the sums over the group),
+  except a dense plain causal call from SPLIT_MIN_KEYS keys with the fused dQ (``group_split``):
+  one program per query head's key tile, as MHA, K and V read at head h // G (``KV_SHARE``), and
+  dK·scale, dV reduce-added in float32 into the KV head's sums through the dQ staging buffer, as
+  FlashAttention-3 does (rounded once, after the kernel; in any order, so not bit-reproducible).
   Without ``fused_dq`` the kernel computes dK, dV only and dq comes from the Triton TMA backward's
   dQ kernel (``attention_bwd_hopper._dq_hopper_kernel``): 7 GEMMs, deterministic.
 * Causal: query tiles wholly above the diagonal are never loaded; the diagonal band (and, in the
@@ -55,9 +60,9 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
 * Launch order: a head's key tiles on consecutive programs, heaviest first (they share its Q, dO
   and dQ rows in L2). Under causal a key tile's steps fall linearly with its index, so in that order
   the last heads' heaviest tiles start late and run alone. A dense causal launch (no window's left
-  side) whose tail a list-schedule model puts at ≥ 8% (GQA 4 and 8 below N 16k) is ordered in
-  bands of 2 key tiles instead, every head's band 0 first (``key_tile_band``, ``banded_key_tile``):
-  +3 to +22% there, measured; elsewhere the narrower bands lose 1–10% to L2 and are not taken.
+  side) has its last heads, as many as a list-schedule model with a cost for lost L2 reuse finds
+  best, ordered in bands of 2 key tiles, each band's heads' heaviest tiles first (``launch_order``,
+  ``banded_key_tile``); with programs walking a GQA group, every head where the model gains 8%.
 * Sliding windows (FlashAttention-2's: key j visible to query i iff i + off − left ≤ j ≤
   i + off + right, off = Nk − Nq, a side −1 unbounded, causal capping right at 0; the forward's
   ``window_flags``): ``HAS_LEFT`` / ``HAS_RIGHT`` constexprs, the sides runtime ints (one binary for
@@ -247,16 +252,25 @@ def query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL: tl.constexpr, HA
 
 
 @triton.jit
-def banded_key_tile(pid, n_programs, n_key_tiles, band):
-    """(batch·KV head, key tile) of program ``pid`` of a dense causal grid: bands of ``band`` key tiles
-    (``key_tile_band``), band 0 (the heaviest tiles) of every head first, then band 1, and so on, a
-    head's tiles of a band on consecutive programs (they share its Q and dO in L2). A band as wide
-    as the head (``band`` = ``n_key_tiles``) is the head-major order."""
-    per_band = band * (n_programs // n_key_tiles)
-    band_start = pid // per_band * band
-    width = tl.minimum(band, n_key_tiles - band_start)  # the last band may be narrower
-    r = pid % per_band
-    return r // width, band_start + r % width
+def banded_key_tile(pid, n_programs, n_key_tiles, band, banded_heads):
+    """(batch·KV head, key tile) of program ``pid`` of a dense causal grid (``launch_order``): the
+    heads but the last ``banded_heads`` head by head (a head's tiles on consecutive programs, the
+    heaviest first: they share its Q and dO in L2), then the last ``banded_heads`` in bands of
+    ``band`` key tiles: band 0 (the heaviest tiles) of each of them first, then band 1, and so on. No
+    banded heads, or a band as wide as the head, is the head-major order."""
+    n_heads = n_programs // n_key_tiles
+    plain = (n_heads - banded_heads) * n_key_tiles
+    bh = pid // n_key_tiles
+    tile = pid % n_key_tiles
+    if pid >= plain:
+        p = pid - plain
+        per_band = band * banded_heads
+        band_start = p // per_band * band
+        width = tl.minimum(band, n_key_tiles - band_start)  # the last band may be narrower
+        r = p % per_band
+        bh = n_heads - banded_heads + r // width
+        tile = band_start + r % width
+    return bh, tile
 
 
 @triton.jit
@@ -333,20 +347,23 @@ if _HAS_GLUON:
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                 b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
                 CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
-                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SEQ: gl.constexpr):
+                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SEQ: gl.constexpr, KV_SHARE: gl.constexpr):
         """The loader warp: K and V once, then Q, dO, lse₂, δ of step ``it`` into slot it % STAGES
         once every consumer freed it. Ranges and varlen (``SEQ``): ``start_n`` and ``lo`` are rows of
         the tensors (the kernel shifted them by the sequence's first key / query row); varlen's
         batch coordinate is 0, the packed tensors' only one, and lse₂/δ are re-laid so that each
         sequence's rows start at an aligned column: query row r at column r + ``row_shift``
-        (``_aligned_rows``)."""
+        (``_aligned_rows``). ``KV_SHARE`` > 1: ``h_kv`` is a query head, its K and V those of KV head
+        h_kv // KV_SHARE (``group_split``)."""
         bt = b
         if SEQ == 2:
             bt = 0
         mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(CONSUMERS):
-            tma.async_copy_global_to_shared(k_desc, [bt, h_kv, start_n + 64 * c, 0], kv_bar, k_smem.index(c))
-            tma.async_copy_global_to_shared(v_desc, [bt, h_kv, start_n + 64 * c, 0], kv_bar, v_smem.index(c))
+            tma.async_copy_global_to_shared(k_desc, [bt, h_kv // KV_SHARE, start_n + 64 * c, 0], kv_bar,
+                                            k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [bt, h_kv // KV_SHARE, start_n + 64 * c, 0], kv_bar,
+                                            v_smem.index(c))
         step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes
                                     + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         for it in range(GROUP * n_tiles):
@@ -455,6 +472,23 @@ if _HAS_GLUON:
         _tma_reduce_add(dq_desc, [b, h, start_m, COL], dq_stage.index(ME))
 
     @gluon.jit
+    def _reduce_rows(x, stage, desc, b, h, row, ME: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """``x`` (64 rows × HEAD_DIM, fp32) reduce-added into ``desc``'s rows [row, row + 64) of head
+        h, 64 columns at a time through this consumer's dQ staging buffer (rows past the end fall
+        outside the descriptor)."""
+        if HEAD_DIM == _DQC:
+            parts = (x,)
+        else:  # columns j and j + 64 sit in the same thread of the wgmma layout: a register split
+            parts = gl.split(gl.permute(gl.reshape(x, [64, 2, _DQC]), [0, 2, 1]))
+        for i in gl.static_range(len(parts)):
+            tma.store_wait(0)  # the buffer is free once the previous reduce read it
+            gl.thread_barrier()
+            stage.index(ME).reshape([64, _DQC]).store(parts[i])
+            fence_async_shared()
+            _tma_reduce_add(desc, [b, h, row, i * _DQC], stage.index(ME))
+        tma.store_wait(0)
+
+    @gluon.jit
     def _dq_start(dv, dk, pa, dsa, dq, ds_smem, ds_buf, use, k_smem, ds_ready, empty_s, COL: gl.constexpr,
                   DEFER: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
         """The end of a step for a consumer computing dQ columns COL..COL+63: once every consumer's
@@ -516,7 +550,7 @@ if _HAS_GLUON:
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, SEQ: gl.constexpr,
-                  DEFER_DQ: gl.constexpr):
+                  DEFER_DQ: gl.constexpr, KV_SHARE: gl.constexpr):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
 
         Options (constexprs; a plain call compiles to the code it compiled to without them): the
@@ -699,7 +733,10 @@ if _HAS_GLUON:
                 mbarrier.wait(ds_free.index(last % DS_BUFS), (last // DS_BUFS) & 1)
         # dK·scale and dV through this warpgroup's own K and V boxes (every wgmma reading them has
         # retired) and one TMA store each; rows past Nk fall outside the descriptors.
-        if SEQ == 0:
+        if KV_SHARE > 1:  # one query head of the group: dK·scale and dV added into the KV head's fp32 sums
+            _reduce_rows(dk * sm_scale, dq_stage, dk_desc, b, h_kv // KV_SHARE, start_n + 64 * ME, ME, HEAD_DIM)
+            _reduce_rows(dv, dq_stage, dv_desc, b, h_kv // KV_SHARE, start_n + 64 * ME, ME, HEAD_DIM)
+        elif SEQ == 0:
             k_me.store((dk * sm_scale).to(dtype))
             v_me.store(dv.to(dtype))
             fence_async_shared()
@@ -731,9 +768,11 @@ if _HAS_GLUON:
     # Lengths and the GQA group's position change from call to call: one binary for all of them.
     # (Ranges and varlen: the sequence bounds and dk, dv as pointers for the masked stores at a
     # sequence's end; all None for a dense batch, whose launch and code are as before.)
-    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "win_left", "win_right", "n_seq"])
+    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads", "win_left",
+                                  "win_right", "n_seq"])
     def _attn_bwd_gluon_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-                               n_heads, n_kv_heads, n_q, n_k, band, win_left, win_right, qk_scale, sm_scale,
+                               n_heads, n_kv_heads, n_q, n_k, band, banded_heads, win_left, win_right, qk_scale,
+                               sm_scale,
                                alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                                q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq,
                                dk_ptr, dv_ptr, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -743,13 +782,14 @@ if _HAS_GLUON:
                                ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, GROUP: gl.constexpr,
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               LOADER_REGS: gl.constexpr, DEFER_DQ: gl.constexpr, SEQ: gl.constexpr = 0):
+                               LOADER_REGS: gl.constexpr, DEFER_DQ: gl.constexpr, SEQ: gl.constexpr = 0,
+                               KV_SHARE: gl.constexpr = 1):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)
         # Key tiles of one KV head on consecutive programs (they share its Q and dO in L2), the
-        # first tiles (under causal the heaviest) first; causal, in bands (``banded_key_tile``).
+        # first tiles (under causal the heaviest) first; causal, the last heads in bands (``banded_key_tile``).
         pid = gl.program_id(0)
         q0 = 0
         k0 = 0
@@ -761,12 +801,20 @@ if _HAS_GLUON:
         else:
             n_key_tiles = gl.cdiv(n_k, BLOCK_N)
             if CAUSAL and SEQ == 0:
-                bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band)
+                bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band, banded_heads)
             else:
                 tile = pid % n_key_tiles
                 bh_kv = pid // n_key_tiles
-            b = bh_kv // n_kv_heads
-            h_kv = bh_kv % n_kv_heads
+            if KV_SHARE > 1:
+                # A group's query heads far apart in the order, the member outermost: their float32
+                # dK, dV adds go to the same KV head's sums, and programs adding at once contend.
+                n_pairs = gl.num_programs(0) // n_key_tiles // KV_SHARE  # (batch, KV head) pairs
+                pair = bh_kv % n_pairs
+                b = pair // (n_kv_heads // KV_SHARE)
+                h_kv = pair % (n_kv_heads // KV_SHARE) * KV_SHARE + bh_kv // n_pairs
+            else:
+                b = bh_kv // n_kv_heads
+                h_kv = bh_kv % n_kv_heads
             start_n = tile * BLOCK_N
             if SEQ == 1:  # ranges: tiles of the padded length; those past the row's range idle
                 b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(tile, b, q_starts, q_ends, k_starts, k_ends,
@@ -847,18 +895,18 @@ if _HAS_GLUON:
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
-                       CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES, SEQ)),
+                       CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES, SEQ, KV_SHARE)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -1112,66 +1160,109 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
 
 
 # A causal key tile's steps fall linearly from the first tile's to the last's, so in the head-major
-# order the last heads' heaviest tiles start late and run alone. Bands of NARROW_BAND tiles (every
-# head's heaviest first) remove that tail, but spread the programs running at once over more heads,
-# so fewer share a head's Q, dO and dQ rows in L2: measured (H200, ``bwd_band-20261129-030431.json``)
-# they lose 1–5% wherever the modelled tail is small (MHA; N 16k) and gain 3–22% where it is large
-# (GQA 4 and 8 below 16k). They are taken where the model says they end the launch ≥ BAND_GAIN sooner.
+# order the last heads' heaviest tiles start late and run alone. Bands of NARROW_BAND tiles (each
+# banded head's heaviest first) cut that tail, but spread the programs running at once over more
+# heads, so fewer share a head's Q, dO and dQ rows in L2: with every head banded, measured (H200,
+# ``bwd_band-20261129-030431.json``) 3–22% slower than the model's schedule says. So only the last
+# heads are banded, as many as the model (``_modelled_end``) finds best with BAND_COST a banded
+# program: the tail goes, the rest of the launch keeps its L2 reuse. Programs walking a GQA group
+# are the exception: there every head banded measured best (the last heads only: GQA 4, 8k, 1.5–3%
+# slower, ``gluon_checkout-20261129-0424.json``).
 NARROW_BAND = 2
-BAND_GAIN = 1.08
+BAND_COST = 0.10  # a launch's time grows by BAND_COST × the fraction of its programs that are banded
+BAND_GAIN = 1.08  # a launch walking GQA groups is banded whole where the model gains this
 PROGRAM_STEPS = 2.3  # a program's fixed cost (K/V load, epilogue) in steps (fit of 2k and 16k, NOTES)
 
 
-def _modelled_end(n_key_tiles: int, n_heads: int, group: int, band: int, sms: int) -> float:
+def _modelled_end(n_key_tiles: int, n_heads: int, group: int, band: int, sms: int, banded_heads: int = -1) -> float:
     """When a dense causal launch ends, in steps, if each SM takes the next program as it frees (a
-    list schedule in launch order; the programs as ``banded_key_tile`` orders them, each costing its
-    steps — GQA group × visible 64-row query tiles — plus PROGRAM_STEPS)."""
+    list schedule in launch order; the programs as ``banded_key_tile`` orders them, ``banded_heads``
+    of them banded, −1 all; each costing its steps — GQA group × visible 64-row query tiles — plus
+    PROGRAM_STEPS)."""
+    banded = n_heads if banded_heads < 0 else banded_heads
     ends = [0.0] * sms
+
+    def run(t):
+        heapq.heapreplace(ends, ends[0] + PROGRAM_STEPS + group * 2 * (n_key_tiles - t))
+    for _ in range(n_heads - banded):
+        for t in range(n_key_tiles):
+            run(t)
     for first in range(0, n_key_tiles, band):
-        tiles = range(first, min(first + band, n_key_tiles))
-        for _ in range(n_heads):
-            for t in tiles:
-                heapq.heapreplace(ends, ends[0] + PROGRAM_STEPS + group * 2 * (n_key_tiles - t))
+        for _ in range(banded):
+            for t in range(first, min(first + band, n_key_tiles)):
+                run(t)
     return max(ends)
 
 
 @functools.lru_cache(maxsize=256)
-def key_tile_band(n_key_tiles: int, n_heads: int, group: int, sms: int = 132) -> int:
-    """Key tiles per band of a dense causal launch (``banded_key_tile``) of ``n_heads`` (batch, KV head)
-    pairs with ``group`` query heads each on ``sms`` SMs: NARROW_BAND where the model
-    (``_modelled_end``) says the head-major order's tail costs ≥ BAND_GAIN, else the whole head."""
+def launch_order(n_key_tiles: int, n_heads: int, group: int, sms: int = 132) -> tuple[int, int]:
+    """(band, banded heads) of a dense causal launch (``banded_key_tile``) of ``n_heads`` (batch, KV
+    head) pairs with ``group`` query heads each on ``sms`` SMs. One query head a program (MHA, a
+    split group): of no banded heads, about one, two or four waves of banded programs, and every
+    head, the one the model ends soonest with BAND_COST. A group walked: every head or none."""
     if n_key_tiles * n_heads > 32 * sms:  # a heaviest program under 1/16 of an SM's share: no tail to cut
-        return n_key_tiles
-    head_major = _modelled_end(n_key_tiles, n_heads, group, n_key_tiles, sms)
-    narrow = _modelled_end(n_key_tiles, n_heads, group, NARROW_BAND, sms)
-    return NARROW_BAND if head_major >= BAND_GAIN * narrow else n_key_tiles
+        return n_key_tiles, 0
+    if group > 1:  # programs walking a group: every head banded where that cuts BAND_GAIN (measured best)
+        narrow = _modelled_end(n_key_tiles, n_heads, group, NARROW_BAND, sms)
+        if _modelled_end(n_key_tiles, n_heads, group, n_key_tiles, sms) >= BAND_GAIN * narrow:
+            return NARROW_BAND, n_heads
+        return n_key_tiles, 0
+    wave = -(-sms // n_key_tiles)  # heads a wave of programs holds
+    best, choice = None, 0
+    for banded in sorted({0, n_heads} | {min(n_heads, k * wave) for k in (1, 2, 4)}):
+        end = _modelled_end(n_key_tiles, n_heads, group, NARROW_BAND, sms, banded) * (1 + BAND_COST * banded / n_heads)
+        if best is None or end < best:
+            best, choice = end, banded
+    return NARROW_BAND, choice
 
 
 def _triangular(causal: bool, variant) -> bool:
-    """Whether a launch's key tiles cost what ``key_tile_band``'s model says: a dense causal batch
+    """Whether a launch's key tiles cost what ``launch_order``'s model says: a dense causal batch
     without a window's left side (with one, every tile sees about the window's rows)."""
     return causal and (variant is None or (variant.seq == SEQ_DENSE and not window_flags(variant, causal)[0]))
 
 
-def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN) -> dict:
+# Keys from which a GQA causal launch is split (``group_split``). Measured (H200, bwd tables of
+# 2026-11-29 04:35–04:55 against those of 03:08–03:10): at 8k and 16k keys the split is 1–12% faster
+# than walking the group (GQA 4 and 8, d 64 and 128); at 2k 5–25% slower but for GQA 8 d 128 (even):
+# a 2k program runs ~8 steps, and the split adds fixed costs (twice the epilogue's bytes as float32
+# reduce-adds, the sums zeroed and converted).
+SPLIT_MIN_KEYS = 8192
+
+
+def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
+    """KV_SHARE of a launch: the GQA group where its programs take one query head each (their dK,
+    dV reduce-added in float32 into the KV head's sums, as FlashAttention-3 does), else 1 (a program
+    walks the group). Dense plain causal calls with a group, SPLIT_MIN_KEYS keys or more and the
+    fused dQ (whose staging buffer the sums go through; the float32 adds land in any order, so not
+    in deterministic mode): walking the group, a program's step cost grew with it (GQA 8, d 128,
+    16k: +15% against MHA; L2 traffic of the group's Q, dO and dQ rows)."""
+    plain = variant is None or variant is PLAIN
+    split = causal and plain and cfg.fused_dq and q.shape[1] > k.shape[1] and k.shape[2] >= SPLIT_MIN_KEYS
+    return q.shape[1] // k.shape[1] if split else 1
+
+
+def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_share: int = 1) -> dict:
     """What the kernel launch is given, without launching (the CPU tests check it): the grid (one
     program per key tile of each (batch, KV head)), the constexprs (the option flags as the
     portable kernels set them, ``score_args``; all off for a plain call or sinks only), the padded
-    lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``), and the band of key
-    tiles of the launch order (``key_tile_band``; a head's tile count, the head-major order, for
-    every launch but a dense causal one without a window's left side)."""
+    lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``), and the launch order
+    (band, banded heads) (``launch_order``; the head-major order, (a head's tile count, 0), for every
+    launch but a dense causal one without a window's left side)."""
     B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv, Nk = k.shape[1] * kv_share, k.shape[2]
     seq = SEQ_DENSE if variant is None else variant.seq
     if seq == SEQ_VARLEN:  # slots from the totals (``seq_key_tile``): no device→host sync
         grid = ((cdiv(Nk, cfg.block_n) + variant.seq_k.shape[0] - 1) * Hkv,)
     else:
         grid = (cdiv(Nk, cfg.block_n) * B * Hkv,)
     seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
+    if kv_share > 1:
+        seq_ce["KV_SHARE"] = kv_share
     return dict(
         grid=grid,
-        band=(key_tile_band(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv, gpu_sm_count(q.device))
-              if _triangular(causal, variant) else cdiv(Nk, cfg.block_n)),
+        order=(launch_order(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv, gpu_sm_count(q.device))
+               if _triangular(causal, variant) else (cdiv(Nk, cfg.block_n), 0)),
         constexprs=dict(HEAD_DIM=D, CAUSAL=bool(causal), **_option_args(variant, q, 1.0, causal)[1], **seq_ce,
                         GROUP=Hq // Hkv,
                         CONSUMERS=cfg.consumers, BLOCK_M=cfg.block_m, STAGES=cfg.stages, FUSED_DQ=bool(cfg.fused_dq),
@@ -1216,14 +1307,15 @@ def _needs_fused_dq(variant, causal: bool) -> bool:
 
 
 def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg: Config,
-            variant: Variant = PLAIN, dq_acc: torch.Tensor | None = None, row_starts: torch.Tensor | None = None):
+            variant: Variant = PLAIN, dq_acc: torch.Tensor | None = None, row_starts: torch.Tensor | None = None,
+            kv_share: int = 1):
     """(grid, args, keyword args) of the kernel launch (``attention_backward_gluon``'s; the PTX
     hashes, ``benchmarks/ptx_hashes.py``, compile from it without a GPU). ``dq_acc``: the fp32 dQ
     buffer with ``fused_dq``; else ``dq`` stands in for it (the kernel does not touch it).
     ``row_starts``: a varlen batch's lse₂/δ column of each sequence (``_aligned_rows``)."""
     B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    plan = launch_plan(q, k, cfg, causal, variant)
+    Hkv, Nk = k.shape[1] * kv_share, k.shape[2]
+    plan = launch_plan(q, k, cfg, causal, variant, kv_share)
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
     seq_options = (None,) * 15  # a dense batch: none (constexprs), its launch as before
     if variant is not None and variant.seq != SEQ_DENSE:
@@ -1235,8 +1327,9 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     dq_desc = tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]) if cfg.fused_dq else tma_descriptor(dq, [1, 1, m, D])
     args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
             tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m), dq_desc,
-            tma_descriptor(dk, box), tma_descriptor(dv, box),
-            Hq, Hkv, Nq, Nk, plan["band"], win_left, win_right, scale * LOG2E, scale, *options, *seq_options)
+            *((tma_descriptor(dk, [1, 1, 64, DQ_COLS]), tma_descriptor(dv, [1, 1, 64, DQ_COLS])) if kv_share > 1
+              else (tma_descriptor(dk, box), tma_descriptor(dv, box))),
+            Hq, Hkv, Nq, Nk, *plan["order"], win_left, win_right, scale * LOG2E, scale, *options, *seq_options)
     return plan["grid"], args, dict(**plan["constexprs"], num_warps=4)
 
 
@@ -1356,9 +1449,17 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         alloc = torch.zeros_like if variant is not None and variant.seq == SEQ_RANGES else torch.empty_like
         dk, dv = alloc(k), alloc(v)
         dq = None if cfg.fused_dq else torch.empty_like(q)
-    grid, args, kwargs = _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
-                                 PLAIN if variant is None else variant, dq_acc, row_starts)
+    share = group_split(q, k, causal, variant, cfg)
+    dk_out, dv_out = dk, dv  # what the kernel writes: float32 sums over the group where it is split
+    if share > 1:
+        dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
+        dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
+    grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
+                                 PLAIN if variant is None else variant, dq_acc, row_starts, share)
     _attn_bwd_gluon_kernel[grid](*args, **kwargs)
+    if share > 1:  # the group's float32 sums, rounded once
+        dk.copy_(dk_out)
+        dv.copy_(dv_out)
 
     if cfg.fused_dq:
         dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
