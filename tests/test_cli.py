@@ -2,6 +2,7 @@
 run writes (JSON with the environment, CSV, PNG), on CPU with tiny sweeps."""
 import csv
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -442,3 +443,36 @@ def test_bwd_band_rejects_bad_arguments(argv, needle, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(argv)
     assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [(["--out", ".", "--trials", "2"], "--trials"),
+                                          (["--out", ".", "--rep-ms", "-1"], "--rep-ms"),
+                                          (["--out", ".", "--points", "d96-causal-2048"], "--points"),
+                                          (["--out", ".", "--points", "d128-sideways-2048"], "--points"),
+                                          (["--out", ".", "--points", "d128-causal-2048-gqa3"], "--points"),
+                                          ([], "--out")],
+                         ids=["trials", "rep-ms", "head-dim", "mask", "group", "no-out"])
+def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
+    # benchmarks/bwd_placement.py (GPU): a bad argument is a usage error naming it, before any GPU work.
+    module = load_benchmark("bwd_placement")
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_bwd_placement_finds_the_bit_that_splits_the_modes():
+    # The analysis on made-up trials: slow exactly where bit 21 of the distance dQ buffer − q is set.
+    module = load_benchmark("bwd_placement")
+    assert module.parse_point("d64-full-8192-gqa4") == (64, False, 8192, 4)
+    assert module.modes([1.0, 1.01, 1.02]) is None
+    rng = random.Random(3)
+    trials = []
+    for _ in range(40):
+        q, dq = rng.randrange(0, 1 << 34, 512), rng.randrange(0, 1 << 34, 512)
+        slow = (dq - q) >> 21 & 1
+        ms = (1.3 if slow else 1.0) + rng.random() * 0.02
+        trials.append({"ms": ms, "ptr": {"q": q, "do": q + 4096, "dq_acc": dq}})
+    split = module.modes([t["ms"] for t in trials])
+    assert 1.02 < split < 1.3
+    best = module.telling_bits(trials, split)[0]
+    assert (best["what"], best["bit"], best["slow_share"], best["fast_share"]) == ("dq_acc-q", 21, 1.0, 0.0)
