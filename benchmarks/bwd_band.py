@@ -15,16 +15,14 @@ take their adds in another order). The output is one JSON file and a table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from flashattn_lite.bench import peers  # noqa: E402
-from flashattn_lite.bench.common import time_ms  # noqa: E402
+from flashattn_lite.bench.common import time_ms, write_json  # noqa: E402
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 
@@ -126,11 +124,7 @@ def main(argv=None) -> int:
                 cud = f"{p['cudnn_ms']:.3f}" if p["cudnn_ms"] else "-"
                 print(f"d{d} g{group} {n:>5}  head {head:.3f}  {cells}  default{tuple(p['default_order'])} "
                       f"{p['default_ms']:.3f}  cudnn {cud}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"bwd_band-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"benchmark": "bwd_band", "gpu": torch.cuda.get_device_name(),
-                                "torch": torch.__version__, "command": " ".join(sys.argv), "points": points}, indent=1))
+    path = write_json(args.out, "bwd_band", points, command=" ".join(sys.argv))
     print(f"wrote {path}")
     return 0
 

@@ -17,16 +17,14 @@ One JSON file with every trial.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flashattn_lite.bench.common import time_ms  # noqa: E402
+from flashattn_lite.bench.common import time_ms, write_json  # noqa: E402
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 
@@ -158,11 +156,7 @@ def main(argv=None) -> int:
         else:
             line += "  one mode"
         print(line, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"bwd_placement-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"benchmark": "bwd_placement", "gpu": torch.cuda.get_device_name(),
-                                "torch": torch.__version__, "command": " ".join(sys.argv), "points": points}, indent=1))
+    path = write_json(args.out, "bwd_placement", points, command=" ".join(sys.argv))
     print(f"wrote {path}")
     return 0
 
