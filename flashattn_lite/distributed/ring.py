@@ -8,7 +8,8 @@ compute). Everything here is scheduling and communication; the math is the packa
 - forward: each (query slice, key slice) piece is ``attention_core(..., return_lse=True)`` with
   the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
   and the softcap, and the partial (o, lse) are merged in place into a float32 accumulator
-  (``merge_pair_into``, the pair merge's in-place form); sinks enter once at the end, as one more term of each row's denominator;
+  (``merge_pair_into``, the pair merge's in-place form); sinks enter once at the end, as one more
+  term of each row's denominator;
 - backward: FlashAttention-2's recomputation P = exp(S − lse) is exact for one key block when
   given the *global* o and lse (δ = rowsum(dO∘O) − dlse is a property of the query row, not of
   the block), so each piece is the attention backward (``_backward_impl``) with the global o and
