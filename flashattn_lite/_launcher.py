@@ -12,6 +12,11 @@ constexpr keyword arguments, each tensor's dtype and 16-byte alignment, whether 
 divisible by 16, or beyond int32, and the values of the autotuning key. Later launches with the
 same specialization call the binary's own launcher directly.
 
+Host TMA descriptors (the Gluon kernels' and the TMA kernels' ``TensorDescriptor`` arguments) are
+keyed as Triton specializes them, by type: dtype, block shape, shared layout and padding. Their
+shape, strides and address are runtime arguments, which Triton's own launcher encodes into a
+tensor map at every launch.
+
 Computing that key is itself a Python call per argument (≈ 11 µs for 45 arguments), so a second,
 cheaper key sits in front of it: the arguments' exact values (tensors by dtype, all 16-byte
 aligned), built by C-level tuple operations in ≈ 4 µs. It is finer than the specialization (every
@@ -38,6 +43,20 @@ try:  # Triton ≥ 3.4 keeps launch hooks in knobs; older versions take the plai
 except ImportError:  # pragma: no cover - depends on the installed Triton
     _knobs = None
 
+
+def _descriptor_types() -> tuple:
+    """The host TMA descriptor classes this Triton has (the TMA kernels' and Gluon's)."""
+    types = []
+    for module in ("triton.tools.tensor_descriptor", "triton.experimental.gluon.nvidia.hopper"):
+        try:
+            types.append(__import__(module, fromlist=["TensorDescriptor"]).TensorDescriptor)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(types)
+
+
+_DESCRIPTOR_TYPES = _descriptor_types()
+
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 _SLOW = object()  # cache entry: this specialization always takes Triton's own path
 _EXACT_ENTRIES = 1024  # exact-value keys kept per kernel before the table starts over
@@ -60,7 +79,15 @@ def _spec_unspecialized(a):
     return _spec(a)
 
 
-_SPEC = {int: _int_spec, bool: lambda a: "b", float: lambda a: "f", type(None): lambda a: "n"}
+def _descriptor_spec(a) -> tuple:
+    """A host TMA descriptor as Triton specializes it: its type string's parts (the base's dtype,
+    the block shape, the shared layout of a Gluon descriptor) and its padding; the base address is
+    16-byte aligned by the descriptor's own check."""
+    return type(a), a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None), a.padding
+
+
+_SPEC = {int: _int_spec, bool: lambda a: "b", float: lambda a: "f", type(None): lambda a: "n",
+         **{t: _descriptor_spec for t in _DESCRIPTOR_TYPES}}
 
 
 def _spec(a):
@@ -290,10 +317,11 @@ class Launcher:
         split = self.layouts.get(types)
         if split is None:
             split = self.layouts[types] = _splitter(types)
-        tensors, others = split[0](args), split[1](args)
+        tensors, descriptors, others = split[0](args), split[1](args), split[2](args)
         if reduce(or_, map(_data_ptr, tensors), 0) & 15:
             return None
-        return device, types, others, tuple(map(_dtype_of, tensors)), constexprs, knobs
+        return (device, types, others, tuple(map(_dtype_of, tensors)), tuple(map(_descriptor_spec, descriptors)),
+                constexprs, knobs)
 
     def _entry(self, kernel, n_args, kwargs, choice):
         """(compiled kernel, the arguments after the positional ones, grid meta, Choice) or _SLOW."""
@@ -329,10 +357,11 @@ def _getter(positions):
 
 
 def _splitter(types):
-    """(getter of the tensor arguments, getter of the others) for arguments of these types."""
-    tensor = [issubclass(t, torch.Tensor) for t in types]
-    return (_getter([i for i, is_t in enumerate(tensor) if is_t]),
-            _getter([i for i, is_t in enumerate(tensor) if not is_t]))
+    """(getter of the tensor arguments, of the TMA descriptors, of the others) for arguments of
+    these types."""
+    kinds = ["tensor" if issubclass(t, torch.Tensor) else "descriptor" if t in _DESCRIPTOR_TYPES else "other"
+             for t in types]
+    return tuple(_getter([i for i, k in enumerate(kinds) if k == kind]) for kind in ("tensor", "descriptor", "other"))
 
 
 def launcher(fn):

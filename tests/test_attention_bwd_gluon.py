@@ -665,6 +665,23 @@ def test_gqa_4_to_1():
 
 
 @needs_gpu
+def test_repeated_launches_skip_tritons_path_and_read_their_own_tensors(monkeypatch):
+    # After the first call, calls of other lengths with the same specialization launch the cached
+    # binary directly: each must read and write its own tensors through tensor maps encoded for it.
+    launcher = gluon_bwd._attn_bwd_gluon_launcher
+    assert launcher.enabled
+    config = gluon_bwd.default_config(128, True, 1000)
+    check_backward((1, 4, 2, 1000, 1037, 128), torch.bfloat16, True, config)
+    slow = []
+    first = launcher._first
+    monkeypatch.setattr(launcher, "_first", lambda *a: slow.append(a) or first(*a))
+    # GQA 2:1 throughout: the backward's group is a constexpr.
+    for shape in [(2, 4, 2, 777, 1500, 128), (1, 6, 3, 1000, 1000, 128), (1, 4, 2, 1000, 1037, 128)]:
+        check_backward(shape, torch.bfloat16, True, config)
+    assert not slow
+
+
+@needs_gpu
 @pytest.mark.parametrize("band, banded", [(1, 100), (2, 100), (3, 100), (100, 100), (2, 1), (3, 2)])
 @pytest.mark.parametrize("shape, dtype", [((3, 8, 2, 1000, 1037, 128), torch.bfloat16),
                                           ((2, 4, 4, 777, 1500, 64), torch.float16)], ids=["d128-gqa4", "d64"])
@@ -1146,7 +1163,7 @@ def check_variant_backward(shape, dtype, causal, options):
 
 
 def test_group_split_plan(monkeypatch):
-    # A dense plain causal GQA call with the fused dQ and SPLIT_MIN_KEYS keys runs one program per
+    # A dense plain causal GQA call with the fused dQ and split_min_keys keys runs one program per
     # query head's key tile (KV_SHARE = the group; the kernel walks no group), others walk the
     # group in one program.
     q = torch.zeros(2, 8, 1000, 64, dtype=torch.bfloat16)
@@ -1156,6 +1173,13 @@ def test_group_split_plan(monkeypatch):
     long_k = torch.empty(2, 2, gluon_bwd.SPLIT_MIN_KEYS, 64, device="meta")
     assert gluon_bwd.group_split(q, long_k, True, None, fused) == 4
     assert gluon_bwd.group_split(q, long_k[:, :, 1:], True, None, fused) == 1
+    # Wide groups (group × d ≥ 1024: GQA 8 at d 128, measured) split from fewer keys.
+    assert gluon_bwd.split_min_keys(4, 64) == gluon_bwd.split_min_keys(8, 64) == gluon_bwd.SPLIT_MIN_KEYS == 4096
+    assert gluon_bwd.split_min_keys(4, 128) == 4096 and gluon_bwd.split_min_keys(8, 128) == 2048
+    wide_q = torch.empty(1, 16, 2048, 128, device="meta")
+    wide_k = torch.empty(1, 2, 2048, 128, device="meta")
+    assert gluon_bwd.group_split(wide_q, wide_k, True, None, gluon_bwd.CONFIGS[128][0]) == 8
+    assert gluon_bwd.group_split(wide_q, wide_k[:, :, 1:], True, None, gluon_bwd.CONFIGS[128][0]) == 1
     monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
     assert gluon_bwd.group_split(q, k, True, None, fused) == 4
     assert gluon_bwd.group_split(q, k, False, None, fused) == 1

@@ -77,6 +77,23 @@ def test_forward_matches_reference_and_hopper(shape, d, dtype, causal):
 
 
 @needs_gpu
+def test_repeated_launches_skip_tritons_path_and_read_their_own_tensors(monkeypatch):
+    # After the first call, calls of other lengths with the same specialization launch the cached
+    # binary directly (no Triton launch path): each must still read its own q, k, v and write its
+    # own o through tensor maps encoded for it.
+    launcher = gluon_fwd._attn_fwd_gluon_launcher
+    assert launcher.enabled
+    config = gluon_fwd.default_config(128, True, 1000)
+    check((1, 4, 2, 1000, 1000, 128), torch.bfloat16, True, config, vs_hopper=False)
+    slow = []
+    first = launcher._first
+    monkeypatch.setattr(launcher, "_first", lambda *a: slow.append(a) or first(*a))
+    for shape in [(2, 4, 2, 777, 1500, 128), (1, 8, 2, 1000, 1000, 128), (1, 4, 2, 1000, 1000, 128)]:
+        check(shape, torch.bfloat16, True, config, vs_hopper=False)
+    assert not slow
+
+
+@needs_gpu
 def test_gqa_4_to_1():
     check((1, 8, 2, 1000, 1000, 128), torch.bfloat16, True, None)
     check((2, 8, 2, 333, 4097, 64), torch.bfloat16, False, None, vs_hopper=False)

@@ -180,6 +180,32 @@ def test_launch_hooks_get_metadata_only_when_one_would_run(fake, hook, monkeypat
     assert seen == ([] if hook == "empty_chain" else [(1,)])
 
 
+def _gluon_descriptor(t, block, swizzle=None):
+    """A Gluon host TMA descriptor over ``t`` (skips where this Triton has no Gluon)."""
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    gl = pytest.importorskip("triton.experimental.gluon.language")
+    dtype = {torch.float16: gl.float16, torch.float32: gl.float32}[t.dtype]
+    layout = (gl.NVMMASharedLayout.get_default_for(block, dtype) if swizzle is None else
+              gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=dtype.primitive_bitwidth,
+                                   rank=len(block)))
+    return hopper.TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def test_tma_descriptors_are_keyed_by_dtype_block_and_layout_not_by_shape_or_address(fake):
+    jit, kern = fake
+    first = _gluon_descriptor(torch.randn(128, 64).half(), [64, 64])
+    other = _gluon_descriptor(torch.randn(384, 64).half()[64:], [64, 64])  # another shape and address
+    kern[(1,)](first, 32, 1.0, BLOCK=4)
+    kern[(1,)](other, 32, 1.0, BLOCK=4)
+    assert [e[0] for e in jit.log] == ["slow", "fast"]
+    assert jit.log[1][2][0] is other  # Triton's launcher encodes the new descriptor's tensor map
+    for changed in (_gluon_descriptor(torch.randn(128, 64).half(), [32, 64]),        # block
+                    _gluon_descriptor(torch.randn(128, 64), [64, 64]),               # dtype
+                    _gluon_descriptor(torch.randn(128, 64).half(), [64, 64], 64)):   # layout
+        kern[(1,)](changed, 32, 1.0, BLOCK=4)
+        assert jit.log[-1][0] == "slow"
+
+
 def test_disabled_launcher_always_takes_triton_path(monkeypatch):
     monkeypatch.setenv("FLASHATTN_LITE_FAST_LAUNCH", "0")
     jit = _FakeJit()
@@ -254,6 +280,12 @@ def test_the_key_separates_whatever_the_installed_triton_specializes_apart():
     base = torch.empty(64)
     values = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 16, 2 ** 40, 2 ** 63, 2 ** 63 + 16,
               True, False, 0.5, 1.0, None, base, base[1:], base[4:], base.half(), base.double()]
+    try:
+        values += [_gluon_descriptor(t, block, swizzle) for t in (base.half().view(8, 8), base.view(8, 8),
+                                                                  torch.empty(16, 8).half())
+                   for block in ([8, 8], [4, 8]) for swizzle in (None, 0)]
+    except pytest.skip.Exception:  # no Gluon in this Triton: plain arguments only
+        pass
     for a in values:
         for b in values:
             theirs = [specialize(BaseBackend, x, False, True, True) for x in (a, b)]

@@ -46,8 +46,9 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   5 GEMMs per tile pair, as in FlashAttention; the fp32 adds arrive in any order, so dq is not
   bit-reproducible from run to run (dk and dv are, but for a split GQA launch).
 * GQA: a program walks its KV head's group of query heads (its dK, dV the sums over the group),
-  except a dense plain causal call from SPLIT_MIN_KEYS keys with the fused dQ (``group_split``):
-  one program per query head's key tile, as MHA, K and V read at head h // G (``KV_SHARE``), and
+  except a dense plain causal call from 4k keys (2k where group × d ≥ 1024) with the fused dQ
+  (``group_split``): one program per query head's key tile, as MHA, K and V read at head h // G
+  (``KV_SHARE``), and
   dK·scale, dV reduce-added in float32 into the KV head's sums through the dQ staging buffer, as
   FlashAttention-3 does (rounded once, after the kernel; in any order, so not bit-reproducible).
   Without ``fused_dq`` the kernel computes dK, dV only and dq comes from the Triton TMA backward's
@@ -107,7 +108,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launcher import launcher
+from .._launcher import Launcher, launcher
 from .._runtime import cdiv, interpreter_active, tile_and_slab
 from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
@@ -909,6 +910,10 @@ if _HAS_GLUON:
                        CONSUMERS, GROUP, ROTATE, BLOCK_M, STAGES, SEQ, KV_SHARE)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
+    # Launched through the per-specialization cache: Triton's own launch path binds and keys the
+    # kernel's 39 arguments in Python on every call (~0.1 ms of host time).
+    _attn_bwd_gluon_launcher = Launcher(_attn_bwd_gluon_kernel)
+
 
 def supported(q, k, v, do, **options) -> str | None:
     """None when ``attention_backward_gluon`` covers this call, else the reason in words: plain
@@ -1046,7 +1051,12 @@ def _is_plain(variant, causal: bool = False) -> bool:
 
 def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
     """lse₂ or δ, (B·Hq, padded Nq) float32, in [1, block_m] boxes: unswizzled (a single row)."""
-    return tma_descriptor(t, [1, block_m], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    return tma_descriptor(t, [1, block_m], _row_layout())
+
+
+@functools.lru_cache(maxsize=None)
+def _row_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 @launcher
@@ -1222,24 +1232,34 @@ def _triangular(causal: bool, variant) -> bool:
     return causal and (variant is None or (variant.seq == SEQ_DENSE and not window_flags(variant, causal)[0]))
 
 
-# Keys from which a GQA causal launch is split (``group_split``). Measured (H200, bwd tables of
-# 2026-11-29 04:35–04:55 against those of 03:08–03:10): at 8k and 16k keys the split is 1–12% faster
-# than walking the group (GQA 4 and 8, d 64 and 128); at 2k 5–25% slower but for GQA 8 d 128 (even):
-# a 2k program runs ~8 steps, and the split adds fixed costs (twice the epilogue's bytes as float32
-# reduce-adds, the sums zeroed and converted).
-SPLIT_MIN_KEYS = 8192
+# Keys from which a GQA causal launch is split (``split_min_keys``). Measured (H200): at 8k and 16k
+# keys the split is 1–12% faster than walking the group (GQA 4 and 8, d 64 and 128; bwd tables of
+# 2026-11-29 04:35–04:55 against those of 03:08–03:10); at 4k 0–11% (graph-replayed,
+# ``gqa_split-20261129-063900.json``); at 2k 2–5% slower (a 2k program runs ~8 steps, and the split
+# adds fixed costs: twice the epilogue's bytes as float32 reduce-adds, the sums zeroed and
+# converted) but where the group's rows are wide, group × d ≥ 1024 (GQA 8 d 128: +10%), whose walk
+# costs the most per step.
+SPLIT_MIN_KEYS = 4096
+SPLIT_MIN_KEYS_WIDE = 2048  # group × d ≥ 1024
+
+
+def split_min_keys(group: int, head_dim: int) -> int:
+    """Keys from which a causal GQA launch of this group and head dim is split over query heads."""
+    return min(SPLIT_MIN_KEYS, SPLIT_MIN_KEYS_WIDE) if group * head_dim >= 1024 else SPLIT_MIN_KEYS
 
 
 def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
     """KV_SHARE of a launch: the GQA group where its programs take one query head each (their dK,
     dV reduce-added in float32 into the KV head's sums, as FlashAttention-3 does), else 1 (a program
-    walks the group). Dense plain causal calls with a group, SPLIT_MIN_KEYS keys or more and the
+    walks the group). Dense plain causal calls with a group, ``split_min_keys`` keys or more and the
     fused dQ (whose staging buffer the sums go through; the float32 adds land in any order, so not
     in deterministic mode): walking the group, a program's step cost grew with it (GQA 8, d 128,
     16k: +15% against MHA; L2 traffic of the group's Q, dO and dQ rows)."""
     plain = variant is None or variant is PLAIN
-    split = causal and plain and cfg.fused_dq and q.shape[1] > k.shape[1] and k.shape[2] >= SPLIT_MIN_KEYS
-    return q.shape[1] // k.shape[1] if split else 1
+    group = q.shape[1] // k.shape[1]
+    split = (causal and plain and cfg.fused_dq and group > 1
+             and k.shape[2] >= split_min_keys(group, q.shape[3]))
+    return group if split else 1
 
 
 def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_share: int = 1) -> dict:
@@ -1456,7 +1476,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
                                  PLAIN if variant is None else variant, dq_acc, row_starts, share)
-    _attn_bwd_gluon_kernel[grid](*args, **kwargs)
+    _attn_bwd_gluon_launcher[grid](*args, **kwargs)
     if share > 1:  # the group's float32 sums, rounded once
         dk.copy_(dk_out)
         dv.copy_(dv_out)
