@@ -171,6 +171,7 @@ def test_speed_writes_tflops(tmp_path, capsys, torch_cpu_path):
     status, out, err = run_cli(TINY_SPEED + ["--out", str(tmp_path)], capsys)
     assert status == 0, err
     assert "TFLOP/s, fwd, d=16, causal" in out
+    assert "ours against sdpa-math: fwd at or above at " in out and "; bwd at or above at " in out
     rows = json.loads(one(tmp_path, "attention_speed-*.json").read_text())["results"]
     assert len(rows) == 2 * 2 * 2  # methods × modes × lengths
     for r in rows:
@@ -181,6 +182,22 @@ def test_speed_writes_tflops(tmp_path, capsys, torch_cpu_path):
         assert r["tflops"] > 0
     assert one(tmp_path, "attention_speed-*.png").stat().st_size > 0
     assert one(tmp_path, "attention_speed-*.csv").stat().st_size > 0
+
+
+def test_standing_counts_the_points_at_or_above_a_peer():
+    from flashattn_lite.bench.attention import standing
+
+    def row(method, mode, n, tflops, status="ok"):
+        return {"method": method, "mode": mode, "head_dim": 64, "causal": n > 1024, "N": n, "tflops": tflops,
+                "status": status}
+    rows = [row("ours", "fwd", 1024, 10.0), row("peer", "fwd", 1024, 10.0),   # equal counts as at or above
+            row("ours", "fwd", 2048, 9.0), row("peer", "fwd", 2048, 10.0),
+            row("ours", "fwd", 4096, 12.0), row("peer", "fwd", 4096, 1.0, "error"),  # the peer failed: no point
+            row("ours", "bwd", 1024, 5.0), row("peer", "bwd", 1024, 4.0)]
+    assert standing(rows, "peer") == [
+        {"mode": "fwd", "at_or_above": 1, "points": 2, "lowest": 0.9, "lowest_at": "d=64 causal 2k"},
+        {"mode": "bwd", "at_or_above": 1, "points": 1, "lowest": 1.25, "lowest_at": "d=64 non-causal 1k"}]
+    assert standing(rows, "absent") == []
 
 
 def test_memory_plot_marks_oom_and_comparison(tmp_path):

@@ -242,6 +242,23 @@ def pivot(rows: list[dict], methods: list[str], d: int, causal: bool, mode: str)
     return table
 
 
+def standing(rows: list[dict], peer: str, ours: str = "ours") -> list[dict]:
+    """Per mode, where ``ours`` stands against ``peer`` over the points both ran: how many points
+    it is at or above (TFLOP/s ≥ the peer's), of how many, and its lowest ratio with that point."""
+    ok = {(r["method"], r["mode"], r["head_dim"], r["causal"], r["N"]): r["tflops"]
+          for r in rows if r["status"] == "ok"}
+    result = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        ratios = [(ok[(ours, *point)] / ok[(peer, *point)], point) for (m, *point) in ok
+                  if m == peer and point[0] == mode and (ours, *point) in ok]
+        if ratios:
+            low, (_, d, causal, n) = min(ratios, key=lambda x: x[0])
+            result.append({"mode": mode, "at_or_above": sum(r >= 1 for r, _ in ratios), "points": len(ratios),
+                           "lowest": low, "lowest_at": f"d={d} {'causal' if causal else 'non-causal'} "
+                                                       f"{common.format_size(n)}"})
+    return result
+
+
 def _report(writer, methods, dtype, args, val) -> None:
     rows = writer.rows
     combos = list(dict.fromkeys((r["head_dim"], r["causal"], r["mode"]) for r in rows))
@@ -249,6 +266,13 @@ def _report(writer, methods, dtype, args, val) -> None:
         print(f"\nTFLOP/s, {mode}, d={d}, {'causal' if causal else 'non-causal'}, {dtype_name(dtype)}, "
               f"B·N={val['tokens']}, H={val['hidden'] // d}")
         print(common.format_table(pivot(rows, methods, d, causal, mode), ["N"] + methods))
+    if "ours" in methods:
+        print()
+        for peer in methods:
+            parts = [f"{s['mode']} at or above at {s['at_or_above']} of {s['points']} points "
+                     f"(lowest {s['lowest']:.3g} ×: {s['lowest_at']})" for s in standing(rows, peer)]
+            if peer != "ours" and parts:
+                print(f"ours against {peer}: " + "; ".join(parts))
     notes = {(r["method"], r["note"]) for r in rows if r["status"] in ("unavailable", "error") and r["note"]}
     for m, note in sorted(notes):
         print(f"  {m}: {note}")
