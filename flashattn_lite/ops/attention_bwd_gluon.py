@@ -48,9 +48,9 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
 * GQA: a program walks its KV head's group of query heads (its dK, dV the sums over the group),
   except a dense plain causal call from 4k keys (2k where group × d ≥ 1024) with the fused dQ
   (``group_split``): one program per query head's key tile, as MHA, K and V read at head h // G
-  (``KV_SHARE``), and
-  dK·scale, dV reduce-added in float32 into the KV head's sums through the dQ staging buffer, as
-  FlashAttention-3 does (rounded once, after the kernel; in any order, so not bit-reproducible).
+  (``KV_SHARE``), and dK·scale, dV reduce-added in float32 into the KV head's sums through the dQ
+  staging buffer, as FlashAttention-3 does (rounded once, after the kernel; in any order, so not
+  bit-reproducible).
   Without ``fused_dq`` the kernel computes dK, dV only and dq comes from the Triton TMA backward's
   dQ kernel (``attention_bwd_hopper._dq_hopper_kernel``): 7 GEMMs, deterministic.
 * Causal: query tiles wholly above the diagonal are never loaded; the diagonal band (and, in the
@@ -1056,6 +1056,7 @@ def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
 
 @functools.lru_cache(maxsize=None)
 def _row_layout():
+    """The row descriptors' layout, built once (a Gluon layout costs ~10 µs of Python to build)."""
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
