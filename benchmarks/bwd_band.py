@@ -72,9 +72,8 @@ def cudnn_ms(q, k, v, do, rep_ms: float) -> float | None:
 
 def run_point(d: int, n: int, group: int, bands: list[int], rep_ms: float) -> dict:
     B, H = max(1, 16384 // n), 2048 // d
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, do = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    k, v = (torch.randn(B, H // group, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    q, k, v, do = (t.detach() for t in peers.Problem(B, H, H // group, n, d, torch.bfloat16, True,
+                                                       "cuda").make_inputs("bwd"))
     scale = d ** -0.5
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, True)
     cfg = gluon_bwd.default_config(d, True, n)

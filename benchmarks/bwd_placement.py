@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashattn_lite.bench import peers  # noqa: E402
 from flashattn_lite.bench.common import time_ms, write_json  # noqa: E402
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
@@ -100,9 +101,8 @@ def telling_bits(trials: list[dict], split: float, top: int = 3) -> list[dict]:
 
 def run_point(d: int, causal: bool, n: int, group: int, trials: int, rep_ms: float, rng: random.Random) -> dict:
     B, H = max(1, 16384 // n), 2048 // d
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, do = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    k, v = (torch.randn(B, H // group, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    q, k, v, do = (t.detach() for t in peers.Problem(B, H, H // group, n, d, torch.bfloat16, causal,
+                                                       "cuda").make_inputs("bwd"))
     scale = d ** -0.5
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, causal)
     seen = {}
