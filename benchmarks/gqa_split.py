@@ -29,20 +29,29 @@ from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 WAYS = {"walk": 1 << 62, "split": 0}  # the keys from which each way of ours splits
 
 
-def main():
+def _sizes(text: str) -> list[int]:
+    sizes = [common.parse_size(x) for x in text.split(",") if x]
+    if not sizes:
+        raise ValueError(f"expected comma-separated lengths such as 2k,4k, got {text!r}")
+    return sizes
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--rounds", type=int, default=5, help="rounds per point (>= 1)")
-    ap.add_argument("--lengths", default="2048,4096", help="comma-separated N (default 2048,4096)")
-    args = ap.parse_args()
+    ap.add_argument("--lengths", type=_sizes, default=[2048, 4096], help="comma-separated N (default 2k,4k)")
+    args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
-    try:
-        lengths = [common.parse_size(x) for x in args.lengths.split(",") if x]
-    except ValueError as exc:
-        ap.error(f"--lengths: {exc}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
+    return args
+
+
+def main():
+    args = parse_args()
+    lengths = args.lengths
     default = gluon_bwd.split_min_keys
     rows = []
     for d in (64, 128):

@@ -56,17 +56,22 @@ def profile(fn, calls: int = 20, top: int = 30) -> str:
     return out.getvalue()
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--rounds", type=int, default=5, help="rounds per point (>= 1)")
     ap.add_argument("--n", type=common.parse_size, default=2048, help="sequence length (default 2k)")
     ap.add_argument("--profile", action="store_true", help="also cProfile our calls at each point")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
+    return args
+
+
+def main():
+    args = parse_args()
     rows = []
     for mode, d, causal in POINTS:
         problem = Problem(batch=max(1, 16384 // args.n), heads=2048 // d, kv_heads=2048 // d, seqlen=args.n,

@@ -477,6 +477,20 @@ def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
     assert exit_info.value.code == 2 and needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, argv, needle", [("host_bound", ["--rounds", "0"], "--rounds"),
+                                                ("host_bound", ["--n", "2q"], "--n"),
+                                                ("gqa_split", ["--rounds", "-1"], "--rounds"),
+                                                ("gqa_split", ["--lengths", "2k,x"], "--lengths"),
+                                                ("gqa_split", ["--lengths", ","], "--lengths")],
+                         ids=["host-rounds", "host-n", "split-rounds", "split-lengths", "split-no-lengths"])
+def test_host_bound_and_gqa_split_reject_bad_arguments(name, argv, needle, capsys):
+    # GPU benchmarks: a bad argument is a usage error naming it, before any GPU work.
+    module = load_benchmark(name)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
 def test_bwd_placement_finds_the_bit_that_splits_the_modes():
     # The analysis on made-up trials: slow exactly where bit 21 of the distance dQ buffer − q is set.
     module = load_benchmark("bwd_placement")
