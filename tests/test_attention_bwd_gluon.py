@@ -763,7 +763,7 @@ def test_dk_dv_are_deterministic(monkeypatch, shape, split):
     # One program writes each dK, dV row (a GQA program walking its group); a split GQA launch
     # (``group_split``) adds the group's rows in float32 in any order, within one rounding.
     if split:
-        monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
+        monkeypatch.setattr(gluon_bwd, "split_min_keys", lambda group, d: 0)
     q, k, v, do, o, lse = _saved(shape, torch.bfloat16, True)
     runs = [gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True) for _ in range(2)]
     assert_same_dk_dv(*runs, shape, True)
@@ -775,10 +775,10 @@ def test_dk_dv_are_deterministic(monkeypatch, shape, split):
                                                   ((2, 8, 2, 1000, 777, 128), torch.float16, "bnhd")],
                          ids=["d128-gqa4", "d64-gqa8", "d128-gqa4-strided"])
 def test_split_group_matches_reference(monkeypatch, shape, dtype, layout):
-    # A GQA launch split into one program per query head (``group_split``; from SPLIT_MIN_KEYS keys,
+    # A GQA launch split into one program per query head (``group_split``; from ``split_min_keys`` keys,
     # here at any length): the float32 dK, dV sums against float64, in the head-major order, every
     # head banded and the last head banded (the group's heads apart in the order in each).
-    monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
+    monkeypatch.setattr(gluon_bwd, "split_min_keys", lambda group, d: 0)
     B, Hq, Hkv, Nq, Nk, D = shape
     q, k = torch.empty(B, Hq, Nq, D, device="meta"), torch.empty(B, Hkv, Nk, D, device="meta")
     assert gluon_bwd.group_split(q, k, True, None, gluon_bwd.default_config(D, True, max(Nq, Nk))) == Hq // Hkv
@@ -793,7 +793,7 @@ def test_split_group_matches_reference(monkeypatch, shape, dtype, layout):
 def test_deterministic_mode_walks_the_gqa_group(monkeypatch):
     # Under torch.use_deterministic_algorithms a GQA causal call is not split (at any length): every
     # gradient bit-identical from run to run.
-    monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
+    monkeypatch.setattr(gluon_bwd, "split_min_keys", lambda group, d: 0)
     q, k, v, do, o, lse = _saved((2, 8, 2, 2000, 2000, 128), torch.bfloat16, True)
     torch.use_deterministic_algorithms(True)
     try:
@@ -1180,7 +1180,7 @@ def test_group_split_plan(monkeypatch):
     wide_k = torch.empty(1, 2, 2048, 128, device="meta")
     assert gluon_bwd.group_split(wide_q, wide_k, True, None, gluon_bwd.CONFIGS[128][0]) == 8
     assert gluon_bwd.group_split(wide_q, wide_k[:, :, 1:], True, None, gluon_bwd.CONFIGS[128][0]) == 1
-    monkeypatch.setattr(gluon_bwd, "SPLIT_MIN_KEYS", 0)
+    monkeypatch.setattr(gluon_bwd, "split_min_keys", lambda group, d: 0)
     assert gluon_bwd.group_split(q, k, True, None, fused) == 4
     assert gluon_bwd.group_split(q, k, False, None, fused) == 1
     assert gluon_bwd.group_split(q, k, True, Variant(softcap=5.0), fused) == 1

@@ -1246,7 +1246,7 @@ SPLIT_MIN_KEYS_WIDE = 2048  # group × d ≥ 1024
 
 def split_min_keys(group: int, head_dim: int) -> int:
     """Keys from which a causal GQA launch of this group and head dim is split over query heads."""
-    return min(SPLIT_MIN_KEYS, SPLIT_MIN_KEYS_WIDE) if group * head_dim >= 1024 else SPLIT_MIN_KEYS
+    return SPLIT_MIN_KEYS_WIDE if group * head_dim >= 1024 else SPLIT_MIN_KEYS
 
 
 def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
