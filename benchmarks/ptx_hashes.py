@@ -241,6 +241,14 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon ps d128 m128 softcap+sinks", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", softcap=30.0,
                                                            sinks=True)),
          ("gluon ps d64", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64)),
+         # d 64's non-causal default below 8k: the three consumers persistent, with the options
+         # ``default_config`` leaves on them (no ALiBi; softcap only without a left side).
+         ("gluon ps d64 full", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64, causal=False)),
+         ("gluon ps d64 window both+sinks", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64, causal=False,
+                                                         left=300, right=40, sinks=True)),
+         ("gluon ps d64 window right+softcap+sinks", gluon, dict(config="g-m192-n128-s3-pp-r160-ps", d=64,
+                                                                  causal=False, right=40, softcap=30.0,
+                                                                  sinks=True)),
          # d 64 with two ping-ponging consumers (128-row tiles), one tile per program and persistent.
          ("gluon d64 m128 pp", gluon, dict(config="g-m128-n128-s3-pp-r240", d=64)),
          ("gluon ps d64 m128", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", d=64)),

@@ -369,13 +369,16 @@ def test_configs():
             assert cfg._replace(persistent=False).name + "-ps" == cfg._replace(persistent=True).name
             flat = gluon_fwd.one_tile_per_program(cfg)  # how ranges and varlen run it
             assert not flat.persistent and not flat.v_stages and flat.stages == max(cfg.stages, cfg.v_stages)
-    # The default: persistent below 8k at d 128, and at d 64 for causal calls (where it measured
-    # faster), any options.
+    # The default: persistent below 8k, with any options but for d 64's non-causal calls with ALiBi,
+    # or softcap and a window's left side (two consumers one tile per program: the three spill).
     for d in gluon_fwd.HEAD_DIMS:
         for causal in (False, True):
             for n in (1024, 2048, 8191, 8192, 16384):
-                for flags in ((False, False, False), (True, True, True)):
-                    persistent = n < 8192 and (d == 128 or causal)
+                for flags in ((False, False, False), (False, True, False), (False, False, True),
+                              (True, False, False), (False, True, True), (True, True, True)):
+                    alibi, softcap, left = flags
+                    spills = d == 64 and not causal and (alibi or (softcap and left))
+                    persistent = n < 8192 and not spills
                     assert gluon_fwd.default_config(d, causal, n, *flags).persistent == persistent
 
 

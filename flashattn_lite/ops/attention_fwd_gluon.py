@@ -167,10 +167,11 @@ LOADER_REGS = 24
 # Measured and left out (H100, 2026-11-24): m128 with 64-key tiles (d 64 and 128) and m128 n128
 # with 2 stages at d 128 (never the best, by 5–25%); n176 / n192 (TMA blocks are powers of two) and
 # d 64 n256 (spills).
-# Persistent configs (``Config.persistent``; the default at d 128 below 8k): against the same
+# Persistent configs (``Config.persistent``; the default below 8k): against the same
 # configs one tile per program, head-major units (``gluon_fwd-20261125-002134.json``): d 128 m128
 # n128 +1.6% / +5.1% at 2k (non-causal / causal), +1.9% / +2.6% at 8k, −1.8% / −9.8% at 16k; d 64
-# −8.5% to +1.7%. (Walked bh-fastest, they lost up to 39%: K/V read from DRAM.) Two Q sets but
+# −8.5% to +1.7% with one Q set; with two, d 64's three consumers non-causal +4 to +9.5% below 8k
+# (H200, ``default_config``). (Walked bh-fastest, they lost up to 39%: K/V read from DRAM.) Two Q sets but
 # for m128 n128 at d 128 (224 KB with one; ``Config.q_sets``). No spills in plain calls, causal or
 # not, nor with softcap, sinks or a window alone (triton 3.6, sm_90); ALiBi, or every option at
 # once, adds a few per tile outside the key loop (one register in it for m128 n128 with every
@@ -203,7 +204,10 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     kernel and 319 / 377 for three consumers; at 8k 442 against 457 for three consumers,
     ``gluon_fwd-20261125-041725.json``), with any option (no spills), and without turns: their softmax
     is longer than the other consumer's GEMMs, so the turns only add waits (H200, +0.9% / +1.0% at
-    2k / 4k, outputs bit-identical: ``gluon_checkout-20261128-2342.json``). d 128: two ping-ponging consumers
+    2k / 4k, outputs bit-identical: ``gluon_checkout-20261128-2342.json``); non-causal below N 8k,
+    the three consumers persistent (H200, three sweeps: +5.6 to +9.5% at 2k, +4.0 / +4.5% at 4k
+    against the same config one tile per program; at 8k −6.6 / +4.2%, at 16k ±0.6%:
+    ``gluon_fwd-20261129-072237.json``, ``-072506.json``, ``-072605.json``). d 128: two ping-ponging consumers
     with 128-key tiles and three stages at every length, causal or not (612–653 non-causal, 493–680
     causal; three consumers with 64-key tiles, the choice below 8k before the grid went head-major, now
     trail by 5–9% there), persistent below N 8k (``gluon_fwd-20261125-002134.json``: +1.6% non-causal
@@ -216,7 +220,9 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     if head_dim == 64:
         if causal and n < 8192:
             return Config(2, 128, 3, False, persistent=True)
-        return Config(2, 128, 3, False) if alibi or (left and softcap) else Config(3, 128, 3, True, 160)
+        if alibi or (left and softcap):
+            return Config(2, 128, 3, False)
+        return Config(3, 128, 3, True, 160, persistent=not causal and n < 8192)
     if n < 8192:
         return Config(2, 128, 2, True, persistent=True, v_stages=3)
     return Config(2, 128, 3, True)
