@@ -214,7 +214,11 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     and +5.1% causal at 2k against the same config one tile per program; from 8k ±3% to −10%), there
     with a 2-deep K ring, a 3-deep V ring and two Q sets (the next tile's Q loads during this one:
     +4.8% non-causal and +7.2% causal at 2k against one Q set and two 3-deep rings,
-    ``gluon_checkout-20261125-0812.json``). A persistent config takes dense batches only:
+    ``gluon_checkout-20261125-0812.json``; the best of the four 128-row configs at 2k, 3k and 4k,
+    causal or not, in three runs each on the H200, ``gluon_fwd-20261129-074101.json``), and for
+    causal calls below 12k, midway between 8k, where it leads the one-tile config by 3.9–4.6% in
+    three runs, and 16k, where it trails by 0.8% on average (``gluon_fwd-20261129-074213.json``,
+    ``-074224.json``, ``-074232.json``). A persistent config takes dense batches only:
     ``attention_forward_gluon`` runs ranges and varlen one tile per program (``one_tile_per_program``).
     """
     if head_dim == 64:
@@ -223,9 +227,13 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
         if alibi or (left and softcap):
             return Config(2, 128, 3, False)
         return Config(3, 128, 3, True, 160, persistent=not causal and n < 8192)
-    if n < 8192:
+    if n < (CAUSAL_PERSISTENT_MAX_N if causal else 8192):
         return Config(2, 128, 2, True, persistent=True, v_stages=3)
     return Config(2, 128, 3, True)
+
+
+# d 128's causal calls run persistent below this length (``default_config``).
+CAUSAL_PERSISTENT_MAX_N = 12288
 
 
 @triton.jit
