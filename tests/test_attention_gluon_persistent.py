@@ -369,16 +369,16 @@ def test_configs():
             assert cfg._replace(persistent=False).name + "-ps" == cfg._replace(persistent=True).name
             flat = gluon_fwd.one_tile_per_program(cfg)  # how ranges and varlen run it
             assert not flat.persistent and not flat.v_stages and flat.stages == max(cfg.stages, cfg.v_stages)
-    # The default: persistent below 8k (d 128 causal: below 12k), with any options but for d 64's
+    # The default: persistent below 8k (d 128 causal without ALiBi: below 12k), with any options but for d 64's
     # non-causal calls with ALiBi, or softcap and a window's left side (two consumers one tile per
     # program: the three spill).
     for d in gluon_fwd.HEAD_DIMS:
         for causal in (False, True):
-            limit = gluon_fwd.CAUSAL_PERSISTENT_MAX_N if d == 128 and causal else 8192
             for n in (1024, 2048, 8191, 8192, 12287, 12288, 16384):
                 for flags in ((False, False, False), (False, True, False), (False, False, True),
                               (True, False, False), (False, True, True), (True, True, True)):
                     alibi, softcap, left = flags
+                    limit = gluon_fwd.CAUSAL_PERSISTENT_MAX_N if d == 128 and causal and not alibi else 8192
                     spills = d == 64 and not causal and (alibi or (softcap and left))
                     persistent = n < limit and not spills
                     assert gluon_fwd.default_config(d, causal, n, *flags).persistent == persistent
