@@ -501,9 +501,12 @@ if _HAS_GLUON:
         else:
             if key >= mid_hi:
                 cols = key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                visible = gl.expand_dims(cols < n_k, 0)
                 if CAUSAL:
-                    visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1))
+                    # A row i < Nq sees keys up to i + off ≤ Nk − 1: the diagonal also masks the keys
+                    # past Nk, one compare a score. (Rows past Nq, never stored, may see them.)
+                    visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off, 1)
+                else:
+                    visible = gl.expand_dims(cols < n_k, 0)
                 s = gl.where(visible, s, float("-inf"))
         return s, fold, r
 
