@@ -216,9 +216,10 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     +4.8% non-causal and +7.2% causal at 2k against one Q set and two 3-deep rings,
     ``gluon_checkout-20261125-0812.json``; the best of the four 128-row configs at 2k, 3k and 4k,
     causal or not, in three runs each on the H200, ``gluon_fwd-20261129-074101.json``), and for
-    causal calls without ALiBi below 12k (``CAUSAL_PERSISTENT_MAX_N``), midway between 8k, where it leads the one-tile config by 3.9–4.6% in
-    three runs, and 16k, where it trails by 0.8% on average (``gluon_fwd-20261129-074213.json``,
-    ``-074224.json``, ``-074232.json``). A persistent config takes dense batches only:
+    causal calls without ALiBi below 12k (``CAUSAL_PERSISTENT_MAX_N``), midway between 8k, where it
+    leads the one-tile config by 3.9–4.6% in three runs, and 16k, where it trails by 0.8% on average
+    (``gluon_fwd-20261129-074213.json``, ``-074224.json``, ``-074232.json``). A persistent config
+    takes dense batches only:
     ``attention_forward_gluon`` runs ranges and varlen one tile per program (``one_tile_per_program``).
     """
     if head_dim == 64:
