@@ -39,11 +39,9 @@ def _sizes(text: str) -> list[int]:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--rounds", type=int, default=5, help="rounds per point (>= 1)")
+    ap.add_argument("--rounds", type=common.round_count, default=5, help="rounds per point (>= 1)")
     ap.add_argument("--lengths", type=_sizes, default=[2048, 4096], help="comma-separated N (default 2k,4k)")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
     return args

@@ -59,12 +59,10 @@ def profile(fn, calls: int = 20, top: int = 30) -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--rounds", type=int, default=5, help="rounds per point (>= 1)")
+    ap.add_argument("--rounds", type=common.round_count, default=5, help="rounds per point (>= 1)")
     ap.add_argument("--n", type=common.parse_size, default=2048, help="sequence length (default 2k)")
     ap.add_argument("--profile", action="store_true", help="also cProfile our calls at each point")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
     return args

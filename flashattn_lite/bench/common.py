@@ -1,6 +1,7 @@
 """Pieces every benchmark shares: timing, the environment record, result files."""
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime as _dt
 import io
@@ -373,6 +374,17 @@ def add_run_arguments(p) -> None:
     p.add_argument("--time-budget", type=seconds, default=None, metavar="SECONDS",
                    help="start no new point after SECONDS (the point running then finishes); the points "
                         "not started are listed under 'skipped' in the JSON (default: no limit)")
+
+
+def round_count(text: str) -> int:
+    """argparse type of a ``--rounds`` option: an int >= 1 (a usage error naming the option otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def seconds(text: str) -> float:
