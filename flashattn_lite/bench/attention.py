@@ -268,10 +268,10 @@ def _report(writer, methods, dtype, args, val) -> None:
         print(common.format_table(pivot(rows, methods, d, causal, mode), ["N"] + methods))
     if "ours" in methods:
         print()
-        for peer in methods:
+        for peer in (m for m in methods if m != "ours"):
             parts = [f"{s['mode']} at or above at {s['at_or_above']} of {s['points']} points "
                      f"(lowest {s['lowest']:.3g} ×: {s['lowest_at']})" for s in standing(rows, peer)]
-            if peer != "ours" and parts:
+            if parts:
                 print(f"ours against {peer}: " + "; ".join(parts))
     notes = {(r["method"], r["note"]) for r in rows if r["status"] in ("unavailable", "error") and r["note"]}
     for m, note in sorted(notes):
