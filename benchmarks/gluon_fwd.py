@@ -1,9 +1,9 @@
 """The Gluon forward (warp-specialized wgmma + TMA) against the Triton Hopper kernel and SDPA: TFLOP/s.
 
 Problem as in ``hopper_fwd.py``: bf16, 16k tokens (B·N = 16384), hidden 2048 (H = 2048 / d),
-d ∈ {64, 128}, causal or not, N ∈ {2048, 8192, 16384}, Nq = Nk. At each point: the Triton Hopper
+d ∈ {64, 128, 256}, causal or not, N ∈ {2048, 8192, 16384}, Nq = Nk. At each point: the Triton Hopper
 kernel at its default config (``attention_fwd_hopper.default_config``; its o and lse are the
-reference), every Gluon config of the sweep (``attention_fwd_gluon.CONFIGS``; the best is reported
+reference; at d 256, which it does not take, the portable kernel under ``"portable"``), every Gluon config of the sweep (``attention_fwd_gluon.CONFIGS``; the best is reported
 with its config), torch SDPA's cuDNN and flash backends. Each Gluon config's output is compared with
 the Hopper kernel's first (max |Δo|, max |Δlse|): a config off by more than bf16 rounding is marked
 wrong and never reported as the best; one that fails to compile is recorded and skipped. Timing:
@@ -33,6 +33,7 @@ from hopper_fwd import (LSE_TOL, O_TOL, Budget, argument_parser, flops, inputs, 
 
 from flashattn_lite.ops import attention_fwd_gluon as glu  # noqa: E402
 from flashattn_lite.ops import attention_fwd_hopper as hopper  # noqa: E402
+from flashattn_lite.ops.attention_fwd import attention_forward  # noqa: E402
 
 CONFIG_WIDTH = 24
 
@@ -52,12 +53,20 @@ def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
     def hopper_default():
         return hopper.attention_forward_hopper(q, k, v, scale, causal)
 
-    def time_hopper():
-        ref = hopper_default()
-        return ref, measure(hopper_default, work, rep_ms)
+    def portable():
+        with hopper.disabled():
+            return attention_forward(q, k, v, scale=scale, causal=causal, causal_offset=0, mask=None,
+                                     dropout_p=0.0, seed=0)
 
-    (o_ref, lse_ref), point["hopper_default"] = budget.step(time_hopper)
-    point["hopper_default"]["config"] = hopper.default_config(d, causal, n).name
+    peer, name = (hopper_default, "hopper_default") if d in hopper.HEAD_DIMS else (portable, "portable")
+
+    def time_peer():
+        ref = peer()
+        return ref, measure(peer, work, rep_ms)
+
+    (o_ref, lse_ref), point[name] = budget.step(time_peer)
+    if name == "hopper_default":
+        point[name]["config"] = hopper.default_config(d, causal, n).name
 
     def run(cfg):
         return glu.attention_forward_gluon(q, k, v, scale, causal, config=cfg)
@@ -79,7 +88,7 @@ def run_point(d, causal, n, configs, budget, rep_ms) -> dict:
 def table_line(p, config_width: int = CONFIG_WIDTH) -> str:
     def tf(entry):
         return f"{entry['tflops']:7.1f}" if isinstance(entry, dict) and "tflops" in entry else "      -"
-    best, hop = p.get("gluon_best"), p.get("hopper_default")
+    best, hop = p.get("gluon_best"), p.get("hopper_default", p.get("portable"))
     ratio = f"{hop['ms'] / best['ms']:5.2f}x" if best and hop and "ms" in hop else "    -"
     cudnn = p.get("sdpa-cudnn")
     vs_cudnn = f"{cudnn['ms'] / best['ms']:5.2f}x" if best and cudnn and "ms" in cudnn else "    -"

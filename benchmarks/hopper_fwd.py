@@ -51,7 +51,7 @@ def argument_parser(doc: str, kernel: str, *, sdpa_switch: bool = False) -> argp
                    help="directory for the JSON (default: benchmarks/results)")
     p.add_argument("--time-budget", type=float, default=240.0,
                    help="seconds for the whole run; no timing starts past it (default 240)")
-    p.add_argument("--head-dims", default="64,128", help="comma-separated, from 64,128 (default both)")
+    p.add_argument("--head-dims", default="64,128", help="comma-separated head dims the kernel takes (default 64,128)")
     p.add_argument("--lengths", default="2048,8192,16384", help="comma-separated N (B = 16384 // N)")
     p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     p.add_argument("--configs", default="all",

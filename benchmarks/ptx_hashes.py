@@ -263,7 +263,24 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon ps d128 m128 k2v3", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps")),
          ("gluon ps d128 m128 k2v3 full", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps", causal=False)),
          ("gluon ps d128 m128 k2v3 causal window+all", gluon, dict(config="g-m128-n128-s2v3-pp-r240-ps", left=300,
-                                                                   softcap=30.0, alibi=True, sinks=True))]
+                                                                   softcap=30.0, alibi=True, sinks=True)),
+         # d 256 (the forward only): 64-key tiles, a 2-deep ring; the default persistent below 12k.
+         ("gluon d256 plain", gluon, dict(d=256)), ("gluon d256 full", gluon, dict(d=256, causal=False)),
+         ("gluon d256 softcap", gluon, dict(d=256, softcap=30.0)),
+         ("gluon d256 alibi (B, H)", gluon, dict(d=256, alibi_bh=True)),
+         ("gluon d256 softcap+alibi+sinks", gluon, dict(d=256, softcap=30.0, alibi=True, sinks=True)),
+         ("gluon d256 causal window+all", gluon, dict(d=256, left=4095, softcap=30.0, alibi=True, sinks=True)),
+         ("gluon d256 window both+softcap+sinks", gluon, dict(d=256, left=300, right=40, causal=False, softcap=30.0,
+                                                              sinks=True)),
+         ("gluon d256 no turns", gluon, dict(d=256, config="g-m128-n64-s2-r240")),
+         ("gluon d256 one tile", gluon, dict(d=256, config="g-m128-n64-s2-pp-r240")),
+         ("gluon ps d256 no turns", gluon, dict(d=256, config="g-m128-n64-s2-r240-ps")),
+         ("gluon ps d256 softcap+alibi+sinks", gluon, dict(d=256, config="g-m128-n64-s2-pp-r240-ps", softcap=30.0,
+                                                           alibi=True, sinks=True)),
+         ("gluon d256 varlen causal", gluon_seq, dict(seq="varlen", d=256)),
+         ("gluon d256 ranges", gluon_seq, dict(seq="ranges", d=256, causal=False)),
+         ("gluon d256 varlen causal window+all", gluon_seq, dict(seq="varlen", d=256, left=300, softcap=30.0,
+                                                                 alibi_bh=True, sinks=True))]
 
 
 def ptxas(ptx):

@@ -177,10 +177,11 @@ def _attention(d, dv, dtype, group, kv_heads, causal, backward, lengths, device,
     With the backward, on a GPU, also a call at each key tile of the one-launch backward of short
     calls (``attention_bwd.SHORT_BLOCKS``), a kernel of its own with a binary per tile (where the
     options keep a call off it, these take the three-launch kernels, already compiled)."""
+    from .ops import attention_fwd_gluon as gluon
     from .ops import attention_fwd_hopper as hopper
     from .ops.attention_bwd import SHORT_BLOCKS
     hopper_gpu = (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and not padded
-                  and hopper.enabled() and dtype in hopper.DTYPES and d == dv and d in hopper.HEAD_DIMS)
+                  and hopper.enabled() and dtype in hopper.DTYPES and d == dv and d in gluon.HEAD_DIMS)
     for n in lengths:
         with hopper.disabled():
             _attention_call(1, d, dv, dtype, group, kv_heads, causal, backward, n, device, options, padded)

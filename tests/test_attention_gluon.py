@@ -39,7 +39,7 @@ def test_module_imports_and_says_why_not():
 
 # (B, Hq, Hkv, Nq, Nk): lengths 1, 17, 1000, 4097 (partial tiles), Nq ≠ Nk both ways (Nq > Nk under
 # causal leaves rows with no key), GQA 2:1 (4:1 in its own test: the Hopper kernel compiles once per
-# group, the Gluon kernel takes it at run time); each at d 64 and 128.
+# group, the Gluon kernel takes it at run time); each at d 64, 128 and 256.
 SHAPES = [
     (1, 2, 2, 1, 1),
     (2, 4, 2, 17, 17),
@@ -59,7 +59,7 @@ def check(shape, dtype, causal, config, *, vs_hopper=True):
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, causal, config=config)
     o_ref = check_against_reference(o, lse, q, k, v, causal)
 
-    if not vs_hopper:
+    if not vs_hopper or shape[-1] not in hopper.HEAD_DIMS:  # d 256: the Gluon kernel's only
         return
     o_hop, lse_hop = hopper.attention_forward_hopper(q, k, v, scale, causal)
     assert_close_to_ref(o, o_hop, o_ref, eps=EPS[dtype], what="output vs the Triton Hopper kernel's error")
@@ -228,6 +228,30 @@ def test_attention_dispatches_where_it_measured_fastest(d, causal, n, takes_gluo
     direct = (gluon_fwd.attention_forward_gluon if takes_gluon else hopper.attention_forward_hopper)(
         q, k, v, d ** -0.5, causal)[0]
     assert torch.equal(attention(q, k, v, causal=causal), direct)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
+    with hopper.disabled():
+        want = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
+    for g, w in zip(grads, want):
+        assert (g.float() - w.float()).norm() <= 2e-2 * w.float().norm()
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_head_dim_256_forward_takes_it_backward_the_portable_kernels(causal):
+    # d 256 (Gemma's head dim): attention() sends the forward to the Gluon kernel (the Triton TMA
+    # kernel does not take d 256), causal at 1k too (CAUSAL_MIN_N[256] is 0: the alternative is the
+    # portable kernel); the backward, which no Hopper kernel takes at d 256, runs the portable
+    # kernels from the Gluon kernel's (o, lse) and gives their gradients. 2³² of work: MIN_WORK.
+    from flashattn_lite import attention, explain
+    from flashattn_lite.ops import attention_fwd
+    q, k, v = make_qkv((2, 8, 4, 1024, 1024, 256), torch.bfloat16)
+    attention_fwd._HOPPER.clear()
+    how = explain(q, k, v, causal=causal, backward=False)
+    assert how.path == "hopper" and "Gluon" in how.reason
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 256 ** -0.5, causal)
+    assert torch.equal(attention(q, k, v, causal=causal), o)
+    check_against_reference(o, lse, q, k, v, causal)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     grads = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
     with hopper.disabled():

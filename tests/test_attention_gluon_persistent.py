@@ -357,21 +357,22 @@ PERSISTENT = [(d, c) for d in gluon_fwd.HEAD_DIMS for c in gluon_fwd.CONFIGS[d] 
 
 def test_configs():
     # Persistent configs in the sweep for each head dim, named -ps; Q double-buffered where two sets
-    # and the rings fit (all but m128 n128 with two 3-deep rings at d 128); every config fits in shared
-    # memory.
+    # and the rings fit (all but m128 n128 with two 3-deep rings at d 128, and d 256); every config fits
+    # in shared memory.
     assert {d for d, _ in PERSISTENT} == set(gluon_fwd.HEAD_DIMS)
     for d, configs in gluon_fwd.CONFIGS.items():
         for cfg in configs:
             assert cfg.name.endswith("-ps") == cfg.persistent
             assert cfg.smem_bytes(d, cfg.q_sets(d)) <= gluon_fwd.SMEM_BYTES
-            one_set = not cfg.persistent or ((d, cfg.block_m, cfg.block_n) == (128, 128, 128) and not cfg.v_stages)
+            one_set = (not cfg.persistent or d == 256
+                       or ((d, cfg.block_m, cfg.block_n) == (128, 128, 128) and not cfg.v_stages))
             assert cfg.q_sets(d) == (1 if one_set else 2)
             assert cfg._replace(persistent=False).name + "-ps" == cfg._replace(persistent=True).name
             flat = gluon_fwd.one_tile_per_program(cfg)  # how ranges and varlen run it
             assert not flat.persistent and not flat.v_stages and flat.stages == max(cfg.stages, cfg.v_stages)
     # The default: persistent below 8k (d 128 causal without ALiBi: below 12k), with any options but for d 64's
     # non-causal calls with ALiBi, or softcap and a window's left side (two consumers one tile per
-    # program: the three spill).
+    # program: the three spill); d 256 at every length, but causal from 12k.
     for d in gluon_fwd.HEAD_DIMS:
         for causal in (False, True):
             for n in (1024, 2048, 8191, 8192, 12287, 12288, 16384):
@@ -380,6 +381,8 @@ def test_configs():
                     alibi, softcap, left = flags
                     limit = gluon_fwd.CAUSAL_PERSISTENT_MAX_N if d == 128 and causal and not alibi else 8192
                     spills = d == 64 and not causal and (alibi or (softcap and left))
+                    if d == 256:
+                        limit = gluon_fwd.CAUSAL_PERSISTENT_MAX_N if causal else 1 << 31
                     persistent = n < limit and not spills
                     assert gluon_fwd.default_config(d, causal, n, *flags).persistent == persistent
 

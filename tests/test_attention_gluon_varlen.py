@@ -196,6 +196,7 @@ GRID = [(lens, d, dtype, causal, hq, hkv)
         for n, (lens, causal, (hq, hkv)) in enumerate((lens, causal, heads) for lens in LENS for causal in (True, False)
                                                        for heads in ((4, 2), (2, 2)))
         for d, dtype in [SETTINGS[n % len(SETTINGS)]]]
+GRID += [(LENS[1], 256, torch.bfloat16, True, 4, 2), (LENS[2], 256, torch.float16, False, 2, 2)]  # the Gluon forward's d 256
 
 
 def _portable(q4, k4, v4, scale, causal, variant):
@@ -226,7 +227,8 @@ def test_varlen_matches_reference_and_portable(lens, d, dtype, causal, hq, hkv):
 
 
 @needs_gpu
-@pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (64, torch.float16)], ids=["d128-bf16", "d64-fp16"])
+@pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (64, torch.float16), (256, torch.bfloat16)],
+                         ids=["d128-bf16", "d64-fp16", "d256-bf16"])
 def test_varlen_with_window_and_options(d, dtype):
     # A causal window with softcap, per-sequence ALiBi slopes (B, Hq) and sinks, across sequence ends.
     lens_q, lens_k = [17, 1000, 1, 4097], [40, 1000, 5, 4097]

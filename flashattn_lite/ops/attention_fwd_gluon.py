@@ -1,7 +1,7 @@
 """Attention forward for Hopper (sm_90) in Gluon: an FA3-style warp-specialized schedule.
 
 Same contract as ``attention_forward_hopper`` (ops/attention_fwd_hopper.py): causal (bottom-right
-aligned) or not, GQA, fp16/bf16, D ∈ {64, 128}, and the score options of a dense batch in
+aligned) or not, GQA, fp16/bf16, D ∈ {64, 128, 256}, and the score options of a dense batch in
 ``variant``: a sliding window, softcap, ALiBi slopes, attention sinks; o (B, Hq, Nq, D) contiguous
 in q's dtype, lse (B, Hq, Nq) float32 natural log (the sink term included), a row with no visible
 key o = 0 and lse = −inf (the sink's logit, with sinks).
@@ -107,7 +107,7 @@ try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked 
 except Exception:  # noqa: BLE001 - any import problem means: no Gluon path here
     _HAS_GLUON = False
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)  # 256: the forward only (the Triton TMA kernel and the backwards: 64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 # The Gluon API is experimental and changes between releases: the kernel is written for (and
 # compiled against) triton 3.6.
@@ -190,6 +190,9 @@ CONFIGS = {
           Config(3, 64, 4, False, 160), Config(3, 64, 3, True, 160, persistent=True),
           Config(2, 128, 3, True, persistent=True), Config(2, 128, 3, False, persistent=True),
           Config(2, 128, 2, True, persistent=True, v_stages=3)],
+    # d 256: 64-key tiles in a 2-deep ring, the only K/V ring beside two consumers' Q that fits (192 KB).
+    256: [Config(2, 64, 2, True), Config(2, 64, 2, False), Config(2, 64, 2, True, persistent=True),
+          Config(2, 64, 2, False, persistent=True)],
 }
 
 
@@ -221,7 +224,16 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     (``gluon_fwd-20261129-074213.json``, ``-074224.json``, ``-074232.json``). A persistent config
     takes dense batches only:
     ``attention_forward_gluon`` runs ranges and varlen one tile per program (``one_tile_per_program``).
+    d 256 (H200, three sweeps each, ``gluon_fwd-20261129-091536.json``, ``-091615.json``,
+    ``-091655.json``): two consumers with 64-key tiles and a 2-deep ring, persistent with turns
+    (causal 1k–8k +3 to +12% over the same config one tile per program; non-causal within ±3% of
+    every other config, 580–669 TFLOP/s), and causal from 12k one tile per program without turns
+    (659–660 against 646–647 persistent at 16k).
     """
+    if head_dim == 256:
+        if causal and n >= CAUSAL_PERSISTENT_MAX_N:
+            return Config(2, 64, 2, False)
+        return Config(2, 64, 2, True, persistent=True)
     if head_dim == 64:
         if causal and n < 8192:
             return Config(2, 128, 3, False, persistent=True)
@@ -233,8 +245,9 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     return Config(2, 128, 3, True)
 
 
-# d 128's causal calls run persistent below this length (``default_config``); with ALiBi below 8k, as
-# before (the persistent config spills 88 bytes with it, the one-tile config none: ptx_hashes.py).
+# d 128's and d 256's causal calls run persistent below this length (``default_config``); d 128's with
+# ALiBi below 8k, as before (the persistent config spills 88 bytes with it, the one-tile config none:
+# ptx_hashes.py).
 CAUSAL_PERSISTENT_MAX_N = 12288
 
 
@@ -1133,8 +1146,8 @@ def supported(q, k, v, **options) -> str | None:
         return "this triton has no Gluon Hopper API (triton.experimental.gluon)"
     if not triton.__version__.startswith(TESTED_TRITON):
         return f"triton {triton.__version__}: the Gluon kernel is written for triton {TESTED_TRITON[0]}x"
-    from .attention_fwd_hopper import supported as hopper_supported
-    return hopper_supported(q, k, v, **options)
+    from .attention_fwd_hopper import covered
+    return covered(q, k, v, HEAD_DIMS, options)
 
 
 # Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, bf16, B·N
@@ -1146,7 +1159,9 @@ def supported(q, k, v, **options) -> str | None:
 # not all of them, which is what made causal calls short; its length is the call's (max(Nq, Nk)),
 # not the window's, so a causal 4k window at 32k is long. Windows are measured at 32k only
 # (``flashattn-lite variants``).
-CAUSAL_MIN_N = {64: 2048, 128: 2048}
+# d 256: the TMA kernel does not take it, so the alternative is the portable kernel, 2.8 × slower at
+# causal 1k (``gluon_fwd-20261129-091536.json``): every length.
+CAUSAL_MIN_N = {64: 2048, 128: 2048, 256: 0}
 
 
 def _short(causal: bool, variant: Variant, n_q: int, n_k: int, head_dim: int) -> bool:

@@ -346,7 +346,8 @@ def _device_reason(q, k, v) -> str | None:
 
 
 def supported(q, k, v, **options) -> str | None:
-    """None when ``attention_forward_hopper`` covers this call, else the reason in words.
+    """None when ``attention_forward_hopper`` covers this call, else the reason in words
+    (``covered`` at this kernel's head dims).
 
     Covered: CUDA tensors on an sm_90 device, fp16/bf16, q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with
     Hq a multiple of Hkv and D ∈ {64, 128}, last stride 1, base and other strides 16-byte aligned
@@ -356,6 +357,12 @@ def supported(q, k, v, **options) -> str | None:
     a window: ``_reason_for_variant``); masks, dropout and ranges/varlen layouts are not, nor the
     variant options given by name. CPU tensors are never covered, even under the interpreter (the
     tests call ``attention_forward_hopper`` directly)."""
+    return covered(q, k, v, HEAD_DIMS, options)
+
+
+def covered(q, k, v, head_dims: tuple, options: dict) -> str | None:
+    """``supported``'s rules with the head dims ``head_dims``: the Gluon forward's rules are these at
+    its own head dims."""
     if not _HAS_TMA:
         return f"triton {triton.__version__} has no tensor descriptors"
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
@@ -368,8 +375,8 @@ def supported(q, k, v, **options) -> str | None:
     (B, Hq, Nq, D), (Bk, Hkv, Nk, Dk) = q.shape, k.shape
     if tuple(v.shape) != (Bk, Hkv, Nk, D) or Bk != B or Dk != D or Hkv == 0 or Hq % Hkv != 0:
         return "shapes are not q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with Hkv dividing Hq"
-    if D not in HEAD_DIMS:
-        return f"head dim {D} (only {HEAD_DIMS}, and Dv == D)"
+    if D not in head_dims:
+        return f"head dim {D} (only {head_dims}, and Dv == D)"
     if min(B, Hq, Nq, Nk) == 0:
         return "an empty tensor"
     if max(Nq, Nk) >= 2 ** 31 - 2 ** 16:
