@@ -69,7 +69,7 @@ def layer_options(config) -> tuple:
 # its kernels compiled once each of these ran: the shipped table's rows (2k, 4k and 8k rows; the
 # buckets are powers of two up to 8k, each length taking the nearest row), the Hopper kernels'
 # ``default_config`` switches (8k, and 16k for the TMA forward at d 128 causal), the Gluon forward's
-# (8k, and 12k at d 128 causal: ``CAUSAL_PERSISTENT_MAX_N``) and its causal crossover
+# (8k, and 12k at d 128 and 256 causal: ``CAUSAL_PERSISTENT_MAX_N``) and its causal crossover
 # (``CAUSAL_MIN_N``: 2k; 1k compiles the TMA kernel below it).
 # ``tests/test_warmup.py`` checks it against them.
 LENGTH_CLASSES = (1024, 2048, 4096, 6144, 8192, 12288, 16384)
