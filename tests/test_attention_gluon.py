@@ -37,6 +37,18 @@ def test_module_imports_and_says_why_not():
         assert gluon_fwd.default_config(d) in configs
 
 
+def test_causal_length_rule():
+    # Causal and window calls below CAUSAL_MIN_N[d] keys or queries take the TMA kernel at d 64 and
+    # 128 (non-causal calls never); d 256, which the TMA kernel does not take, has no such floor.
+    from flashattn_lite.ops.attention_fwd import PLAIN, Variant
+    window = Variant(left=100)
+    for d in (64, 128):
+        n = gluon_fwd.CAUSAL_MIN_N[d]
+        assert gluon_fwd._short(True, PLAIN, n - 1, n - 1, d) and gluon_fwd._short(False, window, 17, n - 1, d)
+        assert not gluon_fwd._short(True, PLAIN, 17, n, d) and not gluon_fwd._short(False, PLAIN, 17, 17, d)
+    assert not gluon_fwd._short(True, PLAIN, 17, 17, 256) and not gluon_fwd._short(False, window, 17, 17, 256)
+
+
 # (B, Hq, Hkv, Nq, Nk): lengths 1, 17, 1000, 4097 (partial tiles), Nq ≠ Nk both ways (Nq > Nk under
 # causal leaves rows with no key), GQA 2:1 (4:1 in its own test: the Hopper kernel compiles once per
 # group, the Gluon kernel takes it at run time); each at d 64, 128 and 256.

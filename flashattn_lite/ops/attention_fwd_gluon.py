@@ -1128,7 +1128,8 @@ def _dense(variant):
 
 def supported(q, k, v, **options) -> str | None:
     """None when ``attention_forward_gluon`` covers this call, else the reason in words: the Hopper
-    TMA kernel's rules (``attention_fwd_hopper.supported``: a ``variant`` with a sliding window,
+    TMA kernel's rules at this kernel's head dims (``attention_fwd_hopper.covered``, ``HEAD_DIMS``:
+    d 256 too), as ``attention_fwd_hopper.supported`` applies them (a ``variant`` with a sliding window,
     softcap, ALiBi slopes, sinks; no mask, dropout or unknown option) on the tensors as given (for
     varlen the (1, H, total, D) views), ranges and varlen layouts besides (``_variant_reason``; their
     call's ``causal_offset`` unused), plus a triton whose Gluon this kernel was written for."""
