@@ -1,11 +1,12 @@
 """The Gluon forward (warp-specialized wgmma + TMA) against the Triton Hopper kernel and SDPA: TFLOP/s.
 
 Problem as in ``hopper_fwd.py``: bf16, 16k tokens (B·N = 16384), hidden 2048 (H = 2048 / d),
-d ∈ {64, 128, 256}, causal or not, N ∈ {2048, 8192, 16384}, Nq = Nk. At each point: the Triton Hopper
-kernel at its default config (``attention_fwd_hopper.default_config``; its o and lse are the
-reference; at d 256, which it does not take, the portable kernel under ``"portable"``), every Gluon config of the sweep (``attention_fwd_gluon.CONFIGS``; the best is reported
-with its config), torch SDPA's cuDNN and flash backends. Each Gluon config's output is compared with
-the Hopper kernel's first (max |Δo|, max |Δlse|): a config off by more than bf16 rounding is marked
+d ∈ {64, 128, 256}, causal or not, N ∈ {2048, 8192, 16384}, Nq = Nk. At each point: the Triton
+Hopper kernel at its default config (``attention_fwd_hopper.default_config``; its o and lse are
+the reference; at d 256, which it does not take, the portable kernel, under ``"portable"``), every
+Gluon config of the sweep (``attention_fwd_gluon.CONFIGS``; the best is reported with its config),
+torch SDPA's cuDNN and flash backends. Each Gluon config's output is compared with the reference
+kernel's first (max |Δo|, max |Δlse|): a config off by more than bf16 rounding is marked
 wrong and never reported as the best; one that fails to compile is recorded and skipped. Timing:
 ``common.time_ms`` (median, cold clean L2). TFLOP/s = 4·B·H·N²·d / t, halved under causal.
 

@@ -223,7 +223,7 @@ def check(shape, dtype, causal, name, opts, config=None):
         sink = options["sinks"].view(1, -1, 1).expand_as(lse)
         assert torch.allclose(lse[hidden], sink[hidden])
 
-    if dtype != torch.bfloat16 or q.shape[-1] not in hopper.HEAD_DIMS:  # d 256: the Gluon kernel's only
+    if dtype != torch.bfloat16 or q.shape[-1] not in hopper.HEAD_DIMS:  # the TMA kernel does not take d 256
         return
     o_hop, lse_hop = hopper.attention_forward_hopper(q, k, v, scale, causal, variant=variant)
     assert_close_to_ref(o, o_hop, o_ref, eps=EPS[dtype], what="output vs the TMA kernel's error")
