@@ -12,7 +12,6 @@ device's time alone; None where the capture fails).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -29,22 +28,11 @@ from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 WAYS = {"walk": 1 << 62, "split": 0}  # the keys from which each way of ours splits
 
 
-def _sizes(text: str) -> list[int]:
-    sizes = [common.parse_size(x) for x in text.split(",") if x]
-    if not sizes:
-        raise ValueError(f"expected comma-separated lengths such as 2k,4k, got {text!r}")
-    return sizes
-
-
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--rounds", type=common.round_count, default=5, help="rounds per point (>= 1)")
-    ap.add_argument("--lengths", type=_sizes, default=[2048, 4096], help="comma-separated N (default 2k,4k)")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA device")
-    return args
+    def add(ap):
+        ap.add_argument("--lengths", type=common.size_list, default=[2048, 4096],
+                        help="comma-separated N (default 2k,4k)")
+    return common.gpu_script_args(__doc__, Path(__file__).parent / "results", add, argv)
 
 
 def main():

@@ -12,7 +12,6 @@ GPU runs behind). Where ``host_ms`` comes near the device time the table's numbe
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import os
@@ -57,15 +56,10 @@ def profile(fn, calls: int = 20, top: int = 30) -> str:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--rounds", type=common.round_count, default=5, help="rounds per point (>= 1)")
-    ap.add_argument("--n", type=common.parse_size, default=2048, help="sequence length (default 2k)")
-    ap.add_argument("--profile", action="store_true", help="also cProfile our calls at each point")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA device")
-    return args
+    def add(ap):
+        ap.add_argument("--n", type=common.parse_size, default=2048, help="sequence length (default 2k)")
+        ap.add_argument("--profile", action="store_true", help="also cProfile our calls at each point")
+    return common.gpu_script_args(__doc__, Path(__file__).parent / "results", add, argv)
 
 
 def main():

@@ -78,6 +78,17 @@ def check(shape, dtype, causal, config, *, vs_hopper=True):
     check_lse(lse, lse_hop.double(), dtype)
 
 
+def check_grads_match_portable(q, k, v, causal):
+    """attention()'s gradients (from the Hopper forward's o, lse) within 2% of the portable kernels'."""
+    from flashattn_lite import attention
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
+    with hopper.disabled():
+        want = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
+    for g, w in zip(grads, want):
+        assert (g.float() - w.float()).norm() <= 2e-2 * w.float().norm()
+
+
 @needs_gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", gluon_fwd.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -240,12 +251,7 @@ def test_attention_dispatches_where_it_measured_fastest(d, causal, n, takes_gluo
     direct = (gluon_fwd.attention_forward_gluon if takes_gluon else hopper.attention_forward_hopper)(
         q, k, v, d ** -0.5, causal)[0]
     assert torch.equal(attention(q, k, v, causal=causal), direct)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    grads = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
-    with hopper.disabled():
-        want = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
-    for g, w in zip(grads, want):
-        assert (g.float() - w.float()).norm() <= 2e-2 * w.float().norm()
+    check_grads_match_portable(q, k, v, causal)
 
 
 @needs_gpu
@@ -264,9 +270,4 @@ def test_head_dim_256_forward_takes_it_backward_the_portable_kernels(causal):
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 256 ** -0.5, causal)
     assert torch.equal(attention(q, k, v, causal=causal), o)
     check_against_reference(o, lse, q, k, v, causal)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    grads = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
-    with hopper.disabled():
-        want = torch.autograd.grad(attention(*leaves, causal=causal).float().square().sum(), leaves)
-    for g, w in zip(grads, want):
-        assert (g.float() - w.float()).norm() <= 2e-2 * w.float().norm()
+    check_grads_match_portable(q, k, v, causal)

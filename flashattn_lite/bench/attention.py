@@ -80,8 +80,7 @@ def _resolve(args):
         methods = parse_methods(val["methods"])
         modes = common.split_list(val["modes"], MODES, "--modes")
         head_dims = [int(x) for x in str(val["head_dims"]).split(",") if x.strip()]
-        lengths = ([common.parse_size(x) for x in str(val["lengths"]).split(",") if x.strip()] if val["lengths"]
-                   else common.doubling(val["min_n"], val["max_n"]))
+        lengths = common.size_list(val["lengths"]) if val["lengths"] else common.doubling(val["min_n"], val["max_n"])
     except ValueError as e:
         raise common.BenchArgumentError(f"--head-dims / --lengths / --dtype / --methods / --modes: {e}") from None
     if not head_dims or any(not 1 <= h <= 256 for h in head_dims):

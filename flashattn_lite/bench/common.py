@@ -232,6 +232,28 @@ def parse_size(text: str) -> int:
     return value
 
 
+def size_list(text: str) -> list[int]:
+    """Comma-separated token counts such as 2k,8k,16k (``parse_size`` each; at least one); argparse ``type=``."""
+    sizes = [parse_size(t) for t in str(text).split(",") if t.strip()]
+    if not sizes:
+        raise ValueError(f"expected comma-separated lengths such as 2k,8k, got {text!r}")
+    return sizes
+
+
+def gpu_script_args(doc: str, out: str | os.PathLike, add_arguments: Callable, argv=None) -> argparse.Namespace:
+    """The command line of a GPU benchmark script: ``--out`` (default ``out``), ``--rounds`` (>= 1,
+    default 5), what ``add_arguments(parser)`` adds; a usage error without a CUDA device, before any
+    GPU work."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=str(out))
+    ap.add_argument("--rounds", type=round_count, default=5, help="rounds per point (>= 1)")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device")
+    return args
+
+
 def format_size(n: int) -> str:
     """1024 → '1k', 524288 → '512k', 1048576 → '1M'; other numbers as they are."""
     if n >= 1024 ** 2 and n % 1024 ** 2 == 0:

@@ -76,11 +76,9 @@ def _resolve(args, device: str) -> dict:
     val = common.settings(args, DEFAULTS[device], QUICK[device])
     try:
         val["dtype"] = parse_dtype(val["dtype"])
-        val["lengths"] = [common.parse_size(t) for t in str(val["lengths"]).split(",") if t.strip()]
+        val["lengths"] = common.size_list(val["lengths"])
     except ValueError as e:
-        raise common.BenchArgumentError(str(e)) from None
-    if not val["lengths"]:
-        raise common.BenchArgumentError("--lengths: give at least one length")
+        raise common.BenchArgumentError(f"--dtype / --lengths: {e}") from None
     if args.layout == "zigzag" and any(n % 2 for n in val["lengths"]):
         raise common.BenchArgumentError(f"--lengths: zigzag needs even per-GPU lengths, got {val['lengths']}")
     if val["heads"] < 1 or val["kv_heads"] < 1 or val["heads"] % val["kv_heads"]:
