@@ -313,6 +313,7 @@ def test_quick_preset_and_explicit_options():
     (["softmax", "--time-budget", "soon"], "--time-budget"),
     (["softmax", "--dtypes", "int8"], "--dtypes"),
     (["speed", "--lengths", "lots"], "--lengths"),
+    (["speed", "--lengths", ","], "--lengths"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_bad_run_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
     status, _, err = run_cli(argv + ["--out", str(tmp_path)], capsys)

@@ -95,9 +95,8 @@ def _resolve(args):
     for h in head_dims:
         if args.gqa <= 0 or (val["hidden"] // h) % args.gqa:
             raise common.BenchArgumentError(f"--gqa {args.gqa} must divide the head count {val['hidden'] // h} (d={h})")
-    if not lengths:
-        raise common.BenchArgumentError(f"--min-n ({val['min_n']}) is larger than --max-n ({val['max_n']})"
-                                        if not val["lengths"] else f"--lengths: no length in {val['lengths']!r}")
+    if not lengths:  # an empty --lengths is size_list's error above
+        raise common.BenchArgumentError(f"--min-n ({val['min_n']}) is larger than --max-n ({val['max_n']})")
     return device, dtype, methods, modes, head_dims, lengths, val
 
 
