@@ -162,6 +162,11 @@ def gluon_bwd(opts, causal=True, d=128):
         ranges = torch.tensor([[0, 1000], [24, 1024]], dtype=torch.int32)
         variant = variant._replace(seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     cfg = g.default_config(d, causal, 8192)
+    if getattr(cfg, "split_d", False):  # head dim 256: the wide kernel
+        import flashattn_lite.ops.attention_bwd_gluon_wide as w
+        _, args, kwargs = w.launch(q, kv, kv, q, kv, kv, torch.zeros(B, H, N, d), rows, rows, 0.088, causal, cfg,
+                                   variant)
+        return _compile_gluon(w._attn_bwd_gluon_wide_kernel, args, kwargs)
     _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
                                 dq_acc=torch.zeros(B, H, N, d), row_starts=torch.zeros(4, dtype=torch.int32))
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
@@ -280,7 +285,13 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d256 varlen causal", gluon_seq, dict(seq="varlen", d=256)),
          ("gluon d256 ranges", gluon_seq, dict(seq="ranges", d=256, causal=False)),
          ("gluon d256 varlen causal window+all", gluon_seq, dict(seq="varlen", d=256, left=300, softcap=30.0,
-                                                                 alibi_bh=True, sinks=True))]
+                                                                 alibi_bh=True, sinks=True)),
+         ("gluon bwd d256", gluon_bwd, dict(d=256)), ("gluon bwd d256 full", gluon_bwd, dict(d=256, causal=False)),
+         ("gluon bwd d256 softcap", gluon_bwd, dict(d=256, softcap=30.0)),
+         ("gluon bwd d256 alibi (B, H)", gluon_bwd, dict(d=256, alibi_bh=True)),
+         ("gluon bwd d256 causal window+all", gluon_bwd, dict(d=256, left=4095, softcap=30.0, alibi=True,
+                                                              sinks=True)),
+         ("gluon bwd d256 window both", gluon_bwd, dict(d=256, left=300, right=40, causal=False))]
 
 
 def ptxas(ptx):

@@ -123,14 +123,15 @@ def test_configs_fit_and_default_is_swept():
                 assert gluon_bwd.default_config(d, causal, n) in configs
         for cfg in configs:
             assert gluon_bwd.config_reason(d, cfg) is None, cfg.name
-            assert cfg.block_n == 128
+            assert cfg.block_n == (64 if cfg.split_d else 128)
             assert gluon_bwd.shared_memory_bytes(d, cfg) + gluon_bwd.SMEM_SLACK <= gluon_bwd.SMEM_LIMIT
 
 
 def test_shared_memory_model():
     # The offline sm_90 compile (triton 3.6) allotted these bytes; the model is within the slack.
     compiled = {(64, gluon_bwd.Config(2, 64, 3, True, 2)): 149504, (64, gluon_bwd.Config(2, 64, 3, False)): 83840,
-                (128, gluon_bwd.Config(2, 64, 2, True, 2)): 198112, (128, gluon_bwd.Config(2, 64, 2, False)): 132448}
+                (128, gluon_bwd.Config(2, 64, 2, True, 2)): 198112, (128, gluon_bwd.Config(2, 64, 2, False)): 132448,
+                (256, gluon_bwd.CONFIGS[256][0]): 230896}
     for (d, cfg), smem in compiled.items():
         model = gluon_bwd.shared_memory_bytes(d, cfg)
         assert model <= smem <= model + gluon_bwd.SMEM_SLACK, cfg.name
@@ -148,6 +149,22 @@ def test_bad_config_is_refused_before_launch(cfg, why):
     with pytest.raises(ValueError, match=why):
         gluon_bwd.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.1, causal=True, config=cfg)
     assert "head dim" in gluon_bwd.config_reason(96, gluon_bwd.CONFIGS[64][0])
+
+
+def test_head_dim_256_takes_the_split_head_dim_kernel_only():
+    # D 256's dK and dV do not fit a consumer's registers whole: only the split-head-dim configs run
+    # there, and they run nowhere else.
+    wide = gluon_bwd.CONFIGS[256][0]
+    assert wide.split_d and wide.block_n == 64 and wide.name.endswith("-sd")
+    for d in (64, 128):
+        assert "split-head-dim" in gluon_bwd.config_reason(d, wide)
+    for cfg in (gluon_bwd.CONFIGS[128][0], wide._replace(ds_bufs=2), wide._replace(fused_dq=False)):
+        assert gluon_bwd.config_reason(256, cfg) is not None
+    assert gluon_bwd.default_config(256, True, 8192, deterministic=True) == wide
+    q = torch.zeros(2, 4, 100, 256, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, 100, 256, dtype=torch.bfloat16)
+    assert gluon_bwd.group_split(q, k, True, None, wide) == 1
+    assert not gluon_bwd.defers_dq(256, wide, False)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -1099,7 +1116,7 @@ def test_attention_backward_dispatch_with_options(monkeypatch, case):
 VARIANT_BWD_SHAPES = [(1, 4, 2, 1000, 1037), (2, 4, 1, 517, 517), (1, 2, 2, 1037, 300), (1, 8, 4, 4097, 4097)]
 VARIANT_BWD_CASES = [
     (name, d, causal, dtype, VARIANT_BWD_SHAPES[(i + 2 * j + (d == 128)) % len(VARIANT_BWD_SHAPES)])
-    for i, (name, _) in enumerate(OPTION_SETS) for j, d in enumerate((64, 128))
+    for i, (name, _) in enumerate(OPTION_SETS) for j, d in enumerate((64, 128, 256))
     for causal in (False, True) for dtype in (torch.float16, torch.bfloat16)
 ]
 

@@ -436,6 +436,32 @@ def test_attention_varlen_takes_the_gluon_backward(monkeypatch, causal):
 
 
 @needs_gpu
+def test_varlen_at_head_dim_256_takes_the_portable_backward(monkeypatch):
+    # The head dim 256 kernel takes dense batches only: a varlen call says so and its backward runs
+    # on the portable kernels, which agree with the float64 reference.
+    import flashattn_lite as fa
+    from flashattn_lite.reference import attention_varlen_reference
+    lq = [17, 300, 1000]
+    q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 4, 2, 256, torch.bfloat16, seed=3)
+    pk = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731 - the kernels' (1, H, total, D) view
+    variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=cq)
+    assert "head dim 256" in gluon_bwd.supported(pk(q), pk(k), pk(v), pk(do), causal=True, variant=variant)
+    calls = []
+    real = gluon_bwd.attention_backward_gluon
+    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    got = torch.autograd.grad(fa.attention_varlen(qq, kk, vv, cq, cq, causal=True), (qq, kk, vv), do)
+    assert not calls
+    qr, kr, vr = (t.double().requires_grad_(True) for t in (q, k, v))
+    o_ref, _ = attention_varlen_reference(qr, kr.repeat_interleave(2, 1), vr.repeat_interleave(2, 1), cq, cq,
+                                          causal=True)
+    ref = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
+    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
+        err = (a.double() - r).abs().max().item()
+        assert err <= 2e-2 * (r.abs().max().item() + 1.0), (name, err)
+
+
+@needs_gpu
 @pytest.mark.parametrize("d", [64, 128])
 def test_ranges_match_portable(monkeypatch, d):
     # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on

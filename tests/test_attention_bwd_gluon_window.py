@@ -171,7 +171,7 @@ def test_attention_and_explain_take_it_for_windows(monkeypatch, case):
 # (name, causal, window (keys; None unbounded), options, (B, Hq, Hkv, Nq, Nk, D), dtype): causal with a
 # left side (a right side given too: capped at 0), both sides, each side alone, bands of one key and
 # wider than the sequences, odd lengths (1, 17, 1000, 4097), Nq ≠ Nk both ways (rows that see no key:
-# dq 0), GQA 2:1 and 4:1, d 64 and 128, fp16 and bf16, the options with windows.
+# dq 0), GQA 2:1 and 4:1, d 64, 128 and 256, fp16 and bf16, the options with windows.
 F16, BF16 = torch.float16, torch.bfloat16
 GPU_CASES = [
     ("causal-left", True, (255, None), {}, (2, 4, 2, 1000, 1000, 128), BF16),
@@ -201,6 +201,11 @@ GPU_CASES = [
     ("right-alibi", False, (None, 50), dict(alibi="bh"), (1, 4, 2, 1000, 1000, 128), BF16),
     ("left-softcap", False, (70, None), dict(softcap=2.5), (1, 4, 2, 1000, 1000, 128), F16),
     ("causal-left-softcap-d64", True, (129, None), dict(softcap=30.0), (2, 4, 2, 1000, 1000, 64), BF16),
+    # d 256: the split-head-dim kernel (attention_bwd_gluon_wide), Gemma's options
+    ("causal-left-d256", True, (1023, None), {}, (1, 4, 2, 4097, 4097, 256), BF16),
+    ("causal-left-softcap-d256", True, (255, None), dict(softcap=50.0), (1, 4, 2, 1000, 1037, 256), BF16),
+    ("both-all-d256", False, (100, 20), dict(softcap=4.0, sinks=True, alibi="bh"), (1, 4, 2, 1000, 1000, 256), F16),
+    ("right-alibi-d256", False, (None, 50), dict(alibi="h"), (1, 8, 2, 17, 300, 256), BF16),
 ]
 
 

@@ -130,7 +130,7 @@ try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked 
 except Exception:  # noqa: BLE001 - any import problem means: no Gluon path here
     _HAS_GLUON = False
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 LOADER_REGS = 24
@@ -143,22 +143,27 @@ class Config(NamedTuple):
     ``fused_dq`` (dQ by TMA reduce-add in this kernel; else the Triton dQ kernel), ``ds_bufs``
     (fused dQ: sets of dS buffers, 2 lets a consumer write step i + 1's dS while another's dQ
     wgmma of step i still reads its set), ``consumer_regs`` (setmaxnreg for the consumers; the
-    loader gets ``LOADER_REGS``)."""
+    loader gets ``LOADER_REGS``). ``split_d``: the head dim 256 kernel
+    (``attention_bwd_gluon_wide``), whose consumers share one tile of 64 keys, each computing the
+    scores of half the query rows and the gradients' columns of half the head dim (one P/dS set:
+    ``ds_bufs`` 1)."""
     consumers: int
     block_m: int
     stages: int
     fused_dq: bool
     ds_bufs: int = 2
     consumer_regs: int = 240
+    split_d: bool = False
 
     @property
     def block_n(self) -> int:
-        return 64 * self.consumers
+        return 64 if self.split_d else 64 * self.consumers
 
     @property
     def name(self) -> str:
         dq = f"fdq{self.ds_bufs}" if self.fused_dq else "tdq"
-        return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}"
+        return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}" + (
+            "-sd" if self.split_d else "")
 
 
 # The sweep, per head dim. Compiled offline for sm_90a with triton 3.6 (fp16 and bf16, causal or
@@ -187,6 +192,7 @@ class Config(NamedTuple):
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
+    256: [Config(2, 64, 2, True, 1, split_d=True)],
 }
 
 
@@ -197,6 +203,8 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     ``deterministic`` (``torch.use_deterministic_algorithms``): dq by the Triton dQ kernel instead
     of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64: 268–330; 1.08–1.24× the
     Triton TMA pair)."""
+    if head_dim == 256:
+        return CONFIGS[256][0]
     if deterministic:
         return Config(2, 64, 3, False)
     return Config(2, 64, 2, True, 2) if head_dim == 128 else Config(2, 64, 4, True, 2)
@@ -209,6 +217,8 @@ def defers_dq(head_dim: int, cfg: Config, causal: bool, variant: Variant = PLAIN
     ``_spread_banks``' order (``_dq_from_buffer`` undoes it). D 128 with masked steps (causal,
     windows, ranges, varlen) retires it in its own step: deferred, those spill more (causal
     measured 3.5% slower; NOTES, 2026-11-25)."""
+    if cfg.split_d:  # the wide kernel retires each dQ block in its step
+        return False
     split_cols = head_dim // DQ_COLS == cfg.consumers  # D 128: each consumer its own 64 columns
     masked = causal or variant.seq != SEQ_DENSE or window_flags(variant, causal) != (False, False)
     return not (split_cols and masked)
@@ -920,8 +930,9 @@ def supported(q, k, v, do, **options) -> str | None:
     attention or a dense-batch ``variant`` with a sliding window, softcap, ALiBi slopes, sinks
     (``_variant_reason``; the options' tensors and the window sides as the Hopper forward takes
     them, ``attention_fwd_hopper._reason_for_variant``), a triton whose Gluon this kernel was written
-    for, and the Triton TMA backward's rules (``attention_bwd_hopper.supported``: CUDA sm_90,
-    shapes, fp16/bf16, D = Dv ∈ {64, 128}, TMA alignment of q, k, v and do, the other options)."""
+    for, and the Triton TMA backward's rules at this kernel's head dims (``attention_bwd_hopper.supported``:
+    CUDA sm_90, shapes, fp16/bf16, D = Dv ∈ {64, 128, 256}, TMA alignment of q, k, v and do, the other
+    options); at D 256 (``attention_bwd_gluon_wide``) a dense batch only."""
     options = dict(options)
     variant = options.pop("variant", None)
     reason = _variant_reason(variant)
@@ -940,7 +951,9 @@ def supported(q, k, v, do, **options) -> str | None:
         reason = offset_reason(q, k, options.get("causal_offset"), options.get("causal"), variant)
         if reason is not None:
             return reason
-    reason = hopper_supported(q, k, v, do, **options)
+    reason = hopper_supported(q, k, v, do, head_dims=HEAD_DIMS, **options)
+    if reason is None and seq != SEQ_DENSE and q.shape[3] == 256:
+        reason = "a ranges or varlen batch at head dim 256 (the head dim 256 kernel takes dense batches)"
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant
         if seq == SEQ_DENSE:
@@ -995,7 +1008,8 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if deterministic and ((q.shape[3] == 64 and not causal) or _needs_fused_dq(variant, causal)):
+    if deterministic and ((q.shape[3] == 64 and not causal) or q.shape[3] == 256
+                          or _needs_fused_dq(variant, causal)):
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
@@ -1143,8 +1157,13 @@ def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
 def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     """The kernel's shared memory, barriers aside (the offline compile's figure less ~0.5 KB): the K
     and V boxes, the ring of Q, dO, lse₂, δ slots and, with ``fused_dq``, the dS sets and one fp32
-    dQ staging buffer per consumer."""
+    dQ staging buffer per consumer. ``split_d``: one K and one V box, the P and dS buffers and a
+    32-column staging buffer per consumer."""
     m, d, c = cfg.block_m, head_dim, cfg.consumers
+    if cfg.split_d:
+        from .attention_bwd_gluon_wide import DQ_COLS as WIDE_DQ_COLS
+        return (2 * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4) + 2 * m * 64 * itemsize
+                + c * m * WIDE_DQ_COLS * 4)
     total = 2 * c * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4)
     if cfg.fused_dq:
         total += cfg.ds_bufs * c * m * 64 * itemsize + c * m * DQ_COLS * 4
@@ -1162,6 +1181,9 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
         return f"head dim {head_dim} (only {HEAD_DIMS})"
     if cfg.consumers != 2 or cfg.block_m != 64:
         return f"config {cfg.name}: the kernel takes two consumers of 64 keys and 64-row query tiles"
+    if cfg.split_d != (head_dim == 256) or (cfg.split_d and not (cfg.fused_dq and cfg.ds_bufs == 1)):
+        return (f"config {cfg.name} at head dim {head_dim}: head dim 256 takes the split-head-dim configs "
+                "(fused dQ, one dS set), and only it")
     if cfg.stages < 1 or cfg.ds_bufs not in (1, 2):
         return f"config {cfg.name}: stages ≥ 1 and 1 or 2 dS sets"
     need = shared_memory_bytes(head_dim, cfg, itemsize) + SMEM_SLACK
@@ -1258,7 +1280,7 @@ def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
     16k: +15% against MHA; L2 traffic of the group's Q, dO and dQ rows)."""
     plain = variant is None or variant is PLAIN
     group = q.shape[1] // k.shape[1]
-    split = (causal and plain and cfg.fused_dq and group > 1
+    split = (causal and plain and cfg.fused_dq and not cfg.split_d and group > 1
              and k.shape[2] >= split_min_keys(group, q.shape[3]))
     return group if split else 1
 
@@ -1475,15 +1497,21 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     if share > 1:
         dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
         dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
-    grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
-                                 PLAIN if variant is None else variant, dq_acc, row_starts, share)
-    _attn_bwd_gluon_launcher[grid](*args, **kwargs)
+    if cfg.split_d:
+        from . import attention_bwd_gluon_wide as wide
+        grid, args, kwargs = wide.launch(q, k, v, do, dk, dv, dq_acc, lse2_pad, delta_pad, scale, causal, cfg,
+                                         PLAIN if variant is None else variant)
+        wide._attn_bwd_gluon_wide_launcher[grid](*args, **kwargs)
+    else:
+        grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
+                                     PLAIN if variant is None else variant, dq_acc, row_starts, share)
+        _attn_bwd_gluon_launcher[grid](*args, **kwargs)
     if share > 1:  # the group's float32 sums, rounded once
         dk.copy_(dk_out)
         dv.copy_(dv_out)
 
     if cfg.fused_dq:
-        dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
+        dq = _dq_from_buffer(dq_acc, q, kwargs.get("DEFER_DQ", False), dq)
     else:
         _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
     if variant is None:

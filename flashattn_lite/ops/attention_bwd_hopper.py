@@ -50,7 +50,7 @@ from .attention_fwd_hopper import (_NOT_SPECIALIZED, DTYPES, HEAD_DIMS, MIN_WORK
                                    _load_rows, _reason_for_options, _tensor_reason)
 from .attention_fwd_hopper import enabled as _forward_enabled
 from .attention_fwd_hopper import Config as KernelConfig
-from .attention_fwd_hopper import supported as _forward_supported
+from .attention_fwd_hopper import covered
 
 __all__ = ["CONFIGS", "DTYPES", "HEAD_DIMS", "INTERPRETER_CONFIG", "Config", "KernelConfig",
            "PATH_NOTE", "attention_backward_hopper", "default_config", "dq_into", "fast_path", "row_stats",
@@ -228,17 +228,18 @@ def _dq_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, n_h
     dq_desc.store([b, h, start_m, 0], (dq * sm_scale).to(q_t.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
 
 
-def supported(q, k, v, do, **options) -> str | None:
+def supported(q, k, v, do, head_dims: tuple = HEAD_DIMS, **options) -> str | None:
     """None when ``attention_backward_hopper`` covers this call, else the reason in words.
 
-    The forward module's rules for q, k, v and the options (``attention_fwd_hopper.supported``),
+    The forward module's rules for q, k, v and the options (``attention_fwd_hopper.covered`` at
+    ``head_dims``: the Gluon backward's rules are these at its own head dims),
     and for ``do``: q's shape and dtype, last stride 1, base and strides 16-byte aligned, no
     broadcast (stride-0) dim — autograd hands over such a ``do`` for e.g. ``o.sum()``; the caller
     makes it contiguous or takes the portable backward. Options also accepted: ``dlse`` (folded
     into δ by the portable preprocess), ``mask``/``dropout_p``/``variant`` only when inactive."""
     options = dict(options)
     options.pop("dlse", None)
-    reason = _forward_supported(q, k, v)
+    reason = covered(q, k, v, head_dims, {})
     if reason is not None:
         return reason
     if not isinstance(do, torch.Tensor) or tuple(do.shape) != tuple(q.shape) or do.dtype != q.dtype:

@@ -1,0 +1,287 @@
+"""The Gluon attention backward at head dim 256 (Gemma's): the consumers split the head dim.
+
+``attention_bwd_gluon`` keeps each consumer's 64 keys' dK and dV in registers: at D 128 that is
+128 registers a thread, at D 256 it would be 256, more than a thread has. Here a program takes one
+tile of 64 keys of one (batch, KV head), and its two consumer warpgroups share it differently
+(FlashAttention-3's split at this head dim, in this kernel's transposed scores):
+
+* **Scores by query halves.** For each streamed tile of 64 queries, consumer c computes Sᵀ and dPᵀ
+  for the tile's queries [32c, 32c + 32) against all 64 keys (K and V from shared memory, 64 × 32
+  fp32 each), then Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ), and writes both, rounded to the input dtype, as
+  rows of the shared P and dS buffers (queries × keys).
+* **Gradients by head-dim halves.** Once both halves are in (an mbarrier, ``p_ready``), consumer
+  c owns columns [128c, 128c + 128) of every gradient: dV += Pᵀ·dO[:, cols] and dK += dSᵀ·Q[:, cols]
+  (P and dS read transposed from shared memory; 64 × 128 fp32 each, 128 registers a thread for
+  both, as at D 128), and dQ[:, cols] = dS·K[:, cols] as four 32-column wgmmas, each staged in
+  shared memory as it retires and reduce-added into the fp32 dQ buffer by TMA (the D ≤ 128
+  kernel's ``_tma_reduce_add``; 32 columns keep the staging buffers within shared memory: K and V
+  64 KB, two Q/dO slots 128 KB, P and dS 16 KB). Once every wgmma reading P and dS retired, the
+  consumer says so (``p_free``) and the next step may overwrite them.
+* The five GEMMs of the pair as in FlashAttention, none computed twice; the loader warp, the
+  steps' order (GQA group, query tiles of the causal band or window, the rotated start) and the
+  masks are the D ≤ 128 kernel's (``_loader``, ``_query_tile``, ``query_tiles``, ``_masked``).
+* dK·scale and dV leave by masked register stores (rows past Nk dropped).
+
+Covers what ``attention_bwd_gluon.supported`` allows at D 256 for a dense batch: causal (bottom-
+right) or not, GQA (a program walks its group), sliding windows, softcap, ALiBi, sinks (the saved
+lse has them). Ranges and varlen batches, the group split and the deterministic (Triton dQ)
+configs stay at D ≤ 128; the host side (``attention_bwd_gluon.attention_backward_gluon``) is
+shared, so the row statistics, the fp32 dQ buffer, its chunking and the conversion are the same.
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from ..merge import LOG2E
+from .attention_bwd_gluon import _HAS_GLUON
+from .attention_fwd import fold_factor
+
+DQ_COLS = 32  # dQ columns per wgmma and per staged TMA reduce (see the module's docstring)
+
+if _HAS_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+
+    from .._launcher import Launcher
+    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _tma_reduce_add, _to_16bit, banded_key_tile,
+                                      query_tiles)
+
+    _DQW = gl.constexpr(DQ_COLS)
+    _LOG2E = gl.constexpr(LOG2E)
+
+    @gluon.jit
+    def _half_row(smem, s, ME: gl.constexpr, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
+        """This consumer's half of slot ``s``'s lse₂ or δ row, as [1, BLOCK_M / 2] in the score layout."""
+        row = smem.index(s).reshape([BLOCK_M]).slice(ME * (BLOCK_M // 2), BLOCK_M // 2)
+        return gl.expand_dims(row.load(gl.SliceLayout(0, st_layout)), 0)
+
+    @gluon.jit
+    def _send_dq(dq, dq_stage, dq_desc, b, h, start_m, col, sm_scale, ME: gl.constexpr, BLOCK_M: gl.constexpr):
+        """dQ·scale (BLOCK_M × 32, fp32) staged in this consumer's buffer, then reduce-added into the
+        fp32 buffer's columns [col, col + 32) by one TMA op (rows past Nq fall outside it)."""
+        tma.store_wait(0)  # the buffer is free once the previous reduce read it
+        gl.thread_barrier()
+        dq_stage.index(ME).reshape([BLOCK_M, _DQW]).store(dq * sm_scale)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [b, h, start_m, col], dq_stage.index(ME))
+
+    @gluon.jit
+    def _store_rows(x, base, stride_n, first, n_k, COL: gl.constexpr, layout: gl.constexpr):
+        """x (64 keys × HEAD_DIM / 2, the wgmma layout) into rows [first, first + 64) of ``base``
+        (one (batch, head) plane, unit column stride) at columns [COL, COL + width); rows past n_k
+        are dropped."""
+        R: gl.constexpr = x.shape[0]
+        W: gl.constexpr = x.shape[1]
+        rows = first + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        cols = COL + gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+        ok = gl.expand_dims(rows < n_k, 1) & gl.expand_dims(cols < COL + W, 0)
+        at = base + gl.expand_dims(rows.to(gl.int64) * stride_n, 1) + gl.expand_dims(cols, 0)
+        gl.store(at, x.to(base.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _wide_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_stage,
+                       kv_bar, ready, empty, p_ready, p_free, dq_desc, dk_base, dv_base, stride_dkn, stride_dvn,
+                       b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
+                       sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                       ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
+                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                       FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       STAGES: gl.constexpr):
+        """Consumer ``ME`` of a wide-head program: Sᵀ, dPᵀ of query rows [32·ME, +32) of each step,
+        the gradients' columns [HEAD_DIM/2 · ME, +HEAD_DIM/2) (the module's docstring). The scores'
+        options as the D ≤ 128 consumer makes them: softcap c·tanh(s·scale/c) (``fold_factor``) with
+        1 − tanh² in dSᵀ, ALiBi's slope·|i + off − j| subtracted before the exp2's factor."""
+        dtype: gl.constexpr = k_smem.dtype
+        HALF_M: gl.constexpr = BLOCK_M // 2
+        HALF_D: gl.constexpr = HEAD_DIM // 2
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF_M, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF_D, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, _DQW, 16])
+        k_all = k_smem.index(0).reshape([64, HEAD_DIM])
+        v_all = v_smem.index(0).reshape([64, HEAD_DIM])
+        k_mine = k_all.slice(ME * HALF_D, HALF_D, dim=1)
+        keys = start_n + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
+        tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
+        dk = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
+        dv = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
+        st_zero = gl.zeros([64, HALF_M], gl.float32, layout=st_layout)
+        dq_zero = gl.zeros([BLOCK_M, _DQW], gl.float32, layout=dq_layout)
+        keys_f = (keys - off).to(gl.float32)  # ALiBi: |i + off − j| = |i − (j − off)|, exact below 2²⁴
+        mbarrier.wait(kv_bar, 0)
+
+        for it in range(GROUP * n_tiles):
+            s = it % STAGES
+            h, start_m = _query_tile(it, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+            do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+            st = warpgroup_mma(k_all, q_t.slice(ME * HALF_M, HALF_M, dim=0).permute((1, 0)), st_zero, use_acc=False,
+                               is_async=True)
+            dpt = warpgroup_mma(v_all, do_t.slice(ME * HALF_M, HALF_M, dim=0).permute((1, 0)), st_zero,
+                                use_acc=False, is_async=True)
+            m0 = start_m + ME * HALF_M  # this consumer's first query row
+            slope = 0.0
+            if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
+                slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
+                if SOFTCAP:
+                    slope = slope * _LOG2E / softcap2
+                else:
+                    slope = slope * _LOG2E / qk_scale
+            lse2 = _half_row(lse_smem, s, ME, BLOCK_M, st_layout)
+            st = warpgroup_mma_wait(1, deps=[st])  # Sᵀ retired; dPᵀ may still run
+            x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
+            t = x  # tanh(·) under softcap, for its derivative
+            if ALIBI:
+                rows_f = (m0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                x = x - slope * gl.abs(gl.expand_dims(rows_f, 0) - gl.expand_dims(keys_f, 1))
+            pt = gl.exp2(x * fold - lse2)
+            # Masked: the steps outside the rows that see every key (``query_tiles``) and a tile
+            # holding keys past Nk.
+            edge = start_m < mid_lo
+            if HAS_LEFT:
+                edge = edge | (start_m >= mid_hi)
+            if edge | tail:
+                pt = _masked(pt, keys, m0, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, HALF_M,
+                             st_layout)
+            p16 = _to_16bit(pt, dtype, not SOFTCAP)
+            if SOFTCAP:  # Pᵀ ∘ (1 − tanh²), rounded once like Pᵀ: the factor of dSᵀ
+                pd = (pt * (1.0 - t * t)).to(dtype).to(gl.float32)
+            else:
+                pd = p16.to(gl.float32)
+            delta = _half_row(delta_smem, s, ME, BLOCK_M, st_layout)
+            dpt = warpgroup_mma_wait(0, deps=[dpt])
+            ds16 = _to_16bit(pd * (dpt - delta), dtype, not SOFTCAP)
+            # This half's rows of P and dS, once both consumers' wgmmas of the previous step that
+            # read them retired; then wait for the other half.
+            mbarrier.wait(p_free, (it & 1) ^ 1)
+            p_smem.slice(ME * HALF_M, HALF_M, dim=0).store(gl.permute(p16, (1, 0)))
+            ds_smem.slice(ME * HALF_M, HALF_M, dim=0).store(gl.permute(ds16, (1, 0)))
+            fence_async_shared()
+            mbarrier.arrive(p_ready)
+            mbarrier.wait(p_ready, it & 1)
+            dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(ME * HALF_D, HALF_D, dim=1), dv, is_async=True)
+            dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, HALF_D, dim=1), dk, is_async=True)
+            dq0 = warpgroup_mma(ds_smem, k_mine.slice(0, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
+            dq1 = warpgroup_mma(ds_smem, k_mine.slice(_DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
+            dq2 = warpgroup_mma(ds_smem, k_mine.slice(2 * _DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
+            dq3 = warpgroup_mma(ds_smem, k_mine.slice(3 * _DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
+            dv, dk = warpgroup_mma_wait(4, deps=[dv, dk])
+            mbarrier.arrive(empty.index(s))  # Q and dO read for the last time
+            col = ME * HALF_D
+            dq0 = warpgroup_mma_wait(3, deps=[dq0])
+            _send_dq(dq0, dq_stage, dq_desc, b, h, start_m, col, sm_scale, ME, BLOCK_M)
+            dq1 = warpgroup_mma_wait(2, deps=[dq1])
+            _send_dq(dq1, dq_stage, dq_desc, b, h, start_m, col + _DQW, sm_scale, ME, BLOCK_M)
+            dq2 = warpgroup_mma_wait(1, deps=[dq2])
+            _send_dq(dq2, dq_stage, dq_desc, b, h, start_m, col + 2 * _DQW, sm_scale, ME, BLOCK_M)
+            dq3 = warpgroup_mma_wait(0, deps=[dq3])
+            mbarrier.arrive(p_free)  # every wgmma reading P and dS retired
+            _send_dq(dq3, dq_stage, dq_desc, b, h, start_m, col + 3 * _DQW, sm_scale, ME, BLOCK_M)
+        tma.store_wait(0)
+        _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout)
+        _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout)
+
+    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads", "win_left",
+                                  "win_right"])
+    def _attn_bwd_gluon_wide_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv,
+                                    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                    n_heads, n_kv_heads, n_q, n_k, band, banded_heads, win_left, win_right,
+                                    qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
+                                    softcap2,
+                                    HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                                    HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                                    FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
+                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
+        pid = gl.program_id(0)
+        n_key_tiles = gl.cdiv(n_k, 64)
+        if CAUSAL:
+            bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band, banded_heads)
+        else:
+            tile = pid % n_key_tiles
+            bh_kv = pid // n_key_tiles
+        b = bh_kv // n_kv_heads
+        h_kv = bh_kv % n_kv_heads
+        start_n = tile * 64
+        off = n_k - n_q
+        lo, n_tiles, mid_lo, mid_hi = query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL, HAS_LEFT,
+                                                  HAS_RIGHT, BLOCK_M, 64)
+        rot = start_n * 0
+        if ROTATE:
+            rot = tile
+        dk_base = dk + b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh
+        dv_base = dv + b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                               delta_desc.layout)
+        pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], dtype)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
+        dq_stage = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=2)
+        mbarrier.init(p_ready, count=2)
+        mbarrier.init(p_free, count=2)
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_stage,
+                              kv_bar, ready, empty, p_ready, p_free, dq_desc, dk_base, dv_base, stride_dkn,
+                              stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
+                              win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
+                              softcap2, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                              HEAD_DIM, BLOCK_M, STAGES)),
+            (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_stage,
+                              kv_bar, ready, empty, p_ready, p_free, dq_desc, dk_base, dv_base, stride_dkn,
+                              stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
+                              win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
+                              softcap2, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                              HEAD_DIM, BLOCK_M, STAGES)),
+            (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
+                       q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
+                       b, h_kv, start_n, n_heads, lo, n_tiles, rot, 0,
+                       1, GROUP, ROTATE, BLOCK_M, STAGES, 0, 1)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+    _attn_bwd_gluon_wide_launcher = Launcher(_attn_bwd_gluon_wide_kernel)
+
+
+_KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "ALIBI", "FAST_TANH", "GROUP",
+                      "BLOCK_M", "STAGES", "CONSUMER_REGS", "LOADER_REGS")
+
+
+def launch(q, k, v, do, dk, dv, dq_acc, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+    """(grid, args, keyword args) of the wide kernel's launch, from the D ≤ 128 kernel's plan
+    (``attention_bwd_gluon.launch_plan``: grid, launch order, option constexprs) and descriptors; the
+    PTX hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
+    from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
+    from .attention_fwd_gluon import tma_descriptor
+    D = q.shape[3]
+    plan = launch_plan(q, k, cfg, causal, variant)
+    (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
+    m, box = cfg.block_m, [1, 1, 64, D]
+    args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
+            tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m),
+            tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
+            q.shape[1], k.shape[1], q.shape[2], k.shape[2], *plan["order"], win_left, win_right, scale * LOG2E,
+            scale, *options)
+    constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
+    return plan["grid"], args, dict(**constexprs, num_warps=4)
