@@ -148,7 +148,7 @@ def gluon_bwd(opts, causal=True, d=128):
     import torch
     import flashattn_lite.ops.attention_bwd_gluon as g
     opts = dict(opts)
-    seq = opts.pop("seq", None)
+    seq, config = opts.pop("seq", None), opts.pop("config", None)
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
     rows = torch.zeros(B * H, 1024)
     if seq == "varlen":
@@ -162,8 +162,13 @@ def gluon_bwd(opts, causal=True, d=128):
         ranges = torch.tensor([[0, 1000], [24, 1024]], dtype=torch.int32)
         variant = variant._replace(seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     cfg = g.default_config(d, causal, 8192)
-    if getattr(cfg, "split_d", False):  # head dim 256: the wide kernel
+    if config is not None:  # a config of the sweep by name, or the head dim 256 dQ kernel ("dq")
+        cfg = next(c for c in g.CONFIGS[d] if c.name == config or (config == "dq" and not c.fused_dq))
+    if getattr(cfg, "split_d", False):  # head dim 256: the wide kernels
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
+        if config == "dq":
+            _, args, kwargs = w.launch_dq(q, kv, kv, q, q, rows, rows, 0.088, causal, cfg, variant)
+            return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, args, kwargs)
         _, args, kwargs = w.launch(q, kv, kv, q, kv, kv, torch.zeros(B, H, N, d), rows, rows, 0.088, causal, cfg,
                                    variant)
         return _compile_gluon(w._attn_bwd_gluon_wide_kernel, args, kwargs)
@@ -291,7 +296,13 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d256 alibi (B, H)", gluon_bwd, dict(d=256, alibi_bh=True)),
          ("gluon bwd d256 causal window+all", gluon_bwd, dict(d=256, left=4095, softcap=30.0, alibi=True,
                                                               sinks=True)),
-         ("gluon bwd d256 window both", gluon_bwd, dict(d=256, left=300, right=40, causal=False))]
+         ("gluon bwd d256 window both", gluon_bwd, dict(d=256, left=300, right=40, causal=False)),
+         ("gluon bwd d256 fused", gluon_bwd, dict(d=256, config="gb-n64-m64-s2-fdq1-r240-sd")),
+         ("gluon bwd d256 dq", gluon_bwd, dict(d=256, config="dq")),
+         ("gluon bwd d256 dq full", gluon_bwd, dict(d=256, config="dq", causal=False)),
+         ("gluon bwd d256 dq causal window+all", gluon_bwd, dict(d=256, config="dq", left=4095, softcap=30.0,
+                                                                 alibi=True, sinks=True)),
+         ("gluon bwd d256 dq window both", gluon_bwd, dict(d=256, config="dq", left=300, right=40, causal=False))]
 
 
 def ptxas(ptx):

@@ -131,7 +131,8 @@ def test_shared_memory_model():
     # The offline sm_90 compile (triton 3.6) allotted these bytes; the model is within the slack.
     compiled = {(64, gluon_bwd.Config(2, 64, 3, True, 2)): 149504, (64, gluon_bwd.Config(2, 64, 3, False)): 83840,
                 (128, gluon_bwd.Config(2, 64, 2, True, 2)): 198112, (128, gluon_bwd.Config(2, 64, 2, False)): 132448,
-                (256, gluon_bwd.CONFIGS[256][0]): 230896}
+                (256, gluon_bwd.Config(2, 64, 2, False, 1, split_d=True)): 214464,
+                (256, gluon_bwd.Config(2, 64, 2, True, 1, split_d=True)): 230896}
     for (d, cfg), smem in compiled.items():
         model = gluon_bwd.shared_memory_bytes(d, cfg)
         assert model <= smem <= model + gluon_bwd.SMEM_SLACK, cfg.name
@@ -153,12 +154,15 @@ def test_bad_config_is_refused_before_launch(cfg, why):
 
 def test_head_dim_256_takes_the_split_head_dim_kernel_only():
     # D 256's dK and dV do not fit a consumer's registers whole: only the split-head-dim configs run
-    # there, and they run nowhere else.
-    wide = gluon_bwd.CONFIGS[256][0]
-    assert wide.split_d and wide.block_n == 64 and wide.name.endswith("-sd")
-    for d in (64, 128):
-        assert "split-head-dim" in gluon_bwd.config_reason(d, wide)
-    for cfg in (gluon_bwd.CONFIGS[128][0], wide._replace(ds_bufs=2), wide._replace(fused_dq=False)):
+    # there, and they run nowhere else. The default computes dq in its own kernel (no float32
+    # reduce-adds: deterministic too).
+    wide = gluon_bwd.default_config(256, True, 8192)
+    assert wide.split_d and wide.block_n == 64 and wide.name.endswith("-wdq-r240-sd") and not wide.fused_dq
+    for cfg in gluon_bwd.CONFIGS[256]:
+        assert cfg.split_d and gluon_bwd.config_reason(256, cfg) is None
+        for d in (64, 128):
+            assert "split-head-dim" in gluon_bwd.config_reason(d, cfg)
+    for cfg in (gluon_bwd.CONFIGS[128][0], wide._replace(ds_bufs=2)):
         assert gluon_bwd.config_reason(256, cfg) is not None
     assert gluon_bwd.default_config(256, True, 8192, deterministic=True) == wide
     q = torch.zeros(2, 4, 100, 256, dtype=torch.bfloat16)
@@ -821,14 +825,16 @@ def test_deterministic_mode_walks_the_gqa_group(monkeypatch):
 
 
 @needs_gpu
-def test_deterministic_mode_gives_the_same_dq_bits():
-    # Under torch.use_deterministic_algorithms the default config computes dq with the Triton dQ
-    # kernel (one writer per element) instead of fp32 reduce-adds in any order.
-    q, k, v, do, o, lse = _saved((2, 8, 2, 2000, 2000, 128), torch.bfloat16, False)
+@pytest.mark.parametrize("d", [128, 256])
+def test_deterministic_mode_gives_the_same_dq_bits(d):
+    # Under torch.use_deterministic_algorithms the default config computes dq with a dQ kernel (the
+    # Triton one; at d 256 the wide one) with one writer per element, not fp32 reduce-adds in any order.
+    q, k, v, do, o, lse = _saved((2, 8, 2, 2000, 2000, d), torch.bfloat16, False)
     torch.use_deterministic_algorithms(True)
     try:
-        assert not gluon_bwd.default_config(128, False, 2000, True).fused_dq
-        runs = [gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=False) for _ in range(2)]
+        assert not gluon_bwd.default_config(d, False, 2000, True).fused_dq
+        runs = [gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=d ** -0.5, causal=False)
+                for _ in range(2)]
     finally:
         torch.use_deterministic_algorithms(False)
     assert all(torch.equal(a, b) for a, b in zip(*runs))
@@ -897,6 +903,9 @@ def test_deterministic_mode_rules(monkeypatch):
             assert gluon_bwd.fast_path(q, q, q, q, causal, 0, 0.1)
             assert gluon_bwd.fast_path(q, q, q, q, causal, 0, 0.1, deterministic=True) == (d == 128 or causal)
             assert not gluon_bwd.default_config(d, causal, 4096, deterministic=True).fused_dq
+    q = torch.empty(8, 16, 4096, 256, device="meta")  # d 256: the wide pair, one writer per element
+    for causal in (False, True):
+        assert gluon_bwd.fast_path(q, q, q, q, causal, 0, 0.1, deterministic=True)
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
     fused = gluon_bwd.default_config(64)
     assert fused.fused_dq

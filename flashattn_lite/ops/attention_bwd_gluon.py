@@ -161,7 +161,7 @@ class Config(NamedTuple):
 
     @property
     def name(self) -> str:
-        dq = f"fdq{self.ds_bufs}" if self.fused_dq else "tdq"
+        dq = f"fdq{self.ds_bufs}" if self.fused_dq else "wdq" if self.split_d else "tdq"
         return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}" + (
             "-sd" if self.split_d else "")
 
@@ -192,7 +192,7 @@ class Config(NamedTuple):
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
-    256: [Config(2, 64, 2, True, 1, split_d=True)],
+    256: [Config(2, 64, 2, False, 1, split_d=True), Config(2, 64, 2, True, 1, split_d=True)],
 }
 
 
@@ -1008,8 +1008,8 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if deterministic and ((q.shape[3] == 64 and not causal) or q.shape[3] == 256
-                          or _needs_fused_dq(variant, causal)):
+    if deterministic and q.shape[3] != 256 and ((q.shape[3] == 64 and not causal)
+                                                or _needs_fused_dq(variant, causal)):
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
@@ -1163,7 +1163,7 @@ def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     if cfg.split_d:
         from .attention_bwd_gluon_wide import DQ_COLS as WIDE_DQ_COLS
         return (2 * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4) + 2 * m * 64 * itemsize
-                + c * m * WIDE_DQ_COLS * 4)
+                + (c * m * WIDE_DQ_COLS * 4 if cfg.fused_dq else 0))
     total = 2 * c * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4)
     if cfg.fused_dq:
         total += cfg.ds_bufs * c * m * 64 * itemsize + c * m * DQ_COLS * 4
@@ -1181,9 +1181,9 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
         return f"head dim {head_dim} (only {HEAD_DIMS})"
     if cfg.consumers != 2 or cfg.block_m != 64:
         return f"config {cfg.name}: the kernel takes two consumers of 64 keys and 64-row query tiles"
-    if cfg.split_d != (head_dim == 256) or (cfg.split_d and not (cfg.fused_dq and cfg.ds_bufs == 1)):
+    if cfg.split_d != (head_dim == 256) or (cfg.split_d and cfg.ds_bufs != 1):
         return (f"config {cfg.name} at head dim {head_dim}: head dim 256 takes the split-head-dim configs "
-                "(fused dQ, one dS set), and only it")
+                "(one dS set), and only it")
     if cfg.stages < 1 or cfg.ds_bufs not in (1, 2):
         return f"config {cfg.name}: stages ≥ 1 and 1 or 2 dS sets"
     need = shared_memory_bytes(head_dim, cfg, itemsize) + SMEM_SLACK
@@ -1404,7 +1404,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
-    if _needs_fused_dq(variant, causal) and not cfg.fused_dq:
+    if _needs_fused_dq(variant, causal) and not cfg.fused_dq and not cfg.split_d:
         raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap, ALiBi, windows, ranges and varlen "
                          "batches need a fused_dq "
                          "config (the Triton dQ kernel is plain only), which "
@@ -1512,6 +1512,10 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
 
     if cfg.fused_dq:
         dq = _dq_from_buffer(dq_acc, q, kwargs.get("DEFER_DQ", False), dq)
+    elif cfg.split_d:
+        grid, args, kwargs = wide.launch_dq(q, k, v, do, dq, lse2_pad, delta_pad, scale, causal, cfg,
+                                            PLAIN if variant is None else variant)
+        wide._attn_bwd_gluon_wide_dq_launcher[grid](*args, **kwargs)
     else:
         _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
     if variant is None:

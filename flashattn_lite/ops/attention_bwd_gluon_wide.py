@@ -42,11 +42,13 @@ if _HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                  warpgroup_mma, warpgroup_mma_wait)
+                                                                  warpgroup_mma, warpgroup_mma_init,
+                                                                  warpgroup_mma_wait)
 
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_loader, _masked, _query_tile, _tma_reduce_add, _to_16bit, banded_key_tile,
                                       query_tiles)
+    from .attention_fwd_gluon import _band, key_tiles
 
     _DQW = gl.constexpr(DQ_COLS)
     _LOG2E = gl.constexpr(LOG2E)
@@ -88,7 +90,7 @@ if _HAS_GLUON:
                        ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr):
+                       STAGES: gl.constexpr, FUSED_DQ: gl.constexpr):
         """Consumer ``ME`` of a wide-head program: Sᵀ, dPᵀ of query rows [32·ME, +32) of each step,
         the gradients' columns [HEAD_DIM/2 · ME, +HEAD_DIM/2) (the module's docstring). The scores'
         options as the D ≤ 128 consumer makes them: softcap c·tanh(s·scale/c) (``fold_factor``) with
@@ -110,7 +112,9 @@ if _HAS_GLUON:
         dk = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
         st_zero = gl.zeros([64, HALF_M], gl.float32, layout=st_layout)
-        dq_zero = gl.zeros([BLOCK_M, _DQW], gl.float32, layout=dq_layout)
+        dq_zero = 0.0
+        if FUSED_DQ:
+            dq_zero = gl.zeros([BLOCK_M, _DQW], gl.float32, layout=dq_layout)
         keys_f = (keys - off).to(gl.float32)  # ALiBi: |i + off − j| = |i − (j − off)|, exact below 2²⁴
         mbarrier.wait(kv_bar, 0)
 
@@ -166,23 +170,31 @@ if _HAS_GLUON:
             mbarrier.wait(p_ready, it & 1)
             dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(ME * HALF_D, HALF_D, dim=1), dv, is_async=True)
             dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, HALF_D, dim=1), dk, is_async=True)
-            dq0 = warpgroup_mma(ds_smem, k_mine.slice(0, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
-            dq1 = warpgroup_mma(ds_smem, k_mine.slice(_DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
-            dq2 = warpgroup_mma(ds_smem, k_mine.slice(2 * _DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
-            dq3 = warpgroup_mma(ds_smem, k_mine.slice(3 * _DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
-            dv, dk = warpgroup_mma_wait(4, deps=[dv, dk])
-            mbarrier.arrive(empty.index(s))  # Q and dO read for the last time
-            col = ME * HALF_D
-            dq0 = warpgroup_mma_wait(3, deps=[dq0])
-            _send_dq(dq0, dq_stage, dq_desc, b, h, start_m, col, sm_scale, ME, BLOCK_M)
-            dq1 = warpgroup_mma_wait(2, deps=[dq1])
-            _send_dq(dq1, dq_stage, dq_desc, b, h, start_m, col + _DQW, sm_scale, ME, BLOCK_M)
-            dq2 = warpgroup_mma_wait(1, deps=[dq2])
-            _send_dq(dq2, dq_stage, dq_desc, b, h, start_m, col + 2 * _DQW, sm_scale, ME, BLOCK_M)
-            dq3 = warpgroup_mma_wait(0, deps=[dq3])
-            mbarrier.arrive(p_free)  # every wgmma reading P and dS retired
-            _send_dq(dq3, dq_stage, dq_desc, b, h, start_m, col + 3 * _DQW, sm_scale, ME, BLOCK_M)
-        tma.store_wait(0)
+            if FUSED_DQ:
+                dq0 = warpgroup_mma(ds_smem, k_mine.slice(0, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
+                dq1 = warpgroup_mma(ds_smem, k_mine.slice(_DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
+                dq2 = warpgroup_mma(ds_smem, k_mine.slice(2 * _DQW, _DQW, dim=1), dq_zero, use_acc=False,
+                                    is_async=True)
+                dq3 = warpgroup_mma(ds_smem, k_mine.slice(3 * _DQW, _DQW, dim=1), dq_zero, use_acc=False,
+                                    is_async=True)
+                dv, dk = warpgroup_mma_wait(4, deps=[dv, dk])
+                mbarrier.arrive(empty.index(s))  # Q and dO read for the last time
+                col = ME * HALF_D
+                dq0 = warpgroup_mma_wait(3, deps=[dq0])
+                _send_dq(dq0, dq_stage, dq_desc, b, h, start_m, col, sm_scale, ME, BLOCK_M)
+                dq1 = warpgroup_mma_wait(2, deps=[dq1])
+                _send_dq(dq1, dq_stage, dq_desc, b, h, start_m, col + _DQW, sm_scale, ME, BLOCK_M)
+                dq2 = warpgroup_mma_wait(1, deps=[dq2])
+                _send_dq(dq2, dq_stage, dq_desc, b, h, start_m, col + 2 * _DQW, sm_scale, ME, BLOCK_M)
+                dq3 = warpgroup_mma_wait(0, deps=[dq3])
+                mbarrier.arrive(p_free)  # every wgmma reading P and dS retired
+                _send_dq(dq3, dq_stage, dq_desc, b, h, start_m, col + 3 * _DQW, sm_scale, ME, BLOCK_M)
+            else:
+                dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
+                mbarrier.arrive(empty.index(s))
+                mbarrier.arrive(p_free)
+        if FUSED_DQ:
+            tma.store_wait(0)
         _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout)
         _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout)
 
@@ -196,7 +208,8 @@ if _HAS_GLUON:
                                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                     HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
-                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                    FUSED_DQ: gl.constexpr):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         n_key_tiles = gl.cdiv(n_k, 64)
@@ -228,7 +241,10 @@ if _HAS_GLUON:
         pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], dtype)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
-        dq_stage = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        if FUSED_DQ:
+            dq_stage = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        else:  # an unused placeholder (the partitions take the same arguments either way)
+            dq_stage = p_smem
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -248,13 +264,13 @@ if _HAS_GLUON:
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                              HEAD_DIM, BLOCK_M, STAGES)),
+                              HEAD_DIM, BLOCK_M, STAGES, FUSED_DQ)),
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_stage,
                               kv_bar, ready, empty, p_ready, p_free, dq_desc, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                              HEAD_DIM, BLOCK_M, STAGES)),
+                              HEAD_DIM, BLOCK_M, STAGES, FUSED_DQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, 0,
@@ -263,15 +279,184 @@ if _HAS_GLUON:
 
     _attn_bwd_gluon_wide_launcher = Launcher(_attn_bwd_gluon_wide_kernel)
 
+    # ----------------------------------------------------------------------------- the dQ kernel
+
+    @gluon.jit
+    def _dq_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                   lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles,
+                   GROUP: gl.constexpr, STAGES: gl.constexpr):
+        """The dQ kernel's loader warp: the query tile's Q, dO, lse₂ and δ once, then K and V of each
+        of its key tiles into slot j % STAGES once both consumers freed it."""
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse_desc.block_type.nbytes
+                        + delta_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_bar, do_smem)
+        tma.async_copy_global_to_shared(lse_desc, [b * n_heads + h, start_m], q_bar, lse_smem)
+        tma.async_copy_global_to_shared(delta_desc, [b * n_heads + h, start_m], q_bar, delta_smem)
+        for j in range(n_tiles):
+            s = j % STAGES
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes
+            bar = ready.index(s)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, h // GROUP, lo + j * 64, 0], bar, k_smem.index(s))
+            tma.async_copy_global_to_shared(v_desc, [b, h // GROUP, lo + j * 64, 0], bar, v_smem.index(s))
+
+    @gluon.jit
+    def _dq_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, dst_smem, q_bar, ready, empty,
+                     ds_ready, ds_free, dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k,
+                     off, win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
+                     softcap_scale, softcap2,
+                     ME: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+        """Consumer ``ME`` of a dQ program: S and dP of the tile's 64 queries against keys
+        [32·ME, +32) of each key tile, dS shared with the other consumer (as dSᵀ, keys × queries),
+        then dQ[:, HEAD_DIM/2 · ME, +HEAD_DIM/2] += dS·K[:, those columns] over all 64 keys, kept in
+        registers across the key tiles and stored once (times scale, rows past Nq dropped). The
+        scores and dS as the dK/dV kernel makes them (the same Pᵀ and dSᵀ, transposed)."""
+        dtype: gl.constexpr = q_smem.dtype
+        HALF_N: gl.constexpr = 32
+        HALF_D: gl.constexpr = HEAD_DIM // 2
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HALF_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF_D, 16])
+        q_all = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        do_all = do_smem.reshape([BLOCK_M, HEAD_DIM])
+        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        s_zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
+        dq = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF_D], gl.float32, layout=dq_layout))  # in flight across steps
+        right = win_right
+        if CAUSAL:
+            right = 0
+        slope = 0.0
+        rows_f = (rows + off).to(gl.float32)  # ALiBi: |i + off − j|, exact below 2²⁴
+        if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor
+            slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
+            if SOFTCAP:
+                slope = slope * _LOG2E / softcap2
+            else:
+                slope = slope * _LOG2E / qk_scale
+        mbarrier.wait(q_bar, 0)
+        lse2 = gl.expand_dims(lse_smem.reshape([BLOCK_M]).load(gl.SliceLayout(1, s_layout)), 1)
+        delta = gl.expand_dims(delta_smem.reshape([BLOCK_M]).load(gl.SliceLayout(1, s_layout)), 1)
+
+        for j in range(n_tiles):
+            s = j % STAGES
+            start_n = lo + j * 64
+            mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+            k_t = k_smem.index(s).reshape([64, HEAD_DIM])
+            v_t = v_smem.index(s).reshape([64, HEAD_DIM])
+            st = warpgroup_mma(q_all, k_t.slice(ME * HALF_N, HALF_N, dim=0).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            dpt = warpgroup_mma(do_all, v_t.slice(ME * HALF_N, HALF_N, dim=0).permute((1, 0)), s_zero,
+                                use_acc=False, is_async=True)
+            # The previous step's dQ wgmma retires with S (groups retire in order): its K/V slot and
+            # the dSᵀ buffer are free on this side.
+            st, dq = warpgroup_mma_wait(1, deps=[st, dq])
+            if j > 0:
+                mbarrier.arrive(empty.index((j - 1) % STAGES))
+                mbarrier.arrive(ds_free)
+            x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
+            t = x
+            cols = start_n + ME * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(0, s_layout))
+            if ALIBI:
+                x = x - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols.to(gl.float32), 0))
+            p = gl.exp2(x * fold - lse2)
+            if (start_n < mid_lo) | (start_n >= mid_hi):  # the band's edges, keys past Nk (``key_tiles``)
+                p = gl.where(_band(gl.expand_dims(cols, 0), rows, n_k, off, win_left, right, HAS_LEFT,
+                                   HAS_RIGHT or CAUSAL), p, 0.0)
+            if SOFTCAP:
+                pd = (p * (1.0 - t * t)).to(dtype).to(gl.float32)
+            else:
+                pd = _to_16bit(p, dtype, True).to(gl.float32)
+            dpt = warpgroup_mma_wait(1, deps=[dpt])
+            ds16 = _to_16bit(pd * (dpt - delta), dtype, not SOFTCAP)
+            mbarrier.wait(ds_free, (j & 1) ^ 1)
+            dst_smem.slice(ME * HALF_N, HALF_N, dim=0).store(gl.permute(ds16, (1, 0)))
+            fence_async_shared()
+            mbarrier.arrive(ds_ready)
+            mbarrier.wait(ds_ready, j & 1)
+            dq = warpgroup_mma(dst_smem.permute((1, 0)), k_t.slice(ME * HALF_D, HALF_D, dim=1), dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq])
+        _store_rows(dq * sm_scale, dq_base, stride_dqm, start_m, n_q, ME * HALF_D, dq_layout)
+
+    @gluon.jit(do_not_specialize=["n_heads", "n_q", "n_k", "win_left", "win_right"])
+    def _attn_bwd_gluon_wide_dq_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq, stride_dqb,
+                                       stride_dqh, stride_dqm, n_heads, n_q, n_k, win_left, win_right, qk_scale,
+                                       sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                                       HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                                       HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                                       FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
+                                       STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                       LOADER_REGS: gl.constexpr):
+        # One program per 64-query tile of one (batch, query head), a head's tiles on consecutive
+        # programs, under causal the heaviest (last) tiles first.
+        pid = gl.program_id(0)
+        n_q_tiles = gl.cdiv(n_q, BLOCK_M)
+        tile = pid % n_q_tiles
+        if CAUSAL:
+            tile = n_q_tiles - 1 - tile
+        bh = pid // n_q_tiles
+        b = bh // n_heads
+        h = bh % n_heads
+        start_m = tile * BLOCK_M
+        off = n_k - n_q
+        lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                                BLOCK_M, 64)
+        dq_base = dq + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, lse_desc.block_type.shape, lse_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, delta_desc.block_type.shape, delta_desc.layout)
+        dst_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK_M], dtype)
+        dst_smem = gl.allocate_shared_memory(dtype, [64, BLOCK_M], dst_layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=2)
+        mbarrier.init(ds_ready, count=2)
+        mbarrier.init(ds_free, count=2)
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, dst_smem, q_bar, ready, empty,
+                            ds_ready, ds_free, dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q,
+                            n_k, off, win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b,
+                            stride_alibi_h, softcap_scale, softcap2,
+                            0, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
+            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, dst_smem, q_bar, ready, empty,
+                            ds_ready, ds_free, dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q,
+                            n_k, off, win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b,
+                            stride_alibi_h, softcap_scale, softcap2,
+                            1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
+            (_dq_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                          lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, GROUP,
+                          STAGES)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+    _attn_bwd_gluon_wide_dq_launcher = Launcher(_attn_bwd_gluon_wide_dq_kernel)
+
 
 _KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "ALIBI", "FAST_TANH", "GROUP",
                       "BLOCK_M", "STAGES", "CONSUMER_REGS", "LOADER_REGS")
+DQ_STAGES = 2  # K/V slots of the dQ kernel: Q and dO 64 KB, two slots 128 KB, dSᵀ 8 KB
 
 
 def launch(q, k, v, do, dk, dv, dq_acc, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
-    """(grid, args, keyword args) of the wide kernel's launch, from the D ≤ 128 kernel's plan
-    (``attention_bwd_gluon.launch_plan``: grid, launch order, option constexprs) and descriptors; the
-    PTX hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
+    """(grid, args, keyword args) of the dK/dV kernel's launch (with ``cfg.fused_dq`` also dQ into
+    the fp32 buffer ``dq_acc``), from the D ≤ 128 kernel's plan (``attention_bwd_gluon.launch_plan``:
+    grid, launch order, option constexprs) and descriptors; the PTX hashes
+    (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
     from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
     from .attention_fwd_gluon import tma_descriptor
     D = q.shape[3]
@@ -280,8 +465,25 @@ def launch(q, k, v, do, dk, dv, dq_acc, lse2_pad, delta_pad, scale: float, causa
     m, box = cfg.block_m, [1, 1, 64, D]
     args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
             tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m),
-            tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
-            q.shape[1], k.shape[1], q.shape[2], k.shape[2], *plan["order"], win_left, win_right, scale * LOG2E,
-            scale, *options)
+            tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]) if cfg.fused_dq else None, dk, dv, *dk.stride()[:3],
+            *dv.stride()[:3], q.shape[1], k.shape[1], q.shape[2], k.shape[2], *plan["order"], win_left, win_right,
+            scale * LOG2E, scale, *options)
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
-    return plan["grid"], args, dict(**constexprs, num_warps=4)
+    return plan["grid"], args, dict(**constexprs, FUSED_DQ=bool(cfg.fused_dq), num_warps=4)
+
+
+def launch_dq(q, k, v, do, dq, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+    """(grid, args, keyword args) of the dQ kernel's launch (configs without ``fused_dq``): one
+    program per 64-query tile of each (batch, query head), dq written in q's dtype and strides."""
+    from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
+    from .attention_fwd_gluon import tma_descriptor
+    B, Hq, Nq, D = q.shape
+    plan = launch_plan(q, k, cfg, causal, variant)
+    (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
+    m, box = cfg.block_m, [1, 1, 64, D]
+    args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
+            tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m),
+            dq, *dq.stride()[:3], Hq, Nq, k.shape[2], win_left, win_right, scale * LOG2E, scale, *options)
+    constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
+    constexprs["STAGES"] = DQ_STAGES
+    return (-(-Nq // m) * B * Hq,), args, dict(**constexprs, num_warps=4)
