@@ -302,30 +302,29 @@ if _HAS_GLUON:
             tma.async_copy_global_to_shared(v_desc, [b, h // GROUP, lo + j * 64, 0], bar, v_smem.index(s))
 
     @gluon.jit
-    def _dq_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, dst_smem, q_bar, ready, empty,
-                     ds_ready, ds_free, dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k,
-                     off, win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
-                     softcap_scale, softcap2,
+    def _dq_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, q_bar, ready, empty, done, dq_base,
+                     stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off, win_left, win_right,
+                     qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                      ME: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-        """Consumer ``ME`` of a dQ program: S and dP of the tile's 64 queries against keys
-        [32·ME, +32) of each key tile, dS shared with the other consumer (as dSᵀ, keys × queries),
-        then dQ[:, HEAD_DIM/2 · ME, +HEAD_DIM/2] += dS·K[:, those columns] over all 64 keys, kept in
-        registers across the key tiles and stored once (times scale, rows past Nq dropped). The
-        scores and dS as the dK/dV kernel makes them (the same Pᵀ and dSᵀ, transposed)."""
+        """Consumer ``ME`` of a dQ program: the key tiles j ≡ ME (mod 2) of the query tile, on its own
+        (the two consumers share only the loader's ring, so one's softmax runs while the other's
+        wgmmas do): S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64), P and dS as the dK/dV kernel makes them, and
+        dQ += dS·K with dS from registers, a 64 × HEAD_DIM float32 partial in registers. At the end
+        consumer 1 leaves its partial in the (then idle) K ring and consumer 0 adds it and stores
+        dQ·scale (rows past Nq dropped)."""
         dtype: gl.constexpr = q_smem.dtype
-        HALF_N: gl.constexpr = 32
-        HALF_D: gl.constexpr = HEAD_DIM // 2
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HALF_N, 16])
+                                                           instr_shape=[16, 64, 16])
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, HALF_D, 16])
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
         q_all = q_smem.reshape([BLOCK_M, HEAD_DIM])
         do_all = do_smem.reshape([BLOCK_M, HEAD_DIM])
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        s_zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
-        dq = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF_D], gl.float32, layout=dq_layout))  # in flight across steps
+        s_zero = gl.zeros([BLOCK_M, 64], gl.float32, layout=s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
         right = win_right
         if CAUSAL:
             right = 0
@@ -341,25 +340,17 @@ if _HAS_GLUON:
         lse2 = gl.expand_dims(lse_smem.reshape([BLOCK_M]).load(gl.SliceLayout(1, s_layout)), 1)
         delta = gl.expand_dims(delta_smem.reshape([BLOCK_M]).load(gl.SliceLayout(1, s_layout)), 1)
 
-        for j in range(n_tiles):
+        for j in range(ME, n_tiles, 2):
             s = j % STAGES
             start_n = lo + j * 64
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
             k_t = k_smem.index(s).reshape([64, HEAD_DIM])
             v_t = v_smem.index(s).reshape([64, HEAD_DIM])
-            st = warpgroup_mma(q_all, k_t.slice(ME * HALF_N, HALF_N, dim=0).permute((1, 0)), s_zero,
-                               use_acc=False, is_async=True)
-            dpt = warpgroup_mma(do_all, v_t.slice(ME * HALF_N, HALF_N, dim=0).permute((1, 0)), s_zero,
-                                use_acc=False, is_async=True)
-            # The previous step's dQ wgmma retires with S (groups retire in order): its K/V slot and
-            # the dSᵀ buffer are free on this side.
-            st, dq = warpgroup_mma_wait(1, deps=[st, dq])
-            if j > 0:
-                mbarrier.arrive(empty.index((j - 1) % STAGES))
-                mbarrier.arrive(ds_free)
+            st = warpgroup_mma(q_all, k_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(0, deps=[st])
             x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
             t = x
-            cols = start_n + ME * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(0, s_layout))
+            cols = start_n + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
             if ALIBI:
                 x = x - slope * gl.abs(gl.expand_dims(rows_f, 1) - gl.expand_dims(cols.to(gl.float32), 0))
             p = gl.exp2(x * fold - lse2)
@@ -367,19 +358,32 @@ if _HAS_GLUON:
                 p = gl.where(_band(gl.expand_dims(cols, 0), rows, n_k, off, win_left, right, HAS_LEFT,
                                    HAS_RIGHT or CAUSAL), p, 0.0)
             if SOFTCAP:
-                pd = (p * (1.0 - t * t)).to(dtype).to(gl.float32)
+                pd = (p * (1.0 - t * t)).to(dtype)
             else:
-                pd = _to_16bit(p, dtype, True).to(gl.float32)
-            dpt = warpgroup_mma_wait(1, deps=[dpt])
-            ds16 = _to_16bit(pd * (dpt - delta), dtype, not SOFTCAP)
-            mbarrier.wait(ds_free, (j & 1) ^ 1)
-            dst_smem.slice(ME * HALF_N, HALF_N, dim=0).store(gl.permute(ds16, (1, 0)))
-            fence_async_shared()
-            mbarrier.arrive(ds_ready)
-            mbarrier.wait(ds_ready, j & 1)
-            dq = warpgroup_mma(dst_smem.permute((1, 0)), k_t.slice(ME * HALF_D, HALF_D, dim=1), dq, is_async=True)
-        dq = warpgroup_mma_wait(0, deps=[dq])
-        _store_rows(dq * sm_scale, dq_base, stride_dqm, start_m, n_q, ME * HALF_D, dq_layout)
+                pd = _to_16bit(p, dtype, True)
+            # dP issued once S is dead (registers); the other consumer's wgmmas fill the wait.
+            dpt = warpgroup_mma(do_all, v_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dpt = warpgroup_mma_wait(0, deps=[dpt])
+            pd = pd.to(gl.float32)
+            ds = gl.convert_layout(_to_16bit(pd * (dpt - delta), dtype, not SOFTCAP), a_layout, assert_trivial=True)
+            dq = warpgroup_mma(ds, k_t, dq, is_async=True)
+            # Retired before this consumer's next tile is awaited: each consumer has one slot of
+            # the ring (tiles alternate), which the loader refills only once it is free.
+            dq = warpgroup_mma_wait(0, deps=[dq])
+            mbarrier.arrive(empty.index(s))
+        # Both consumers past their last wgmma: the ring is idle (every load was awaited), so its K
+        # half holds consumer 1's partial.
+        mbarrier.arrive(done)
+        mbarrier.wait(done, 0)
+        part_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        part = k_smem._reinterpret(gl.float32, [BLOCK_M, HEAD_DIM], part_layout)
+        if ME == 1:
+            part.store(dq)
+        mbarrier.arrive(done)  # (its second phase: consumer 1's partial is in)
+        if ME == 0:
+            mbarrier.wait(done, 1)
+            dq = dq + part.load(dq_layout)
+            _store_rows(dq * sm_scale, dq_base, stride_dqm, start_m, n_q, 0, dq_layout)
 
     @gluon.jit(do_not_specialize=["n_heads", "n_q", "n_k", "win_left", "win_right"])
     def _attn_bwd_gluon_wide_dq_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq, stride_dqb,
@@ -413,31 +417,27 @@ if _HAS_GLUON:
         v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         lse_smem = gl.allocate_shared_memory(gl.float32, lse_desc.block_type.shape, lse_desc.layout)
         delta_smem = gl.allocate_shared_memory(gl.float32, delta_desc.block_type.shape, delta_desc.layout)
-        dst_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK_M], dtype)
-        dst_smem = gl.allocate_shared_memory(dtype, [64, BLOCK_M], dst_layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=2)
-        mbarrier.init(ds_ready, count=2)
-        mbarrier.init(ds_free, count=2)
+            mbarrier.init(empty.index(s), count=1)  # a tile is one consumer's
+        mbarrier.init(done, count=2)
         fence_async_shared()
 
         gl.warp_specialize([
-            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, dst_smem, q_bar, ready, empty,
-                            ds_ready, ds_free, dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q,
-                            n_k, off, win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b,
-                            stride_alibi_h, softcap_scale, softcap2,
+            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, q_bar, ready, empty, done,
+                            dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off,
+                            win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
+                            softcap_scale, softcap2,
                             0, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
-            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, dst_smem, q_bar, ready, empty,
-                            ds_ready, ds_free, dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q,
-                            n_k, off, win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b,
-                            stride_alibi_h, softcap_scale, softcap2,
+            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, q_bar, ready, empty, done,
+                            dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off,
+                            win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
+                            softcap_scale, softcap2,
                             1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                           lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, GROUP,
