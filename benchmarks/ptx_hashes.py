@@ -169,8 +169,7 @@ def gluon_bwd(opts, causal=True, d=128):
         if config == "dq":
             _, args, kwargs = w.launch_dq(q, kv, kv, q, q, rows, rows, 0.088, causal, cfg, variant)
             return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, args, kwargs)
-        _, args, kwargs = w.launch(q, kv, kv, q, kv, kv, torch.zeros(B, H, N, d), rows, rows, 0.088, causal, cfg,
-                                   variant)
+        _, args, kwargs = w.launch(q, kv, kv, q, kv, kv, rows, rows, 0.088, causal, cfg, variant)
         return _compile_gluon(w._attn_bwd_gluon_wide_kernel, args, kwargs)
     _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
                                 dq_acc=torch.zeros(B, H, N, d), row_starts=torch.zeros(4, dtype=torch.int32))
@@ -297,7 +296,6 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d256 causal window+all", gluon_bwd, dict(d=256, left=4095, softcap=30.0, alibi=True,
                                                               sinks=True)),
          ("gluon bwd d256 window both", gluon_bwd, dict(d=256, left=300, right=40, causal=False)),
-         ("gluon bwd d256 fused", gluon_bwd, dict(d=256, config="gb-n64-m64-s2-fdq1-r240-sd")),
          ("gluon bwd d256 dq", gluon_bwd, dict(d=256, config="dq")),
          ("gluon bwd d256 dq full", gluon_bwd, dict(d=256, config="dq", causal=False)),
          ("gluon bwd d256 dq causal window+all", gluon_bwd, dict(d=256, config="dq", left=4095, softcap=30.0,

@@ -143,10 +143,10 @@ class Config(NamedTuple):
     ``fused_dq`` (dQ by TMA reduce-add in this kernel; else the Triton dQ kernel), ``ds_bufs``
     (fused dQ: sets of dS buffers, 2 lets a consumer write step i + 1's dS while another's dQ
     wgmma of step i still reads its set), ``consumer_regs`` (setmaxnreg for the consumers; the
-    loader gets ``LOADER_REGS``). ``split_d``: the head dim 256 kernel
+    loader gets ``LOADER_REGS``). ``split_d``: the head dim 256 kernels
     (``attention_bwd_gluon_wide``), whose consumers share one tile of 64 keys, each computing the
-    scores of half the query rows and the gradients' columns of half the head dim (one P/dS set:
-    ``ds_bufs`` 1)."""
+    scores of half the query rows and dK, dV's columns of half the head dim (one P/dS set:
+    ``ds_bufs`` 1), dq by their own dQ kernel (``fused_dq`` False)."""
     consumers: int
     block_m: int
     stages: int
@@ -161,7 +161,7 @@ class Config(NamedTuple):
 
     @property
     def name(self) -> str:
-        dq = f"fdq{self.ds_bufs}" if self.fused_dq else "wdq" if self.split_d else "tdq"
+        dq = f"fdq{self.ds_bufs}" if self.fused_dq else "wdq" if self.split_d else "tdq"  # wide: its dQ kernel
         return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}" + (
             "-sd" if self.split_d else "")
 
@@ -192,7 +192,7 @@ class Config(NamedTuple):
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
-    256: [Config(2, 64, 2, False, 1, split_d=True), Config(2, 64, 2, True, 1, split_d=True)],
+    256: [Config(2, 64, 2, False, 1, split_d=True)],
 }
 
 
@@ -217,7 +217,7 @@ def defers_dq(head_dim: int, cfg: Config, causal: bool, variant: Variant = PLAIN
     ``_spread_banks``' order (``_dq_from_buffer`` undoes it). D 128 with masked steps (causal,
     windows, ranges, varlen) retires it in its own step: deferred, those spill more (causal
     measured 3.5% slower; NOTES, 2026-11-25)."""
-    if cfg.split_d:  # the wide kernel retires each dQ block in its step
+    if cfg.split_d:  # no dQ block here: the wide kernels' dQ kernel
         return False
     split_cols = head_dim // DQ_COLS == cfg.consumers  # D 128: each consumer its own 64 columns
     masked = causal or variant.seq != SEQ_DENSE or window_flags(variant, causal) != (False, False)
@@ -1157,13 +1157,11 @@ def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
 def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     """The kernel's shared memory, barriers aside (the offline compile's figure less ~0.5 KB): the K
     and V boxes, the ring of Q, dO, lse₂, δ slots and, with ``fused_dq``, the dS sets and one fp32
-    dQ staging buffer per consumer. ``split_d``: one K and one V box, the P and dS buffers and a
-    32-column staging buffer per consumer."""
+    dQ staging buffer per consumer. ``split_d``: the dK/dV kernel's (one K and one V box, the ring,
+    the P and dS buffers; its dQ kernel takes less)."""
     m, d, c = cfg.block_m, head_dim, cfg.consumers
     if cfg.split_d:
-        from .attention_bwd_gluon_wide import DQ_COLS as WIDE_DQ_COLS
-        return (2 * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4) + 2 * m * 64 * itemsize
-                + (c * m * WIDE_DQ_COLS * 4 if cfg.fused_dq else 0))
+        return 2 * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4) + 2 * m * 64 * itemsize
     total = 2 * c * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4)
     if cfg.fused_dq:
         total += cfg.ds_bufs * c * m * 64 * itemsize + c * m * DQ_COLS * 4
@@ -1181,9 +1179,9 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
         return f"head dim {head_dim} (only {HEAD_DIMS})"
     if cfg.consumers != 2 or cfg.block_m != 64:
         return f"config {cfg.name}: the kernel takes two consumers of 64 keys and 64-row query tiles"
-    if cfg.split_d != (head_dim == 256) or (cfg.split_d and cfg.ds_bufs != 1):
+    if cfg.split_d != (head_dim == 256) or (cfg.split_d and (cfg.ds_bufs != 1 or cfg.fused_dq)):
         return (f"config {cfg.name} at head dim {head_dim}: head dim 256 takes the split-head-dim configs "
-                "(one dS set), and only it")
+                "(one dS set, dq by their own dQ kernel), and only it")
     if cfg.stages < 1 or cfg.ds_bufs not in (1, 2):
         return f"config {cfg.name}: stages ≥ 1 and 1 or 2 dS sets"
     need = shared_memory_bytes(head_dim, cfg, itemsize) + SMEM_SLACK
@@ -1280,7 +1278,7 @@ def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
     16k: +15% against MHA; L2 traffic of the group's Q, dO and dQ rows)."""
     plain = variant is None or variant is PLAIN
     group = q.shape[1] // k.shape[1]
-    split = (causal and plain and cfg.fused_dq and not cfg.split_d and group > 1
+    split = (causal and plain and cfg.fused_dq and group > 1
              and k.shape[2] >= split_min_keys(group, q.shape[3]))
     return group if split else 1
 
@@ -1404,7 +1402,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
-    if _needs_fused_dq(variant, causal) and not cfg.fused_dq and not cfg.split_d:
+    if _needs_fused_dq(variant, causal) and not cfg.fused_dq and not cfg.split_d:  # (the wide dQ kernel takes them)
         raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap, ALiBi, windows, ranges and varlen "
                          "batches need a fused_dq "
                          "config (the Triton dQ kernel is plain only), which "
@@ -1499,7 +1497,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     if cfg.split_d:
         from . import attention_bwd_gluon_wide as wide
-        grid, args, kwargs = wide.launch(q, k, v, do, dk, dv, dq_acc, lse2_pad, delta_pad, scale, causal, cfg,
+        grid, args, kwargs = wide.launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
                                          PLAIN if variant is None else variant)
         wide._attn_bwd_gluon_wide_launcher[grid](*args, **kwargs)
     else:

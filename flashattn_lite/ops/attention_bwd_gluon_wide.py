@@ -1,32 +1,40 @@
-"""The Gluon attention backward at head dim 256 (Gemma's): the consumers split the head dim.
+"""The Gluon attention backward at head dim 256 (Gemma's): two kernels, dK/dV and dQ.
 
 ``attention_bwd_gluon`` keeps each consumer's 64 keys' dK and dV in registers: at D 128 that is
-128 registers a thread, at D 256 it would be 256, more than a thread has. Here a program takes one
-tile of 64 keys of one (batch, KV head), and its two consumer warpgroups share it differently
-(FlashAttention-3's split at this head dim, in this kernel's transposed scores):
+128 registers a thread, at D 256 it would be 256, more than a thread has. So at D 256:
 
-* **Scores by query halves.** For each streamed tile of 64 queries, consumer c computes Sᵀ and dPᵀ
-  for the tile's queries [32c, 32c + 32) against all 64 keys (K and V from shared memory, 64 × 32
-  fp32 each), then Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ), and writes both, rounded to the input dtype, as
-  rows of the shared P and dS buffers (queries × keys).
-* **Gradients by head-dim halves.** Once both halves are in (an mbarrier, ``p_ready``), consumer
-  c owns columns [128c, 128c + 128) of every gradient: dV += Pᵀ·dO[:, cols] and dK += dSᵀ·Q[:, cols]
-  (P and dS read transposed from shared memory; 64 × 128 fp32 each, 128 registers a thread for
-  both, as at D 128), and dQ[:, cols] = dS·K[:, cols] as four 32-column wgmmas, each staged in
-  shared memory as it retires and reduce-added into the fp32 dQ buffer by TMA (the D ≤ 128
-  kernel's ``_tma_reduce_add``; 32 columns keep the staging buffers within shared memory: K and V
-  64 KB, two Q/dO slots 128 KB, P and dS 16 KB). Once every wgmma reading P and dS retired, the
-  consumer says so (``p_free``) and the next step may overwrite them.
-* The five GEMMs of the pair as in FlashAttention, none computed twice; the loader warp, the
-  steps' order (GQA group, query tiles of the causal band or window, the rotated start) and the
-  masks are the D ≤ 128 kernel's (``_loader``, ``_query_tile``, ``query_tiles``, ``_masked``).
-* dK·scale and dV leave by masked register stores (rows past Nk dropped).
+* **The dK/dV kernel** (``_attn_bwd_gluon_wide_kernel``): a program takes one tile of 64 keys of
+  one (batch, KV head), and its two consumer warpgroups split the work as FlashAttention-3 does at
+  this head dim (here in transposed scores). For each streamed tile of 64 queries, consumer c
+  computes Sᵀ and dPᵀ of the tile's queries [32c, 32c + 32) against the 64 keys (64 × 32 fp32
+  each), then Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ), and writes both, rounded to the input dtype, as rows of
+  the shared P and dS buffers (queries × keys). Once both halves are in (an mbarrier, ``p_ready``),
+  consumer c owns dK and dV's columns [128c, 128c + 128): dV += Pᵀ·dO[:, cols], dK += dSᵀ·Q[:, cols]
+  (P and dS read transposed from shared memory; 128 registers a thread for both, as at D 128), and
+  says when its wgmmas reading P and dS retired (``p_free``). The loader warp, the steps' order (GQA
+  group, the query tiles of the causal band or window, the rotated start) and the masks are the D
+  ≤ 128 kernel's (``_loader``, ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV
+  leave by masked register stores (rows past Nk dropped).
+* **The dQ kernel** (``_attn_bwd_gluon_wide_dq_kernel``): a program takes one tile of 64 queries of
+  one (batch, query head), Q, dO, lse₂ and δ loaded once, and its key tiles (the forward's
+  ``key_tiles``: the causal band or window only) streamed through a ring of two slots. Consumer c
+  takes the key tiles j ≡ c (mod 2) on its own: S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64), P and dS as the
+  dK/dV kernel makes them, dQ += dS·K with dS from registers into a 64 × 256 float32 partial. The
+  consumers share only the ring, so one's softmax runs while the other's wgmmas do; at the end
+  consumer 1 leaves its partial in the idle ring and consumer 0 adds it and stores dQ·scale.
+
+Seven GEMMs a (key tile, query tile) pair instead of the fused five, and no float32 reduce-adds:
+with dQ fused (the first form, measured in ``benchmarks/NOTES.md``, 2026-11-29), a 64-key tile
+reduce-adds 64 KB of dQ a step, half the FLOPs per reduced byte of D 128's 128-key tiles, and the
+L2's reduction rate bound the kernel at 0.7–0.77 × cuDNN; the pair measured 0.99–1.12 × cuDNN. Each
+gradient element has one writer, so the result is bit-reproducible: deterministic mode
+(``torch.use_deterministic_algorithms``) keeps this path.
 
 Covers what ``attention_bwd_gluon.supported`` allows at D 256 for a dense batch: causal (bottom-
-right) or not, GQA (a program walks its group), sliding windows, softcap, ALiBi, sinks (the saved
-lse has them). Ranges and varlen batches, the group split and the deterministic (Triton dQ)
-configs stay at D ≤ 128; the host side (``attention_bwd_gluon.attention_backward_gluon``) is
-shared, so the row statistics, the fp32 dQ buffer, its chunking and the conversion are the same.
+right) or not, GQA (a dK/dV program walks its group), sliding windows, softcap, ALiBi, sinks (the
+saved lse has them). Ranges and varlen batches and the GQA group split stay at D ≤ 128; the host
+side (``attention_bwd_gluon.attention_backward_gluon``) is shared: the row statistics, the dk/dv/dq
+allocation, the sinks' gradient.
 """
 from __future__ import annotations
 
@@ -36,7 +44,6 @@ from ..merge import LOG2E
 from .attention_bwd_gluon import _HAS_GLUON
 from .attention_fwd import fold_factor
 
-DQ_COLS = 32  # dQ columns per wgmma and per staged TMA reduce (see the module's docstring)
 
 if _HAS_GLUON:
     from triton.experimental import gluon
@@ -46,11 +53,9 @@ if _HAS_GLUON:
                                                                   warpgroup_mma_wait)
 
     from .._launcher import Launcher
-    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _tma_reduce_add, _to_16bit, banded_key_tile,
-                                      query_tiles)
+    from .attention_bwd_gluon import _loader, _masked, _query_tile, _to_16bit, banded_key_tile, query_tiles
     from .attention_fwd_gluon import _band, key_tiles
 
-    _DQW = gl.constexpr(DQ_COLS)
     _LOG2E = gl.constexpr(LOG2E)
 
     @gluon.jit
@@ -58,16 +63,6 @@ if _HAS_GLUON:
         """This consumer's half of slot ``s``'s lse₂ or δ row, as [1, BLOCK_M / 2] in the score layout."""
         row = smem.index(s).reshape([BLOCK_M]).slice(ME * (BLOCK_M // 2), BLOCK_M // 2)
         return gl.expand_dims(row.load(gl.SliceLayout(0, st_layout)), 0)
-
-    @gluon.jit
-    def _send_dq(dq, dq_stage, dq_desc, b, h, start_m, col, sm_scale, ME: gl.constexpr, BLOCK_M: gl.constexpr):
-        """dQ·scale (BLOCK_M × 32, fp32) staged in this consumer's buffer, then reduce-added into the
-        fp32 buffer's columns [col, col + 32) by one TMA op (rows past Nq fall outside it)."""
-        tma.store_wait(0)  # the buffer is free once the previous reduce read it
-        gl.thread_barrier()
-        dq_stage.index(ME).reshape([BLOCK_M, _DQW]).store(dq * sm_scale)
-        fence_async_shared()
-        _tma_reduce_add(dq_desc, [b, h, start_m, col], dq_stage.index(ME))
 
     @gluon.jit
     def _store_rows(x, base, stride_n, first, n_k, COL: gl.constexpr, layout: gl.constexpr):
@@ -83,14 +78,14 @@ if _HAS_GLUON:
         gl.store(at, x.to(base.dtype.element_ty), mask=ok)
 
     @gluon.jit
-    def _wide_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_stage,
-                       kv_bar, ready, empty, p_ready, p_free, dq_desc, dk_base, dv_base, stride_dkn, stride_dvn,
+    def _wide_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
+                       kv_bar, ready, empty, p_ready, p_free, dk_base, dv_base, stride_dkn, stride_dvn,
                        b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
                        sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                        ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr, FUSED_DQ: gl.constexpr):
+                       STAGES: gl.constexpr):
         """Consumer ``ME`` of a wide-head program: Sᵀ, dPᵀ of query rows [32·ME, +32) of each step,
         the gradients' columns [HEAD_DIM/2 · ME, +HEAD_DIM/2) (the module's docstring). The scores'
         options as the D ≤ 128 consumer makes them: softcap c·tanh(s·scale/c) (``fold_factor``) with
@@ -102,19 +97,13 @@ if _HAS_GLUON:
                                                             instr_shape=[16, HALF_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HALF_D, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, _DQW, 16])
         k_all = k_smem.index(0).reshape([64, HEAD_DIM])
         v_all = v_smem.index(0).reshape([64, HEAD_DIM])
-        k_mine = k_all.slice(ME * HALF_D, HALF_D, dim=1)
         keys = start_n + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
         tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
         dk = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
         st_zero = gl.zeros([64, HALF_M], gl.float32, layout=st_layout)
-        dq_zero = 0.0
-        if FUSED_DQ:
-            dq_zero = gl.zeros([BLOCK_M, _DQW], gl.float32, layout=dq_layout)
         keys_f = (keys - off).to(gl.float32)  # ALiBi: |i + off − j| = |i − (j − off)|, exact below 2²⁴
         mbarrier.wait(kv_bar, 0)
 
@@ -170,37 +159,15 @@ if _HAS_GLUON:
             mbarrier.wait(p_ready, it & 1)
             dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(ME * HALF_D, HALF_D, dim=1), dv, is_async=True)
             dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, HALF_D, dim=1), dk, is_async=True)
-            if FUSED_DQ:
-                dq0 = warpgroup_mma(ds_smem, k_mine.slice(0, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
-                dq1 = warpgroup_mma(ds_smem, k_mine.slice(_DQW, _DQW, dim=1), dq_zero, use_acc=False, is_async=True)
-                dq2 = warpgroup_mma(ds_smem, k_mine.slice(2 * _DQW, _DQW, dim=1), dq_zero, use_acc=False,
-                                    is_async=True)
-                dq3 = warpgroup_mma(ds_smem, k_mine.slice(3 * _DQW, _DQW, dim=1), dq_zero, use_acc=False,
-                                    is_async=True)
-                dv, dk = warpgroup_mma_wait(4, deps=[dv, dk])
-                mbarrier.arrive(empty.index(s))  # Q and dO read for the last time
-                col = ME * HALF_D
-                dq0 = warpgroup_mma_wait(3, deps=[dq0])
-                _send_dq(dq0, dq_stage, dq_desc, b, h, start_m, col, sm_scale, ME, BLOCK_M)
-                dq1 = warpgroup_mma_wait(2, deps=[dq1])
-                _send_dq(dq1, dq_stage, dq_desc, b, h, start_m, col + _DQW, sm_scale, ME, BLOCK_M)
-                dq2 = warpgroup_mma_wait(1, deps=[dq2])
-                _send_dq(dq2, dq_stage, dq_desc, b, h, start_m, col + 2 * _DQW, sm_scale, ME, BLOCK_M)
-                dq3 = warpgroup_mma_wait(0, deps=[dq3])
-                mbarrier.arrive(p_free)  # every wgmma reading P and dS retired
-                _send_dq(dq3, dq_stage, dq_desc, b, h, start_m, col + 3 * _DQW, sm_scale, ME, BLOCK_M)
-            else:
-                dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
-                mbarrier.arrive(empty.index(s))
-                mbarrier.arrive(p_free)
-        if FUSED_DQ:
-            tma.store_wait(0)
+            dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
+            mbarrier.arrive(empty.index(s))
+            mbarrier.arrive(p_free)
         _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout)
         _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout)
 
     @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads", "win_left",
                                   "win_right"])
-    def _attn_bwd_gluon_wide_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv,
+    def _attn_bwd_gluon_wide_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dk, dv,
                                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                     n_heads, n_kv_heads, n_q, n_k, band, banded_heads, win_left, win_right,
                                     qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
@@ -208,8 +175,7 @@ if _HAS_GLUON:
                                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                     HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
-                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                    FUSED_DQ: gl.constexpr):
+                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         n_key_tiles = gl.cdiv(n_k, 64)
@@ -241,10 +207,6 @@ if _HAS_GLUON:
         pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], dtype)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
-        if FUSED_DQ:
-            dq_stage = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
-        else:  # an unused placeholder (the partitions take the same arguments either way)
-            dq_stage = p_smem
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -259,18 +221,18 @@ if _HAS_GLUON:
         fence_async_shared()
 
         gl.warp_specialize([
-            (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_stage,
-                              kv_bar, ready, empty, p_ready, p_free, dq_desc, dk_base, dv_base, stride_dkn,
+            (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
+                              kv_bar, ready, empty, p_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                              HEAD_DIM, BLOCK_M, STAGES, FUSED_DQ)),
-            (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_stage,
-                              kv_bar, ready, empty, p_ready, p_free, dq_desc, dk_base, dv_base, stride_dkn,
+                              HEAD_DIM, BLOCK_M, STAGES)),
+            (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
+                              kv_bar, ready, empty, p_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                              HEAD_DIM, BLOCK_M, STAGES, FUSED_DQ)),
+                              HEAD_DIM, BLOCK_M, STAGES)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, 0,
@@ -449,41 +411,40 @@ if _HAS_GLUON:
 
 _KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "ALIBI", "FAST_TANH", "GROUP",
                       "BLOCK_M", "STAGES", "CONSUMER_REGS", "LOADER_REGS")
-DQ_STAGES = 2  # K/V slots of the dQ kernel: Q and dO 64 KB, two slots 128 KB, dSᵀ 8 KB
+DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, two slots 128 KB
 
 
-def launch(q, k, v, do, dk, dv, dq_acc, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
-    """(grid, args, keyword args) of the dK/dV kernel's launch (with ``cfg.fused_dq`` also dQ into
-    the fp32 buffer ``dq_acc``), from the D ≤ 128 kernel's plan (``attention_bwd_gluon.launch_plan``:
-    grid, launch order, option constexprs) and descriptors; the PTX hashes
-    (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
+def _inputs(q, k, v, do, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+    """What both kernels' launches share: the D ≤ 128 kernel's plan (``attention_bwd_gluon.launch_plan``:
+    grid, launch order, option constexprs), the descriptors of q, k, v, dO, lse₂, δ, and the window
+    sides and option arguments (``_option_args``)."""
     from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
     from .attention_fwd_gluon import tma_descriptor
-    D = q.shape[3]
     plan = launch_plan(q, k, cfg, causal, variant)
+    m, D = cfg.block_m, q.shape[3]
+    descriptors = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, [1, 1, 64, D]),
+                   tma_descriptor(v, [1, 1, 64, D]), tma_descriptor(do, [1, 1, m, D]),
+                   _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m))
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
-    m, box = cfg.block_m, [1, 1, 64, D]
-    args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
-            tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m),
-            tma_descriptor(dq_acc, [1, 1, m, DQ_COLS]) if cfg.fused_dq else None, dk, dv, *dk.stride()[:3],
-            *dv.stride()[:3], q.shape[1], k.shape[1], q.shape[2], k.shape[2], *plan["order"], win_left, win_right,
-            scale * LOG2E, scale, *options)
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
-    return plan["grid"], args, dict(**constexprs, FUSED_DQ=bool(cfg.fused_dq), num_warps=4)
+    return plan, descriptors, (win_left, win_right), options, constexprs
+
+
+def launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+    """(grid, args, keyword args) of the dK/dV kernel's launch: one program per 64-key tile of each
+    (batch, KV head). The PTX hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
+    plan, descriptors, window, options, constexprs = _inputs(q, k, v, do, lse2_pad, delta_pad, scale, causal, cfg,
+                                                             variant)
+    args = (*descriptors, dk, dv, *dk.stride()[:3], *dv.stride()[:3], q.shape[1], k.shape[1], q.shape[2],
+            k.shape[2], *plan["order"], *window, scale * LOG2E, scale, *options)
+    return plan["grid"], args, dict(**constexprs, num_warps=4)
 
 
 def launch_dq(q, k, v, do, dq, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
-    """(grid, args, keyword args) of the dQ kernel's launch (configs without ``fused_dq``): one
-    program per 64-query tile of each (batch, query head), dq written in q's dtype and strides."""
-    from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
-    from .attention_fwd_gluon import tma_descriptor
-    B, Hq, Nq, D = q.shape
-    plan = launch_plan(q, k, cfg, causal, variant)
-    (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
-    m, box = cfg.block_m, [1, 1, 64, D]
-    args = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, box), tma_descriptor(v, box),
-            tma_descriptor(do, [1, 1, m, D]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m),
-            dq, *dq.stride()[:3], Hq, Nq, k.shape[2], win_left, win_right, scale * LOG2E, scale, *options)
-    constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
-    constexprs["STAGES"] = DQ_STAGES
-    return (-(-Nq // m) * B * Hq,), args, dict(**constexprs, num_warps=4)
+    """(grid, args, keyword args) of the dQ kernel's launch: one program per 64-query tile of each
+    (batch, query head), dq written in q's dtype and strides."""
+    B, Hq, Nq, _ = q.shape
+    _, descriptors, window, options, constexprs = _inputs(q, k, v, do, lse2_pad, delta_pad, scale, causal, cfg,
+                                                          variant)
+    args = (*descriptors, dq, *dq.stride()[:3], Hq, Nq, k.shape[2], *window, scale * LOG2E, scale, *options)
+    return (-(-Nq // cfg.block_m) * B * Hq,), args, dict(constexprs, STAGES=DQ_STAGES, num_warps=4)
