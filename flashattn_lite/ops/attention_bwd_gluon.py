@@ -2,7 +2,8 @@
 FlashAttention-3's backward.
 
 Same contract as ``attention_backward_hopper`` (ops/attention_bwd_hopper.py): plain attention,
-causal (bottom-right, offset Nk − Nq) or not, GQA, fp16/bf16, D = Dv ∈ {64, 128}; returns (dq, dk,
+causal (bottom-right, offset Nk − Nq) or not, GQA, fp16/bf16, D = Dv ∈ {64, 128} (and 256 over a
+dense batch: ``attention_bwd_gluon_wide``'s two kernels, launched from here); returns (dq, dk,
 dv), ``torch.empty_like`` of q, k, v (their strides) in the inputs' dtype, dk/dv summed over each
 GQA group. Also the Gluon forward's options (a ``variant``: a sliding window, softcap, ALiBi slopes,
 sinks; a dense batch), as the constexprs ``HAS_LEFT``, ``HAS_RIGHT``, ``SOFTCAP``, ``ALIBI``,
@@ -973,8 +974,8 @@ def supported(q, k, v, do, **options) -> str | None:
 
 
 PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backward (dQ by TMA reduce-add, "
-             "or by the Triton dQ kernel under torch.use_deterministic_algorithms; FLASHATTN_LITE_HOPPER=0 "
-             "turns the Hopper paths off)")
+             "or by the Triton dQ kernel under torch.use_deterministic_algorithms; at head dim 256 dK/dV and "
+             "dQ kernels of their own; FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)")
 
 
 def path_note(variant: Variant = PLAIN) -> str:
