@@ -45,7 +45,7 @@ def summary(runs: list[tuple[str, dict]], names: list[str]) -> list[str]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pass", dest="which", choices=("backward", "forward"), default="backward")
+    ap.add_argument("--pass", dest="which", choices=("backward", "forward", "backward256"), default="backward")
     ap.add_argument("--out", required=True, help="the JSON file of every run")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per run (> 0)")
     ap.add_argument("runs", nargs="+", help="NAME=DIR for each checkout, then the order of runs by NAME")

@@ -11,7 +11,8 @@ is left out: its fp32 reduce-adds land in any order), O and the lse for the forw
 tokens, hidden 2048, random inputs (seeded); also fp16 and the options (softcap, ALiBi, a window,
 sinks) on a GQA shape with odd lengths, hashed only. Both time all twelve points of the table (d 64 and 128,
 causal or not, 2k/8k/16k), the forward also causal 4k, and both the 8k points with GQA 4:1 (``-gqa4``: a
-quarter of the K/V heads, as Llama 3's).
+quarter of the K/V heads, as Llama 3's). ``--pass backward256``: the head dim 256 backward instead
+(its two kernels), at the same six lengths and modes, GQA 4:1 at causal 8k, and the options at d 256.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ OPTIONS = [("fp16", torch.float16, {}), ("softcap", torch.bfloat16, {"softcap": 
            ("window", torch.bfloat16, {"left": 300}), ("sinks", torch.bfloat16, {"sinks": True})]
 GQA_POINTS = [(d, causal, 8192) for d in (64, 128) for causal in (False, True)]
 GQA = 4  # query heads per K/V head at GQA_POINTS
+WIDE_POINTS = [(256, causal, n) for causal in (False, True) for n in (2048, 8192, 16384)]  # --pass backward256
 TIMED_OPTIONS = [("softcap", {"softcap": 50.0}), ("alibi", {"alibi": True}), ("window4k", {"left": 4096})]
 
 
@@ -89,10 +91,13 @@ def forward_pass(rep_ms: float) -> dict:
     return out
 
 
-def backward_pass(rep_ms: float) -> dict:
-    """The Gluon backward at BACKWARD_POINTS, GQA_POINTS and with each option."""
+def backward_pass(rep_ms: float, d_options: int = 128, points=None) -> dict:
+    """The Gluon backward at BACKWARD_POINTS, GQA_POINTS and with each option (``points``: those
+    (d, causal, n, group) instead; ``d_options``: the options' head dim)."""
     out = {}
-    for d, causal, n, group in [p + (1,) for p in BACKWARD_POINTS] + [p + (GQA,) for p in GQA_POINTS]:
+    if points is None:
+        points = [p + (1,) for p in BACKWARD_POINTS] + [p + (GQA,) for p in GQA_POINTS]
+    for d, causal, n, group in points:
         name, (q, k, v, do) = _point(d, causal, n, group, 4)
         o, lse = gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal)
 
@@ -102,8 +107,8 @@ def backward_pass(rep_ms: float) -> dict:
         out[name] = {"ms": time_ms(backward, rep_ms=rep_ms), "hash": grad_hash(dk, dv)}
     for name, dtype, opts in OPTIONS:
         g = torch.Generator(device="cuda").manual_seed(1)
-        q, do = (torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
-        k, v = (torch.randn(2, 4, 1037, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+        q, do = (torch.randn(2, 8, 1000, d_options, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+        k, v = (torch.randn(2, 4, 1037, d_options, device="cuda", dtype=dtype, generator=g) for _ in range(2))
         variant = PLAIN
         if opts:
             variant = make_variant(opts, 8, g)
@@ -111,16 +116,16 @@ def backward_pass(rep_ms: float) -> dict:
         dk, dv = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=True,
                                                     variant=None if variant is PLAIN else variant)[1:3]
         out[name] = {"hash": grad_hash(dk, dv)}
-    for name, opts in TIMED_OPTIONS:  # the d 128 causal 8k point with each option, timed
+    for name, opts in TIMED_OPTIONS:  # the causal 8k point with each option, timed
         g = torch.Generator(device="cuda").manual_seed(2)
-        q, k, v, do = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-                       for _ in range(4))
-        variant = make_variant(opts, 16, g)
+        q, k, v, do = (torch.randn(2, 2048 // d_options, 8192, d_options, device="cuda", dtype=torch.bfloat16,
+                                   generator=g) for _ in range(4))
+        variant = make_variant(opts, q.shape[1], g)
         o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant)
 
         def backward():
             return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=True, variant=variant)
-        out[f"d128-causal-8192-{name}"] = {"ms": time_ms(backward, rep_ms=rep_ms),
+        out[f"d{d_options}-causal-8192-{name}"] = {"ms": time_ms(backward, rep_ms=rep_ms),
                                            "hash": grad_hash(*backward()[1:3])}
     return out
 
@@ -128,14 +133,20 @@ def backward_pass(rep_ms: float) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rep-ms", type=float, default=300, help="timed milliseconds per point (> 0)")
-    ap.add_argument("--pass", dest="which", choices=("backward", "forward"), default="backward",
-                    help="which Gluon kernel to time (default: backward)")
+    ap.add_argument("--pass", dest="which", choices=("backward", "forward", "backward256"), default="backward",
+                    help="which Gluon kernel to time (default: backward; backward256: the head dim 256 "
+                    "backward at WIDE_POINTS, GQA 4 at causal 8k, and the options at d 256)")
     args = ap.parse_args()
     if not args.rep_ms > 0:
         ap.error(f"--rep-ms must be > 0, got {args.rep_ms}")
     assert torch.cuda.is_available(), "gluon_checkout times Gluon kernels: a GPU is needed"
-    run = forward_pass if args.which == "forward" else backward_pass
-    print(json.dumps(run(args.rep_ms)))
+    if args.which == "forward":
+        out = forward_pass(args.rep_ms)
+    elif args.which == "backward256":
+        out = backward_pass(args.rep_ms, 256, [p + (1,) for p in WIDE_POINTS] + [(256, True, 8192, GQA)])
+    else:
+        out = backward_pass(args.rep_ms)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ as P = exp2(S·scale·log2 e − lse₂) and never stores them:
 No atomics: each output element is written by exactly one program, so gradients are
 bit-identical from run to run. (``attention_backward`` hands large fp16/bf16 calls on sm_90, plain
 or with a window, softcap, ALiBi or sinks, over a dense, ranges or varlen batch, to the Gluon
-backward, ``attention_bwd_gluon``, whose dq is not bit-reproducible unless
-``torch.use_deterministic_algorithms(True)``; plain ones otherwise to the TMA pair,
+backward, ``attention_bwd_gluon``, whose dq at d ≤ 128 is not bit-reproducible unless
+``torch.use_deterministic_algorithms(True)`` (at d 256 it has one writer per element); plain ones
+otherwise to the TMA pair,
 ``attention_bwd_hopper``.)
 """
 from __future__ import annotations

@@ -38,8 +38,6 @@ allocation, the sinks' gradient.
 """
 from __future__ import annotations
 
-import triton.language as tl
-
 from ..merge import LOG2E
 from .attention_bwd_gluon import _HAS_GLUON
 from .attention_fwd import fold_factor
@@ -65,15 +63,15 @@ if _HAS_GLUON:
         return gl.expand_dims(row.load(gl.SliceLayout(0, st_layout)), 0)
 
     @gluon.jit
-    def _store_rows(x, base, stride_n, first, n_k, COL: gl.constexpr, layout: gl.constexpr):
-        """x (64 keys × HEAD_DIM / 2, the wgmma layout) into rows [first, first + 64) of ``base``
-        (one (batch, head) plane, unit column stride) at columns [COL, COL + width); rows past n_k
-        are dropped."""
+    def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr):
+        """x (R × W float32 in ``layout``) in ``base``'s dtype into rows [first, first + R) of
+        ``base`` (one (batch, head) plane, unit column stride) at columns [COL, COL + W); rows from
+        ``n_rows`` on are dropped (dK, dV past Nk; dQ past Nq)."""
         R: gl.constexpr = x.shape[0]
         W: gl.constexpr = x.shape[1]
         rows = first + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
         cols = COL + gl.arange(0, W, layout=gl.SliceLayout(0, layout))
-        ok = gl.expand_dims(rows < n_k, 1) & gl.expand_dims(cols < COL + W, 0)
+        ok = gl.expand_dims(rows < n_rows, 1) & gl.expand_dims(cols < COL + W, 0)  # (the column test: 2-D)
         at = base + gl.expand_dims(rows.to(gl.int64) * stride_n, 1) + gl.expand_dims(cols, 0)
         gl.store(at, x.to(base.dtype.element_ty), mask=ok)
 
