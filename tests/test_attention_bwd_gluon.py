@@ -112,6 +112,8 @@ def test_path_note_names_the_options():
     note = gluon_bwd.path_note(every)
     assert "Gluon warp-specialized backward" in note and all(w in note for w in ("softcap", "ALiBi", "sinks"))
     assert "softcap" not in gluon_bwd.path_note(Variant(sinks=torch.zeros(4)))
+    wide = gluon_bwd.path_note(every, 256)  # head dim 256: its own two kernels, no reduce-add
+    assert "dK/dV and dQ kernels" in wide and "reduce-add" not in wide and "softcap" in wide
 
 
 def test_configs_fit_and_default_is_swept():

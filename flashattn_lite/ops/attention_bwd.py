@@ -546,8 +546,8 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
         if variant is not PLAIN:
             gluon = attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic,
                                                   variant=variant)
-            hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.path_note(variant)) \
-                if gluon else False
+            hopper = (attention_bwd_gluon.attention_backward_gluon,
+                      attention_bwd_gluon.path_note(variant, q.shape[3])) if gluon else False
         elif attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
             hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.PATH_NOTE)
         elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):

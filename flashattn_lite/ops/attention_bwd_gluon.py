@@ -978,13 +978,16 @@ PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backwa
              "dQ kernels of their own; FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)")
 
 
-def path_note(variant: Variant = PLAIN) -> str:
+def path_note(variant: Variant = PLAIN, head_dim: int = 128) -> str:
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
-    the Hopper forward's words for the options with this kernel's name."""
+    the Hopper forward's words for the options with this kernel's name (at head dim 256 its dK/dV
+    and dQ kernels)."""
     if variant is None or variant is PLAIN:
         return PATH_NOTE
     from .attention_fwd_hopper import path_note as hopper_note
-    note = hopper_note(variant, "the Gluon warp-specialized backward (dQ by TMA reduce-add)")
+    name = ("the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels" if head_dim == 256
+            else "the Gluon warp-specialized backward (dQ by TMA reduce-add)")
+    note = hopper_note(variant, name)
     layout = {SEQ_RANGES: "a padded batch with per-row ranges", SEQ_VARLEN: "a packed varlen batch"}.get(variant.seq)
     return note.replace(" on sm_90", f" over {layout} on sm_90", 1) if layout else note
 
