@@ -139,6 +139,34 @@ def test_shared_memory_model():
         assert model <= smem <= model + gluon_bwd.SMEM_SLACK, cfg.name
 
 
+@pytest.mark.skipif(not gluon_bwd._HAS_GLUON, reason="this triton has no Gluon")
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256_launches_bind_to_their_kernels(causal):
+    # The two d 256 kernels' launches (built on the CPU, as benchmarks/ptx_hashes.py compiles them):
+    # every argument binds to a parameter of its kernel, the grids are one program per 64-key tile
+    # of each (batch, KV head) and per 64-query tile of each (batch, query head), and the options
+    # reach both kernels as constexprs.
+    import inspect
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    B, Hq, Hkv, Nq, Nk, D = 2, 4, 2, 200, 333, 256
+    q = torch.zeros(B, Hq, Nq, D, dtype=torch.bfloat16)
+    k = torch.zeros(B, Hkv, Nk, D, dtype=torch.bfloat16)
+    rows = torch.zeros(B * Hq, gluon_bwd._pad_rows(Nq))
+    cfg = gluon_bwd.default_config(D, causal, Nk)
+    variant = Variant(softcap=3.0, left=50)
+    launches = [(wide._attn_bwd_gluon_wide_kernel, wide.launch(q, k, k, q, k, k, rows, rows, 0.1, causal, cfg,
+                                                                variant), (math.ceil(Nk / 64) * B * Hkv,)),
+                (wide._attn_bwd_gluon_wide_dq_kernel, wide.launch_dq(q, k, k, q, q, rows, rows, 0.1, causal, cfg,
+                                                                     variant), (math.ceil(Nq / 64) * B * Hq,))]
+    for kernel, (grid, args, kwargs), want in launches:
+        assert grid == want
+        constexprs = {n: v for n, v in kwargs.items() if n != "num_warps"}
+        inspect.signature(kernel.fn).bind(*args, **constexprs)  # a TypeError if they do not match
+        assert constexprs["GROUP"] == Hq // Hkv and constexprs["HEAD_DIM"] == D and constexprs["CAUSAL"] is causal
+        assert constexprs["SOFTCAP"] and constexprs["HAS_LEFT"] and not constexprs["ALIBI"]
+    assert launches[1][1][2]["STAGES"] == wide.DQ_STAGES
+
+
 @pytest.mark.parametrize("cfg, why", [
     (gluon_bwd.Config(1, 64, 2, True), "two consumers"),
     (gluon_bwd.Config(2, 128, 2, True), "64-row query tiles"),
