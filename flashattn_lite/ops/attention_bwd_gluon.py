@@ -328,6 +328,7 @@ def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n
 
 
 if _HAS_GLUON:
+    from .attention_fwd_gluon import alibi_slope2
 
     _DQC = gl.constexpr(DQ_COLS)  # the kernels' name for it (globals must be constexpr there)
 
@@ -639,11 +640,7 @@ if _HAS_GLUON:
                                sm_scale, DQ_COL, ME, BLOCK_M, DEFER_DQ, SPLIT_COLS)
             slope = 0.0
             if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
-                slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
-                if SOFTCAP:
-                    slope = slope * 1.4426950408889634 / softcap2
-                else:
-                    slope = slope * 1.4426950408889634 / qk_scale
+                slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
             lse2 = _row(lse_smem, s, BLOCK_M, st_layout)
             st = warpgroup_mma_wait(1, deps=[st])  # Sᵀ retired; dPᵀ may still run
             # Base-2 scores x·fold: Sᵀ and scale·log2 e, or tanh(Sᵀ·scale/c) and c·log2 e.

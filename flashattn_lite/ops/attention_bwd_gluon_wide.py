@@ -52,9 +52,7 @@ if _HAS_GLUON:
 
     from .._launcher import Launcher
     from .attention_bwd_gluon import _loader, _masked, _query_tile, _to_16bit, banded_key_tile, query_tiles
-    from .attention_fwd_gluon import _band, key_tiles
-
-    _LOG2E = gl.constexpr(LOG2E)
+    from .attention_fwd_gluon import _band, alibi_slope2, key_tiles
 
     @gluon.jit
     def _half_row(smem, s, ME: gl.constexpr, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
@@ -118,11 +116,7 @@ if _HAS_GLUON:
             m0 = start_m + ME * HALF_M  # this consumer's first query row
             slope = 0.0
             if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
-                slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
-                if SOFTCAP:
-                    slope = slope * _LOG2E / softcap2
-                else:
-                    slope = slope * _LOG2E / qk_scale
+                slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
             lse2 = _half_row(lse_smem, s, ME, BLOCK_M, st_layout)
             st = warpgroup_mma_wait(1, deps=[st])  # Sᵀ retired; dPᵀ may still run
             x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
@@ -218,6 +212,8 @@ if _HAS_GLUON:
         mbarrier.init(p_free, count=2)
         fence_async_shared()
 
+        # (The two consumers' argument tuples are written out: a tuple built once and concatenated
+        # with each consumer's index loses its constexprs in triton 3.6's Gluon.)
         gl.warp_specialize([
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
                               kv_bar, ready, empty, p_ready, p_free, dk_base, dv_base, stride_dkn,
@@ -291,11 +287,7 @@ if _HAS_GLUON:
         slope = 0.0
         rows_f = (rows + off).to(gl.float32)  # ALiBi: |i + off − j|, exact below 2²⁴
         if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor
-            slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
-            if SOFTCAP:
-                slope = slope * _LOG2E / softcap2
-            else:
-                slope = slope * _LOG2E / qk_scale
+            slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
         mbarrier.wait(q_bar, 0)
         lse2 = gl.expand_dims(lse_smem.reshape([BLOCK_M]).load(gl.SliceLayout(1, s_layout)), 1)
         delta = gl.expand_dims(delta_smem.reshape([BLOCK_M]).load(gl.SliceLayout(1, s_layout)), 1)

@@ -551,15 +551,22 @@ if _HAS_GLUON:
         return gl.convert_layout(p.to(dtype), p_layout)
 
     @gluon.jit
-    def _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP: gl.constexpr,
-                     BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-        """(slope, cols_f) of ALiBi for (b, h): slope·log2 e as the portable kernels read it, over
-        ``_scores``' fold, and the key offsets 0 … BLOCK_N − 1 as floats."""
+    def alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP: gl.constexpr):
+        """ALiBi's slope of (b, h) times log2 e, as the portable kernels read it, over the exp2's
+        fold (scale·log2 e, or c·log2 e under softcap): the Gluon forward's and backwards' one read."""
         slope = gl.load(alibi + b.to(gl.int64) * stride_alibi_b + h * stride_alibi_h).to(gl.float32)
         if SOFTCAP:
             slope = slope * 1.4426950408889634 / softcap2
         else:
             slope = slope * 1.4426950408889634 / qk_scale
+        return slope
+
+    @gluon.jit
+    def _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP: gl.constexpr,
+                     BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """(slope, cols_f) of ALiBi for (b, h): ``alibi_slope2`` and the key offsets 0 … BLOCK_N − 1
+        as floats."""
+        slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
         cols_f = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
         return slope, cols_f
 
