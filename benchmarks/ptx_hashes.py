@@ -166,11 +166,10 @@ def gluon_bwd(opts, causal=True, d=128):
         cfg = next(c for c in g.CONFIGS[d] if c.name == config or (config == "dq" and not c.fused_dq))
     if getattr(cfg, "split_d", False):  # head dim 256: the wide kernels
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
+        dkdv, dq = w.launches(q, kv, kv, q, q, kv, kv, rows, rows, 0.088, causal, cfg, variant)
         if config == "dq":
-            _, args, kwargs = w.launch_dq(q, kv, kv, q, q, rows, rows, 0.088, causal, cfg, variant)
-            return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, args, kwargs)
-        _, args, kwargs = w.launch(q, kv, kv, q, kv, kv, rows, rows, 0.088, causal, cfg, variant)
-        return _compile_gluon(w._attn_bwd_gluon_wide_kernel, args, kwargs)
+            return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, *dq[1:])
+        return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
     _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
                                 dq_acc=torch.zeros(B, H, N, d), row_starts=torch.zeros(4, dtype=torch.int32))
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)

@@ -154,10 +154,9 @@ def test_head_dim_256_launches_bind_to_their_kernels(causal):
     rows = torch.zeros(B * Hq, gluon_bwd._pad_rows(Nq))
     cfg = gluon_bwd.default_config(D, causal, Nk)
     variant = Variant(softcap=3.0, left=50)
-    launches = [(wide._attn_bwd_gluon_wide_kernel, wide.launch(q, k, k, q, k, k, rows, rows, 0.1, causal, cfg,
-                                                                variant), (math.ceil(Nk / 64) * B * Hkv,)),
-                (wide._attn_bwd_gluon_wide_dq_kernel, wide.launch_dq(q, k, k, q, q, rows, rows, 0.1, causal, cfg,
-                                                                     variant), (math.ceil(Nq / 64) * B * Hq,))]
+    dkdv, dq = wide.launches(q, k, k, q, q, k, k, rows, rows, 0.1, causal, cfg, variant)
+    launches = [(wide._attn_bwd_gluon_wide_kernel, dkdv, (math.ceil(Nk / 64) * B * Hkv,)),
+                (wide._attn_bwd_gluon_wide_dq_kernel, dq, (math.ceil(Nq / 64) * B * Hq,))]
     for kernel, (grid, args, kwargs), want in launches:
         assert grid == want
         constexprs = {n: v for n, v in kwargs.items() if n != "num_warps"}

@@ -1496,11 +1496,9 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     if share > 1:
         dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
         dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
-    if cfg.split_d:
-        from . import attention_bwd_gluon_wide as wide
-        grid, args, kwargs = wide.launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
-                                         PLAIN if variant is None else variant)
-        wide._attn_bwd_gluon_wide_launcher[grid](*args, **kwargs)
+    if cfg.split_d:  # head dim 256: its dK/dV and dQ kernels
+        from .attention_bwd_gluon_wide import run
+        run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg, PLAIN if variant is None else variant)
     else:
         grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
                                      PLAIN if variant is None else variant, dq_acc, row_starts, share)
@@ -1510,12 +1508,8 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dv.copy_(dv_out)
 
     if cfg.fused_dq:
-        dq = _dq_from_buffer(dq_acc, q, kwargs.get("DEFER_DQ", False), dq)
-    elif cfg.split_d:
-        grid, args, kwargs = wide.launch_dq(q, k, v, do, dq, lse2_pad, delta_pad, scale, causal, cfg,
-                                            PLAIN if variant is None else variant)
-        wide._attn_bwd_gluon_wide_dq_launcher[grid](*args, **kwargs)
-    else:
+        dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
+    elif not cfg.split_d:
         _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
     if variant is None:
         return dq, dk, dv

@@ -404,37 +404,34 @@ _KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", 
 DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, two slots 128 KB
 
 
-def _inputs(q, k, v, do, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
-    """What both kernels' launches share: the D ≤ 128 kernel's plan (``attention_bwd_gluon.launch_plan``:
-    grid, launch order, option constexprs), the descriptors of q, k, v, dO, lse₂, δ, and the window
-    sides and option arguments (``_option_args``)."""
+def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+    """(grid, args, keyword args) of the dK/dV kernel's launch (one program per 64-key tile of each
+    (batch, KV head)) and of the dQ kernel's (one per 64-query tile of each (batch, query head); dq in
+    q's dtype and strides), sharing one plan (``attention_bwd_gluon.launch_plan``: grid, launch order,
+    option constexprs) and one set of descriptors. The PTX hashes (``benchmarks/ptx_hashes.py``)
+    compile from it without a GPU."""
     from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
     from .attention_fwd_gluon import tma_descriptor
+    B, Hq, Nq, D = q.shape
     plan = launch_plan(q, k, cfg, causal, variant)
-    m, D = cfg.block_m, q.shape[3]
+    m = cfg.block_m
     descriptors = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, [1, 1, 64, D]),
                    tma_descriptor(v, [1, 1, 64, D]), tma_descriptor(do, [1, 1, m, D]),
                    _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m))
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
+    scalars = (win_left, win_right, scale * LOG2E, scale, *options)
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
-    return plan, descriptors, (win_left, win_right), options, constexprs
+    dkdv = (plan["grid"], (*descriptors, dk, dv, *dk.stride()[:3], *dv.stride()[:3], Hq, k.shape[1], Nq, k.shape[2],
+                           *plan["order"], *scalars), dict(constexprs, num_warps=4))
+    dq_launch = ((-(-Nq // m) * B * Hq,), (*descriptors, dq, *dq.stride()[:3], Hq, Nq, k.shape[2], *scalars),
+                 dict(constexprs, STAGES=DQ_STAGES, num_warps=4))
+    return dkdv, dq_launch
 
 
-def launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
-    """(grid, args, keyword args) of the dK/dV kernel's launch: one program per 64-key tile of each
-    (batch, KV head). The PTX hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
-    plan, descriptors, window, options, constexprs = _inputs(q, k, v, do, lse2_pad, delta_pad, scale, causal, cfg,
-                                                             variant)
-    args = (*descriptors, dk, dv, *dk.stride()[:3], *dv.stride()[:3], q.shape[1], k.shape[1], q.shape[2],
-            k.shape[2], *plan["order"], *window, scale * LOG2E, scale, *options)
-    return plan["grid"], args, dict(**constexprs, num_warps=4)
-
-
-def launch_dq(q, k, v, do, dq, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
-    """(grid, args, keyword args) of the dQ kernel's launch: one program per 64-query tile of each
-    (batch, query head), dq written in q's dtype and strides."""
-    B, Hq, Nq, _ = q.shape
-    _, descriptors, window, options, constexprs = _inputs(q, k, v, do, lse2_pad, delta_pad, scale, causal, cfg,
-                                                          variant)
-    args = (*descriptors, dq, *dq.stride()[:3], Hq, Nq, k.shape[2], *window, scale * LOG2E, scale, *options)
-    return (-(-Nq // cfg.block_m) * B * Hq,), args, dict(constexprs, STAGES=DQ_STAGES, num_warps=4)
+def run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+    """The d 256 backward's two launches (``attention_bwd_gluon._backward`` prepared the row
+    statistics and the gradients' tensors)."""
+    (grid, args, kwargs), (dq_grid, dq_args, dq_kwargs) = launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad,
+                                                                   scale, causal, cfg, variant)
+    _attn_bwd_gluon_wide_launcher[grid](*args, **kwargs)
+    _attn_bwd_gluon_wide_dq_launcher[dq_grid](*dq_args, **dq_kwargs)
