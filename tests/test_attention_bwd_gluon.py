@@ -171,6 +171,7 @@ def test_head_dim_256_launches_bind_to_their_kernels(causal):
     (gluon_bwd.Config(2, 128, 2, True), "64-row query tiles"),
     (gluon_bwd.Config(2, 64, 2, True, 3), "dS sets"),
     (gluon_bwd.Config(2, 64, 4, True, 2), "shared memory"),
+    (gluon_bwd.CONFIGS[256][0], "split-head-dim"),
 ])
 def test_bad_config_is_refused_before_launch(cfg, why):
     assert why in gluon_bwd.config_reason(128, cfg)
@@ -190,8 +191,12 @@ def test_head_dim_256_takes_the_split_head_dim_kernel_only():
         assert cfg.split_d and gluon_bwd.config_reason(256, cfg) is None
         for d in (64, 128):
             assert "split-head-dim" in gluon_bwd.config_reason(d, cfg)
+    q256 = torch.zeros(1, 2, 8, 256, dtype=torch.bfloat16)
     for cfg in (gluon_bwd.CONFIGS[128][0], wide._replace(ds_bufs=2), wide._replace(fused_dq=True)):
         assert gluon_bwd.config_reason(256, cfg) is not None
+        with pytest.raises(ValueError, match="head dim 256"):  # before anything runs
+            gluon_bwd.attention_backward_gluon(q256, q256, q256, q256, q256, torch.zeros(1, 2, 8), scale=0.1,
+                                               causal=True, config=cfg)
     assert gluon_bwd.default_config(256, True, 8192, deterministic=True) == wide
     q = torch.zeros(2, 4, 100, 256, dtype=torch.bfloat16)
     k = torch.zeros(2, 2, 100, 256, dtype=torch.bfloat16)
