@@ -4,17 +4,17 @@
 128 registers a thread, at D 256 it would be 256, more than a thread has. So at D 256:
 
 * **The dK/dV kernel** (``_attn_bwd_gluon_wide_kernel``): a program takes one tile of 64 keys of
-  one (batch, KV head), and its two consumer warpgroups split the work as FlashAttention-3 does at
-  this head dim (here in transposed scores). For each streamed tile of 64 queries, consumer c
-  computes Sᵀ and dPᵀ of the tile's queries [32c, 32c + 32) against the 64 keys (64 × 32 fp32
-  each), then Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ), and writes both, rounded to the input dtype, as rows of
-  the shared P and dS buffers (queries × keys). Once both halves are in (an mbarrier, ``p_ready``),
-  consumer c owns dK and dV's columns [128c, 128c + 128): dV += Pᵀ·dO[:, cols], dK += dSᵀ·Q[:, cols]
-  (P and dS read transposed from shared memory; 128 registers a thread for both, as at D 128), and
-  says when its wgmmas reading P and dS retired (``p_free``). The loader warp, the steps' order (GQA
-  group, the query tiles of the causal band or window, the rotated start) and the masks are the D
-  ≤ 128 kernel's (``_loader``, ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV
-  leave by masked register stores (rows past Nk dropped).
+  one (batch, KV head), and its two consumer warpgroups split the work by role. For each streamed
+  tile of 64 queries, consumer 0 computes Sᵀ and Pᵀ and writes P (queries × keys, rounded to the
+  input dtype) to shared memory (``p_ready``); consumer 1 computes dPᵀ, reads P and writes
+  dS = P ∘ (dP − δ) (``ds_ready``). Both score wgmmas are 64 × 64 (split by query halves they were
+  64 × 32, bound by their shared-memory reads). Consumer c then owns dK and dV's columns
+  [128c, 128c + 128): dV += Pᵀ·dO[:, cols], dK += dSᵀ·Q[:, cols] (P and dS read transposed from
+  shared memory; 128 registers a thread for both, as at D 128), and says when its wgmmas reading P
+  and dS retired (``p_free``). The loader warp, the steps' order (GQA group, the query tiles of the
+  causal band or window, the rotated start) and the masks are the D ≤ 128 kernel's (``_loader``,
+  ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV leave by masked register stores
+  (rows past Nk dropped).
 * **The dQ kernel** (``_attn_bwd_gluon_wide_dq_kernel``): a program takes one tile of 64 queries of
   one (batch, query head), Q, dO, lse₂ and δ loaded once, and its key tiles (the forward's
   ``key_tiles``: the causal band or window only) streamed through a ring of two slots. Consumer c
@@ -75,22 +75,23 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _wide_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
-                       kv_bar, ready, empty, p_ready, p_free, dk_base, dv_base, stride_dkn, stride_dvn,
+                       kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn, stride_dvn,
                        b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
                        sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                        ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                        STAGES: gl.constexpr):
-        """Consumer ``ME`` of a wide-head program: Sᵀ, dPᵀ of query rows [32·ME, +32) of each step,
-        the gradients' columns [HEAD_DIM/2 · ME, +HEAD_DIM/2) (the module's docstring). The scores'
-        options as the D ≤ 128 consumer makes them: softcap c·tanh(s·scale/c) (``fold_factor``) with
-        1 − tanh² in dSᵀ, ALiBi's slope·|i + off − j| subtracted before the exp2's factor."""
+        """Consumer ``ME`` of a wide-head program, by role: consumer 0 computes Sᵀ (64 keys × the
+        step's 64 queries) and Pᵀ, writes P (and under softcap P ∘ (1 − tanh²) to the dS buffer)
+        and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
+        writes dS (``ds_ready``). Each then owns dK and dV's columns [HEAD_DIM/2 · ME, +HEAD_DIM/2).
+        Both score wgmmas are N = 64 (query halves made them N = 32, bound by their shared-memory
+        reads). The scores' options as the D ≤ 128 consumer makes them."""
         dtype: gl.constexpr = k_smem.dtype
-        HALF_M: gl.constexpr = BLOCK_M // 2
         HALF_D: gl.constexpr = HEAD_DIM // 2
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, HALF_M, 16])
+                                                            instr_shape=[16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HALF_D, 16])
         k_all = k_smem.index(0).reshape([64, HEAD_DIM])
@@ -99,7 +100,7 @@ if _HAS_GLUON:
         tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
         dk = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
-        st_zero = gl.zeros([64, HALF_M], gl.float32, layout=st_layout)
+        st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
         keys_f = (keys - off).to(gl.float32)  # ALiBi: |i + off − j| = |i − (j − off)|, exact below 2²⁴
         mbarrier.wait(kv_bar, 0)
 
@@ -109,47 +110,51 @@ if _HAS_GLUON:
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-            st = warpgroup_mma(k_all, q_t.slice(ME * HALF_M, HALF_M, dim=0).permute((1, 0)), st_zero, use_acc=False,
-                               is_async=True)
-            dpt = warpgroup_mma(v_all, do_t.slice(ME * HALF_M, HALF_M, dim=0).permute((1, 0)), st_zero,
-                                use_acc=False, is_async=True)
-            m0 = start_m + ME * HALF_M  # this consumer's first query row
-            slope = 0.0
-            if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmmas run
-                slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
-            lse2 = _half_row(lse_smem, s, ME, BLOCK_M, st_layout)
-            st = warpgroup_mma_wait(1, deps=[st])  # Sᵀ retired; dPᵀ may still run
-            x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
-            t = x  # tanh(·) under softcap, for its derivative
-            if ALIBI:
-                rows_f = (m0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
-                x = x - slope * gl.abs(gl.expand_dims(rows_f, 0) - gl.expand_dims(keys_f, 1))
-            pt = gl.exp2(x * fold - lse2)
-            # Masked: the steps outside the rows that see every key (``query_tiles``) and a tile
-            # holding keys past Nk.
-            edge = start_m < mid_lo
-            if HAS_LEFT:
-                edge = edge | (start_m >= mid_hi)
-            if edge | tail:
-                pt = _masked(pt, keys, m0, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT, HALF_M,
-                             st_layout)
-            p16 = _to_16bit(pt, dtype, not SOFTCAP)
-            if SOFTCAP:  # Pᵀ ∘ (1 − tanh²), rounded once like Pᵀ: the factor of dSᵀ
-                pd = (pt * (1.0 - t * t)).to(dtype).to(gl.float32)
+            if ME == 0:
+                st = warpgroup_mma(k_all, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+                slope = 0.0
+                if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmma runs
+                    slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
+                lse2 = gl.expand_dims(lse_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, st_layout)), 0)
+                st = warpgroup_mma_wait(0, deps=[st])
+                x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
+                t = x  # tanh(·) under softcap, for its derivative
+                if ALIBI:
+                    rows_f = (start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                    x = x - slope * gl.abs(gl.expand_dims(rows_f, 0) - gl.expand_dims(keys_f, 1))
+                pt = gl.exp2(x * fold - lse2)
+                # Masked: the steps outside the rows that see every key (``query_tiles``) and a tile
+                # holding keys past Nk.
+                edge = start_m < mid_lo
+                if HAS_LEFT:
+                    edge = edge | (start_m >= mid_hi)
+                if edge | tail:
+                    pt = _masked(pt, keys, start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                 BLOCK_M, st_layout)
+                p16 = _to_16bit(pt, dtype, not SOFTCAP)
+                # P (and dS's factor under softcap) out once the previous step's wgmmas reading them retired.
+                mbarrier.wait(p_free, (it & 1) ^ 1)
+                p_smem.store(gl.permute(p16, (1, 0)))
+                if SOFTCAP:  # Pᵀ ∘ (1 − tanh²), rounded once like Pᵀ; consumer 1 turns it into dS in place
+                    ds_smem.store(gl.permute((pt * (1.0 - t * t)).to(dtype), (1, 0)))
+                fence_async_shared()
+                mbarrier.arrive(p_ready)
+                dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(0, HALF_D, dim=1), dv, is_async=True)
+                mbarrier.wait(ds_ready, it & 1)
             else:
-                pd = p16.to(gl.float32)
-            delta = _half_row(delta_smem, s, ME, BLOCK_M, st_layout)
-            dpt = warpgroup_mma_wait(0, deps=[dpt])
-            ds16 = _to_16bit(pd * (dpt - delta), dtype, not SOFTCAP)
-            # This half's rows of P and dS, once both consumers' wgmmas of the previous step that
-            # read them retired; then wait for the other half.
-            mbarrier.wait(p_free, (it & 1) ^ 1)
-            p_smem.slice(ME * HALF_M, HALF_M, dim=0).store(gl.permute(p16, (1, 0)))
-            ds_smem.slice(ME * HALF_M, HALF_M, dim=0).store(gl.permute(ds16, (1, 0)))
-            fence_async_shared()
-            mbarrier.arrive(p_ready)
-            mbarrier.wait(p_ready, it & 1)
-            dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(ME * HALF_D, HALF_D, dim=1), dv, is_async=True)
+                dpt = warpgroup_mma(v_all, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+                delta = gl.expand_dims(delta_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, st_layout)), 0)
+                dpt = warpgroup_mma_wait(0, deps=[dpt])
+                mbarrier.wait(p_ready, it & 1)
+                if SOFTCAP:
+                    pd = ds_smem.permute((1, 0)).load(st_layout).to(gl.float32)
+                else:
+                    pd = p_smem.permute((1, 0)).load(st_layout).to(gl.float32)
+                ds16 = _to_16bit(pd * (dpt - delta), dtype, not SOFTCAP)
+                ds_smem.store(gl.permute(ds16, (1, 0)))
+                fence_async_shared()
+                mbarrier.arrive(ds_ready)
+                dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(HALF_D, HALF_D, dim=1), dv, is_async=True)
             dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, HALF_D, dim=1), dk, is_async=True)
             dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
             mbarrier.arrive(empty.index(s))
@@ -203,12 +208,14 @@ if _HAS_GLUON:
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=2)
-        mbarrier.init(p_ready, count=2)
+        mbarrier.init(p_ready, count=1)  # consumer 0: P is in
+        mbarrier.init(ds_ready, count=1)  # consumer 1: dS is in
         mbarrier.init(p_free, count=2)
         fence_async_shared()
 
@@ -216,13 +223,13 @@ if _HAS_GLUON:
         # with each consumer's index loses its constexprs in triton 3.6's Gluon.)
         gl.warp_specialize([
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
-                              kv_bar, ready, empty, p_ready, p_free, dk_base, dv_base, stride_dkn,
+                              kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                               HEAD_DIM, BLOCK_M, STAGES)),
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
-                              kv_bar, ready, empty, p_ready, p_free, dk_base, dv_base, stride_dkn,
+                              kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
