@@ -299,7 +299,12 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d256 dq full", gluon_bwd, dict(d=256, config="dq", causal=False)),
          ("gluon bwd d256 dq causal window+all", gluon_bwd, dict(d=256, config="dq", left=4095, softcap=30.0,
                                                                  alibi=True, sinks=True)),
-         ("gluon bwd d256 dq window both", gluon_bwd, dict(d=256, config="dq", left=300, right=40, causal=False))]
+         ("gluon bwd d256 dq window both", gluon_bwd, dict(d=256, config="dq", left=300, right=40, causal=False)),
+         ("gluon bwd d256 ranges", gluon_bwd, dict(d=256, seq="ranges")),
+         ("gluon bwd d256 ranges window+all", gluon_bwd, dict(d=256, seq="ranges", left=300, softcap=30.0,
+                                                              alibi=True, sinks=True)),
+         ("gluon bwd d256 dq ranges", gluon_bwd, dict(d=256, seq="ranges", config="dq")),
+         ("gluon bwd d256 dq ranges full", gluon_bwd, dict(d=256, seq="ranges", config="dq", causal=False))]
 
 
 def ptxas(ptx):

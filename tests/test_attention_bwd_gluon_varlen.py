@@ -437,8 +437,8 @@ def test_attention_varlen_takes_the_gluon_backward(monkeypatch, causal):
 
 @needs_gpu
 def test_varlen_at_head_dim_256_takes_the_portable_backward(monkeypatch):
-    # The head dim 256 kernel takes dense batches only: a varlen call says so and its backward runs
-    # on the portable kernels, which agree with the float64 reference.
+    # The head dim 256 kernels take dense and per-row-ranges batches, not packed varlen: a varlen call says so and
+    # its backward runs on the portable kernels, which agree with the float64 reference.
     import flashattn_lite as fa
     from flashattn_lite.reference import attention_varlen_reference
     lq = [17, 300, 1000]
@@ -462,20 +462,24 @@ def test_varlen_at_head_dim_256_takes_the_portable_backward(monkeypatch):
 
 
 @needs_gpu
-@pytest.mark.parametrize("d", [64, 128])
-def test_ranges_match_portable(monkeypatch, d):
+@pytest.mark.parametrize("d, causal, options", [(64, True, {}), (128, True, {}), (256, True, {}), (256, False, {}),
+                                                (256, True, dict(left=300, softcap=30.0))],
+                         ids=["d64", "d128", "d256", "d256-full", "d256-window-softcap"])
+def test_ranges_match_portable(monkeypatch, d, causal, options):
     # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on
-    # the same saved o and lse; rows outside the ranges get zero gradients.
+    # the same saved o and lse; rows outside the ranges get zero gradients (d 256: the wide kernels,
+    # whose dQ kernel writes dq rows itself).
     from flashattn_lite.ops import attention_bwd, attention_fwd
     q, k, v, do, variant = _gpu_ranges(1100, 4, 2, d, torch.float16, seed=2)
+    variant = variant._replace(**options)
     scale = d ** -0.5
-    o, lse = attention_fwd.attention_forward(q, k, v, scale=scale, causal=True, causal_offset=0, mask=None,
+    o, lse = attention_fwd.attention_forward(q, k, v, scale=scale, causal=causal, causal_offset=0, mask=None,
                                              dropout_p=0.0, seed=0, variant=variant)
-    assert gluon_bwd.supported(q, k, v, do, causal=True, variant=variant) is None
-    got = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True, variant=variant)[:3]
+    assert gluon_bwd.supported(q, k, v, do, causal=causal, variant=variant) is None
+    got = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal, variant=variant)[:3]
     monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")
     attention_bwd._HOPPER.clear()
-    want = attention_bwd.attention_backward(do, q, k, v, o, lse, None, scale=scale, causal=True, causal_offset=0,
+    want = attention_bwd.attention_backward(do, q, k, v, o, lse, None, scale=scale, causal=causal, causal_offset=0,
                                             mask=None, dropout_p=0.0, seed=0, variant=variant)[:3]
     attention_bwd._HOPPER.clear()
     for a, b in zip(got, want):

@@ -950,8 +950,8 @@ def supported(q, k, v, do, **options) -> str | None:
         if reason is not None:
             return reason
     reason = hopper_supported(q, k, v, do, head_dims=HEAD_DIMS, **options)
-    if reason is None and seq != SEQ_DENSE and q.shape[3] == 256:
-        reason = "a ranges or varlen batch at head dim 256 (the head dim 256 kernel takes dense batches)"
+    if reason is None and seq == SEQ_VARLEN and q.shape[3] == 256:
+        reason = "a varlen batch at head dim 256 (the head dim 256 kernels take dense batches and per-row ranges)"
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant
         if seq == SEQ_DENSE:
@@ -1490,7 +1490,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     else:
         alloc = torch.zeros_like if variant is not None and variant.seq == SEQ_RANGES else torch.empty_like
         dk, dv = alloc(k), alloc(v)
-        dq = None if cfg.fused_dq else torch.empty_like(q)
+        dq = None if cfg.fused_dq else alloc(q)
     share = group_split(q, k, causal, variant, cfg)
     dk_out, dv_out = dk, dv  # what the kernel writes: float32 sums over the group where it is split
     if share > 1:

@@ -30,17 +30,19 @@ L2's reduction rate bound the kernel at 0.7–0.77 × cuDNN; the pair measured 0
 gradient element has one writer, so the result is bit-reproducible: deterministic mode
 (``torch.use_deterministic_algorithms``) keeps this path.
 
-Covers what ``attention_bwd_gluon.supported`` allows at D 256 for a dense batch: causal (bottom-
-right) or not, GQA (a dK/dV program walks its group), sliding windows, softcap, ALiBi, sinks (the
-saved lse has them). Ranges and varlen batches and the GQA group split stay at D ≤ 128; the host
-side (``attention_bwd_gluon.attention_backward_gluon``) is shared: the row statistics, the dk/dv/dq
+Covers what ``attention_bwd_gluon.supported`` allows at D 256: causal (bottom-right) or not, GQA
+(a dK/dV program walks its group), sliding windows, softcap, ALiBi, sinks (the saved lse has
+them), dense batches and padded ones with per-row ranges (``SEQ`` 1: a dK/dV program finds its
+row's key tile and shifts its rows as the D ≤ 128 kernel does; a dQ program counts its rows and
+keys from the row's first and stores only the row's queries). Varlen batches and the GQA group
+split stay at D ≤ 128; the host side (``attention_bwd_gluon.attention_backward_gluon``) is shared: the row statistics, the dk/dv/dq
 allocation, the sinks' gradient.
 """
 from __future__ import annotations
 
 from ..merge import LOG2E
 from .attention_bwd_gluon import _HAS_GLUON
-from .attention_fwd import fold_factor
+from .attention_fwd import SEQ_RANGES, fold_factor, seq_args
 
 
 if _HAS_GLUON:
@@ -51,14 +53,9 @@ if _HAS_GLUON:
                                                                   warpgroup_mma_wait)
 
     from .._launcher import Launcher
-    from .attention_bwd_gluon import _loader, _masked, _query_tile, _to_16bit, banded_key_tile, query_tiles
+    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _to_16bit, banded_key_tile, query_tiles,
+                                      seq_key_tile)
     from .attention_fwd_gluon import _band, alibi_slope2, key_tiles
-
-    @gluon.jit
-    def _half_row(smem, s, ME: gl.constexpr, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
-        """This consumer's half of slot ``s``'s lse₂ or δ row, as [1, BLOCK_M / 2] in the score layout."""
-        row = smem.index(s).reshape([BLOCK_M]).slice(ME * (BLOCK_M // 2), BLOCK_M // 2)
-        return gl.expand_dims(row.load(gl.SliceLayout(0, st_layout)), 0)
 
     @gluon.jit
     def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr):
@@ -77,17 +74,18 @@ if _HAS_GLUON:
     def _wide_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
                        kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn, stride_dvn,
                        b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
-                       sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                       sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2, n_q,
                        ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr):
+                       STAGES: gl.constexpr, SEQ: gl.constexpr):
         """Consumer ``ME`` of a wide-head program, by role: consumer 0 computes Sᵀ (64 keys × the
         step's 64 queries) and Pᵀ, writes P (and under softcap P ∘ (1 − tanh²) to the dS buffer)
         and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
         writes dS (``ds_ready``). Each then owns dK and dV's columns [HEAD_DIM/2 · ME, +HEAD_DIM/2).
         Both score wgmmas are N = 64 (query halves made them N = 32, bound by their shared-memory
-        reads). The scores' options as the D ≤ 128 consumer makes them."""
+        reads). The scores' options and a ranges batch's row bound ``n_q`` (``SEQ`` 1) as the D ≤ 128
+        consumer makes them."""
         dtype: gl.constexpr = k_smem.dtype
         HALF_D: gl.constexpr = HEAD_DIM // 2
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -128,9 +126,11 @@ if _HAS_GLUON:
                 edge = start_m < mid_lo
                 if HAS_LEFT:
                     edge = edge | (start_m >= mid_hi)
+                if SEQ != 0:  # a tile crossing the row's query end (its rows past it: the padding's)
+                    edge = edge | (start_m + BLOCK_M > n_q)
                 if edge | tail:
                     pt = _masked(pt, keys, start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                 BLOCK_M, st_layout)
+                                 BLOCK_M, st_layout, n_q, SEQ)
                 p16 = _to_16bit(pt, dtype, not SOFTCAP)
                 # P (and dS's factor under softcap) out once the previous step's wgmmas reading them retired.
                 mbarrier.wait(p_free, (it & 1) ^ 1)
@@ -168,15 +168,16 @@ if _HAS_GLUON:
                                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                     n_heads, n_kv_heads, n_q, n_k, band, banded_heads, win_left, win_right,
                                     qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
-                                    softcap2,
+                                    softcap2, q_starts, q_ends, k_starts, k_ends, stride_seq,
                                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                     HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
-                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                    SEQ: gl.constexpr = 0):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         n_key_tiles = gl.cdiv(n_k, 64)
-        if CAUSAL:
+        if CAUSAL and SEQ == 0:
             bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band, banded_heads)
         else:
             tile = pid % n_key_tiles
@@ -184,12 +185,30 @@ if _HAS_GLUON:
         b = bh_kv // n_kv_heads
         h_kv = bh_kv % n_kv_heads
         start_n = tile * 64
-        off = n_k - n_q
+        q0 = 0
+        seq_n_q = 0  # the consumers' row bound: only a ranges batch has one
+        if SEQ == 1:  # per-row ranges: the padded length's tiles; those past the row's range idle
+            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(tile, b, q_starts, q_ends, k_starts, k_ends, stride_seq,
+                                                             1, 64, SEQ)
+            seq_n_q = n_q
+        else:
+            off = n_k - n_q
         lo, n_tiles, mid_lo, mid_hi = query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL, HAS_LEFT,
                                                   HAS_RIGHT, BLOCK_M, 64)
         rot = start_n * 0
         if ROTATE:
             rot = tile
+        if SEQ == 1:
+            # Rows of the tensors from here on (the D ≤ 128 kernel's shift): the row's tiles, ends and
+            # diagonal moved by its first query row q0 and key row k0; lse₂/δ column of query row r
+            # is r − q0 (``_aligned_rows``).
+            lo = lo + q0
+            mid_lo = mid_lo + q0
+            mid_hi = mid_hi + q0
+            start_n = start_n + k0
+            n_k = n_k + k0
+            seq_n_q = seq_n_q + q0
+            off = off + (k0 - q0)
         dk_base = dk + b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh
         dv_base = dv + b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh
 
@@ -226,18 +245,18 @@ if _HAS_GLUON:
                               kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
-                              softcap2, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                              HEAD_DIM, BLOCK_M, STAGES)),
+                              softcap2, seq_n_q, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ)),
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
                               kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
-                              softcap2, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                              HEAD_DIM, BLOCK_M, STAGES)),
+                              softcap2, seq_n_q, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                       b, h_kv, start_n, n_heads, lo, n_tiles, rot, 0,
-                       1, GROUP, ROTATE, BLOCK_M, STAGES, 0, 1)),
+                       b, h_kv, start_n, n_heads, lo, n_tiles, rot, -q0,
+                       1, GROUP, ROTATE, BLOCK_M, STAGES, SEQ, 1)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
     _attn_bwd_gluon_wide_launcher = Launcher(_attn_bwd_gluon_wide_kernel)
@@ -246,14 +265,16 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _dq_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                   lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles,
+                   lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, q0, k0,
                    GROUP: gl.constexpr, STAGES: gl.constexpr):
         """The dQ kernel's loader warp: the query tile's Q, dO, lse₂ and δ once, then K and V of each
-        of its key tiles into slot j % STAGES once both consumers freed it."""
+        of its key tiles into slot j % STAGES once both consumers freed it. Rows count from the
+        batch row's first query ``q0`` and key ``k0`` (a ranges batch; else 0); lse₂/δ columns from
+        its first query (``_aligned_rows``)."""
         mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse_desc.block_type.nbytes
                         + delta_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-        tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_bar, do_smem)
+        tma.async_copy_global_to_shared(q_desc, [b, h, q0 + start_m, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [b, h, q0 + start_m, 0], q_bar, do_smem)
         tma.async_copy_global_to_shared(lse_desc, [b * n_heads + h, start_m], q_bar, lse_smem)
         tma.async_copy_global_to_shared(delta_desc, [b * n_heads + h, start_m], q_bar, delta_smem)
         for j in range(n_tiles):
@@ -261,8 +282,8 @@ if _HAS_GLUON:
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes
             bar = ready.index(s)
             mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, h // GROUP, lo + j * 64, 0], bar, k_smem.index(s))
-            tma.async_copy_global_to_shared(v_desc, [b, h // GROUP, lo + j * 64, 0], bar, v_smem.index(s))
+            tma.async_copy_global_to_shared(k_desc, [b, h // GROUP, k0 + lo + j * 64, 0], bar, k_smem.index(s))
+            tma.async_copy_global_to_shared(v_desc, [b, h // GROUP, k0 + lo + j * 64, 0], bar, v_smem.index(s))
 
     @gluon.jit
     def _dq_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, q_bar, ready, empty, done, dq_base,
@@ -348,11 +369,12 @@ if _HAS_GLUON:
     def _attn_bwd_gluon_wide_dq_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq, stride_dqb,
                                        stride_dqh, stride_dqm, n_heads, n_q, n_k, win_left, win_right, qk_scale,
                                        sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
+                                       q_starts, q_ends, k_starts, k_ends, stride_seq,
                                        HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                        HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                        FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                       LOADER_REGS: gl.constexpr):
+                                       LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
         # One program per 64-query tile of one (batch, query head), a head's tiles on consecutive
         # programs, under causal the heaviest (last) tiles first.
         pid = gl.program_id(0)
@@ -364,10 +386,24 @@ if _HAS_GLUON:
         b = bh // n_heads
         h = bh % n_heads
         start_m = tile * BLOCK_M
+        q0 = 0
+        k0 = 0
+        if SEQ == 1:  # per-row ranges: rows and keys counted from the row's first (its tiles past the end idle)
+            q0 = gl.load(q_starts + b * stride_seq)
+            k0 = gl.load(k_starts + b * stride_seq)
+            n_q = gl.load(q_ends + b * stride_seq) - q0
+            n_k = gl.load(k_ends + b * stride_seq) - k0
+            if CAUSAL:  # the heaviest of the row's own tiles first
+                start_m = (gl.cdiv(n_q, BLOCK_M) - 1 - pid % n_q_tiles) * BLOCK_M
         off = n_k - n_q
         lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                                 BLOCK_M, 64)
-        dq_base = dq + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
+        if SEQ == 1:  # a program past the row's tiles loads no key and stores no row
+            dead = (start_m < 0) | (start_m >= n_q)
+            n_tiles = gl.where(dead, 0, n_tiles)
+            n_q = gl.where(dead, 0, n_q)
+            start_m = gl.maximum(start_m, 0)
+        dq_base = dq + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + q0 * stride_dqm
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
@@ -399,8 +435,8 @@ if _HAS_GLUON:
                             softcap_scale, softcap2,
                             1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                          lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, GROUP,
-                          STAGES)),
+                          lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, q0, k0,
+                          GROUP, STAGES)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
     _attn_bwd_gluon_wide_dq_launcher = Launcher(_attn_bwd_gluon_wide_dq_kernel)
@@ -415,8 +451,8 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     """(grid, args, keyword args) of the dK/dV kernel's launch (one program per 64-key tile of each
     (batch, KV head)) and of the dQ kernel's (one per 64-query tile of each (batch, query head); dq in
     q's dtype and strides), sharing one plan (``attention_bwd_gluon.launch_plan``: grid, launch order,
-    option constexprs) and one set of descriptors. The PTX hashes (``benchmarks/ptx_hashes.py``)
-    compile from it without a GPU."""
+    option constexprs) and one set of descriptors; a ranges batch's bounds (``seq_args``) follow the
+    options. The PTX hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
     from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
     from .attention_fwd_gluon import tma_descriptor
     B, Hq, Nq, D = q.shape
@@ -428,6 +464,11 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
     scalars = (win_left, win_right, scale * LOG2E, scale, *options)
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
+    bounds = (None,) * 5  # the rows' bounds after the options; a dense batch: none (constexprs)
+    if variant is not None and variant.seq == SEQ_RANGES:
+        *bounds, _ = seq_args(variant, q)  # q_starts, q_ends, k_starts, k_ends, stride_seq
+        constexprs["SEQ"] = SEQ_RANGES
+    scalars = (*scalars, *bounds)
     dkdv = (plan["grid"], (*descriptors, dk, dv, *dk.stride()[:3], *dv.stride()[:3], Hq, k.shape[1], Nq, k.shape[2],
                            *plan["order"], *scalars), dict(constexprs, num_warps=4))
     dq_launch = ((-(-Nq // m) * B * Hq,), (*descriptors, dq, *dq.stride()[:3], Hq, Nq, k.shape[2], *scalars),
