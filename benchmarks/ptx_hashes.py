@@ -166,7 +166,8 @@ def gluon_bwd(opts, causal=True, d=128):
         cfg = next(c for c in g.CONFIGS[d] if c.name == config or (config == "dq" and not c.fused_dq))
     if getattr(cfg, "split_d", False):  # head dim 256: the wide kernels
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
-        dkdv, dq = w.launches(q, kv, kv, q, q, kv, kv, rows, rows, 0.088, causal, cfg, variant)
+        dkdv, dq = w.launches(q, kv, kv, q, q, kv, kv, rows, rows, 0.088, causal, cfg, variant,
+                              torch.zeros(4, dtype=torch.int32))
         if config == "dq":
             return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, *dq[1:])
         return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
@@ -304,7 +305,12 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d256 ranges window+all", gluon_bwd, dict(d=256, seq="ranges", left=300, softcap=30.0,
                                                               alibi=True, sinks=True)),
          ("gluon bwd d256 dq ranges", gluon_bwd, dict(d=256, seq="ranges", config="dq")),
-         ("gluon bwd d256 dq ranges full", gluon_bwd, dict(d=256, seq="ranges", config="dq", causal=False))]
+         ("gluon bwd d256 dq ranges full", gluon_bwd, dict(d=256, seq="ranges", config="dq", causal=False)),
+         ("gluon bwd d256 varlen", gluon_bwd, dict(d=256, seq="varlen")),
+         ("gluon bwd d256 varlen window+all", gluon_bwd, dict(d=256, seq="varlen", left=300, softcap=30.0,
+                                                              alibi=True, sinks=True)),
+         ("gluon bwd d256 dq varlen", gluon_bwd, dict(d=256, seq="varlen", config="dq")),
+         ("gluon bwd d256 dq varlen full", gluon_bwd, dict(d=256, seq="varlen", config="dq", causal=False))]
 
 
 def ptxas(ptx):

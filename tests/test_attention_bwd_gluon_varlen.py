@@ -260,6 +260,31 @@ def _varlen_call(lengths=(17, 128, 1000), Hq=4, Hkv=2, D=64, dtype=torch.float16
     return q, k, k, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu, **options)
 
 
+@pytest.mark.skipif(not gluon_bwd._HAS_GLUON, reason="this triton has no Gluon")
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256_varlen_launches_bind_to_their_kernels(causal):
+    # The d 256 kernels over a packed batch: every argument binds to its kernel's parameters, the
+    # grids are slots sized from the totals (tiles of the total + one per sequence, per head: no
+    # sync), the batch strides 0 (a program's b is its sequence), and the sequence count and the
+    # lse₂/δ columns (row_starts) reach both kernels.
+    import inspect
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    q, k, _, variant = _varlen_call(D=256, dtype=torch.bfloat16, left=50)
+    total, n_seq = q.shape[2], variant.seq_q.shape[0] - 1
+    rows = torch.zeros(4, gluon_bwd._pad_rows(total + 3 * n_seq))
+    row_starts = torch.zeros(n_seq, dtype=torch.int32)
+    cfg = gluon_bwd.default_config(256, causal, total)
+    dkdv, dq = wide.launches(q, k, k, q, q, k, k, rows, rows, 0.1, causal, cfg, variant, row_starts)
+    for kernel, (grid, args, kwargs), heads in ((wide._attn_bwd_gluon_wide_kernel, dkdv, 2),
+                                                (wide._attn_bwd_gluon_wide_dq_kernel, dq, 4)):
+        assert grid == ((math.ceil(total / 64) + n_seq) * heads,)
+        constexprs = {n: v for n, v in kwargs.items() if n != "num_warps"}
+        bound = inspect.signature(kernel.fn).bind(*args, **constexprs).arguments  # a TypeError if they do not match
+        assert constexprs["SEQ"] == SEQ_VARLEN and constexprs["HAS_LEFT"]
+        assert bound["n_seq"] == n_seq and bound["row_starts"] is row_starts and bound["stride_seq"] == 1
+        assert all(bound[name] == 0 for name in bound if name.startswith("stride_d") and name.endswith("b"))
+
+
 def test_layouts_are_taken():
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
     for seq in (SEQ_RANGES, SEQ_VARLEN):
@@ -338,6 +363,11 @@ GPU_CASES = [  # (q lengths, k lengths, Hq, Hkv, d, causal, dtype)
     ([1] * 9, [17] * 9, 4, 2, 128, True, torch.bfloat16),
     ([333, 0, 257], [333, 5, 0], 2, 2, 64, True, torch.bfloat16),
     ([4097, 17], [17, 4097], 4, 4, 128, True, torch.float16),
+    # head dim 256: the wide kernels (dK/dV and dQ), with empty sequences and keys
+    ([1, 17, 128, 1000, 4097], None, 2, 2, 256, True, torch.bfloat16),
+    ([17, 1000, 1], [300, 999, 129], 4, 1, 256, False, torch.float16),
+    ([333, 0, 257], [333, 5, 0], 2, 2, 256, True, torch.float16),
+    ([64] * 7 + [65], None, 4, 2, 256, False, torch.bfloat16),
 ]
 
 
@@ -436,29 +466,59 @@ def test_attention_varlen_takes_the_gluon_backward(monkeypatch, causal):
 
 
 @needs_gpu
-def test_varlen_at_head_dim_256_takes_the_portable_backward(monkeypatch):
-    # The head dim 256 kernels take dense and per-row-ranges batches, not packed varlen: a varlen call says so and
-    # its backward runs on the portable kernels, which agree with the float64 reference.
+@pytest.mark.parametrize("causal, options", [(True, "plain"), (False, "plain"), (True, "gemma"), (False, "all")])
+def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, causal, options):
+    # Packed varlen at d 256 (sequences of 1 to 4097 rows, GQA 2:1): attention_varlen's backward
+    # goes to the head dim 256 Gluon kernels and matches the float64 reference as closely as the
+    # portable backward does, plain, with Gemma's options (a window and softcap) and with every
+    # option (a two-sided window, softcap, ALiBi per sequence, sinks; their gradients too).
     import flashattn_lite as fa
+    from flashattn_lite.ops import attention_bwd
     from flashattn_lite.reference import attention_varlen_reference
-    lq = [17, 300, 1000]
+    lq = [17, 300, 1000, 1, 129, 4097, 2000]  # (enough work for the fast path: ``MIN_WORK``)
     q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 4, 2, 256, torch.bfloat16, seed=3)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    kw = {}
+    if options == "gemma":
+        kw = dict(window=(200, 0 if causal else -1), softcap=30.0)
+    elif options == "all":
+        kw = dict(window=(100, 40), softcap=20.0, alibi_slopes=torch.rand(len(lq), 4, device="cuda", generator=g) * 0.1,
+                  sinks=torch.randn(4, device="cuda", generator=g))
     pk = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731 - the kernels' (1, H, total, D) view
     variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=cq)
-    assert "head dim 256" in gluon_bwd.supported(pk(q), pk(k), pk(v), pk(do), causal=True, variant=variant)
+    assert gluon_bwd.supported(pk(q), pk(k), pk(v), pk(do), causal=causal, variant=variant) is None
     calls = []
     real = gluon_bwd.attention_backward_gluon
-    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-    got = torch.autograd.grad(fa.attention_varlen(qq, kk, vv, cq, cq, causal=True), (qq, kk, vv), do)
-    assert not calls
-    qr, kr, vr = (t.double().requires_grad_(True) for t in (q, k, v))
-    o_ref, _ = attention_varlen_reference(qr, kr.repeat_interleave(2, 1), vr.repeat_interleave(2, 1), cq, cq,
-                                          causal=True)
-    ref = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
-    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
-        err = (a.double() - r).abs().max().item()
-        assert err <= 2e-2 * (r.abs().max().item() + 1.0), (name, err)
+    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw_: calls.append(1) or real(*a, **kw_))
+    attention_bwd._HOPPER.clear()
+
+    def grads(dtype=None):
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        extra = dict(kw)
+        if "sinks" in extra:
+            extra["sinks"] = extra["sinks"].clone().requires_grad_(True)
+        inputs = (qq, kk, vv) + ((extra["sinks"],) if "sinks" in extra else ())
+        if dtype is None:
+            o = fa.attention_varlen(qq, kk, vv, cq, cq, causal=causal, **extra)
+        else:  # the float64 reference
+            inputs = tuple(t.double().detach().requires_grad_(True) for t in inputs)
+            if "sinks" in extra:
+                extra["sinks"] = inputs[3]
+            o, _ = attention_varlen_reference(inputs[0], inputs[1].repeat_interleave(2, 1),
+                                              inputs[2].repeat_interleave(2, 1), cq, cq, causal=causal, **extra)
+        return torch.autograd.grad(o, inputs, do.to(o.dtype))
+
+    fast = grads()
+    assert calls, "the Gluon backward was not taken"
+    ref = grads(torch.float64)
+    monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")  # the portable kernels
+    attention_bwd._HOPPER.clear()
+    portable = grads()
+    attention_bwd._HOPPER.clear()
+    _check_against_reference(fast, ref, portable, torch.bfloat16)
+    if "sinks" in kw:
+        err = (fast[3].double() - ref[3]).abs().max().item()
+        assert err <= 4 * (portable[3].double() - ref[3]).abs().max().item() + 1e-2 * (ref[3].abs().max().item() + 1)
 
 
 @needs_gpu

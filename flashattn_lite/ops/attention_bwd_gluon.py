@@ -950,8 +950,6 @@ def supported(q, k, v, do, **options) -> str | None:
         if reason is not None:
             return reason
     reason = hopper_supported(q, k, v, do, head_dims=HEAD_DIMS, **options)
-    if reason is None and seq == SEQ_VARLEN and q.shape[3] == 256:
-        reason = "a varlen batch at head dim 256 (the head dim 256 kernels take dense batches and per-row ranges)"
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant
         if seq == SEQ_DENSE:
@@ -1498,7 +1496,8 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     if cfg.split_d:  # head dim 256: its dK/dV and dQ kernels
         from .attention_bwd_gluon_wide import run
-        run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg, PLAIN if variant is None else variant)
+        run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg, PLAIN if variant is None else variant,
+            row_starts)
     else:
         grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
                                      PLAIN if variant is None else variant, dq_acc, row_starts, share)

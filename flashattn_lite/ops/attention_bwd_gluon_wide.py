@@ -32,17 +32,18 @@ gradient element has one writer, so the result is bit-reproducible: deterministi
 
 Covers what ``attention_bwd_gluon.supported`` allows at D 256: causal (bottom-right) or not, GQA
 (a dK/dV program walks its group), sliding windows, softcap, ALiBi, sinks (the saved lse has
-them), dense batches and padded ones with per-row ranges (``SEQ`` 1: a dK/dV program finds its
-row's key tile and shifts its rows as the D ≤ 128 kernel does; a dQ program counts its rows and
-keys from the row's first and stores only the row's queries). Varlen batches and the GQA group
-split stay at D ≤ 128; the host side (``attention_bwd_gluon.attention_backward_gluon``) is shared: the row statistics, the dk/dv/dq
-allocation, the sinks' gradient.
+them), dense batches, padded ones with per-row ranges and packed varlen ones (``SEQ`` 1, 2: a
+dK/dV program finds its sequence's key tile, by ``seq_key_tile``, and shifts its rows as the
+D ≤ 128 kernel does; a dQ program finds its sequence's query tile, varlen by the forward's scan of
+cu_seqlens, counts its rows and keys from the sequence's first and stores only its queries). The
+GQA group split stays at D ≤ 128; the host side (``attention_bwd_gluon.attention_backward_gluon``)
+is shared: the row statistics, the dk/dv/dq allocation, the sinks' gradient.
 """
 from __future__ import annotations
 
 from ..merge import LOG2E
 from .attention_bwd_gluon import _HAS_GLUON
-from .attention_fwd import SEQ_RANGES, fold_factor, seq_args
+from .attention_fwd import SEQ_DENSE, SEQ_VARLEN, fold_factor, seq_args, varlen_scan
 
 
 if _HAS_GLUON:
@@ -163,12 +164,12 @@ if _HAS_GLUON:
         _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout)
 
     @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads", "win_left",
-                                  "win_right"])
+                                  "win_right", "n_seq"])
     def _attn_bwd_gluon_wide_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dk, dv,
                                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                     n_heads, n_kv_heads, n_q, n_k, band, banded_heads, win_left, win_right,
                                     qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
-                                    softcap2, q_starts, q_ends, k_starts, k_ends, stride_seq,
+                                    softcap2, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, row_starts,
                                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                     HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -176,32 +177,38 @@ if _HAS_GLUON:
                                     SEQ: gl.constexpr = 0):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
-        n_key_tiles = gl.cdiv(n_k, 64)
-        if CAUSAL and SEQ == 0:
-            bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band, banded_heads)
-        else:
-            tile = pid % n_key_tiles
-            bh_kv = pid // n_key_tiles
-        b = bh_kv // n_kv_heads
-        h_kv = bh_kv % n_kv_heads
-        start_n = tile * 64
         q0 = 0
-        seq_n_q = 0  # the consumers' row bound: only a ranges batch has one
-        if SEQ == 1:  # per-row ranges: the padded length's tiles; those past the row's range idle
-            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(tile, b, q_starts, q_ends, k_starts, k_ends, stride_seq,
-                                                             1, 64, SEQ)
-            seq_n_q = n_q
+        if SEQ == 2:  # varlen: slots of key tiles over the packed batch (``seq_key_tile``), per KV head
+            h_kv = pid % n_kv_heads
+            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(pid // n_kv_heads, 0, q_starts, q_ends, k_starts,
+                                                             k_ends, stride_seq, n_seq, 64, SEQ)
+            tile = start_n // 64
         else:
+            n_key_tiles = gl.cdiv(n_k, 64)
+            if CAUSAL and SEQ == 0:
+                bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band, banded_heads)
+            else:
+                tile = pid % n_key_tiles
+                bh_kv = pid // n_key_tiles
+            b = bh_kv // n_kv_heads
+            h_kv = bh_kv % n_kv_heads
+            start_n = tile * 64
+            if SEQ == 1:  # per-row ranges: the padded length's tiles; those past the row's range idle
+                b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(tile, b, q_starts, q_ends, k_starts, k_ends,
+                                                                 stride_seq, 1, 64, SEQ)
+        seq_n_q = 0  # the consumers' row bound: only ranges and varlen tiles have one
+        if SEQ == 0:
             off = n_k - n_q
+        else:
+            seq_n_q = n_q
         lo, n_tiles, mid_lo, mid_hi = query_tiles(start_n, n_q, off, win_left, win_right, CAUSAL, HAS_LEFT,
                                                   HAS_RIGHT, BLOCK_M, 64)
         rot = start_n * 0
         if ROTATE:
             rot = tile
-        if SEQ == 1:
-            # Rows of the tensors from here on (the D ≤ 128 kernel's shift): the row's tiles, ends and
-            # diagonal moved by its first query row q0 and key row k0; lse₂/δ column of query row r
-            # is r − q0 (``_aligned_rows``).
+        if SEQ != 0:
+            # Rows of the tensors from here on (the D ≤ 128 kernel's shift): the sequence's tiles, ends
+            # and diagonal moved by its first query row q0 and key row k0.
             lo = lo + q0
             mid_lo = mid_lo + q0
             mid_hi = mid_hi + q0
@@ -209,6 +216,7 @@ if _HAS_GLUON:
             n_k = n_k + k0
             seq_n_q = seq_n_q + q0
             off = off + (k0 - q0)
+        # (varlen: the host passes batch strides 0, the packed tensors having one batch row)
         dk_base = dk + b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh
         dv_base = dv + b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh
 
@@ -238,6 +246,9 @@ if _HAS_GLUON:
         mbarrier.init(p_free, count=2)
         fence_async_shared()
 
+        row_shift = -q0  # lse₂/δ column of query row r: r + row_shift (``_aligned_rows``)
+        if SEQ == 2:
+            row_shift = gl.load(row_starts + b) - q0
         # (The two consumers' argument tuples are written out: a tuple built once and concatenated
         # with each consumer's index loses its constexprs in triton 3.6's Gluon.)
         gl.warp_specialize([
@@ -255,7 +266,7 @@ if _HAS_GLUON:
                               FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                       b, h_kv, start_n, n_heads, lo, n_tiles, rot, -q0,
+                       b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
                        1, GROUP, ROTATE, BLOCK_M, STAGES, SEQ, 1)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -265,18 +276,18 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _dq_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                   lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, q0, k0,
+                   lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, q0, k0, col,
                    GROUP: gl.constexpr, STAGES: gl.constexpr):
         """The dQ kernel's loader warp: the query tile's Q, dO, lse₂ and δ once, then K and V of each
-        of its key tiles into slot j % STAGES once both consumers freed it. Rows count from the
-        batch row's first query ``q0`` and key ``k0`` (a ranges batch; else 0); lse₂/δ columns from
-        its first query (``_aligned_rows``)."""
+        of its key tiles into slot j % STAGES once both consumers freed it. ``b`` is the tensors'
+        batch row; rows count from the sequence's first query ``q0`` and key ``k0`` (ranges and
+        varlen; else 0); ``col`` is the tile's lse₂/δ column (``_aligned_rows``)."""
         mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse_desc.block_type.nbytes
                         + delta_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, h, q0 + start_m, 0], q_bar, q_smem)
         tma.async_copy_global_to_shared(do_desc, [b, h, q0 + start_m, 0], q_bar, do_smem)
-        tma.async_copy_global_to_shared(lse_desc, [b * n_heads + h, start_m], q_bar, lse_smem)
-        tma.async_copy_global_to_shared(delta_desc, [b * n_heads + h, start_m], q_bar, delta_smem)
+        tma.async_copy_global_to_shared(lse_desc, [b * n_heads + h, col], q_bar, lse_smem)
+        tma.async_copy_global_to_shared(delta_desc, [b * n_heads + h, col], q_bar, delta_smem)
         for j in range(n_tiles):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes
@@ -365,45 +376,63 @@ if _HAS_GLUON:
             dq = dq + part.load(dq_layout)
             _store_rows(dq * sm_scale, dq_base, stride_dqm, start_m, n_q, 0, dq_layout)
 
-    @gluon.jit(do_not_specialize=["n_heads", "n_q", "n_k", "win_left", "win_right"])
+    @gluon.jit(do_not_specialize=["n_heads", "n_q", "n_k", "win_left", "win_right", "n_seq"])
     def _attn_bwd_gluon_wide_dq_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq, stride_dqb,
                                        stride_dqh, stride_dqm, n_heads, n_q, n_k, win_left, win_right, qk_scale,
                                        sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                                       q_starts, q_ends, k_starts, k_ends, stride_seq,
+                                       q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, row_starts,
                                        HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                        HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                        FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                        LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
-        # One program per 64-query tile of one (batch, query head), a head's tiles on consecutive
-        # programs, under causal the heaviest (last) tiles first.
         pid = gl.program_id(0)
-        n_q_tiles = gl.cdiv(n_q, BLOCK_M)
-        tile = pid % n_q_tiles
-        if CAUSAL:
-            tile = n_q_tiles - 1 - tile
-        bh = pid // n_q_tiles
-        b = bh // n_heads
-        h = bh % n_heads
-        start_m = tile * BLOCK_M
         q0 = 0
         k0 = 0
-        if SEQ == 1:  # per-row ranges: rows and keys counted from the row's first (its tiles past the end idle)
+        if SEQ == 2:
+            # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
+            # (sequence, query tile) by the forward's scan of cu_seqlens, each sequence's last tile
+            # first; a slot past the last tile is an empty program.
+            h = pid % n_heads
+            lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+            b, start_m = varlen_scan(q_starts, q_ends, n_seq, pid // n_heads, lanes, BLOCK_M)
+            live = b < n_seq
+            b = gl.minimum(b, n_seq - 1)
+        else:
+            # One program per 64-query tile of one (batch, query head), a head's tiles on consecutive
+            # programs, under causal the heaviest (last) tiles first.
+            n_q_tiles = gl.cdiv(n_q, BLOCK_M)
+            tile = pid % n_q_tiles
+            if CAUSAL:
+                tile = n_q_tiles - 1 - tile
+            bh = pid // n_q_tiles
+            b = bh // n_heads
+            h = bh % n_heads
+            start_m = tile * BLOCK_M
+        if SEQ != 0:  # ranges, varlen: rows and keys counted from the sequence's first
             q0 = gl.load(q_starts + b * stride_seq)
             k0 = gl.load(k_starts + b * stride_seq)
             n_q = gl.load(q_ends + b * stride_seq) - q0
             n_k = gl.load(k_ends + b * stride_seq) - k0
-            if CAUSAL:  # the heaviest of the row's own tiles first
+            if SEQ == 1 and CAUSAL:  # the heaviest of the row's own tiles first (its tiles past the end idle)
                 start_m = (gl.cdiv(n_q, BLOCK_M) - 1 - pid % n_q_tiles) * BLOCK_M
         off = n_k - n_q
         lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                                 BLOCK_M, 64)
+        col = start_m  # the tile's lse₂/δ column (``_aligned_rows``)
+        tb = b  # the tensors' batch row
         if SEQ == 1:  # a program past the row's tiles loads no key and stores no row
             dead = (start_m < 0) | (start_m >= n_q)
             n_tiles = gl.where(dead, 0, n_tiles)
             n_q = gl.where(dead, 0, n_q)
             start_m = gl.maximum(start_m, 0)
-        dq_base = dq + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + q0 * stride_dqm
+            col = start_m
+        elif SEQ == 2:  # an empty slot likewise; the packed tensors have one batch row
+            n_tiles = gl.where(live, n_tiles, 0)
+            n_q = gl.where(live, n_q, 0)
+            col = gl.load(row_starts + b) + start_m
+            tb = b * 0
+        dq_base = dq + tb.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + q0 * stride_dqm
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
@@ -435,8 +464,8 @@ if _HAS_GLUON:
                             softcap_scale, softcap2,
                             1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                          lse_smem, delta_smem, q_bar, ready, empty, b, h, start_m, n_heads, lo, n_tiles, q0, k0,
-                          GROUP, STAGES)),
+                          lse_smem, delta_smem, q_bar, ready, empty, tb, h, start_m, n_heads, lo, n_tiles, q0, k0,
+                          col, GROUP, STAGES)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
     _attn_bwd_gluon_wide_dq_launcher = Launcher(_attn_bwd_gluon_wide_dq_kernel)
@@ -447,12 +476,15 @@ _KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", 
 DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, two slots 128 KB
 
 
-def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant,
+             row_starts=None):
     """(grid, args, keyword args) of the dK/dV kernel's launch (one program per 64-key tile of each
     (batch, KV head)) and of the dQ kernel's (one per 64-query tile of each (batch, query head); dq in
     q's dtype and strides), sharing one plan (``attention_bwd_gluon.launch_plan``: grid, launch order,
-    option constexprs) and one set of descriptors; a ranges batch's bounds (``seq_args``) follow the
-    options. The PTX hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
+    option constexprs) and one set of descriptors; a ranges or varlen batch's bounds (``seq_args``;
+    varlen: with its count and ``row_starts``, ``_aligned_rows``) follow the options. Varlen grids
+    are slots sized from the totals (no sync), as the D ≤ 128 kernel's and the forward's. The PTX
+    hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
     from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
     from .attention_fwd_gluon import tma_descriptor
     B, Hq, Nq, D = q.shape
@@ -464,22 +496,30 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
     scalars = (win_left, win_right, scale * LOG2E, scale, *options)
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
-    bounds = (None,) * 5  # the rows' bounds after the options; a dense batch: none (constexprs)
-    if variant is not None and variant.seq == SEQ_RANGES:
-        *bounds, _ = seq_args(variant, q)  # q_starts, q_ends, k_starts, k_ends, stride_seq
-        constexprs["SEQ"] = SEQ_RANGES
+    seq = SEQ_DENSE if variant is None else variant.seq
+    bounds = (None,) * 7  # the rows' bounds after the options; a dense batch: none (constexprs)
+    dq_grid = (-(-Nq // m) * B * Hq,)
+    if seq != SEQ_DENSE:
+        *bounds, n_seq = seq_args(variant, q)  # q_starts, q_ends, k_starts, k_ends, stride_seq
+        bounds = (*bounds, *((n_seq, row_starts) if seq == SEQ_VARLEN else (None, None)))
+        constexprs["SEQ"] = seq
+        if seq == SEQ_VARLEN:
+            dq_grid = ((-(-Nq // m) + n_seq) * Hq,)
     scalars = (*scalars, *bounds)
-    dkdv = (plan["grid"], (*descriptors, dk, dv, *dk.stride()[:3], *dv.stride()[:3], Hq, k.shape[1], Nq, k.shape[2],
+
+    def strides(t):  # varlen: batch stride 0 (its programs' b is the sequence; the tensors have one row)
+        return (0 if seq == SEQ_VARLEN else t.stride(0), t.stride(1), t.stride(2))
+    dkdv = (plan["grid"], (*descriptors, dk, dv, *strides(dk), *strides(dv), Hq, k.shape[1], Nq, k.shape[2],
                            *plan["order"], *scalars), dict(constexprs, num_warps=4))
-    dq_launch = ((-(-Nq // m) * B * Hq,), (*descriptors, dq, *dq.stride()[:3], Hq, Nq, k.shape[2], *scalars),
+    dq_launch = (dq_grid, (*descriptors, dq, *strides(dq), Hq, Nq, k.shape[2], *scalars),
                  dict(constexprs, STAGES=DQ_STAGES, num_warps=4))
     return dkdv, dq_launch
 
 
-def run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant):
+def run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant, row_starts=None):
     """The d 256 backward's two launches (``attention_bwd_gluon._backward`` prepared the row
     statistics and the gradients' tensors)."""
     (grid, args, kwargs), (dq_grid, dq_args, dq_kwargs) = launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad,
-                                                                   scale, causal, cfg, variant)
+                                                                   scale, causal, cfg, variant, row_starts)
     _attn_bwd_gluon_wide_launcher[grid](*args, **kwargs)
     _attn_bwd_gluon_wide_dq_launcher[dq_grid](*dq_args, **dq_kwargs)
