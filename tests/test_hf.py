@@ -164,6 +164,14 @@ def test_training_step_gradients_match_eager(family):
     exact, ours = _models(family)      # eager in float32: what both are measured against
     ref = copy.deepcopy(exact).to(DTYPE)  # eager in our dtype
     ids, am = _batch("left")
+    _assert_training_gradients_close(exact, ref, ours, ids, am)
+    if family == "gpt_oss":
+        assert ours.model.layers[0].self_attn.sinks.grad.abs().max() > 0
+
+
+def _assert_training_gradients_close(exact, ref, ours, ids, am):
+    """One training step of each model on a padded batch: ours may be at most twice as far from
+    ``exact`` (eager in float32) as ``ref`` (eager in our dtype) is (exactly eager on CPU)."""
     # Padded positions' outputs are ours to choose (zeros) and eager's (a mean over masked keys):
     # no label may read them, including the first real token, which a padded position predicts.
     labels = ids.masked_fill(am == 0, -100)
@@ -171,7 +179,6 @@ def test_training_step_gradients_match_eager(family):
     for m in (ref, ours, exact):
         m.train()
         m(input_ids=ids, attention_mask=am, labels=labels).loss.backward()
-    # ours may be at most twice as far from float32 as eager in the same dtype (exactly eager on CPU).
     # Errors are relative to the gradient, floored at a tenth of the mean gradient's norm: a
     # parameter whose gradient nearly cancels (gpt-oss's router bias, ~1e-3 of the others) would
     # otherwise weigh bf16 rounding noise as a relative error of 50%.
@@ -182,8 +189,38 @@ def test_training_step_gradients_match_eager(family):
         scale = torch.maximum(g_exact.norm(), floor)
         err_ours, err_ref = (g_ours - g_exact).norm() / scale, (g_ref - g_exact).norm() / scale
         assert err_ours <= 2 * err_ref + 5 * TOL[DTYPE], (name, err_ours.item(), err_ref.item())
-    if family == "gpt_oss":
-        assert ours.model.layers[0].self_attn.sinks.grad.abs().max() > 0
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a real head dim and length: the GPU only")
+def test_gemma2_training_at_head_dim_256_takes_the_gluon_kernels(monkeypatch):
+    """Gemma 2 at its real head dim (256) and a long left-padded batch: the padded rows reach the
+    backward as per-row ranges, which on sm_90 (triton 3.6) take the head dim 256 Gluon kernels;
+    the gradients match eager's as in the small training test."""
+    from test_attention_bwd_gluon import REASON
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    from flashattn_lite.ops.attention_fwd import SEQ_RANGES
+    config = dict(_COMMON, hidden_size=512, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=256, max_position_embeddings=4096)
+    config = transformers.Gemma2Config(**config, sliding_window=1024, attn_logit_softcapping=50.0,
+                                       query_pre_attn_scalar=256)
+    torch.manual_seed(0)
+    exact = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                         attn_implementation=hf.ATTN_IMPLEMENTATION)
+    ours.load_state_dict(exact.state_dict())
+    exact, ours = exact.to(DEVICE), ours.to(DEVICE, DTYPE)
+    ref = copy.deepcopy(exact).to(DTYPE)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, VOCAB, (2, 3000), generator=g)
+    am = torch.ones_like(ids)
+    am[1, :500] = 0
+    ids[am == 0] = 0
+    calls = []
+    run = wide.run
+    monkeypatch.setattr(wide, "run", lambda *a, **kw: calls.append(a[12].seq) or run(*a, **kw))
+    _assert_training_gradients_close(exact, ref, ours, ids.to(DEVICE), am.to(DEVICE))
+    if REASON is None:  # sm_90 with triton 3.6: both layers' backward on the d 256 kernels
+        assert calls == [SEQ_RANGES] * 2
 
 
 def test_no_dense_mask_reaches_the_kernel(kernel_calls, monkeypatch):
