@@ -75,8 +75,10 @@ def test_attention_q_k_v_o_and_grads_past_2_31_elements():
 
 
 @pytest.mark.skipif(not hasattr(fl, "attention_varlen"), reason="attention_varlen does not exist yet")
-def test_varlen_packed_rows_past_2_31_elements():
-    H, D, n_seq, L = 16, 128, 1025, 1024
+@pytest.mark.parametrize("D", [128, 256])  # d 256: the last sequence's first dq row at q0·Hq·D ≥ 2³¹
+def test_varlen_packed_rows_past_2_31_elements(D):
+    H, L = 16, 1024
+    n_seq = BIG // (L * H * D) + 1
     total = n_seq * L
     assert total * H * D > BIG
     need(8 * total * H * D * 2 / 2 ** 30 + 4)

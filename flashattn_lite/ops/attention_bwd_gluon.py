@@ -930,7 +930,7 @@ def supported(q, k, v, do, **options) -> str | None:
     them, ``attention_fwd_hopper._reason_for_variant``), a triton whose Gluon this kernel was written
     for, and the Triton TMA backward's rules at this kernel's head dims (``attention_bwd_hopper.supported``:
     CUDA sm_90, shapes, fp16/bf16, D = Dv ∈ {64, 128, 256}, TMA alignment of q, k, v and do, the other
-    options); at D 256 (``attention_bwd_gluon_wide``) a dense batch only."""
+    options); at D 256 its own two kernels (``attention_bwd_gluon_wide``), every layout."""
     options = dict(options)
     variant = options.pop("variant", None)
     reason = _variant_reason(variant)

@@ -85,8 +85,8 @@ if _HAS_GLUON:
         and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
         writes dS (``ds_ready``). Each then owns dK and dV's columns [HEAD_DIM/2 · ME, +HEAD_DIM/2).
         Both score wgmmas are N = 64 (query halves made them N = 32, bound by their shared-memory
-        reads). The scores' options and a ranges batch's row bound ``n_q`` (``SEQ`` 1) as the D ≤ 128
-        consumer makes them."""
+        reads). The scores' options and a ranges or varlen sequence's row bound ``n_q`` (``SEQ`` 1,
+        2) as the D ≤ 128 consumer makes them."""
         dtype: gl.constexpr = k_smem.dtype
         HALF_D: gl.constexpr = HEAD_DIM // 2
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -432,7 +432,9 @@ if _HAS_GLUON:
             n_q = gl.where(live, n_q, 0)
             col = gl.load(row_starts + b) + start_m
             tb = b * 0
-        dq_base = dq + tb.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + q0 * stride_dqm
+        dq_base = dq + tb.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
+        if SEQ != 0:  # 64-bit: q0 · stride passes 2³¹ in long packed batches (512k tokens at Hq·D = 4096)
+            dq_base += q0.to(gl.int64) * stride_dqm
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
