@@ -346,6 +346,24 @@ def test_backward_decision_is_keyed_by_the_layout(sm90):
         torch.use_deterministic_algorithms(False)
 
 
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+def test_deterministic_mode_keeps_head_dim_256_varlen_on_the_gluon_backward(sm90):
+    # d ≤ 128 leaves packed batches to the portable kernels under deterministic mode (its dQ is a
+    # reduce-add); d 256's two kernels write each gradient element once, so they keep them.
+    from flashattn_lite.ops import attention_bwd
+    q, k, v, variant = _varlen_call(lengths=(17, 1000, 4097, 2000), D=256, dtype=torch.bfloat16)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert gluon_bwd.fast_path(q, q, k, v, True, 0, 0.0625, True, variant=variant)
+        run, note = attention_bwd._hopper_backward(q, k, v, True, 0, 0.0625, variant)
+        assert run is gluon_bwd.attention_backward_gluon and "head dim 256" in note and "varlen" in note
+        d128 = _varlen_call(lengths=(17, 1000, 4097, 2000), D=128, dtype=torch.bfloat16)
+        assert not gluon_bwd.fast_path(d128[0], d128[0], d128[1], d128[2], True, 0, 0.088, True, variant=d128[3])
+    finally:
+        torch.use_deterministic_algorithms(False)
+        attention_bwd._HOPPER.clear()
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU (sm_90, triton 3.6): against float64 autograd and the portable backward
 # ---------------------------------------------------------------------------------------------
@@ -522,15 +540,51 @@ def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, ca
 
 
 @needs_gpu
+def test_deterministic_varlen_at_head_dim_256_gives_the_same_bits(monkeypatch):
+    # Under deterministic mode a packed batch at d 256 keeps the Gluon kernels (one writer per
+    # gradient element): two calls give the same bits, with Gemma's window and softcap.
+    import flashattn_lite as fa
+    from flashattn_lite.ops import attention_bwd
+    lq = [17, 300, 1000, 1, 129, 4097, 2000]
+    q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 4, 2, 256, torch.bfloat16, seed=4)
+    calls = []
+    real = gluon_bwd.attention_backward_gluon
+    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    attention_bwd._HOPPER.clear()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(2):
+            qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+            o = fa.attention_varlen(qq, kk, vv, cq, cq, causal=True, window=(500, 0), softcap=30.0)
+            runs.append(torch.autograd.grad(o, (qq, kk, vv), do))
+    finally:
+        torch.use_deterministic_algorithms(False)
+        attention_bwd._HOPPER.clear()
+    assert len(calls) == 2
+    for name, a, b in zip(("dq", "dk", "dv"), *runs):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
+@needs_gpu
 @pytest.mark.parametrize("d, causal, options", [(64, True, {}), (128, True, {}), (256, True, {}), (256, False, {}),
-                                                (256, True, dict(left=300, softcap=30.0))],
-                         ids=["d64", "d128", "d256", "d256-full", "d256-window-softcap"])
+                                                (256, True, dict(left=300, softcap=30.0)),
+                                                (256, True, dict(short_rows=True, alibi=True))],
+                         ids=["d64", "d128", "d256", "d256-full", "d256-window-softcap", "d256-short-rows-alibi"])
 def test_ranges_match_portable(monkeypatch, d, causal, options):
     # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on
     # the same saved o and lse; rows outside the ranges get zero gradients (d 256: the wide kernels,
-    # whose dQ kernel writes dq rows itself).
+    # whose dQ kernel writes dq rows itself). ``short_rows``: row 0's queries and keys end 300 rows
+    # before the tensor's (right padding), so its last query tile crosses the range's end.
     from flashattn_lite.ops import attention_bwd, attention_fwd
     q, k, v, do, variant = _gpu_ranges(1100, 4, 2, d, torch.float16, seed=2)
+    options = dict(options)
+    if options.pop("short_rows", False):
+        rq, rk = variant.seq_q.clone(), variant.seq_k.clone()
+        rq[0, 1] = rk[0, 1] = 800
+        variant = variant._replace(seq_q=rq, seq_k=rk)
+    if options.pop("alibi", False):  # per (batch row, head) slopes
+        options["alibi"] = torch.rand(3, 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
     variant = variant._replace(**options)
     scale = d ** -0.5
     o, lse = attention_fwd.attention_forward(q, k, v, scale=scale, causal=causal, causal_offset=0, mask=None,
@@ -545,6 +599,8 @@ def test_ranges_match_portable(monkeypatch, d, causal, options):
     for a, b in zip(got, want):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
     assert (got[0][1, :, :100] == 0).all() and (got[1][2, :, 17:] == 0).all()
+    rows, keys = variant.seq_q[0, 1].item(), variant.seq_k[0, 1].item()
+    assert (got[0][0, :, rows:] == 0).all() and (got[1][0, :, keys:] == 0).all()
 
 
 @needs_gpu
