@@ -327,6 +327,15 @@ def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n
     return b, start_n, q0, n_q, k0, n_k, off
 
 
+@triton.jit
+def seq_rows(lo, mid_lo, mid_hi, start_n, n_k, n_q, off, q0, k0):
+    """A ranges or varlen key tile's bounds as rows of the tensors: the sequence's query tiles
+    (``lo``, ``mid_lo``, ``mid_hi``), key tile, key and query ends and diagonal moved by its first
+    query row q0 and key row k0 (key j ≤ row i + off holds shifted by off + k0 − q0), so the
+    partitions need neither (fewer live registers in the consumers' loop)."""
+    return lo + q0, mid_lo + q0, mid_hi + q0, start_n + k0, n_k + k0, n_q + q0, off + (k0 - q0)
+
+
 if _HAS_GLUON:
     from .attention_fwd_gluon import alibi_slope2
 
@@ -847,17 +856,9 @@ if _HAS_GLUON:
             row_shift = -q0
         elif SEQ == 2:
             row_shift = tl.load(row_starts + b) - q0
-        if SEQ != 0:
-            # Rows of the tensors from here on: the sequence's tiles, ends and diagonal shifted by its
-            # first query row q0 and key row k0 (key j ≤ row i + off holds shifted by off + k0 − q0),
-            # so the partitions need neither (fewer live registers in the consumers' loop).
-            lo = lo + q0
-            mid_lo = mid_lo + q0
-            mid_hi = mid_hi + q0
-            start_n = start_n + k0
-            n_k = n_k + k0
-            seq_n_q = seq_n_q + q0
-            off = off + (k0 - q0)
+        if SEQ != 0:  # rows of the tensors from here on (``seq_rows``)
+            lo, mid_lo, mid_hi, start_n, n_k, seq_n_q, off = seq_rows(lo, mid_lo, mid_hi, start_n, n_k, seq_n_q,
+                                                                      off, q0, k0)
             # dk, dv: the (b, KV head) planes' starts for the masked stores (None for a dense batch)
             dk_ptr = dk_ptr + h_kv.to(gl.int64) * stride_dkh
             dv_ptr = dv_ptr + h_kv.to(gl.int64) * stride_dvh

@@ -55,7 +55,7 @@ if _HAS_GLUON:
 
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_loader, _masked, _query_tile, _to_16bit, banded_key_tile, query_tiles,
-                                      seq_key_tile)
+                                      seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, alibi_slope2, key_tiles
 
     @gluon.jit
@@ -206,16 +206,9 @@ if _HAS_GLUON:
         rot = start_n * 0
         if ROTATE:
             rot = tile
-        if SEQ != 0:
-            # Rows of the tensors from here on (the D ≤ 128 kernel's shift): the sequence's tiles, ends
-            # and diagonal moved by its first query row q0 and key row k0.
-            lo = lo + q0
-            mid_lo = mid_lo + q0
-            mid_hi = mid_hi + q0
-            start_n = start_n + k0
-            n_k = n_k + k0
-            seq_n_q = seq_n_q + q0
-            off = off + (k0 - q0)
+        if SEQ != 0:  # rows of the tensors from here on (``seq_rows``, as the D ≤ 128 kernel)
+            lo, mid_lo, mid_hi, start_n, n_k, seq_n_q, off = seq_rows(lo, mid_lo, mid_hi, start_n, n_k, seq_n_q,
+                                                                      off, q0, k0)
         # (varlen: the host passes batch strides 0, the packed tensors having one batch row)
         dk_base = dk + b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh
         dv_base = dv + b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh
