@@ -54,7 +54,7 @@ if _HAS_GLUON:
                                                                   warpgroup_mma_wait)
 
     from .._launcher import Launcher
-    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _to_16bit, banded_key_tile, query_tiles,
+    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _row, _to_16bit, banded_key_tile, query_tiles,
                                       seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, alibi_slope2, key_tiles
 
@@ -114,7 +114,7 @@ if _HAS_GLUON:
                 slope = 0.0
                 if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmma runs
                     slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
-                lse2 = gl.expand_dims(lse_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, st_layout)), 0)
+                lse2 = _row(lse_smem, s, BLOCK_M, st_layout)
                 st = warpgroup_mma_wait(0, deps=[st])
                 x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
                 t = x  # tanh(·) under softcap, for its derivative
@@ -144,7 +144,7 @@ if _HAS_GLUON:
                 mbarrier.wait(ds_ready, it & 1)
             else:
                 dpt = warpgroup_mma(v_all, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-                delta = gl.expand_dims(delta_smem.index(s).reshape([BLOCK_M]).load(gl.SliceLayout(0, st_layout)), 0)
+                delta = _row(delta_smem, s, BLOCK_M, st_layout)
                 dpt = warpgroup_mma_wait(0, deps=[dpt])
                 mbarrier.wait(p_ready, it & 1)
                 if SOFTCAP:
