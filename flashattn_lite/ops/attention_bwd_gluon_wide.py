@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from ..merge import LOG2E
 from .attention_bwd_gluon import _HAS_GLUON
-from .attention_fwd import SEQ_DENSE, SEQ_VARLEN, fold_factor, seq_args, varlen_scan
+from .attention_fwd import SEQ_DENSE, SEQ_VARLEN, fold_factor, seq_args, sequence, varlen_scan
 
 
 if _HAS_GLUON:
@@ -380,8 +380,6 @@ if _HAS_GLUON:
                                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                        LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
         pid = gl.program_id(0)
-        q0 = 0
-        k0 = 0
         if SEQ == 2:
             # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
             # (sequence, query tile) by the forward's scan of cu_seqlens, each sequence's last tile
@@ -402,14 +400,10 @@ if _HAS_GLUON:
             b = bh // n_heads
             h = bh % n_heads
             start_m = tile * BLOCK_M
-        if SEQ != 0:  # ranges, varlen: rows and keys counted from the sequence's first
-            q0 = gl.load(q_starts + b * stride_seq)
-            k0 = gl.load(k_starts + b * stride_seq)
-            n_q = gl.load(q_ends + b * stride_seq) - q0
-            n_k = gl.load(k_ends + b * stride_seq) - k0
-            if SEQ == 1 and CAUSAL:  # the heaviest of the row's own tiles first (its tiles past the end idle)
-                start_m = (gl.cdiv(n_q, BLOCK_M) - 1 - pid % n_q_tiles) * BLOCK_M
-        off = n_k - n_q
+        # Ranges, varlen: rows and keys counted from the sequence's first (the forward's ``sequence``).
+        q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, n_k - n_q, SEQ)
+        if SEQ == 1 and CAUSAL:  # the heaviest of the row's own tiles first (its tiles past the end idle)
+            start_m = (gl.cdiv(n_q, BLOCK_M) - 1 - pid % n_q_tiles) * BLOCK_M
         lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                                 BLOCK_M, 64)
         col = start_m  # the tile's lse₂/δ column (``_aligned_rows``)
