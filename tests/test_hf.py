@@ -55,15 +55,17 @@ def _ablate(family, model):
     return model
 
 
-def _models(family, dtype=DTYPE):
-    """(eager reference, ours) with the same weights; the eager model in float32."""
+def _models(family, dtype=DTYPE, config=None):
+    """(eager reference, ours) with the same weights; the eager model in float32. ``config``: instead
+    of the family's tiny one."""
+    config = _config(family) if config is None else config
     torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config(family)), attn_implementation="eager")
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
     if family == "gpt_oss":  # init leaves sinks near 0; large ones make the sink term matter
         with torch.no_grad():
             for layer in ref.model.layers:
                 layer.self_attn.sinks.normal_(0.0, 2.0)
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config(family)),
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
                                                          attn_implementation=hf.ATTN_IMPLEMENTATION)
     ours.load_state_dict(ref.state_dict())
     return ref.to(DEVICE).eval(), ours.to(DEVICE, dtype).eval()
@@ -203,12 +205,7 @@ def test_gemma2_training_at_head_dim_256_takes_the_gluon_kernels(monkeypatch):
                   head_dim=256, max_position_embeddings=4096)
     config = transformers.Gemma2Config(**config, sliding_window=1024, attn_logit_softcapping=50.0,
                                        query_pre_attn_scalar=256)
-    torch.manual_seed(0)
-    exact = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
-                                                         attn_implementation=hf.ATTN_IMPLEMENTATION)
-    ours.load_state_dict(exact.state_dict())
-    exact, ours = exact.to(DEVICE), ours.to(DEVICE, DTYPE)
+    exact, ours = _models("gemma2", config=config)
     ref = copy.deepcopy(exact).to(DTYPE)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(1, VOCAB, (2, 3000), generator=g)
