@@ -1,6 +1,7 @@
 """The Gluon backward (or ``--pass forward``: forward) of this checkout at the speed table's points: ms per
 call and a hash of its result, one JSON object on stdout; also softcap, ALiBi and a 4k window timed at
-d 128 causal 8k. Run it in two checkouts, alternately, to compare a kernel change in separate
+d 128 causal 8k, ALiBi non-causal at 8k, and (the backward) a packed varlen batch of 16k tokens with
+ALiBi, non-causal, with and without softcap. Run it in two checkouts, alternately, to compare a kernel change in separate
 processes (one process cannot hold two versions of a kernel):
 
     for r in 1 2; do (cd old && python ../new/benchmarks/gluon_checkout.py) > old$r.json
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path.cwd()))  # the checkout it runs in, not this file's
 from flashattn_lite.bench.common import time_ms  # noqa: E402
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
-from flashattn_lite.ops.attention_fwd import PLAIN, Variant  # noqa: E402
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_VARLEN, Variant  # noqa: E402
 
 TABLE_POINTS = [(d, causal, n) for d in (64, 128) for causal in (False, True) for n in (2048, 8192, 16384)]
 BACKWARD_POINTS = TABLE_POINTS
@@ -39,7 +40,10 @@ OPTIONS = [("fp16", torch.float16, {}), ("softcap", torch.bfloat16, {"softcap": 
 GQA_POINTS = [(d, causal, 8192) for d in (64, 128) for causal in (False, True)]
 GQA = 4  # query heads per K/V head at GQA_POINTS
 WIDE_POINTS = [(256, causal, n) for causal in (False, True) for n in (2048, 8192, 16384)]  # --pass backward256
-TIMED_OPTIONS = [("softcap", {"softcap": 50.0}), ("alibi", {"alibi": True}), ("window4k", {"left": 4096})]
+# the 8k point with each option, timed (causal, but for ALiBi's non-causal path, a step loop of its own)
+TIMED_OPTIONS = [("softcap", {"softcap": 50.0}, True), ("alibi", {"alibi": True}, True),
+                 ("window4k", {"left": 4096}, True), ("alibi", {"alibi": True}, False)]
+VARLEN_TIMED = [("alibi", {"alibi": True}, False), ("softcap+alibi", {"softcap": 50.0, "alibi": True}, False)]
 
 
 def make_variant(opts: dict, n_heads: int, g: torch.Generator) -> Variant:
@@ -80,14 +84,15 @@ def forward_pass(rep_ms: float) -> dict:
         k, v = (torch.randn(2, 4, 1037, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
         variant = make_variant(opts, 8, g) if opts else PLAIN
         out[name] = {"hash": grad_hash(*gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant))}
-    for name, opts in TIMED_OPTIONS:  # the d 128 causal 8k point with each option, timed
+    for name, opts, causal in TIMED_OPTIONS:  # at d 128
         g = torch.Generator(device="cuda").manual_seed(2)
         q, k, v = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         variant = make_variant(opts, 16, g)
 
         def forward():
-            return gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant)
-        out[f"d128-causal-8192-{name}"] = {"ms": time_ms(forward, rep_ms=rep_ms), "hash": grad_hash(*forward())}
+            return gluon_fwd.attention_forward_gluon(q, k, v, 0.088, causal, variant=variant)
+        out[f"d128-{'causal' if causal else 'full'}-8192-{name}"] = {"ms": time_ms(forward, rep_ms=rep_ms),
+                                                                      "hash": grad_hash(*forward())}
     return out
 
 
@@ -116,18 +121,37 @@ def backward_pass(rep_ms: float, d_options: int = 128, points=None) -> dict:
         dk, dv = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=True,
                                                     variant=None if variant is PLAIN else variant)[1:3]
         out[name] = {"hash": grad_hash(dk, dv)}
-    for name, opts in TIMED_OPTIONS:  # the causal 8k point with each option, timed
+    for name, opts, causal in TIMED_OPTIONS:
         g = torch.Generator(device="cuda").manual_seed(2)
         q, k, v, do = (torch.randn(2, 2048 // d_options, 8192, d_options, device="cuda", dtype=torch.bfloat16,
                                    generator=g) for _ in range(4))
         variant = make_variant(opts, q.shape[1], g)
-        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.088, True, variant=variant)
+        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.088, causal, variant=variant)
 
         def backward():
-            return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=True, variant=variant)
-        out[f"d{d_options}-causal-8192-{name}"] = {"ms": time_ms(backward, rep_ms=rep_ms),
-                                           "hash": grad_hash(*backward()[1:3])}
+            return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal, variant=variant)
+        out[f"d{d_options}-{'causal' if causal else 'full'}-8192-{name}"] = {
+            "ms": time_ms(backward, rep_ms=rep_ms), "hash": grad_hash(*backward()[1:3])}
+    for name, opts, causal in VARLEN_TIMED:
+        out[f"d{d_options}-{'causal' if causal else 'full'}-varlen-{name}"] = varlen_backward(rep_ms, d_options, opts,
+                                                                                             causal)
     return out
+
+
+def varlen_backward(rep_ms: float, d: int, opts: dict, causal: bool) -> dict:
+    """The backward over a packed batch of 8 sequences of 1–4k rows (16k tokens in all), hidden 2048."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    lens = [1000, 3000, 2048, 4097, 1, 2500, 1700, 16384 - 14346]
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    H = 2048 // d
+    q, k, v, do = (torch.randn(16384, H, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(0, 1)[None]
+                   for _ in range(4))
+    variant = make_variant(opts, H, g)._replace(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.088, causal, variant=variant)
+
+    def backward():
+        return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal, variant=variant)
+    return {"ms": time_ms(backward, rep_ms=rep_ms), "hash": grad_hash(*backward()[1:3])}
 
 
 def main():

@@ -244,6 +244,12 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd ranges", gluon_bwd, dict(seq="ranges")),
          ("gluon bwd varlen causal window+all", gluon_bwd, dict(seq="varlen", left=4095, softcap=30.0, alibi=True,
                                                                 sinks=True)),
+         # Non-causal ALiBi: the step loop's distances from the rows (dense) or in-tile offsets (varlen).
+         ("gluon bwd full alibi", gluon_bwd, dict(causal=False, alibi=True)),
+         ("gluon bwd full softcap+alibi", gluon_bwd, dict(causal=False, softcap=30.0, alibi=True)),
+         ("gluon bwd varlen full alibi", gluon_bwd, dict(seq="varlen", causal=False, alibi=True)),
+         ("gluon bwd varlen full softcap+alibi", gluon_bwd, dict(seq="varlen", causal=False, softcap=30.0,
+                                                                 alibi=True)),
          # The persistent configs of the Gluon forward's sweep ("unavailable" before them).
          ("gluon ps d128 m192", gluon, dict(config="g-m192-n64-s3-pp-r160-ps")),
          ("gluon ps d128 m128 full", gluon, dict(config="g-m128-n128-s3-pp-r240-ps", causal=False)),

@@ -93,6 +93,36 @@ def test_varlen_packed_rows_past_2_31_elements(D):
                           (slice(None),), causal=True)
 
 
+@pytest.mark.skipif(not hasattr(fl, "attention_varlen"), reason="attention_varlen does not exist yet")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_alibi_past_2_24_packed_rows(causal, monkeypatch):
+    """ALiBi's distances stay exact where packed rows pass 2²⁴ (float32 holds only even integers
+    there): the last sequence's output and gradients on the Gluon backward against float64 on it
+    alone, with steep slopes so a distance off by one moves a score by a whole slope. d 64: with
+    one head, such a batch took the portable backward at d 128 and 256 (H200, 2026-11-29)."""
+    from flashattn_lite.ops import attention_bwd, attention_bwd_gluon
+    calls = []
+    real = attention_bwd_gluon.attention_backward_gluon
+    monkeypatch.setattr(attention_bwd_gluon, "attention_backward_gluon",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    attention_bwd._HOPPER.clear()
+    H, L, D = 1, 2048, 64
+    n_seq = 2 ** 24 // L + 2
+    total = n_seq * L
+    need(12 * total * H * D * 2 / 2 ** 30 + 4)
+    cu = torch.arange(0, total + 1, L, dtype=torch.int32, device="cuda")
+    slopes = torch.full((H,), 0.75, device="cuda")
+    q, k, v = (randn(total, H, D).requires_grad_() for _ in range(3))
+    o = fl.attention_varlen(q, k, v, cu, cu, L, L, causal=causal, alibi_slopes=slopes)
+    do = randn(*o.shape)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    assert calls, "the Gluon backward was not taken"
+    last = slice(total - L, total)
+    as4 = lambda t: t[last].transpose(0, 1).unsqueeze(0)  # noqa: E731
+    check_attention_slice(as4(o), as4(q), as4(k), as4(v), [as4(g) for g in grads], as4(do),
+                          (slice(None),), causal=causal, alibi_slopes=slopes)
+
+
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_attention_mask_past_2_31_elements(kind):
     """A (N, N) mask broadcast over heads with N² > 2^31: its last query rows."""

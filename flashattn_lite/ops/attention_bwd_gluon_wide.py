@@ -100,7 +100,9 @@ if _HAS_GLUON:
         dk = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
         st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
-        keys_f = (keys - off).to(gl.float32)  # ALiBi: |i + off − j| = |i − (j − off)|, exact below 2²⁴
+        # ALiBi: |i + off − j| = |(start_m + off − start_n) + c − r| for query column c and key row r,
+        # integers small within a sequence: exact in float32 however far into a packed batch
+        keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
         mbarrier.wait(kv_bar, 0)
 
         for it in range(GROUP * n_tiles):
@@ -119,7 +121,8 @@ if _HAS_GLUON:
                 x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
                 t = x  # tanh(·) under softcap, for its derivative
                 if ALIBI:
-                    rows_f = (start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
+                    rows_f = ((start_m + off - start_n)
+                              + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))).to(gl.float32)
                     x = x - slope * gl.abs(gl.expand_dims(rows_f, 0) - gl.expand_dims(keys_f, 1))
                 pt = gl.exp2(x * fold - lse2)
                 # Masked: the steps outside the rows that see every key (``query_tiles``) and a tile
