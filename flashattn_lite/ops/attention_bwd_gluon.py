@@ -567,7 +567,7 @@ if _HAS_GLUON:
                   kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                   b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right, qk_scale,
                   sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                  n_q, dk_base, dv_base, stride_dkn, stride_dvn,
+                  n_q, q0, dk_base, dv_base, stride_dkn, stride_dvn,
                   ME: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr,
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -584,7 +584,8 @@ if _HAS_GLUON:
 
         Ranges and varlen (``SEQ`` 1, 2): ``b`` is the sequence (ALiBi's row); rows and keys are
         the tensors' (the kernel shifted the sequence's tiles, its ends ``n_q``/``n_k`` and its
-        offset ``off`` by its first query and key row, so every mask compares as before). Tiles
+        offset ``off`` by its first query and key row, so every mask compares as before; ``q0`` is
+        that first query row). Tiles
         crossing the sequence's query end are masked (their rows past ``n_q`` are the next
         sequence's, with finite lse₂, or zeros past the padded rows: Pᵀ and so dSᵀ are set to 0
         there, and the reduce-add adds exact zeros to those dQ rows); dK, dV of a warpgroup holding
@@ -616,6 +617,9 @@ if _HAS_GLUON:
         if ALIBI:  # |i + off − j| = |query − (key − off)|: exact float differences below 2²⁴
             if CAUSAL:  # the key's offset in this warpgroup's block (see below)
                 keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
+            elif SEQ == 2:  # |i + off − j| = |query − (key − off)|, counted from the sequence's
+                # first row ``q0`` (the packed rows run past 2²⁴): exact float differences below 2²⁴
+                keys_f = (keys - off - q0).to(gl.float32)
             else:
                 keys_f = (keys - off).to(gl.float32)
             if SOFTCAP:  # the query columns 0 … BLOCK_M − 1 as floats, made once (see below)
@@ -667,6 +671,8 @@ if _HAS_GLUON:
                 # that matter (d small) exact. (Pairs right of the diagonal get the wrong bias, and
                 # Pᵀ = 0 from ``_masked``.)
                 first = start_m
+                if SEQ == 2:
+                    first = start_m - q0
                 if CAUSAL:
                     first = start_m + off - (start_n + 64 * ME)
                 if SOFTCAP:
@@ -903,14 +909,14 @@ if _HAS_GLUON:
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                         seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
+                         seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                          FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
-                         seq_n_q, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
+                         seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                          FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
