@@ -94,8 +94,9 @@ def test_varlen_packed_rows_past_2_31_elements(D):
 
 
 @pytest.mark.skipif(not hasattr(fl, "attention_varlen"), reason="attention_varlen does not exist yet")
+@pytest.mark.parametrize("softcap", [None, 30.0], ids=["alibi", "softcap-alibi"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_varlen_alibi_past_2_24_packed_rows(causal, monkeypatch):
+def test_varlen_alibi_past_2_24_packed_rows(causal, softcap, monkeypatch):
     """ALiBi's distances stay exact where packed rows pass 2²⁴ (float32 holds only even integers
     there): the last sequence's output and gradients on the Gluon backward equal those of the same
     sequence run alone (rows from 0), with steep slopes so a distance off by one moves a score by a
@@ -119,7 +120,7 @@ def test_varlen_alibi_past_2_24_packed_rows(causal, monkeypatch):
     def run(rows, n):
         cu = torch.arange(0, n + 1, L, dtype=torch.int32, device="cuda")
         leaves = [t[rows].requires_grad_() for t in (q, k, v)]
-        o = fl.attention_varlen(*leaves, cu, cu, L, L, causal=causal, alibi_slopes=slopes)
+        o = fl.attention_varlen(*leaves, cu, cu, L, L, causal=causal, alibi_slopes=slopes, softcap=softcap)
         return (o, *torch.autograd.grad(o, leaves, do[rows]))
     last = slice(total - L, total)
     batch = [t[last] for t in run(slice(None), total)]
