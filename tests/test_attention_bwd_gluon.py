@@ -18,7 +18,7 @@ import triton.language as tl
 from conftest import DEVICE, ON_GPU, assert_close_to_ref, model_only
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
 from flashattn_lite.ops.attention_bwd_gluon import query_tiles as gluon_query_tiles
-from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, Variant
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, Variant
 from flashattn_lite.ops.attention_fwd_gluon import window_flags
 from flashattn_lite.reference import attention_reference
 from test_attention_gluon import SHAPES  # the forward's: lengths 1, 17, 1000, 4097, Nq ≠ Nk, GQA 2:1
@@ -1060,6 +1060,26 @@ def test_supported_refuses_the_rest(sm90):
     assert "alibi" in reason(q, k, v, q, variant=every._replace(alibi=every.alibi.half()))
     assert "sinks" in reason(q, k, v, q, variant=every._replace(sinks=every.sinks[:3]))
     assert "dtype" in reason(q.float(), k.float(), v.float(), q.float(), variant=every)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
+def test_non_causal_alibi_past_2_24_rows_is_refused(sm90):
+    # The d ≤ 128 kernel's non-causal step forms ALiBi's distances from rows in float32, exact only
+    # up to 2²⁴: longer dense and padded calls keep the portable kernels (views: no memory needed).
+    slopes = torch.rand(1)
+    for d, rows, causal, seq, refused in ((64, gluon_bwd.EXACT_ROWS + 1, False, SEQ_DENSE, True),
+                                          (128, gluon_bwd.EXACT_ROWS + 1, False, SEQ_RANGES, True),
+                                          (64, gluon_bwd.EXACT_ROWS, False, SEQ_DENSE, False),
+                                          (64, gluon_bwd.EXACT_ROWS + 1, True, SEQ_DENSE, False),
+                                          (256, gluon_bwd.EXACT_ROWS + 1, False, SEQ_DENSE, False)):
+        q = torch.zeros(1, 1, 1, d, dtype=torch.float16).expand(1, 1, rows, d)
+        ranges = torch.tensor([[0, rows]], dtype=torch.int32) if seq == SEQ_RANGES else None
+        variant = Variant(alibi=slopes, seq=seq, seq_q=ranges, seq_k=ranges)
+        reason = gluon_bwd.supported(q, q, q, q, causal=causal, variant=variant) or ""
+        assert ("ALiBi past" in reason) == refused, (d, rows, causal, seq, reason)
+        if refused:  # and without ALiBi it is not this rule that refuses
+            assert "ALiBi past" not in (gluon_bwd.supported(q, q, q, q, causal=causal,
+                                                            variant=variant._replace(alibi=None)) or "")
 
 
 @pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")

@@ -585,12 +585,12 @@ if _HAS_GLUON:
         Ranges and varlen (``SEQ`` 1, 2): ``b`` is the sequence (ALiBi's row); rows and keys are
         the tensors' (the kernel shifted the sequence's tiles, its ends ``n_q``/``n_k`` and its
         offset ``off`` by its first query and key row, so every mask compares as before; ``q0`` is
-        that first query row). Tiles
-        crossing the sequence's query end are masked (their rows past ``n_q`` are the next
-        sequence's, with finite lse₂, or zeros past the padded rows: Pᵀ and so dSᵀ are set to 0
-        there, and the reduce-add adds exact zeros to those dQ rows); dK, dV of a warpgroup holding
-        the key end go through masked register stores from ``dk_base``/``dv_base`` (the (b, KV
-        head) planes; a TMA store of the whole box would overwrite the next sequence's rows)."""
+        that first query row). Tiles crossing the sequence's query end are masked (their rows past
+        ``n_q`` are the next sequence's, with finite lse₂, or zeros past the padded rows: Pᵀ and so
+        dSᵀ are set to 0 there, and the reduce-add adds exact zeros to those dQ rows); dK, dV of a
+        warpgroup holding the key end go through masked register stores from ``dk_base``/``dv_base``
+        (the (b, KV head) planes; a TMA store of the whole box would overwrite the next sequence's
+        rows)."""
         dtype: gl.constexpr = k_smem.dtype
         bt = b  # the TMA batch coordinate: varlen tensors are one packed batch
         if SEQ == 2:
@@ -617,10 +617,9 @@ if _HAS_GLUON:
         if ALIBI:  # |i + off − j| = |query − (key − off)|: exact float differences below 2²⁴
             if CAUSAL:  # the key's offset in this warpgroup's block (see below)
                 keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
-            elif SEQ == 2:  # |i + off − j| = |query − (key − off)|, counted from the sequence's
-                # first row ``q0`` (the packed rows run past 2²⁴): exact float differences below 2²⁴
+            elif SEQ == 2:  # packed rows run past 2²⁴: counted from the sequence's first, ``q0``
                 keys_f = (keys - off - q0).to(gl.float32)
-            else:
+            else:  # (the host keeps calls past 2²⁴ rows off this kernel: ``supported``)
                 keys_f = (keys - off).to(gl.float32)
             if SOFTCAP:  # the query columns 0 … BLOCK_M − 1 as floats, made once (see below)
                 cols_f = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout)).to(gl.float32)
@@ -670,11 +669,12 @@ if _HAS_GLUON:
                 # joins its lse in the exponent's offset; offsets within the block keep the terms
                 # that matter (d small) exact. (Pairs right of the diagonal get the wrong bias, and
                 # Pᵀ = 0 from ``_masked``.)
-                first = start_m
-                if SEQ == 2:
-                    first = start_m - q0
                 if CAUSAL:
                     first = start_m + off - (start_n + 64 * ME)
+                elif SEQ == 2:  # the query row from the sequence's first, as ``keys_f``
+                    first = start_m - q0
+                else:
+                    first = start_m
                 if SOFTCAP:
                     rows_f = cols_f + first.to(gl.float32)
                 else:
@@ -930,6 +930,9 @@ if _HAS_GLUON:
     _attn_bwd_gluon_launcher = Launcher(_attn_bwd_gluon_kernel)
 
 
+EXACT_ROWS = 2 ** 24  # float32 holds every integer up to here
+
+
 def supported(q, k, v, do, **options) -> str | None:
     """None when ``attention_backward_gluon`` covers this call, else the reason in words: plain
     attention or a dense-batch ``variant`` with a sliding window, softcap, ALiBi slopes, sinks
@@ -937,7 +940,8 @@ def supported(q, k, v, do, **options) -> str | None:
     them, ``attention_fwd_hopper._reason_for_variant``), a triton whose Gluon this kernel was written
     for, and the Triton TMA backward's rules at this kernel's head dims (``attention_bwd_hopper.supported``:
     CUDA sm_90, shapes, fp16/bf16, D = Dv ∈ {64, 128, 256}, TMA alignment of q, k, v and do, the other
-    options); at D 256 its own two kernels (``attention_bwd_gluon_wide``), every layout."""
+    options); at D 256 its own two kernels (``attention_bwd_gluon_wide``), every layout. Not taken:
+    non-causal ALiBi at D ≤ 128 on dense or padded batches past ``EXACT_ROWS`` rows."""
     options = dict(options)
     variant = options.pop("variant", None)
     reason = _variant_reason(variant)
@@ -950,6 +954,11 @@ def supported(q, k, v, do, **options) -> str | None:
     from .attention_bwd_hopper import supported as hopper_supported
     from .attention_fwd_hopper import offset_reason
     seq = SEQ_DENSE if variant is None or variant is PLAIN else variant.seq
+    if (seq != SEQ_VARLEN and variant is not None and variant.alibi is not None and not options.get("causal")
+            and q.shape[3] != 256 and max(q.shape[2], k.shape[2]) > EXACT_ROWS):
+        # The non-causal step forms ALiBi's distances from rows as float32 (packed varlen rows are
+        # counted from each sequence's first; the d 256 kernels and causal calls use offsets)
+        return f"non-causal ALiBi past {EXACT_ROWS} rows (this kernel's float32 distances are exact below)"
     if seq != SEQ_DENSE and "causal_offset" in options:  # each sequence's own offset, from its bounds
         options["causal_offset"] = k.shape[2] - q.shape[2]
     elif seq == SEQ_DENSE:  # the variant's window and ALiBi are placed by the offset too
