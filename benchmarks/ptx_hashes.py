@@ -244,7 +244,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd ranges", gluon_bwd, dict(seq="ranges")),
          ("gluon bwd varlen causal window+all", gluon_bwd, dict(seq="varlen", left=4095, softcap=30.0, alibi=True,
                                                                 sinks=True)),
-         # Non-causal ALiBi: the step loop's distances from the rows (dense) or in-tile offsets (varlen).
+         # Non-causal ALiBi: the step loop's distances from the rows (dense) or from each sequence's first row (varlen).
          ("gluon bwd full alibi", gluon_bwd, dict(causal=False, alibi=True)),
          ("gluon bwd full softcap+alibi", gluon_bwd, dict(causal=False, softcap=30.0, alibi=True)),
          ("gluon bwd varlen full alibi", gluon_bwd, dict(seq="varlen", causal=False, alibi=True)),
