@@ -130,9 +130,10 @@ def attention_reference(q, k, v, *, causal: bool = False, scale: float | None = 
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(dtype)
         slopes = slopes.view(1, -1, 1, 1) if slopes.dim() == 1 else slopes.view(slopes.shape[0], -1, 1, 1)
-        i = torch.arange(nq, device=s.device, dtype=dtype)[:, None] + offset
-        j = torch.arange(nk, device=s.device, dtype=dtype)[None, :]
-        s = s - slopes * (i - j).abs()
+        # distances as integers first: bf16 holds every integer only up to 256 (fp16 2048)
+        i = torch.arange(nq, device=s.device)[:, None] + offset
+        j = torch.arange(nk, device=s.device)[None, :]
+        s = s - slopes * (i - j).abs().to(dtype)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             s = s.masked_fill(~attn_mask, float("-inf"))

@@ -118,6 +118,21 @@ def test_options_matter():
         assert rel_err(attention(q, k, v, **opts), base) > 1e-2, opts
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reference_alibi_distances_stay_whole_in_16_bits(dtype):
+    # The 16-bit reference is the bar the kernels' error is held to (``assert_close_to_ref``): its
+    # ALiBi distances must be whole numbers (bf16 holds every integer only up to 256, fp16 2048), or
+    # its own error, and with it the tolerance, grows past what a wrong bias costs.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (300, 3000, 3000))
+    slopes = torch.tensor([0.3, 0.05])
+    ref, _ = attention_reference(q, k, v, alibi_slopes=slopes)
+    plain_ref, _ = attention_reference(q, k, v)
+    err = rel_err(attention_reference(q, k, v, alibi_slopes=slopes, dtype=dtype)[0], ref)
+    plain = rel_err(attention_reference(q, k, v, dtype=dtype)[0], plain_ref)
+    assert err < 2 * plain, f"{dtype}: ALiBi reference error {err:.2e} against {plain:.2e} without"
+
+
 def test_window_band_crosses_whole_tiles():
     """A band wider than a tile: the unmasked middle stage runs between two masked edges."""
     shape = (1, 2, 1, 70, 90, 32, 32)
