@@ -40,9 +40,9 @@ def _chunk_scores(qg, kg, j0, j1, scale, offset, mask, dropout_p, seed, variant,
         t = torch.tanh(s / variant.softcap)
         s, dcap = t * variant.softcap, 1.0 - t * t
     if slopes is not None:  # (B, Hkv, G, 1, 1)
-        i = torch.arange(Nq, dtype=s.dtype)[:, None] + offset
-        j = torch.arange(j0, j1, dtype=s.dtype)[None, :]
-        s = s - slopes * (i - j).abs()
+        i = torch.arange(Nq)[:, None] + offset  # integers first: exact at any length
+        j = torch.arange(j0, j1)[None, :]
+        s = s - slopes * (i - j).abs().to(s.dtype)
     if mask is not None:
         m = mask[..., j0:j1].reshape(B, Hkv, G, Nq, j1 - j0)
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(s.dtype)
