@@ -96,6 +96,20 @@ def device():
 
 
 @pytest.fixture
+def gluon_backward_calls(monkeypatch):
+    """A list that grows by one at each call of the Gluon backward (``attention_backward_gluon``,
+    still run): a test's "the fast path was taken" check. The backward decisions start empty and
+    those bound to the counting wrapper end with the test."""
+    from flashattn_lite.ops import attention_bwd, attention_bwd_gluon
+    calls = []
+    real = attention_bwd_gluon.attention_backward_gluon
+    monkeypatch.setattr(attention_bwd_gluon, "attention_backward_gluon",
+                        lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    monkeypatch.setattr(attention_bwd, "_HOPPER", {})
+    return calls
+
+
+@pytest.fixture
 def torch_cpu_path(monkeypatch):
     """Run ops through their PyTorch CPU twins instead of the interpreted Triton kernels."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")

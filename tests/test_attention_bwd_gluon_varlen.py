@@ -456,17 +456,14 @@ def test_varlen_matches_reference_and_portable(monkeypatch, case):
 
 @needs_gpu
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_attention_varlen_takes_the_gluon_backward(monkeypatch, causal):
+def test_attention_varlen_takes_the_gluon_backward(monkeypatch, gluon_backward_calls, causal):
     # attention_varlen()'s backward goes to the Gluon kernel (explain's note says varlen) and agrees
     # with the portable backward (FLASHATTN_LITE_HOPPER=0) to rounding.
     import flashattn_lite as fa
     from flashattn_lite.ops import attention_bwd
     lq = [1, 17, 128, 1000, 4097, 3000, 2000, 1500]
     q, k, v, do, cq, ck = _gpu_varlen(lq, lq, 8, 2, 128, torch.bfloat16, seed=1)
-    calls = []
-    real = gluon_bwd.attention_backward_gluon
-    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    attention_bwd._HOPPER.clear()
+    calls = gluon_backward_calls
 
     def grads():
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -485,7 +482,7 @@ def test_attention_varlen_takes_the_gluon_backward(monkeypatch, causal):
 
 @needs_gpu
 @pytest.mark.parametrize("causal, options", [(True, "plain"), (False, "plain"), (True, "gemma"), (False, "all")])
-def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, causal, options):
+def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, gluon_backward_calls, causal, options):
     # Packed varlen at d 256 (sequences of 1 to 4097 rows, GQA 2:1): attention_varlen's backward
     # goes to the head dim 256 Gluon kernels and matches the float64 reference as closely as the
     # portable backward does, plain, with Gemma's options (a window and softcap) and with every
@@ -505,10 +502,7 @@ def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, ca
     pk = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731 - the kernels' (1, H, total, D) view
     variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=cq)
     assert gluon_bwd.supported(pk(q), pk(k), pk(v), pk(do), causal=causal, variant=variant) is None
-    calls = []
-    real = gluon_bwd.attention_backward_gluon
-    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw_: calls.append(1) or real(*a, **kw_))
-    attention_bwd._HOPPER.clear()
+    calls = gluon_backward_calls
 
     def grads(dtype=None):
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -540,17 +534,14 @@ def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, ca
 
 
 @needs_gpu
-def test_deterministic_varlen_at_head_dim_256_gives_the_same_bits(monkeypatch):
+def test_deterministic_varlen_at_head_dim_256_gives_the_same_bits(gluon_backward_calls):
     # Under deterministic mode a packed batch at d 256 keeps the Gluon kernels (one writer per
     # gradient element): two calls give the same bits, with Gemma's window and softcap.
     import flashattn_lite as fa
     from flashattn_lite.ops import attention_bwd
     lq = [17, 300, 1000, 1, 129, 4097, 2000]
     q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 4, 2, 256, torch.bfloat16, seed=4)
-    calls = []
-    real = gluon_bwd.attention_backward_gluon
-    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    attention_bwd._HOPPER.clear()
+    calls = gluon_backward_calls
     torch.use_deterministic_algorithms(True)
     try:
         runs = []

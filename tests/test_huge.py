@@ -96,7 +96,7 @@ def test_varlen_packed_rows_past_2_31_elements(D):
 @pytest.mark.skipif(not hasattr(fl, "attention_varlen"), reason="attention_varlen does not exist yet")
 @pytest.mark.parametrize("softcap", [None, 30.0], ids=["alibi", "softcap-alibi"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_varlen_alibi_past_2_24_packed_rows(causal, softcap, monkeypatch):
+def test_varlen_alibi_past_2_24_packed_rows(causal, softcap, gluon_backward_calls):
     """ALiBi's distances stay exact where packed rows pass 2²⁴ (float32 holds only even integers
     there): the last sequence's output and gradients on the Gluon backward equal those of the same
     sequence run alone (rows from 0), with steep slopes so a distance off by one moves a score by a
@@ -104,12 +104,7 @@ def test_varlen_alibi_past_2_24_packed_rows(causal, softcap, monkeypatch):
     steep biases themselves.) d 64 and one head: the Hopper paths take tensors below 2³¹ elements,
     so no other head dim reaches 2²⁴ rows on them."""
     from conftest import rel_err
-    from flashattn_lite.ops import attention_bwd, attention_bwd_gluon
-    calls = []
-    real = attention_bwd_gluon.attention_backward_gluon
-    monkeypatch.setattr(attention_bwd_gluon, "attention_backward_gluon",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(attention_bwd, "_HOPPER", {})  # decisions bound to the wrapper end with the test
+    calls = gluon_backward_calls
     H, L, D = 1, 2048, 64
     n_seq = 2 ** 24 // L + 2
     total = n_seq * L
