@@ -509,3 +509,25 @@ def test_bwd_placement_finds_the_bit_that_splits_the_modes():
     assert 1.02 < split < 1.3
     best = module.telling_bits(trials, split)[0]
     assert (best["what"], best["bit"], best["slow_share"], best["fast_share"]) == ("dq_acc-q", 21, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("argv", [["--out", ".", "--dtypes", "fp32"], ["--out", ".", "--dtypes", ","]],
+                         ids=["fp32", "empty"])
+def test_tolerance_margins_rejects_bad_dtypes(argv, capsys):
+    # benchmarks/tolerance_margins.py: a dtype outside fp16/bf16 is a usage error naming --dtypes.
+    module = load_benchmark("tolerance_margins")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2 and "--dtypes" in capsys.readouterr().err
+
+
+def test_tolerance_margins_measures_a_correct_kernel_inside_both_rules(monkeypatch):
+    # The measurement on CPU tensors (the CPU twin, a correct kernel): under both rules its margin
+    # is above 1, and "mixed" (a float32 reference) is the tighter bar.
+    module = load_benchmark("tolerance_margins")
+    monkeypatch.setattr(module, "DEVICE", "cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rows = module.measure("t", (1, 2, 1, 40, 57, 32), dict(causal=True, alibi=True, softcap=4.0), torch.bfloat16)
+    assert [r["tensor"] for r in rows] == ["o", "dq", "dk", "dv"]
+    for r in rows:
+        assert 1 < r["margin_mixed"] < r["margin_same"], r
