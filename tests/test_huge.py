@@ -110,17 +110,24 @@ def test_varlen_alibi_past_2_24_packed_rows(causal, softcap, gluon_backward_call
     total = n_seq * L
     need(12 * total * H * D * 2 / 2 ** 30 + 4)
     slopes = torch.full((H,), 0.75, device="cuda")
-    q, k, v, do = (randn(total, H, D) for _ in range(4))
+    shift = 7  # the first sequence has 7 more keys: later sequences' first key rows ≠ their first query rows
+    q, do = (randn(total, H, D) for _ in range(2))
+    k, v = (randn(total + shift, H, D) for _ in range(2))
 
-    def run(rows, n):
-        cu = torch.arange(0, n + 1, L, dtype=torch.int32, device="cuda")
-        leaves = [t[rows].requires_grad_() for t in (q, k, v)]
-        o = fl.attention_varlen(*leaves, cu, cu, L, L, causal=causal, alibi_slopes=slopes, softcap=softcap)
-        return (o, *torch.autograd.grad(o, leaves, do[rows]))
-    last = slice(total - L, total)
-    batch = [t[last] for t in run(slice(None), total)]
+    def run(q_rows, k_rows, n):
+        cu_q = torch.arange(0, n + 1, L, dtype=torch.int32, device="cuda")
+        cu_k = cu_q.clone()
+        if n > L:
+            cu_k[1:] += shift
+        leaves = [q[q_rows].requires_grad_(), k[k_rows].requires_grad_(), v[k_rows].requires_grad_()]
+        o = fl.attention_varlen(*leaves, cu_q, cu_k, causal=causal, alibi_slopes=slopes,
+                                softcap=softcap)
+        return (o, *torch.autograd.grad(o, leaves, do[q_rows]))
+    last_q, last_k = slice(total - L, total), slice(total + shift - L, total + shift)
+    o, dq, dk, dv = run(slice(None), slice(None), total)
+    batch = [o[last_q], dq[last_q], dk[last_k], dv[last_k]]
     assert calls, "the Gluon backward was not taken"
-    alone = run(last, L)
+    alone = run(last_q, last_k, L)
     for name, b, a in zip(("o", "dq", "dk", "dv"), batch, alone):
         assert rel_err(b, a) < 1e-2, f"{name}: {rel_err(b, a):.3e} from the sequence run alone"
 
