@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import attention, explain  # noqa: E402
 from flashattn_lite.bench.common import format_table, write_json  # noqa: E402
-from flashattn_lite.reference import attention_reference  # noqa: E402
+from flashattn_lite.reference import attention_reference, rel_err  # noqa: E402
 
 EPS = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}  # the attention tests' eps for o (gradients: twice)
 # (name, (B, Hq, Hkv, Nq, Nk, D), options); "alibi": slopes U(0, 0.3) per query head, as the tests draw
@@ -37,12 +37,6 @@ CASES = [
 ]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda"
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖a − ref‖ / ‖ref‖ with the floor of tests/conftest.py's ``rel_err``."""
-    a, ref = a.double(), ref.double()
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-3 * max(ref.numel(), 1) ** 0.5)).item()
 
 
 def outputs(fn, q, k, v, do, dtype=None):

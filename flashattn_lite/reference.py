@@ -181,10 +181,18 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     return torch.cat(os_, 0), torch.cat(lses, 1)
 
 
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖a − ref‖ / ‖ref‖, with ‖ref‖ floored at an RMS of 1e-3 so exact zeros (a softmax over one
+    key has no gradient) are compared absolutely instead of dividing by nothing."""
+    a, ref = a.double(), ref.double()
+    floor = 1e-3 * max(ref.numel(), 1) ** 0.5
+    return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
+
+
 def dtype_eps(dtype: torch.dtype) -> float:
     return {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
 
 
 __all__ = ["naive_softmax", "safe_softmax", "online_softmax", "online_softmax_stats", "split_logsumexp",
            "causal_mask", "window_mask", "attention_reference",
-           "attention_varlen_reference", "dtype_eps"]
+           "attention_varlen_reference", "rel_err", "dtype_eps"]

@@ -13,6 +13,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from flashattn_lite.reference import rel_err  # noqa: E402,F401 - the tests import it from here
+
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 # The CPU interpreter computes tl.dot on bf16 wrongly (a known Triton interpreter issue): bf16 is
@@ -64,14 +66,6 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖a − ref‖ / ‖ref‖, with ‖ref‖ floored at an RMS of 1e-3 so exact zeros (a softmax over one
-    key has no gradient) are compared absolutely instead of dividing by nothing."""
-    a, ref = a.double(), ref.double()
-    floor = 1e-3 * max(ref.numel(), 1) ** 0.5
-    return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 def assert_close_to_ref(ours, torch_same_dtype, ref, *, eps: float, what: str = "output"):
