@@ -141,7 +141,8 @@ def backward_pass(rep_ms: float, d_options: int = 128, points=None) -> dict:
 def varlen_backward(rep_ms: float, d: int, opts: dict, causal: bool) -> dict:
     """The backward over a packed batch of 8 sequences of 1–4k rows (16k tokens in all), hidden 2048."""
     g = torch.Generator(device="cuda").manual_seed(3)
-    lens = [1000, 3000, 2048, 4097, 1, 2500, 1700, 16384 - 14346]
+    lens = [1000, 3000, 2048, 4097, 1, 2500, 1700]
+    lens.append(16384 - sum(lens))
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
     H = 2048 // d
     q, k, v, do = (torch.randn(16384, H, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(0, 1)[None]
