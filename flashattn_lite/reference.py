@@ -96,7 +96,10 @@ def attention_reference(q, k, v, *, causal: bool = False, scale: float | None = 
                         window: tuple | None = None, softcap: float | None = None,
                         sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                         dtype=torch.float64):
-    """Exact attention, materialising the scores, in ``dtype`` (float64 by default).
+    """Exact attention, materialising the scores, in ``dtype`` (float64 by default). A 16-bit
+    ``dtype`` is computed as a fused kernel computes it: float32 arithmetic from inputs in that
+    dtype, o and lse rounded to it (a reference in 16-bit arithmetic is far less accurate than any
+    kernel, so as the tests' bar for "as good as torch in this dtype" it would hide real errors).
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), Hq a multiple of Hkv (query head h
     reads key head h // (Hq/Hkv)). ``causal_offset`` (default Nk − Nq, bottom-right) places the
@@ -116,6 +119,12 @@ def attention_reference(q, k, v, *, causal: bool = False, scale: float | None = 
     Returns (o, lse): o (B, Hq, Nq, Dv), lse (B, Hq, Nq) natural log, including the sink term. A
     query row with every key masked gives o = 0 and lse = −inf (the sink, with sinks).
     """
+    if dtype in (torch.float16, torch.bfloat16):
+        o, lse = attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal, scale=scale,
+                                     causal_offset=causal_offset, attn_mask=attn_mask, dropout_keep=dropout_keep,
+                                     dropout_p=dropout_p, window=window, softcap=softcap, sinks=sinks,
+                                     alibi_slopes=alibi_slopes, dtype=torch.float32)
+        return o.to(dtype), lse.to(dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv:
