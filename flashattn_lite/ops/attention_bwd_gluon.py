@@ -617,6 +617,8 @@ if _HAS_GLUON:
         if ALIBI:  # |i + off − j| = |query − (key − off)|: exact float differences below 2²⁴
             if CAUSAL:  # the key's offset in this warpgroup's block (see below)
                 keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
+            elif SEQ == 2 and SOFTCAP:  # in-tile offsets, as causal (spills less with softcap)
+                keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
             elif SEQ == 2:  # packed rows run past 2²⁴: counted from the sequence's first, ``q0``
                 keys_f = (keys - off - q0).to(gl.float32)
             else:  # (the host keeps calls past 2²⁴ rows off this kernel: ``supported``)
@@ -669,7 +671,7 @@ if _HAS_GLUON:
                 # joins its lse in the exponent's offset; offsets within the block keep the terms
                 # that matter (d small) exact. (Pairs right of the diagonal get the wrong bias, and
                 # Pᵀ = 0 from ``_masked``.)
-                if CAUSAL:
+                if CAUSAL or (SEQ == 2 and SOFTCAP):
                     first = start_m + off - (start_n + 64 * ME)
                 elif SEQ == 2:  # the query row from the sequence's first, as ``keys_f``
                     first = start_m - q0
