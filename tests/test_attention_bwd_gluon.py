@@ -18,7 +18,7 @@ import triton.language as tl
 from conftest import DEVICE, ON_GPU, assert_close_to_ref, model_only
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
 from flashattn_lite.ops.attention_bwd_gluon import query_tiles as gluon_query_tiles
-from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, Variant
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant
 from flashattn_lite.ops.attention_fwd_gluon import window_flags
 from flashattn_lite.reference import attention_reference
 from test_attention_gluon import SHAPES  # the forward's: lengths 1, 17, 1000, 4097, Nq ≠ Nk, GQA 2:1
@@ -69,19 +69,56 @@ def test_refuses_the_variant_options():
         assert reason is None or not any(word in reason for word in ("window", "ranges", "plain attention"))
 
 
-def test_softcap_alibi_and_windows_need_the_fused_dq():
-    # The Triton dQ kernel (the deterministic configs) is plain only: refused before anything runs.
-    # A causal call's window without a left side is the diagonal: plain.
-    q = torch.zeros(1, 2, 8, 128, dtype=torch.float16)
-    tdq = gluon_bwd.CONFIGS[128][1]
-    assert not tdq.fused_dq
-    for variant in (Variant(softcap=30.0), Variant(alibi=torch.zeros(2)), Variant(left=5), Variant(left=5, right=0)):
-        with pytest.raises(ValueError, match="fused_dq"):
-            gluon_bwd.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.125, causal=True,
-                                               config=tdq, variant=variant)
-    needs = gluon_bwd._needs_fused_dq
-    assert needs(Variant(right=3), False) and not needs(Variant(right=3), True)
-    assert not needs(Variant(sinks=torch.zeros(2)), False) and not needs(PLAIN, True) and not needs(None, False)
+def test_which_dq_kernel_a_one_writer_config_takes():
+    # Without the fused dQ, dq comes from a kernel with one writer per element: the Triton TMA one
+    # for plain scores over a dense batch (sinks, and a causal call's window without a left side,
+    # the diagonal, leave them plain), the portable one for softcap, ALiBi, windows, ranges, varlen.
+    covers = gluon_bwd._tma_dq_covers
+    assert covers(None, False) and covers(PLAIN, True) and covers(Variant(sinks=torch.zeros(2)), False)
+    assert covers(Variant(right=3), True) and not covers(Variant(right=3), False)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    for variant in (Variant(softcap=30.0), Variant(alibi=torch.zeros(2)), Variant(left=5), Variant(left=5, right=0),
+                    Variant(seq=SEQ_RANGES, seq_q=torch.tensor([[0, 8]]), seq_k=torch.tensor([[0, 8]])),
+                    Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)):
+        assert not covers(variant, True) and not covers(variant, False), variant
+
+
+@pytest.mark.parametrize("layout", ["dense", "ranges", "varlen"])
+def test_attention_dq_is_the_portable_backwards_dq(layout):
+    # The one-writer configs' dq where the TMA dQ kernel does not reach (``attention_bwd.attention_dq``)
+    # is the portable backward's dQ launch on its own: the same bits, causal, with a window, softcap,
+    # ALiBi and sinks, over a dense, a padded (ranges) and a packed (varlen) batch.
+    from flashattn_lite.ops import attention_bwd, attention_fwd
+    from flashattn_lite.ops.attention_bwd_hopper import row_stats
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    Hq, Hkv, D = 4, 2, 32
+    lengths = [37, 70, 5]
+    if layout == "varlen":
+        total = sum(lengths)
+        q, do = (torch.randn(total, Hq, D, generator=g, device=DEVICE).half().transpose(0, 1).unsqueeze(0)
+                 for _ in range(2))
+        k, v = (torch.randn(total, Hkv, D, generator=g, device=DEVICE).half().transpose(0, 1).unsqueeze(0)
+                for _ in range(2))
+        cu = torch.tensor([0, 37, 107, 112], dtype=torch.int32, device=DEVICE)
+        seq = dict(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    else:
+        q, do = (torch.randn(3, Hq, 70, D, generator=g, device=DEVICE).half() for _ in range(2))
+        k, v = (torch.randn(3, Hkv, 75, D, generator=g, device=DEVICE).half() for _ in range(2))
+        ranges = torch.tensor([[0, 70], [33, 70], [60, 65]], dtype=torch.int32, device=DEVICE)
+        seq = {} if layout == "dense" else dict(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges + 5)
+    variant = Variant(left=20, softcap=4.0, alibi=torch.rand(Hq, generator=g, device=DEVICE) * 0.3,
+                      sinks=torch.randn(Hq, generator=g, device=DEVICE), **seq)
+    offset = k.shape[2] - q.shape[2] if layout == "dense" else 0
+    call = dict(scale=D ** -0.5, causal=True)
+    o, lse = attention_fwd.attention_forward(q, k, v, **call, causal_offset=offset, mask=None, dropout_p=0.0,
+                                             seed=0, variant=variant)
+    want = attention_bwd.attention_backward(do, q, k, v, o, lse, None, **call, causal_offset=offset, mask=None,
+                                            dropout_p=0.0, seed=0, variant=variant)[0]
+    delta, lse2 = row_stats(do, o, lse, None)
+    dq = torch.zeros_like(q)
+    attention_bwd.attention_dq(do, q, k, v, dq, lse2, delta, **call, variant=variant)
+    assert torch.isfinite(dq).all() and dq.abs().max() > 0
+    assert torch.equal(dq, want)
 
 
 def test_option_arguments_are_none_unless_used():
@@ -1022,9 +1059,9 @@ def test_supported_and_fast_path_take_each_option(sm90, case):
         assert gluon_bwd.supported(q, k, v, q, causal=causal, variant=variant) is None
         assert gluon_bwd.supported(q, k, v, q, causal=causal, scale=0.3, dlse=None, variant=variant) is None
         assert gluon_bwd.fast_path(q, q, k, v, causal, 6, 0.125, variant=variant)
-        # Deterministic mode: softcap and ALiBi need the fused dQ, so they keep the portable kernels.
-        sinks_only = variant.softcap == 0 and variant.alibi is None
-        assert gluon_bwd.fast_path(q, q, k, v, causal, 6, 0.125, True, variant=variant) == (sinks_only and causal)
+        # Deterministic mode: the one-writer configs take every option (dq by the portable dQ kernel
+        # where the TMA one does not reach); d 64 non-causal calls keep the portable kernels.
+        assert gluon_bwd.fast_path(q, q, k, v, causal, 6, 0.125, True, variant=variant) == causal
 
 
 @pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
@@ -1101,9 +1138,9 @@ def test_backward_decision_is_keyed_by_the_variant(sm90):
     run_w, note_w = attention_bwd._hopper_backward(q, k, v, True, off, 0.125, windowed)
     assert run_w is run and note_w == gluon_bwd.path_note(windowed) and "sliding window" in note_w
     torch.use_deterministic_algorithms(True)
-    try:  # softcap/ALiBi/windows under deterministic mode: the portable kernels, not the TMA pair
-        assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every) is False
-        assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, Variant(left=3)) is False
+    try:  # softcap/ALiBi/windows under deterministic mode: the Gluon backward too, not the TMA pair
+        assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, every)[0] is run
+        assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, Variant(left=3))[0] is run
         assert attention_bwd._hopper_backward(q, k, v, True, off, 0.125, PLAIN)[0] is run
     finally:
         torch.use_deterministic_algorithms(False)
@@ -1197,11 +1234,28 @@ def test_options_match_reference_and_portable(case):
     check_variant_backward(shape + (d,), dtype, causal, variant_options(opts, shape + (d,)))
 
 
-def check_variant_backward(shape, dtype, causal, options):
+@needs_gpu
+@pytest.mark.parametrize("case", [
+    ("all", dict(softcap=4.0, sinks=True, alibi="bh"), 128, False, torch.bfloat16, (1, 4, 2, 1000, 1037)),
+    ("all", dict(softcap=4.0, sinks=True, alibi="h"), 64, True, torch.float16, (2, 4, 1, 517, 517)),
+    ("window", dict(window=(8, 1), softcap=30.0), 128, False, torch.float16, (1, 8, 4, 4097, 4097)),
+    ("window-alibi", dict(window=(20, None), alibi="h"), 128, True, torch.bfloat16, (1, 2, 2, 1037, 300)),
+], ids=lambda c: f"{c[0]}-d{c[2]}-{'causal' if c[3] else 'full'}")
+def test_deterministic_options_match_reference_and_repeat(case):
+    # Under torch.use_deterministic_algorithms a call with options keeps the Gluon backward: its
+    # dK/dV kernel, dq by the portable dQ kernel (one writer per element): the same bits twice,
+    # and as close to float64 as the default configs.
+    from test_attention_hopper import variant_options
+    name, opts, d, causal, dtype, shape = case
+    check_variant_backward(shape + (d,), dtype, causal, variant_options(opts, shape + (d,)), deterministic=True)
+
+
+def check_variant_backward(shape, dtype, causal, options, deterministic=False):
     """The Gluon backward of a call with ``options`` (attention()'s keyword arguments: window,
     softcap, alibi_slopes, sinks) on the portable forward's o and lse, against float64 autograd
     through the reference (and torch's own error in ``dtype``) and the portable backward: dq, dk, dv
-    (and dsinks); rows with no visible key get dq exactly 0."""
+    (and dsinks); rows with no visible key get dq exactly 0. ``deterministic``: under
+    ``torch.use_deterministic_algorithms(True)`` (a one-writer config), run twice for the same bits."""
     from test_attention_bwd_hopper import make_inputs
     from test_attention_hopper import as_variant, hidden_rows, portable
     from flashattn_lite.ops import attention_fwd_hopper as hopper_fwd
@@ -1211,8 +1265,19 @@ def check_variant_backward(shape, dtype, causal, options):
     assert gluon_bwd.supported(q, k, v, do, causal=causal, variant=variant) is None
     o, lse = portable(q, k, v, causal, variant)  # the saved o and lse (sinks in the lse)
     scale = shape[-1] ** -0.5
-    dq, dk, dv, dsinks = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal,
-                                                            variant=variant)
+
+    def gluon():
+        return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal, variant=variant)
+
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        assert not (deterministic and gluon_bwd.default_config(shape[-1], causal, 4096, True).fused_dq)
+        dq, dk, dv, dsinks = gluon()
+        if deterministic:
+            again = gluon()
+            assert all(torch.equal(a, b) for a, b in zip((dq, dk, dv), again[:3]))
+    finally:
+        torch.use_deterministic_algorithms(False)
     with hopper_fwd.disabled():
         port = attention_backward(do, q, k, v, o, lse, None, scale=scale, causal=causal,
                                   causal_offset=k.shape[2] - q.shape[2], mask=None, dropout_p=0.0, seed=0,

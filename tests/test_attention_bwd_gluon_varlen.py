@@ -340,16 +340,17 @@ def test_backward_decision_is_keyed_by_the_layout(sm90):
     assert attention_bwd._hopper_backward(q, k, v, True, 0, 0.125, PLAIN)[0] is run
     assert len(attention_bwd._HOPPER) == 3
     torch.use_deterministic_algorithms(True)
-    try:  # varlen under deterministic mode: the portable kernels
-        assert attention_bwd._hopper_backward(q, k, v, True, 0, 0.125, variant) is False
+    try:  # varlen under deterministic mode: the Gluon backward (dq by the portable dQ kernel)
+        assert attention_bwd._hopper_backward(q, k, v, True, 0, 0.125, variant)[0] is run
     finally:
         torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
-def test_deterministic_mode_keeps_head_dim_256_varlen_on_the_gluon_backward(sm90):
-    # d ≤ 128 leaves packed batches to the portable kernels under deterministic mode (its dQ is a
-    # reduce-add); d 256's two kernels write each gradient element once, so they keep them.
+def test_deterministic_mode_keeps_varlen_on_the_gluon_backward(sm90):
+    # Packed batches keep the Gluon backward under deterministic mode: d 256's two kernels write
+    # each gradient element once; at d ≤ 128 the dK/dV kernel pairs with the portable dQ kernel
+    # (one writer per element), d 64 non-causal calls excepted (the portable backward measured faster).
     from flashattn_lite.ops import attention_bwd
     q, k, v, variant = _varlen_call(lengths=(17, 1000, 4097, 2000), D=256, dtype=torch.bfloat16)
     torch.use_deterministic_algorithms(True)
@@ -357,8 +358,10 @@ def test_deterministic_mode_keeps_head_dim_256_varlen_on_the_gluon_backward(sm90
         assert gluon_bwd.fast_path(q, q, k, v, True, 0, 0.0625, True, variant=variant)
         run, note = attention_bwd._hopper_backward(q, k, v, True, 0, 0.0625, variant)
         assert run is gluon_bwd.attention_backward_gluon and "head dim 256" in note and "varlen" in note
-        d128 = _varlen_call(lengths=(17, 1000, 4097, 2000), D=128, dtype=torch.bfloat16)
-        assert not gluon_bwd.fast_path(d128[0], d128[0], d128[1], d128[2], True, 0, 0.088, True, variant=d128[3])
+        for d in (64, 128):
+            q, k, v, variant = _varlen_call(lengths=(17, 1000, 4097, 2000), D=d, dtype=torch.bfloat16)
+            for causal in (True, False):
+                assert gluon_bwd.fast_path(q, q, k, v, causal, 0, 0.088, True, variant=variant) == (causal or d == 128)
     finally:
         torch.use_deterministic_algorithms(False)
         attention_bwd._HOPPER.clear()
@@ -534,34 +537,48 @@ def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, gl
 
 
 @needs_gpu
-def test_deterministic_varlen_at_head_dim_256_gives_the_same_bits(gluon_backward_calls):
-    # Under deterministic mode a packed batch at d 256 keeps the Gluon kernels (one writer per
-    # gradient element): two calls give the same bits, with Gemma's window and softcap.
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_deterministic_varlen_gives_the_same_bits(monkeypatch, gluon_backward_calls, d):
+    # Under deterministic mode a packed batch keeps the Gluon backward (at d 256 its two kernels, at
+    # d ≤ 128 its dK/dV kernel with the portable dQ kernel; one writer per gradient element): two
+    # calls give the same bits, with Gemma's window and softcap and ALiBi per sequence, and agree
+    # with the portable backward.
     import flashattn_lite as fa
     from flashattn_lite.ops import attention_bwd
     lq = [17, 300, 1000, 1, 129, 4097, 2000]
-    q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 4, 2, 256, torch.bfloat16, seed=4)
+    q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 4, 2, d, torch.bfloat16, seed=4)
+    slopes = torch.rand(len(lq), 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(6)) * 0.1
     calls = gluon_backward_calls
+
+    def grads():
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o = fa.attention_varlen(qq, kk, vv, cq, cq, causal=True, window=(500, 0), softcap=30.0, alibi_slopes=slopes)
+        return torch.autograd.grad(o, (qq, kk, vv), do)
+
     torch.use_deterministic_algorithms(True)
     try:
-        runs = []
-        for _ in range(2):
-            qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-            o = fa.attention_varlen(qq, kk, vv, cq, cq, causal=True, window=(500, 0), softcap=30.0)
-            runs.append(torch.autograd.grad(o, (qq, kk, vv), do))
+        runs = [grads(), grads()]
     finally:
         torch.use_deterministic_algorithms(False)
         attention_bwd._HOPPER.clear()
     assert len(calls) == 2
     for name, a, b in zip(("dq", "dk", "dv"), *runs):
         assert torch.isfinite(a).all() and torch.equal(a, b), name
+    monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")
+    slow = grads()
+    attention_bwd._HOPPER.clear()
+    for a, b in zip(runs[0], slow):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
 @needs_gpu
 @pytest.mark.parametrize("d, causal, options", [(64, True, {}), (128, True, {}), (256, True, {}), (256, False, {}),
                                                 (256, True, dict(left=300, softcap=30.0)),
-                                                (256, True, dict(short_rows=True, alibi=True))],
-                         ids=["d64", "d128", "d256", "d256-full", "d256-window-softcap", "d256-short-rows-alibi"])
+                                                (256, True, dict(short_rows=True, alibi=True)),
+                                                (128, False, dict(short_rows=True, alibi=True, left=300,
+                                                                  deterministic=True))],
+                         ids=["d64", "d128", "d256", "d256-full", "d256-window-softcap", "d256-short-rows-alibi",
+                              "d128-full-deterministic-window-alibi"])
 def test_ranges_match_portable(monkeypatch, d, causal, options):
     # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on
     # the same saved o and lse; rows outside the ranges get zero gradients (d 256: the wide kernels,
@@ -570,6 +587,7 @@ def test_ranges_match_portable(monkeypatch, d, causal, options):
     from flashattn_lite.ops import attention_bwd, attention_fwd
     q, k, v, do, variant = _gpu_ranges(1100, 4, 2, d, torch.float16, seed=2)
     options = dict(options)
+    deterministic = options.pop("deterministic", False)
     if options.pop("short_rows", False):
         rq, rk = variant.seq_q.clone(), variant.seq_k.clone()
         rq[0, 1] = rk[0, 1] = 800
@@ -581,7 +599,12 @@ def test_ranges_match_portable(monkeypatch, d, causal, options):
     o, lse = attention_fwd.attention_forward(q, k, v, scale=scale, causal=causal, causal_offset=0, mask=None,
                                              dropout_p=0.0, seed=0, variant=variant)
     assert gluon_bwd.supported(q, k, v, do, causal=causal, variant=variant) is None
-    got = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal, variant=variant)[:3]
+    torch.use_deterministic_algorithms(deterministic)  # (d ≤ 128: dq by the portable dQ kernel)
+    try:
+        got = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal,
+                                                 variant=variant)[:3]
+    finally:
+        torch.use_deterministic_algorithms(False)
     monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")
     attention_bwd._HOPPER.clear()
     want = attention_bwd.attention_backward(do, q, k, v, o, lse, None, scale=scale, causal=causal, causal_offset=0,

@@ -28,6 +28,8 @@ otherwise to the TMA pair,
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -691,41 +693,84 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     pre_constexprs = dict(HEAD_DIM_V=Dv, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
     _bwd_preprocess[pre_grid](*pre_args, **pre_constexprs)
 
+    a = _launch_args(q, k, v, mask, dropout_p, seed, variant, scale, causal_offset)
+    if variant.seq == SEQ_VARLEN:
+        kv_grid = lambda meta: ((cdiv(Nk, meta["BLOCK_N"]) + a.n_seq) * Hkv,)
+    else:
+        kv_grid = lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)
+    sq, sk, sv, sdo, sdk, sdv = _strides(variant, q, k, v, do, dk, dv)
+    kv_args = (q, k, v, do, dk, dv, lse2, delta, a.mask, a.alibi, *a.seq_ptrs,
+               *sq, *sk, *sv, *sdo, *sdk, *sdv, *a.tail, Hq, Hkv, Nq, Nk, a.n_seq, *a.scalars)
+    _bwd_dkdv_kernel[kv_grid](*kv_args, **a.constexprs)
+    q_grid, q_args = _dq_launch(q, k, v, do, dq, lse2, delta, variant, a)
+    if bound_key is not None:
+        bound = (_bwd_preprocess.bind(pre_grid, pre_args, pre_constexprs, 6),
+                 _bwd_dkdv_kernel.bind(kv_grid, kv_args, a.constexprs, 14),
+                 _bwd_dq_kernel.bind(q_grid, q_args, a.constexprs, 13))
+        _remember(bound_key, _bound_three(*bound) if all(b is not None for b in bound) else None)
+    dsinks = sinks_grad(variant.sinks, lse, delta) if variant.sinks is not None else None
+    return dq, dk, dv, dsinks
+
+
+class _LaunchArgs(NamedTuple):
+    """What the dK/dV and dQ kernels take besides their tensors and those tensors' strides."""
+    constexprs: dict
+    mask: torch.Tensor  # the mask (uint8 view of a bool one), or a placeholder
+    alibi: torch.Tensor
+    seq_ptrs: tuple  # q_starts, q_ends, k_starts, k_ends
+    n_seq: int
+    tail: tuple  # the mask's, the lse's, the slopes' and the sequence bounds' strides
+    scalars: tuple  # window, scales, score options, dropout, length bucket
+
+
+def _launch_args(q, k, v, mask, dropout_p: float, seed: int, variant: Variant, scale: float,
+                 causal_offset: int) -> _LaunchArgs:
+    Hq, Nq, D = q.shape[1], q.shape[2], q.shape[3]
+    Nk, Dv = k.shape[2], v.shape[3]
     kind = mask_kind(mask)
     mask_arg = (mask.view(torch.uint8) if kind == MASK_BOOL else mask) if mask is not None else q
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     *seq_ptrs, stride_seq, n_seq = seq_args(variant, q)
     (_, alibi_arg), alibi_strides, score_scalars, score_constexprs = score_args(variant, q, scale)
     score_constexprs.pop("SINKS")
-    common = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d,
-                  BLOCK_DV=block_dv, MASK_KIND=kind, **score_constexprs, DROPOUT=dropout_p > 0.0,
-                  PRECISION=precision_for(q.dtype))
+    block_d, block_dv = head_tiles(D, Dv)
+    constexprs = dict(GROUP=Hq // k.shape[1], HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d,
+                      BLOCK_DV=block_dv, MASK_KIND=kind, **score_constexprs, DROPOUT=dropout_p > 0.0,
+                      PRECISION=precision_for(q.dtype))
     drop = (seed, keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0)
-    n_bucket = length_bucket(Nq, Nk)
-    strides = [t.stride() for t in (q, k, v, do, dq, dk, dv)]
-    if variant.seq >= SEQ_VARLEN:
-        strides = [(0, *t[1:]) for t in strides]
-    sq, sk, sv, sdo, sdq, sdk, sdv = strides
     tail = (*mask_strides, *lse_strides(variant, Hq, Nq), *alibi_strides, stride_seq)
-    window = (causal_offset, variant.left, variant.right, scale * LOG2E, scale, *score_scalars)
-    if variant.seq == SEQ_VARLEN:
-        kv_grid = lambda meta: ((cdiv(Nk, meta["BLOCK_N"]) + n_seq) * Hkv,)
-    else:
-        kv_grid = lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)
-    kv_args = (q, k, v, do, dk, dv, lse2, delta, mask_arg, alibi_arg, *seq_ptrs,
-               *sq, *sk, *sv, *sdo, *sdk, *sdv, *tail, Hq, Hkv, Nq, Nk, n_seq, *window, *drop, n_bucket)
-    _bwd_dkdv_kernel[kv_grid](*kv_args, **common)
-    q_grid = query_grid(variant, Nq, B, Hq, n_seq)
-    q_args = (q, k, v, do, dq, lse2, delta, mask_arg, alibi_arg, *seq_ptrs,
-              *sq, *sk, *sv, *sdo, *sdq, *tail, Hq, Nq, Nk, n_seq, *window, *drop, n_bucket)
-    _bwd_dq_kernel[q_grid](*q_args, **common)
-    if bound_key is not None:
-        bound = (_bwd_preprocess.bind(pre_grid, pre_args, pre_constexprs, 6),
-                 _bwd_dkdv_kernel.bind(kv_grid, kv_args, common, 14),
-                 _bwd_dq_kernel.bind(q_grid, q_args, common, 13))
-        _remember(bound_key, _bound_three(*bound) if all(b is not None for b in bound) else None)
-    dsinks = sinks_grad(variant.sinks, lse, delta) if variant.sinks is not None else None
-    return dq, dk, dv, dsinks
+    scalars = (causal_offset, variant.left, variant.right, scale * LOG2E, scale, *score_scalars, *drop,
+               length_bucket(Nq, Nk))
+    return _LaunchArgs(constexprs, mask_arg, alibi_arg, tuple(seq_ptrs), n_seq, tail, scalars)
+
+
+def _strides(variant: Variant, *tensors) -> list:
+    """Each tensor's strides as the kernels take them (a packed varlen batch: no batch stride)."""
+    strides = [t.stride() for t in tensors]
+    return [(0, *s[1:]) for s in strides] if variant.seq >= SEQ_VARLEN else strides
+
+
+def _dq_launch(q, k, v, do, dq, lse2, delta, variant: Variant, a: _LaunchArgs):
+    """``_bwd_dq_kernel`` into ``dq``: (grid, args) of the launch."""
+    B, Hq, Nq = q.shape[:3]
+    q_grid = query_grid(variant, Nq, B, Hq, a.n_seq)
+    sq, sk, sv, sdo, sdq = _strides(variant, q, k, v, do, dq)
+    q_args = (q, k, v, do, dq, lse2, delta, a.mask, a.alibi, *a.seq_ptrs,
+              *sq, *sk, *sv, *sdo, *sdq, *a.tail, Hq, Nq, k.shape[2], a.n_seq, *a.scalars)
+    _bwd_dq_kernel[q_grid](*q_args, **a.constexprs)
+    return q_grid, q_args
+
+
+def attention_dq(do, q, k, v, dq, lse2, delta, *, scale: float, causal: bool, variant: Variant = PLAIN):
+    """dq alone, into ``dq``, by the portable dQ kernel: one program per query tile, each element
+    written once (bit-reproducible), with every score option and batch layout of ``variant``
+    (``causal``: the window's right side capped at 0, bottom-right, per sequence under ranges and
+    varlen). lse₂ and δ in the lse's layout, as the preprocess writes them (dense ones contiguous).
+    The Gluon backward's one-writer configs take it where the Triton TMA dQ kernel (plain attention
+    over a dense batch) does not reach."""
+    variant = causal_window(variant, causal)
+    a = _launch_args(q, k, v, None, 0.0, 0, variant, scale, k.shape[2] - q.shape[2])
+    _dq_launch(q, k, v, do, dq, lse2, delta, variant, a)
 
 
 def sinks_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

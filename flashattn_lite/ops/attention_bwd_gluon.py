@@ -52,8 +52,10 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   (``KV_SHARE``), and dK·scale, dV reduce-added in float32 into the KV head's sums through the dQ
   staging buffer, as FlashAttention-3 does (rounded once, after the kernel; in any order, so not
   bit-reproducible).
-  Without ``fused_dq`` the kernel computes dK, dV only and dq comes from the Triton TMA backward's
-  dQ kernel (``attention_bwd_hopper._dq_hopper_kernel``): 7 GEMMs, deterministic.
+  Without ``fused_dq`` the kernel computes dK, dV only and dq comes from a kernel of its own, one
+  program per query tile, each element written once (deterministic): the Triton TMA backward's
+  (``attention_bwd_hopper._dq_hopper_kernel``) for plain scores over a dense batch, else the
+  portable one (``attention_bwd.attention_dq``: softcap, ALiBi, windows, ranges, varlen).
 * Causal: query tiles wholly above the diagonal are never loaded; the diagonal band (and, in the
   last key tile, keys past Nk, which TMA fills with zeros) is masked with a uniform branch per step.
   Query rows past Nq read as zeros with lse₂ = +inf (lse₂ and δ are padded to whole tiles), so P = 0.
@@ -87,8 +89,8 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   query end are masked, rows past Nq_b too (Pᵀ = 0 there, so dSᵀ = 0 and the dQ reduce-add adds
   exact zeros to the next sequence's rows); a warpgroup holding the key end stores only its rows,
   by masked register stores (a TMA store of the box would overwrite the next sequence's dK/dV).
-  The Triton dQ kernel is dense only, so ``torch.use_deterministic_algorithms(True)`` keeps these
-  calls on the portable backward. The masks select, so the next rows' lse₂ (any value) cannot leak
+  Under ``torch.use_deterministic_algorithms(True)`` their dq comes from the portable dQ kernel
+  (``attention_bwd.attention_dq``). The masks select, so the next rows' lse₂ (any value) cannot leak
   into Pᵀ; but a NaN or inf in the Q, K, V or dO rows next to a sequence (the next sequence's, or a
   padded batch's rows outside its ranges) would, as 0 · NaN in the wgmmas, where the portable
   kernels' masked loads read zeros (zeroing dSᵀ on masked tiles as well cost 50–80 bytes of spills
@@ -141,7 +143,7 @@ DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle 
 class Config(NamedTuple):
     """One launch configuration: ``consumers`` warpgroups of 64 keys each (key tiles of
     ``64 · consumers``), query tiles of ``block_m`` rows streamed through ``stages`` slots,
-    ``fused_dq`` (dQ by TMA reduce-add in this kernel; else the Triton dQ kernel), ``ds_bufs``
+    ``fused_dq`` (dQ by TMA reduce-add in this kernel; else a one-writer dQ kernel), ``ds_bufs``
     (fused dQ: sets of dS buffers, 2 lets a consumer write step i + 1's dS while another's dQ
     wgmma of step i still reads its set), ``consumer_regs`` (setmaxnreg for the consumers; the
     loader gets ``LOADER_REGS``). ``split_d``: the head dim 256 kernels
@@ -1014,19 +1016,17 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     Measured (``gluon_bwd-20261124-131528.json``): the default (fused dQ) configs 1.15–1.43× the TMA
     pair and faster than the portable backward everywhere; the deterministic configs 1.08–1.24× the
     TMA pair, but at d 64 non-causal 0.95–0.96× the portable backward from 8k tokens, so
-    ``deterministic`` d 64 non-causal calls keep the portable kernels. Calls with softcap, ALiBi or
-    a window need the fused dQ (the Triton dQ kernel is plain only): under ``deterministic`` they
-    keep the portable kernels (sinks alone change nothing in the kernel, nor does a causal call's
-    window without a left side: it is the diagonal). Window calls take it from ``MIN_WORK`` on, at
+    ``deterministic`` d 64 non-causal calls keep the portable kernels. Under ``deterministic``,
+    calls with softcap, ALiBi, a window, ranges or varlen pair this kernel's dK/dV with the
+    portable dQ kernel (``_tma_dq_covers``). Window calls take it from ``MIN_WORK`` on, at
     any length (the TMA pair has no window): a 4k causal window at 32k runs forward+backward at 0.90×
     the full-causal rate on visited pairs (2026-11-24, H100; 0.66× on the portable backward).
-    Ranges and varlen batches need the fused dQ too (the Triton dQ kernel is dense only); a varlen
-    call's work is estimated from the mean sequence's keys (no sync to read the lengths)."""
+    A varlen call's work is estimated from the mean sequence's keys (no sync to read the
+    lengths)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if deterministic and q.shape[3] != 256 and ((q.shape[3] == 64 and not causal)
-                                                or _needs_fused_dq(variant, causal)):
+    if deterministic and q.shape[3] == 64 and not causal:
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
@@ -1354,14 +1354,14 @@ def _option_args(variant, q: torch.Tensor, scale: float, causal: bool = False):
     return args, flags
 
 
-def _needs_fused_dq(variant, causal: bool) -> bool:
-    """Whether the kernel's scores differ from plain attention's, which the Triton dQ kernel (the
-    non-fused configs) cannot follow: softcap, ALiBi, a window other than a causal call's diagonal
-    (sinks do not change them); or its batch is not dense (ranges, varlen: the Triton dQ kernel
-    takes a dense batch only)."""
-    return not _is_plain(variant, causal) and (variant.softcap > 0 or variant.alibi is not None
-                                               or variant.seq != SEQ_DENSE
-                                               or window_flags(variant, causal) != (False, False))
+def _tma_dq_covers(variant, causal: bool) -> bool:
+    """Whether the Triton TMA dQ kernel (the one-writer configs' dQ at d ≤ 128) computes this call's
+    dq: plain scores over a dense batch (sinks and a causal call's window without a left side, the
+    diagonal, leave them plain). Softcap, ALiBi, other windows, ranges and varlen batches take the
+    portable dQ kernel (``attention_bwd.attention_dq``), one writer per element too."""
+    return _is_plain(variant, causal) or not (variant.softcap > 0 or variant.alibi is not None
+                                              or variant.seq != SEQ_DENSE
+                                              or window_flags(variant, causal) != (False, False))
 
 
 def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg: Config,
@@ -1407,8 +1407,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     varlen), the lse the forward saved with it (sinks included); then the
     portable backward's four gradients come back, (dq, dk, dv, dsinks), dsinks (Hq,) in the sinks'
     dtype or None. Query tiles that see no key of a key tile are never loaded (``query_tiles``):
-    a window of W keys costs O(N·W). Softcap, ALiBi and windows need a ``fused_dq`` config (the
-    Triton dQ kernel is plain only). A dense call whose fused dQ buffer (float32, twice q's bytes
+    a window of W keys costs O(N·W). A config without ``fused_dq`` takes dq from a dQ kernel, one
+    writer per element (``_tma_dq_covers``). A dense call whose fused dQ buffer (float32, twice q's bytes
     in 16 bits) would pass ``DQ_BUFFER_BYTES`` runs in launches over chunks of rows and KV heads
     (``dq_buffer_chunks``; a varlen batch, one row, over KV heads). A config or variant the kernel
     does not take raises ValueError before anything runs."""
@@ -1419,11 +1419,6 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
-    if _needs_fused_dq(variant, causal) and not cfg.fused_dq and not cfg.split_d:  # (the wide dQ kernel takes them)
-        raise ValueError(f"attention_backward_gluon: config {cfg.name}: softcap, ALiBi, windows, ranges and varlen "
-                         "batches need a fused_dq "
-                         "config (the Triton dQ kernel is plain only), which "
-                         "torch.use_deterministic_algorithms(True) does not allow by default")
     if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
         message = (f"attention_backward_gluon: config {cfg.name} adds dq by fp32 reduce-adds in any order, "
                    "which torch.use_deterministic_algorithms(True) forbids; pass a config with fused_dq=False")
@@ -1526,8 +1521,12 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
 
     if cfg.fused_dq:
         dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
-    elif not cfg.split_d:
+    elif not cfg.split_d and _tma_dq_covers(variant, causal):
         _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
+    elif not cfg.split_d:  # softcap, ALiBi, windows, ranges, varlen: the portable dQ kernel
+        from .attention_bwd import attention_dq
+        attention_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale=scale, causal=causal,
+                     variant=variant)
     if variant is None:
         return dq, dk, dv
     dsinks = None
