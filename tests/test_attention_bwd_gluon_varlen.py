@@ -545,9 +545,9 @@ def test_deterministic_varlen_gives_the_same_bits(monkeypatch, gluon_backward_ca
     # with the portable backward.
     import flashattn_lite as fa
     from flashattn_lite.ops import attention_bwd
-    lq = [17, 300, 1000, 1, 129, 4097, 2000]
-    q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 4, 2, d, torch.bfloat16, seed=4)
-    slopes = torch.rand(len(lq), 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(6)) * 0.1
+    lq = [17, 300, 1000, 1, 129, 4097, 2000, 4097]  # (enough work for the fast path at d 64: ``MIN_WORK``)
+    q, k, v, do, cq, _ = _gpu_varlen(lq, lq, 8, 2, d, torch.bfloat16, seed=4)
+    slopes = torch.rand(len(lq), 8, device="cuda", generator=torch.Generator(device="cuda").manual_seed(6)) * 0.1
     calls = gluon_backward_calls
 
     def grads():
