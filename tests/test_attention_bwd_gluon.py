@@ -83,11 +83,13 @@ def test_which_dq_kernel_a_one_writer_config_takes():
         assert not covers(variant, True) and not covers(variant, False), variant
 
 
-@pytest.mark.parametrize("layout", ["dense", "ranges", "varlen"])
-def test_attention_dq_is_the_portable_backwards_dq(layout):
+@pytest.mark.parametrize("layout, causal", [("dense", True), ("dense", False), ("ranges", True), ("varlen", True),
+                                            ("varlen", False)])
+def test_attention_dq_is_the_portable_backwards_dq(layout, causal):
     # The one-writer configs' dq where the TMA dQ kernel does not reach (``attention_bwd.attention_dq``)
-    # is the portable backward's dQ launch on its own: the same bits, causal, with a window, softcap,
-    # ALiBi and sinks, over a dense, a padded (ranges) and a packed (varlen) batch.
+    # is the portable backward's dQ launch on its own: the same bits, with a window (two-sided without
+    # causal), softcap, ALiBi and sinks, over a dense batch (Nq ≠ Nk), a padded (ranges) and a packed
+    # (varlen) one; every row it owns written (dq starts as NaN where the caller allocates it empty).
     from flashattn_lite.ops import attention_bwd, attention_fwd
     from flashattn_lite.ops.attention_bwd_hopper import row_stats
     g = torch.Generator(device=DEVICE).manual_seed(11)
@@ -106,16 +108,17 @@ def test_attention_dq_is_the_portable_backwards_dq(layout):
         k, v = (torch.randn(3, Hkv, 75, D, generator=g, device=DEVICE).half() for _ in range(2))
         ranges = torch.tensor([[0, 70], [33, 70], [60, 65]], dtype=torch.int32, device=DEVICE)
         seq = {} if layout == "dense" else dict(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges + 5)
-    variant = Variant(left=20, softcap=4.0, alibi=torch.rand(Hq, generator=g, device=DEVICE) * 0.3,
-                      sinks=torch.randn(Hq, generator=g, device=DEVICE), **seq)
+    variant = Variant(left=20, right=-1 if causal else 7, softcap=4.0,
+                      sinks=torch.randn(Hq, generator=g, device=DEVICE),
+                      alibi=torch.rand(Hq, generator=g, device=DEVICE) * 0.3, **seq)
     offset = k.shape[2] - q.shape[2] if layout == "dense" else 0
-    call = dict(scale=D ** -0.5, causal=True)
+    call = dict(scale=D ** -0.5, causal=causal)
     o, lse = attention_fwd.attention_forward(q, k, v, **call, causal_offset=offset, mask=None, dropout_p=0.0,
                                              seed=0, variant=variant)
     want = attention_bwd.attention_backward(do, q, k, v, o, lse, None, **call, causal_offset=offset, mask=None,
                                             dropout_p=0.0, seed=0, variant=variant)[0]
     delta, lse2 = row_stats(do, o, lse, None)
-    dq = torch.zeros_like(q)
+    dq = torch.zeros_like(q) if layout == "ranges" else torch.full_like(q, float("nan"))
     attention_bwd.attention_dq(do, q, k, v, dq, lse2, delta, **call, variant=variant)
     assert torch.isfinite(dq).all() and dq.abs().max() > 0
     assert torch.equal(dq, want)
@@ -151,6 +154,15 @@ def test_path_note_names_the_options():
     assert "softcap" not in gluon_bwd.path_note(Variant(sinks=torch.zeros(4)))
     wide = gluon_bwd.path_note(every, 256)  # head dim 256: its own two kernels, no reduce-add
     assert "dK/dV and dQ kernels" in wide and "reduce-add" not in wide and "softcap" in wide
+    # Deterministic mode: dq by the portable one-writer kernel, but where the scores are plain (sinks,
+    # a causal call's diagonal window), which the TMA dQ kernel takes.
+    one_writer = gluon_bwd.path_note(every, 128, deterministic=True)
+    assert "portable one-writer dQ" in one_writer and "reduce-add" not in one_writer and "softcap" in one_writer
+    sinks = Variant(sinks=torch.zeros(4))
+    assert gluon_bwd.path_note(sinks, 128, True) == gluon_bwd.path_note(sinks)
+    diagonal = Variant(right=0, sinks=torch.zeros(4))
+    assert "portable" not in gluon_bwd.path_note(diagonal, 128, True, causal=True)
+    assert "portable" in gluon_bwd.path_note(diagonal, 128, True, causal=False)
 
 
 def test_configs_fit_and_default_is_swept():

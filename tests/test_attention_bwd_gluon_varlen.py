@@ -301,8 +301,8 @@ def test_supported_and_fast_path_take_varlen_and_ranges(sm90):
     for causal in (False, True):
         assert gluon_bwd.supported(q, k, v, q, causal=causal, causal_offset=5, variant=variant) is None
         assert gluon_bwd.fast_path(q, q, k, v, causal, 0, 0.125, variant=variant)
-        # Deterministic mode: the Triton dQ kernel is dense only, so the portable kernels.
-        assert not gluon_bwd.fast_path(q, q, k, v, causal, 0, 0.125, True, variant=variant)
+        # Deterministic mode: dq by the portable dQ kernel (d 64 non-causal: the portable backward).
+        assert gluon_bwd.fast_path(q, q, k, v, causal, 0, 0.125, True, variant=variant) == causal
     assert gluon_bwd.supported(q, k, v, q, variant=variant._replace(left=30, softcap=3.0)) is None
     per_seq = torch.zeros(3, 4)
     assert gluon_bwd.supported(q, k, v, q, variant=variant._replace(alibi=per_seq)) is None
@@ -537,12 +537,12 @@ def test_attention_varlen_at_head_dim_256_takes_the_wide_kernels(monkeypatch, gl
 
 
 @needs_gpu
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_deterministic_varlen_gives_the_same_bits(monkeypatch, gluon_backward_calls, d):
-    # Under deterministic mode a packed batch keeps the Gluon backward (at d 256 its two kernels, at
-    # d ≤ 128 its dK/dV kernel with the portable dQ kernel; one writer per gradient element): two
-    # calls give the same bits, with Gemma's window and softcap and ALiBi per sequence, and agree
-    # with the portable backward.
+@pytest.mark.parametrize("d, causal", [(64, True), (128, True), (128, False), (256, True)])
+def test_varlen_with_options_in_deterministic_mode_and_not(monkeypatch, gluon_backward_calls, d, causal):
+    # A packed batch with a window, softcap and ALiBi per sequence keeps the Gluon backward with
+    # and without deterministic mode (then at d 256 its two kernels, at d ≤ 128 its dK/dV kernel with
+    # the portable dQ kernel; one writer per gradient element): two deterministic calls give the
+    # same bits, and both modes agree with the portable backward.
     import flashattn_lite as fa
     from flashattn_lite.ops import attention_bwd
     lq = [17, 300, 1000, 1, 129, 4097, 2000, 4097]  # (enough work for the fast path at d 64: ``MIN_WORK``)
@@ -552,23 +552,26 @@ def test_deterministic_varlen_gives_the_same_bits(monkeypatch, gluon_backward_ca
 
     def grads():
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-        o = fa.attention_varlen(qq, kk, vv, cq, cq, causal=True, window=(500, 0), softcap=30.0, alibi_slopes=slopes)
+        o = fa.attention_varlen(qq, kk, vv, cq, cq, causal=causal, window=(500, 0 if causal else 300), softcap=30.0,
+                                alibi_slopes=slopes)
         return torch.autograd.grad(o, (qq, kk, vv), do)
 
+    fused = grads()
     torch.use_deterministic_algorithms(True)
     try:
         runs = [grads(), grads()]
     finally:
         torch.use_deterministic_algorithms(False)
         attention_bwd._HOPPER.clear()
-    assert len(calls) == 2
+    assert len(calls) == 3
     for name, a, b in zip(("dq", "dk", "dv"), *runs):
         assert torch.isfinite(a).all() and torch.equal(a, b), name
     monkeypatch.setenv("FLASHATTN_LITE_HOPPER", "0")
     slow = grads()
     attention_bwd._HOPPER.clear()
-    for a, b in zip(runs[0], slow):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    for a, b, c in zip(runs[0], fused, slow):
+        torch.testing.assert_close(a.float(), c.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(b.float(), c.float(), rtol=2e-2, atol=2e-2)
 
 
 @needs_gpu

@@ -118,9 +118,9 @@ WINDOWS = [("left", False, (5, None)), ("both", False, (4, 3)), ("right", False,
 @pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")
 @pytest.mark.parametrize("case", WINDOWS, ids=lambda c: c[0])
 def test_supported_and_fast_path_take_windows(sm90, case):
-    # Every window, alone or with every option, is taken; under deterministic mode (the Triton dQ
-    # kernel is plain only) the portable kernels keep it, but for a causal call's right side alone
-    # (the diagonal: the plain causal kernel).
+    # Every window, alone or with every option, is taken; under deterministic mode too, dq then by
+    # the portable dQ kernel (d 64 non-causal calls keep the portable backward), and a causal call's
+    # right side alone is the diagonal (the plain causal kernel).
     _, causal, window = case
     shape = (2, 4, 2, 17, 23, 64)
     q, k, v = make_qkv(shape, torch.float16)
@@ -129,7 +129,7 @@ def test_supported_and_fast_path_take_windows(sm90, case):
         variant = as_variant(q, k, dict(opts, window=window))
         assert gluon_bwd.supported(q, k, v, q, causal=causal, variant=variant) is None
         assert gluon_bwd.fast_path(q, q, k, v, causal, off, 0.125, variant=variant)
-        assert not gluon_bwd.fast_path(q, q, k, v, causal, off, 0.125, True, variant=variant)
+        assert gluon_bwd.fast_path(q, q, k, v, causal, off, 0.125, True, variant=variant) == causal
         assert "window" in gluon_bwd.supported(q, k, v, q, causal=causal, variant=variant._replace(left=-2))
     diagonal = as_variant(q, k, dict(window=(None, 2)))
     assert gluon_bwd.fast_path(q, q, k, v, True, off, 0.125, True, variant=diagonal)

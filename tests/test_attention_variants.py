@@ -121,8 +121,9 @@ def test_options_matter():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_reference_alibi_distances_stay_whole_in_16_bits(dtype):
     # The 16-bit reference is the bar the kernels' error is held to (``assert_close_to_ref``): its
-    # ALiBi distances must be whole numbers (bf16 holds every integer only up to 256, fp16 2048), or
-    # its own error, and with it the tolerance, grows past what a wrong bias costs.
+    # ALiBi distances must be whole numbers (bf16 holds every integer only up to 256, fp16 2048; the
+    # reference forms them as integers and computes in float32), or its own error, and with it the
+    # tolerance, grows past what a wrong bias costs.
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (300, 3000, 3000))
     slopes = torch.tensor([0.3, 0.05])

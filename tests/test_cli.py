@@ -521,14 +521,13 @@ def test_tolerance_margins_rejects_bad_dtypes(argv, capsys):
     assert exit_info.value.code == 2 and "--dtypes" in capsys.readouterr().err
 
 
-def test_tolerance_margins_measures_a_correct_kernel_inside_both_rules(monkeypatch):
-    # The measurement on CPU tensors (the CPU twin, a correct kernel): under both rules its margin
-    # is above 1, and "mixed" (a float32 reference) is the tighter bar (or the same, once the 16-bit
-    # reference computes in float32: experiments/reference-float32-for-16-bit.patch).
+def test_tolerance_margins_measures_a_correct_kernel_inside_the_rule(monkeypatch):
+    # The measurement on CPU tensors (the CPU twin, a correct kernel): its margin under the tests'
+    # rule is above 1, and the reference's own error is above 0 (the rule is not vacuous).
     module = load_benchmark("tolerance_margins")
     monkeypatch.setattr(module, "DEVICE", "cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     rows = module.measure("t", (1, 2, 1, 40, 57, 32), dict(causal=True, alibi=True, softcap=4.0), torch.bfloat16)
     assert [r["tensor"] for r in rows] == ["o", "dq", "dk", "dv"]
     for r in rows:
-        assert 1 < r["margin_mixed"] <= r["margin_same"], r
+        assert r["margin"] > 1 and r["err_ref"] > 0, r

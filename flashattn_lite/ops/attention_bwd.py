@@ -549,7 +549,7 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
             gluon = attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic,
                                                   variant=variant)
             hopper = (attention_bwd_gluon.attention_backward_gluon,
-                      attention_bwd_gluon.path_note(variant, q.shape[3])) if gluon else False
+                      attention_bwd_gluon.path_note(variant, q.shape[3], deterministic, causal)) if gluon else False
         elif attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
             hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.PATH_NOTE)
         elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):

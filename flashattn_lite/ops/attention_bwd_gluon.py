@@ -89,12 +89,12 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
   query end are masked, rows past Nq_b too (Pᵀ = 0 there, so dSᵀ = 0 and the dQ reduce-add adds
   exact zeros to the next sequence's rows); a warpgroup holding the key end stores only its rows,
   by masked register stores (a TMA store of the box would overwrite the next sequence's dK/dV).
-  Under ``torch.use_deterministic_algorithms(True)`` their dq comes from the portable dQ kernel
-  (``attention_bwd.attention_dq``). The masks select, so the next rows' lse₂ (any value) cannot leak
-  into Pᵀ; but a NaN or inf in the Q, K, V or dO rows next to a sequence (the next sequence's, or a
-  padded batch's rows outside its ranges) would, as 0 · NaN in the wgmmas, where the portable
-  kernels' masked loads read zeros (zeroing dSᵀ on masked tiles as well cost 50–80 bytes of spills
-  at d 128 and still leaves the wgmmas' 0 · NaN).
+  The masks select, so the next rows' lse₂ (any value) cannot leak into Pᵀ; but a NaN or inf in
+  the Q, K, V or dO rows next to a sequence (the next sequence's, or a padded batch's rows outside
+  its ranges) would, as 0 · NaN in the wgmmas, where the portable kernels' masked loads read zeros
+  (zeroing dSᵀ on masked tiles as well cost 50–80 bytes of spills at d 128 and still leaves the
+  wgmmas' 0 · NaN). This holds under ``torch.use_deterministic_algorithms(True)`` too: dK and dV
+  still come from this kernel there, only dq from the portable dQ kernel (``attention_bwd.attention_dq``).
 
 The Gluon imports are guarded like the forward's (``attention_fwd_gluon``): on a triton without
 Gluon, another triton than 3.6, or without CUDA the module imports and ``supported`` says why not.
@@ -203,8 +203,8 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     """The sweep's fastest config (``benchmarks/gluon_bwd.py`` on the H100, 2026-11-24, bf16, N 2k /
     8k / 16k with B·N 16k: ``gluon_bwd-20261124-131528.json``): fused dQ with two dS sets, 2 stages
     at d 128 (418–486 TFLOP/s), 4 at d 64 (286–399; 3 stages with one dS set ties at causal 2k).
-    ``deterministic`` (``torch.use_deterministic_algorithms``): dq by the Triton dQ kernel instead
-    of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64: 268–330; 1.08–1.24× the
+    ``deterministic`` (``torch.use_deterministic_algorithms``): dq by a one-writer dQ kernel
+    (``_tma_dq_covers``) instead of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64: 268–330; 1.08–1.24× the
     Triton TMA pair)."""
     if head_dim == 256:
         return CONFIGS[256][0]
@@ -993,15 +993,21 @@ PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backwa
              "dQ kernels of their own; FLASHATTN_LITE_HOPPER=0 turns the Hopper paths off)")
 
 
-def path_note(variant: Variant = PLAIN, head_dim: int = 128) -> str:
+def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool = False,
+              causal: bool = False) -> str:
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
     the Hopper forward's words for the options with this kernel's name (at head dim 256 its dK/dV
-    and dQ kernels)."""
+    and dQ kernels; under ``deterministic``, where ``_tma_dq_covers`` says no, its dK/dV with the
+    portable dQ kernel)."""
     if variant is None or variant is PLAIN:
         return PATH_NOTE
     from .attention_fwd_hopper import path_note as hopper_note
-    name = ("the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels" if head_dim == 256
-            else "the Gluon warp-specialized backward (dQ by TMA reduce-add)")
+    if head_dim == 256:
+        name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
+    elif deterministic and not _tma_dq_covers(variant, causal):
+        name = "the Gluon warp-specialized backward's dK/dV with the portable one-writer dQ kernel"
+    else:
+        name = "the Gluon warp-specialized backward (dQ by TMA reduce-add)"
     note = hopper_note(variant, name)
     layout = {SEQ_RANGES: "a padded batch with per-row ranges", SEQ_VARLEN: "a packed varlen batch"}.get(variant.seq)
     return note.replace(" on sm_90", f" over {layout} on sm_90", 1) if layout else note
@@ -1359,9 +1365,7 @@ def _tma_dq_covers(variant, causal: bool) -> bool:
     dq: plain scores over a dense batch (sinks and a causal call's window without a left side, the
     diagonal, leave them plain). Softcap, ALiBi, other windows, ranges and varlen batches take the
     portable dQ kernel (``attention_bwd.attention_dq``), one writer per element too."""
-    return _is_plain(variant, causal) or not (variant.softcap > 0 or variant.alibi is not None
-                                              or variant.seq != SEQ_DENSE
-                                              or window_flags(variant, causal) != (False, False))
+    return variant is None or variant is PLAIN or _is_plain(variant._replace(sinks=None), causal)
 
 
 def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg: Config,
@@ -1521,12 +1525,13 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
 
     if cfg.fused_dq:
         dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
-    elif not cfg.split_d and _tma_dq_covers(variant, causal):
-        _triton_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale, causal)
-    elif not cfg.split_d:  # softcap, ALiBi, windows, ranges, varlen: the portable dQ kernel
-        from .attention_bwd import attention_dq
-        attention_dq(do, q, k, v, dq, lse2.contiguous(), delta.contiguous(), scale=scale, causal=causal,
-                     variant=variant)
+    elif not cfg.split_d:  # a one-writer dQ kernel: the TMA one where it reaches, else the portable one
+        lse2, delta = lse2.contiguous(), delta.contiguous()
+        if _tma_dq_covers(variant, causal):
+            _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
+        else:
+            from .attention_bwd import attention_dq
+            attention_dq(do, q, k, v, dq, lse2, delta, scale=scale, causal=causal, variant=variant)
     if variant is None:
         return dq, dk, dv
     dsinks = None
