@@ -173,14 +173,15 @@ def _name(dtype: torch.dtype) -> str:
 
 def _attention(d, dv, dtype, group, kv_heads, causal, backward, lengths, device, options, padded=False):
     """At each length: one call on the portable kernels (what short or small calls take), then, on
-    sm_90, one with enough work to take the Hopper kernels (``MIN_WORK``) where the call is theirs.
+    sm_90, one with enough work to take the Hopper kernels (``MIN_WORK``) where the call is theirs
+    (``padded``, per-row ranges: the Gluon kernels' own binaries).
     With the backward, on a GPU, also a call at each key tile of the one-launch backward of short
     calls (``attention_bwd.SHORT_BLOCKS``), a kernel of its own with a binary per tile (where the
     options keep a call off it, these take the three-launch kernels, already compiled)."""
     from .ops import attention_fwd_gluon as gluon
     from .ops import attention_fwd_hopper as hopper
     from .ops.attention_bwd import SHORT_BLOCKS
-    hopper_gpu = (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and not padded
+    hopper_gpu = (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
                   and hopper.enabled() and dtype in hopper.DTYPES and d == dv and d in gluon.HEAD_DIMS)
     for n in lengths:
         with hopper.disabled():

@@ -141,21 +141,23 @@ def test_length_classes_cover_every_config_switch(monkeypatch):
                 assert chosen(d, causal, n) in warmed, (d, causal, n)
 
 
+def _binaries():
+    """{(kernel, Triton's specialization key)} of every attention kernel binary loaded in this process."""
+    import triton
+    from flashattn_lite.ops import (attention_bwd, attention_bwd_gluon, attention_bwd_hopper, attention_fwd,
+                                    attention_fwd_gluon, attention_fwd_hopper)
+    jits = {name: getattr(v, "jit", v) for m in (attention_fwd, attention_bwd, attention_fwd_hopper,
+                                                attention_fwd_gluon, attention_bwd_hopper, attention_bwd_gluon)
+            for name, v in vars(m).items()}
+    return {(name, str(key)) for name, j in jits.items() if isinstance(j, triton.runtime.JITFunction)
+            for cache in j.device_caches.values() for key in cache[0]}
+
+
 @pytest.mark.skipif(not ON_GPU, reason="counts the kernels compiled for the GPU")
 def test_after_warmup_no_length_compiles():
     """After warmup of a variant, calls at any length (short or long, each length class, the Hopper
     kernels' sizes, the one-launch backward's short calls) load no new kernel binary in this process."""
-    import triton
-    from flashattn_lite.ops import (attention_bwd, attention_bwd_gluon, attention_bwd_hopper, attention_fwd,
-                                    attention_fwd_gluon, attention_fwd_hopper)
-
-    def binaries():  # {(kernel, Triton's specialization key)} of every binary loaded in this process
-        jits = {name: getattr(v, "jit", v) for m in (attention_fwd, attention_bwd, attention_fwd_hopper,
-                                                    attention_fwd_gluon, attention_bwd_hopper, attention_bwd_gluon)
-                for name, v in vars(m).items()}
-        return {(name, str(key)) for name, j in jits.items() if isinstance(j, triton.runtime.JITFunction)
-                for cache in j.device_caches.values() for key in cache[0]}
-
+    binaries = _binaries
     fa.warmup(head_dims=[128], dtypes=[torch.bfloat16], causal=(False, True), progress=False)
     before = binaries()
     for n in (5, 40, 100, 3000, 4097, 6000, 8192, 12345, 16384, 20000):
@@ -170,6 +172,29 @@ def test_after_warmup_no_length_compiles():
             assert not new, f"N {n}, causal {causal}: new binaries:\n" + "\n".join(
                 _closest_difference(name, key, before) for name, key in sorted(new))
 
+
+
+@pytest.mark.skipif(not ON_GPU, reason="counts the kernels compiled for the GPU")
+def test_after_model_warmup_padded_batches_compile_nothing():
+    """warmup(model=...) compiles each layer kind dense and padded (per-row ranges, how the HF
+    integration passes a padded batch), the latter on sm_90 on the Gluon kernels too: a padded call
+    up to max_length then loads no new kernel binary."""
+    from flashattn_lite.ops.attention import attention_core
+    config = SimpleNamespace(num_attention_heads=16, num_key_value_heads=4, head_dim=128, hidden_size=2048,
+                             torch_dtype=torch.bfloat16)
+    fa.warmup(model=config, max_length=4096, progress=False)
+    before = _binaries()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for n in (100, 3000, 4096):
+        q = torch.randn(2, 16, n, 128, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+        k, v = (torch.randn(2, 4, n, 128, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+                for _ in range(2))
+        rows = torch.tensor([[0, n], [n // 3, n]], dtype=torch.int32, device="cuda")
+        o = attention_core(q, k, v, causal=True, q_ranges=rows, k_ranges=rows)
+        o.backward(torch.randn_like(o))
+        new = _binaries() - before
+        assert not new, f"N {n}: new binaries:\n" + "\n".join(
+            _closest_difference(name, key, before) for name, key in sorted(new))
 
 def _closest_difference(name, key, known) -> str:
     """A new binary's specialization key against the closest known one of the same kernel: the
