@@ -80,6 +80,9 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
            device=None, progress: bool = True, **options) -> list[str]:
     """Compile the kernels for every combination of the given variants; returns their labels.
 
+    The backward compiled is the one calls take under the determinism setting in force: call it
+    after ``torch.use_deterministic_algorithms(True)`` if training runs with it (a one-writer dQ).
+
     Args:
         model: a HuggingFace config object or model name (head dims, GQA group and dtype from it;
             explicit arguments below override).
