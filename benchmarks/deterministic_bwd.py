@@ -55,8 +55,12 @@ def inputs(d: int, n: int, options: dict):
     return q, k, v, do, Variant(**options)
 
 
+def parse_args(argv=None):
+    return common.gpu_script_args(__doc__, Path(__file__).parent / "results", lambda ap: None, argv)
+
+
 def main():
-    args = common.gpu_script_args(__doc__, Path(__file__).parent / "results", lambda ap: None)
+    args = parse_args()
     rows = []
     for name, d, causal, n, options in CASES:
         q, k, v, do, variant = inputs(d, n, options)

@@ -483,9 +483,11 @@ def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
                                                 ("host_bound", ["--n", "2q"], "--n"),
                                                 ("gqa_split", ["--rounds", "-1"], "--rounds"),
                                                 ("gqa_split", ["--lengths", "2k,x"], "--lengths"),
-                                                ("gqa_split", ["--lengths", ","], "--lengths")],
-                         ids=["host-rounds", "host-rounds-word", "host-n", "split-rounds", "split-lengths", "split-no-lengths"])
-def test_host_bound_and_gqa_split_reject_bad_arguments(name, argv, needle, capsys):
+                                                ("gqa_split", ["--lengths", ","], "--lengths"),
+                                                ("deterministic_bwd", ["--rounds", "0"], "--rounds")],
+                         ids=["host-rounds", "host-rounds-word", "host-n", "split-rounds", "split-lengths",
+                              "split-no-lengths", "deterministic-rounds"])
+def test_gpu_benchmarks_reject_bad_arguments(name, argv, needle, capsys):
     # GPU benchmarks: a bad argument is a usage error naming it, before any GPU work.
     module = load_benchmark(name)
     with pytest.raises(SystemExit) as exit_info:
