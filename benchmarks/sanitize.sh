@@ -2,14 +2,16 @@
 # Every kernel family under NVIDIA compute-sanitizer: memcheck (out-of-bounds / misaligned accesses),
 # racecheck (shared-memory hazards) and synccheck (barrier misuse: the split softmax and decode
 # stages wait on each other). Small shapes, one python driver, FLASHATTN_LITE_AUTOTUNE=0. On sm_90 the
-# Hopper kernels (Gluon and TMA forwards and backwards) are called directly too.
+# Hopper kernels (Gluon and TMA forwards and backwards) are called directly too, and reached through the
+# dispatch at small shapes (MIN_WORK 0): head dims 64/128/256, ranges and varlen, deterministic dQ.
 #   bash benchmarks/sanitize.sh                 # reports under $OUT (default sanitize_out/)
 #   TOOLS="memcheck" bash benchmarks/sanitize.sh
 #   TOOLS=consan CONSAN_TIMEOUT=550 bash benchmarks/sanitize.sh   # the Gluon kernels under ConSan (a call of its own)
 # Prints one line per tool (errors found) and exits non-zero if any tool found an error, failed or
 # ran past its share of the time (TOOL_TIMEOUT seconds each, default 130, ConSan CONSAN_TIMEOUT,
 # default 540; the three compute-sanitizer tools stay under ~8 minutes). The driver runs once
-# without the sanitizer first, so Triton compiles outside it.
+# without the sanitizer first, so Triton compiles outside it (WARMUP_TIMEOUT seconds, default 300).
+# CONSAN_CASES picks ConSan's cases ("128-causal 256-varlen", default all of them).
 set -uo pipefail
 OUT=${OUT:-sanitize_out}
 TOOLS=${TOOLS:-memcheck racecheck synccheck}
@@ -115,6 +117,47 @@ if torch.cuda.get_device_capability() == (9, 0):
         o, lse = attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, True, variant=options)
         attention_bwd_gluon.attention_backward_gluon(torch.randn_like(o), q, k, v, o, lse, scale=0.088, causal=True,
                                                      variant=options)
+
+# The Hopper dispatch at small shapes (MIN_WORK 0), through the public API as a real call reaches it:
+# head dims 64, 128 and 256 (bf16, GQA), dense batches, per-row ranges and packed varlen batches (an
+# empty sequence among them), the score options, and the deterministic backwards' one-writer dQ
+# kernels. The kernels launched are listed in the log.
+if torch.cuda.get_device_capability() == (9, 0) and GLUON:
+    from flashattn_lite import _launcher
+    from flashattn_lite.ops import attention_fwd_hopper
+    from flashattn_lite.ops.attention import attention_core
+    attention_fwd_hopper.MIN_WORK = 0
+    bf = torch.bfloat16
+    slopes, sinks = torch.rand(4, device=dev), r(4, dtype=torch.float32)
+    every = dict(window=(40, 0), softcap=20.0, alibi_slopes=slopes, sinks=sinks)
+    i32 = dict(dtype=torch.int32, device=dev)
+    rq, rk = torch.tensor([[3, 150], [0, 97]], **i32), torch.tensor([[0, 203], [11, 150]], **i32)
+    cu_q, cu_k = torch.tensor([0, 37, 37, 187], **i32), torch.tensor([0, 53, 54, 257], **i32)
+
+    def dense(d, causal, deterministic=False, **options):
+        q, k, v = r(2, 4, 150, d, dtype=bf, grad=True), r(2, 2, 203, d, dtype=bf, grad=True), \
+            r(2, 2, 203, d, dtype=bf, grad=True)
+        torch.use_deterministic_algorithms(deterministic)
+        fl.attention(q, k, v, causal=causal, **options).float().sum().backward()
+        attention_core(q, k, v, causal=causal, q_ranges=rq, k_ranges=rk, **options).float().sum().backward()
+        torch.use_deterministic_algorithms(False)
+
+    def packed(d, causal, deterministic=False, **options):
+        q, k, v = r(187, 4, d, dtype=bf, grad=True), r(257, 2, d, dtype=bf, grad=True), r(257, 2, d, dtype=bf, grad=True)
+        torch.use_deterministic_algorithms(deterministic)
+        fl.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, **options).float().sum().backward()
+        torch.use_deterministic_algorithms(False)
+
+    with _launcher.recording() as launches:
+        dense(64, True, **every)
+        packed(64, True, deterministic=True, window=(40, 0), softcap=20.0)
+        dense(128, False, alibi_slopes=slopes, softcap=20.0)
+        dense(128, True, deterministic=True)
+        packed(128, True, **every)
+        dense(256, False)
+        dense(256, True, **every)
+        packed(256, False, alibi_slopes=slopes, softcap=20.0)
+    print("Hopper dispatch launched:", ", ".join(sorted({launch.kernel for launch in launches})))
 torch.cuda.synchronize()
 print("ok")
 EOF
@@ -124,33 +167,53 @@ EOF
 # shared-memory access against the kernel's barriers and asserts on the device on a race.
 CONSAN="$OUT/consan_driver.py"
 cat > "$CONSAN" <<'EOF'
-"""One Gluon case under ConSan: ``consan_driver.py D plain|causal|window`` runs the forward and the
-backward on a small odd GQA shape and checks them against the float64 reference (autograd), so no
-other Triton kernel is compiled with instrumentation. ``plain`` and ``causal``: plain attention at the
-default configs (CONSAN_CONFIGS=all: every config); ``window``: a causal left window with softcap,
-ALiBi and sinks, 100 queries against 333 keys, so the backward's first key tiles have no query tile
-at all. An instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the script runs
-the cases as parallel processes."""
+"""One Gluon case under ConSan: ``consan_driver.py D plain|causal|window|deterministic|varlen`` runs the
+forward and the backward on a small odd GQA shape and checks them against the float64 reference
+(autograd). ``plain`` and ``causal``: plain attention at the default configs (CONSAN_CONFIGS=all: every
+config); ``window``: a causal left window with softcap, ALiBi and sinks, 100 queries against 333 keys,
+so the backward's first key tiles have no query tile at all; ``deterministic``: causal under
+torch.use_deterministic_algorithms (the backward without its fused dQ, dq from a one-writer kernel).
+These call the Gluon entry points, so few other Triton kernels are compiled with instrumentation.
+``varlen``: a packed batch (an empty sequence among three) with the causal window's options, through
+``attention_varlen`` at MIN_WORK 0; it checks that the Gluon kernels were the ones launched. An
+instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the script runs the cases as
+parallel processes."""
 import faulthandler, os, sys
 import torch
 import triton
-from flashattn_lite.ops import attention_bwd_gluon, attention_fwd_gluon
+import flashattn_lite as fl
+from flashattn_lite import _launcher
+from flashattn_lite.ops import attention_bwd_gluon, attention_fwd_gluon, attention_fwd_hopper
 from flashattn_lite.ops.attention_fwd import PLAIN, Variant
-from flashattn_lite.reference import attention_reference
+from flashattn_lite.reference import attention_reference, attention_varlen_reference
 
 faulthandler.enable()
 d, mode = int(sys.argv[1]), sys.argv[2]
-causal, window = mode != "plain", mode == "window"
+causal, window = mode != "plain", mode in ("window", "varlen")
 scratch = lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")  # noqa: E731
-triton.set_allocator(scratch)
-if hasattr(triton.runtime._allocation, "set_profile_allocator"):
-    triton.runtime._allocation.set_profile_allocator(scratch)
+
+
+def use_scratch():
+    """ConSan's instrumented kernels take scratch memory from Triton's allocators, which are set per
+    thread (context variables): here, and in autograd's backward thread (a hook, ``varlen``)."""
+    triton.set_allocator(scratch)
+    if hasattr(triton.runtime._allocation, "set_profile_allocator"):
+        triton.runtime._allocation.set_profile_allocator(scratch)
+
+
+use_scratch()
 if torch.cuda.get_device_capability() != (9, 0) or not attention_fwd_gluon._HAS_GLUON:
     sys.exit("ConSan: no Gluon kernel runs here (needs sm_90 and the tested triton): nothing checked")
 assert triton.knobs.compilation.instrumentation_mode == "consan", "run with TRITON_INSTRUMENTATION_MODE=consan"
 torch.manual_seed(0)
-q = torch.randn(1, 4, 100 if window else 300, d, device="cuda", dtype=torch.bfloat16)
-k, v = (torch.randn(1, 2, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+if mode == "varlen":
+    i32 = dict(dtype=torch.int32, device="cuda")
+    cu_q, cu_k = torch.tensor([0, 37, 37, 187], **i32), torch.tensor([0, 53, 54, 257], **i32)
+    q = torch.randn(187, 4, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(257, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+else:
+    q = torch.randn(1, 4, 100 if window else 300, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 do = torch.randn_like(q)
 q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
 variant, options, leaves = PLAIN, {}, [q64, k64, v64]
@@ -161,6 +224,31 @@ if window:
     sinks64 = sinks.double().requires_grad_()
     options = dict(window=(40, 0), softcap=20.0, alibi_slopes=slopes, sinks=sinks64)
     leaves.append(sinks64)
+
+
+def check_backward(got, want, config=None):
+    for a, w in zip(got, want):  # dq, dk, dv (and dsinks with the window's options)
+        assert (a.double() - w).norm() <= 2e-2 * w.norm(), (d, mode, config)
+
+
+if mode == "varlen":
+    ref = attention_varlen_reference(q64, k64, v64, cu_q, cu_k, causal=True, scale=0.088, **options)[0]
+    want = torch.autograd.grad(ref, leaves, do.double())
+    attention_fwd_hopper.MIN_WORK = 0  # the small batch takes the Hopper kernels
+    leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
+    with _launcher.recording() as launches:
+        o = fl.attention_varlen(q, k, v, cu_q, cu_k, causal=True, scale=0.088, **dict(options, sinks=sinks))
+        o.register_hook(lambda grad: use_scratch() or grad)
+        got = torch.autograd.grad(o, leaves, do)
+        torch.cuda.synchronize()
+    names = {launch.kernel for launch in launches}
+    assert {"_attn_fwd_gluon_kernel"} <= names and names & {"_attn_bwd_gluon_kernel", "_attn_bwd_gluon_wide_kernel"}, \
+        f"the varlen call did not take the Gluon kernels: {sorted(names)}"
+    assert (o.double() - ref).abs().max() < 0.05, (d, mode)
+    check_backward(got, want)
+    print(f"d {d} varlen: forward and backward clean ({', '.join(sorted(names))})", flush=True)
+    print("ok")
+    sys.exit(0)
 ref = attention_reference(q64, k64, v64, causal=causal, scale=0.088, **options)[0]
 want = torch.autograd.grad(ref, leaves, do.double())
 every = os.environ.get("CONSAN_CONFIGS") == "all" and not window
@@ -169,12 +257,12 @@ for config in attention_fwd_gluon.CONFIGS[d] if every else [None]:
     torch.cuda.synchronize()
     assert (o.double() - ref).abs().max() < 0.05, (d, mode, config)
     print(f"forward {config or 'default config'}: clean", flush=True)
+torch.use_deterministic_algorithms(mode == "deterministic")
 for config in attention_bwd_gluon.CONFIGS[d] if every else [None]:
     got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
                                                        config=config, variant=variant)
     torch.cuda.synchronize()
-    for a, w in zip(got, want):  # dq, dk, dv (and dsinks with the window's options)
-        assert (a.double() - w).norm() <= 2e-2 * w.norm(), (d, mode, config)
+    check_backward(got, want, config)
     print(f"backward {config or 'default config'}: clean", flush=True)
 print(f"d {d} {mode}: forward and backward clean", flush=True)
 print("ok")
@@ -183,9 +271,10 @@ EOF
 echo "warm-up (compiles the kernels outside the sanitizer)"
 if [ "$TOOLS" = consan ]; then
   echo "   skipped: ConSan compiles its own instrumented kernels"
-elif ! timeout 300 python "$DRIVER" > "$OUT/warmup.log" 2>&1; then
+elif ! timeout "${WARMUP_TIMEOUT:-300}" python "$DRIVER" > "$OUT/warmup.log" 2>&1; then
   tail -20 "$OUT/warmup.log"; echo "the driver fails without the sanitizer: see $OUT/warmup.log"; exit 1
 fi
+[ -f "$OUT/warmup.log" ] && grep "^Hopper dispatch" "$OUT/warmup.log" && echo "warm-up done at ${SECONDS}s"
 status=0
 summary=""
 for tool in $TOOLS; do
@@ -193,10 +282,10 @@ for tool in $TOOLS; do
   if [ "$tool" = consan ]; then  # Triton's own concurrency sanitizer, for the Gluon kernels (see above)
     rc=0
     pids=""
-    cases=("64 plain" "64 causal" "64 window" "128 plain" "128 causal" "128 window")
+    read -r -a cases <<< "${CONSAN_CASES:-64-plain 64-causal 64-window 128-plain 128-causal 128-window 128-deterministic 256-plain 256-causal 256-window 64-varlen 128-varlen 256-varlen}"
     for case in "${cases[@]}"; do  # one process each, in parallel
-      ( TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "${CONSAN_TIMEOUT:-540}" python "$CONSAN" $case
-        s=$?; [ $s -ne 0 ] && echo "exit status $s"; exit $s ) > "$log.${case// /-}" 2>&1 &
+      ( TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "${CONSAN_TIMEOUT:-540}" python "$CONSAN" ${case/-/ }
+        s=$?; [ $s -ne 0 ] && echo "exit status $s"; exit $s ) > "$log.$case" 2>&1 &
       pids="$pids $!"
     done
     for pid in $pids; do wait "$pid"; r=$?; [ $r -ne 0 ] && [ $rc -ne 124 ] && rc=$r; done
