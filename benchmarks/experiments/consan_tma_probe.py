@@ -1,8 +1,12 @@
 """Does ConSan (TRITON_INSTRUMENTATION_MODE=consan, triton 3.6) take a correct Triton kernel that loads
-through a TMA descriptor for a deadlock? ``python consan_tma_probe.py loop1|loop3|fwd|bwd``:
+through a TMA descriptor for a deadlock? ``python consan_tma_probe.py CASE``:
 
 - ``loop1`` / ``loop3``: a minimal kernel summing tiles loaded by ``desc.load`` in a loop, without and
   with software pipelining (num_stages 1 / 3), checked against torch (both clean, 2026-11-29);
+- ``pair3``: the pipelined loop loading two tiles an iteration (two descriptors) that one wgmma reads,
+  which Triton's pipeliner puts on one mbarrier (expect_tx of both), as in the TMA backward kernels'
+  loops (their K and V, or Q and dO); the TMA forward's loop, which is clean, gives K and V a barrier
+  each;
 - ``prologue3``: the same loop after two tiles loaded one by one before it, as the TMA dQ kernel
   loads its q and do (each load its own mbarrier, initialised, waited and invalidated);
 - ``dots3``: the TMA dQ kernel's loop body in small: s = a·kᵀ, then acc += s·k, wgmma reading the
@@ -39,6 +43,15 @@ def _tile_sum(desc, out, n_tiles, BLOCK: tl.constexpr, STAGES: tl.constexpr):
 
 
 @triton.jit
+def _pair_sum(a_desc, b_desc, out, n_tiles, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    acc = tl.zeros([BLOCK, BLOCK], tl.float32)
+    for i in tl.range(0, n_tiles, num_stages=STAGES):
+        acc = tl.dot(a_desc.load([i * BLOCK, 0]), tl.trans(b_desc.load([i * BLOCK, 0])), acc)
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs[:, None] * BLOCK + offs[None, :], acc)
+
+
+@triton.jit
 def _tile_dots(desc, a_desc, out, n_tiles, BLOCK: tl.constexpr, PROLOGUE: tl.constexpr, DOTS: tl.constexpr,
                STAGES: tl.constexpr):
     acc = tl.zeros([BLOCK, BLOCK], tl.float32)
@@ -65,6 +78,14 @@ if case.startswith("loop"):
     _tile_sum[(1,)](TensorDescriptor(x, list(x.shape), list(x.stride()), [64, 64]), out, 9, 64, int(case[-1]))
     torch.cuda.synchronize()
     assert torch.allclose(out, x.float().view(9, 64, 64).sum(0), atol=1e-2)
+elif case == "pair3":
+    x, y = (torch.randn(64 * 9, 64, device="cuda", dtype=torch.bfloat16) / 8 for _ in range(2))
+    out = torch.empty(64, 64, device="cuda")
+    desc = lambda t: TensorDescriptor(t, list(t.shape), list(t.stride()), [64, 64])  # noqa: E731
+    _pair_sum[(1,)](desc(x), desc(y), out, 9, 64, 3)
+    torch.cuda.synchronize()
+    want = sum(a.float() @ b.float().T for a, b in zip(x.view(9, 64, 64), y.view(9, 64, 64)))
+    assert torch.allclose(out, want, atol=1e-2, rtol=1e-2), (out - want).abs().max()
 elif case in ("prologue3", "dots3"):
     x = torch.randn(64 * 9, 64, device="cuda", dtype=torch.bfloat16) / 8
     a = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16) / 8
