@@ -171,8 +171,11 @@ cat > "$CONSAN" <<'EOF'
 forward and the backward on a small odd GQA shape and checks them against the float64 reference
 (autograd). ``plain`` and ``causal``: plain attention at the default configs (CONSAN_CONFIGS=all: every
 config); ``window``: a causal left window with softcap, ALiBi and sinks, 100 queries against 333 keys,
-so the backward's first key tiles have no query tile at all; ``deterministic``: causal under
-torch.use_deterministic_algorithms (the backward without its fused dQ, dq from a one-writer kernel).
+so the backward's first key tiles have no query tile at all; ``deterministic``: the window's call under
+torch.use_deterministic_algorithms (the Gluon backward without its fused dQ, dq from the portable
+one-writer kernel); ``tma-dq``: plain causal in deterministic mode, whose dq comes from the Triton TMA
+dQ kernel (not in the default cases: ConSan reports a deadlock in that kernel's pipelined loop, which
+completes uninstrumented; docs/trust.md).
 These call the Gluon entry points, so few other Triton kernels are compiled with instrumentation.
 ``varlen``: a packed batch (an empty sequence among three) with the causal window's options, through
 ``attention_varlen`` at MIN_WORK 0; it checks that the Gluon kernels were the ones launched. An
@@ -189,7 +192,7 @@ from flashattn_lite.reference import attention_reference, attention_varlen_refer
 
 faulthandler.enable()
 d, mode = int(sys.argv[1]), sys.argv[2]
-causal, window = mode != "plain", mode in ("window", "varlen")
+causal, window = mode != "plain", mode in ("window", "varlen", "deterministic")
 scratch = lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")  # noqa: E731
 
 
@@ -257,7 +260,7 @@ for config in attention_fwd_gluon.CONFIGS[d] if every else [None]:
     torch.cuda.synchronize()
     assert (o.double() - ref).abs().max() < 0.05, (d, mode, config)
     print(f"forward {config or 'default config'}: clean", flush=True)
-torch.use_deterministic_algorithms(mode == "deterministic")
+torch.use_deterministic_algorithms(mode in ("deterministic", "tma-dq"))
 for config in attention_bwd_gluon.CONFIGS[d] if every else [None]:
     got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
                                                        config=config, variant=variant)
