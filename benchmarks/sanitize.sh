@@ -167,20 +167,23 @@ EOF
 # shared-memory access against the kernel's barriers and asserts on the device on a race.
 CONSAN="$OUT/consan_driver.py"
 cat > "$CONSAN" <<'EOF'
-"""One Gluon case under ConSan: ``consan_driver.py D plain|causal|window|deterministic|varlen`` runs the
-forward and the backward on a small odd GQA shape and checks them against the float64 reference
-(autograd). ``plain`` and ``causal``: plain attention at the default configs (CONSAN_CONFIGS=all: every
-config); ``window``: a causal left window with softcap, ALiBi and sinks, 100 queries against 333 keys,
-so the backward's first key tiles have no query tile at all; ``deterministic``: the window's call under
-torch.use_deterministic_algorithms (the Gluon backward without its fused dQ, dq from the portable
-one-writer kernel); ``tma-dq``: plain causal in deterministic mode, whose dq comes from the Triton TMA
-dQ kernel (not in the default cases: ConSan reports a deadlock in that kernel's pipelined loop, which
-completes uninstrumented; docs/trust.md).
-These call the Gluon entry points, so few other Triton kernels are compiled with instrumentation.
-``varlen``: a packed batch (an empty sequence among three) with the causal window's options, through
-``attention_varlen`` at MIN_WORK 0; it checks that the Gluon kernels were the ones launched. An
-instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the script runs the cases as
-parallel processes."""
+"""One Gluon case under ConSan: ``consan_driver.py D MODE`` runs the forward and the backward on a
+small odd GQA shape and checks them against the float64 reference (autograd). MODE:
+
+- ``plain``, ``causal``: plain attention at the default configs (CONSAN_CONFIGS=all: every config);
+- ``window``: a causal left window with softcap, ALiBi and sinks, 100 queries against 333 keys, so
+  the backward's first key tiles have no query tile at all;
+- ``deterministic``: the window's call under torch.use_deterministic_algorithms (the Gluon backward
+  without its fused dQ; dq from the portable one-writer kernel);
+- ``tma-dq``: plain causal in deterministic mode, dq from the Triton TMA dQ kernel. Not among the
+  default cases: ConSan reports a deadlock in that kernel's pipelined loop, which completes
+  uninstrumented (docs/trust.md);
+- ``varlen``: a packed batch (an empty sequence among three) with the window's options, through
+  ``attention_varlen`` at MIN_WORK 0, checking that the Gluon kernels were the ones launched.
+
+The other modes call the Gluon entry points, so few other Triton kernels are compiled with
+instrumentation. An instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the
+script runs the cases as parallel processes."""
 import faulthandler, os, sys
 import torch
 import triton
