@@ -194,7 +194,10 @@ from flashattn_lite.ops.attention_fwd import PLAIN, Variant
 from flashattn_lite.reference import attention_reference, attention_varlen_reference
 
 faulthandler.enable()
+MODES = ("plain", "causal", "window", "deterministic", "tma-dq", "varlen")
 d, mode = int(sys.argv[1]), sys.argv[2]
+if mode not in MODES:
+    sys.exit(f"ConSan driver: mode {mode!r} is not one of {MODES}")
 causal, window = mode != "plain", mode in ("window", "varlen", "deterministic")
 scratch = lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")  # noqa: E731
 

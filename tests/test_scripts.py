@@ -1,0 +1,40 @@
+"""The device scripts in benchmarks/ run only on a GPU machine. Here, on the CPU, their shell must
+parse and the Python drivers that sanitize.sh writes must compile, so a typo does not cost a device
+call."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _heredocs(text: str) -> list[str]:
+    """The bodies of the script's quoted here-documents (<<'EOF' … EOF)."""
+    return re.findall(r"<<'EOF'\n(.*?)\nEOF\n", text, re.S)
+
+
+@pytest.mark.parametrize("script", sorted(BENCHMARKS.glob("*.sh")), ids=lambda p: p.name)
+def test_device_scripts_parse(script):
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash on this machine")
+    result = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_sanitize_drivers_compile_and_name_known_consan_modes():
+    text = (BENCHMARKS / "sanitize.sh").read_text()
+    drivers = _heredocs(text)
+    assert len(drivers) == 2, "sanitize.sh writes the compute-sanitizer driver and the ConSan driver"
+    for i, source in enumerate(drivers):
+        compile(source, f"sanitize.sh driver {i}", "exec")
+    modes = re.search(r"^MODES = \((.*)\)$", drivers[1], re.M).group(1)
+    modes = {m.strip().strip('"') for m in modes.split(",")}
+    cases = re.search(r'CONSAN_CASES:-([^}"]*)\}', text).group(1).split()
+    assert cases, "no default ConSan cases"
+    for case in cases:
+        head_dim, mode = case.split("-", 1)
+        assert head_dim in ("64", "128", "256") and mode in modes, f"ConSan case {case!r}"
