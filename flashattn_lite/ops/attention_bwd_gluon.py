@@ -997,8 +997,8 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
               causal: bool = False) -> str:
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
     the Hopper forward's words for the options with this kernel's name (at head dim 256 its dK/dV
-    and dQ kernels; under ``deterministic``, where ``_tma_dq_covers`` says no, its dK/dV with the
-    portable dQ kernel)."""
+    and dQ kernels; under ``deterministic``, its dK/dV with the one-writer dQ kernel
+    ``_tma_dq_covers`` picks)."""
     if variant is None or variant is PLAIN:
         return PATH_NOTE
     from .attention_fwd_hopper import path_note as hopper_note
@@ -1006,6 +1006,8 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
     elif deterministic and not _tma_dq_covers(variant, causal):
         name = "the Gluon warp-specialized backward's dK/dV with the portable one-writer dQ kernel"
+    elif deterministic:
+        name = "the Gluon warp-specialized backward's dK/dV with the Triton TMA one-writer dQ kernel"
     else:
         name = "the Gluon warp-specialized backward (dQ by TMA reduce-add)"
     note = hopper_note(variant, name)
