@@ -1,9 +1,11 @@
 """The device scripts in benchmarks/ run only on a GPU machine. Here, on the CPU, their shell must
 parse and the Python drivers that sanitize.sh writes must compile, so a typo does not cost a device
 call."""
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,11 @@ def test_sanitize_drivers_compile_and_name_known_consan_modes():
     for case in cases:
         head_dim, mode = case.split("-", 1)
         assert head_dim in ("64", "128", "256") and mode in modes, f"ConSan case {case!r}"
+
+
+def test_consan_driver_refuses_an_unknown_mode(tmp_path):
+    driver = tmp_path / "consan_driver.py"
+    driver.write_text(_heredocs((BENCHMARKS / "sanitize.sh").read_text())[1])
+    result = subprocess.run([sys.executable, str(driver), "128", "causl"], capture_output=True, text=True,
+                            cwd=BENCHMARKS.parent, env=dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent)))
+    assert result.returncode != 0 and "'causl' is not one of" in result.stderr, result.stderr[-500:]
