@@ -176,8 +176,8 @@ small odd GQA shape and checks them against the float64 reference (autograd). MO
 - ``deterministic``: the window's call under torch.use_deterministic_algorithms (the Gluon backward
   without its fused dQ; dq from the portable one-writer kernel);
 - ``tma-dq``: plain causal in deterministic mode, dq from the Triton TMA dQ kernel. Not among the
-  default cases: ConSan reports a deadlock in that kernel's pipelined loop, which completes
-  uninstrumented (docs/trust.md);
+  default cases: triton 3.6's ConSan reports a deadlock in that kernel's pipelined loop, a false
+  positive of its model of two TMA copies on one mbarrier (docs/trust.md);
 - ``varlen``: a packed batch (an empty sequence among three) with the window's options, through
   ``attention_varlen`` at MIN_WORK 0, checking that the Gluon kernels were the ones launched.
 
