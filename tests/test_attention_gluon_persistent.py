@@ -1,6 +1,6 @@
 """The persistent schedule of the Gluon forward (``Config.persistent``, ops/attention_fwd_gluon.py) on
 any machine: its tile order (``persistent_count``, ``persistent_unit``, ``persistent_tile``, run
-by the interpreter or the GPU in a tiny Triton kernel), a model of its mbarrier bookkeeping, its
+by the interpreter or the GPU in a tiny Triton kernel), a model of its barrier bookkeeping, its
 launch and configs. The kernel itself runs in the GPU tests (tests/test_attention_gluon.py: every
 config against float64, and few programs walking many tiles).
 
@@ -131,6 +131,27 @@ class Barrier:
         return self.completed % 2 != parity
 
 
+class NamedBarrier:
+    """A ping-pong turn (``_turn``): a hardware named barrier of 256 threads between the consumer
+    that waits on it (``bar.sync``) and the one before, which arrives without waiting
+    (``bar.arrive``). A wait returns once an arrival is there for it (``completed``: arrivals so far;
+    ``take`` marks the wait returned). A second arrival before the waiter took the first would
+    complete a generation without the waiter: the model fails on it."""
+
+    def __init__(self, name):
+        self.name, self.completed, self.taken = name, 0, 0
+
+    def arrive(self):
+        assert self.completed == self.taken, f"{self.name}: an arrival before the waiter took the one before"
+        self.completed += 1
+
+    def passes(self, parity):
+        return self.completed > self.taken
+
+    def take(self):
+        self.taken += 1
+
+
 class Buffer:
     """A K or V ring slot or a Q set: which tile it holds, whether its fill landed, how many
     consumers released it."""
@@ -156,11 +177,13 @@ def wait(bar, parity, phase):
     return bar, parity, phase
 
 
-def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=False, q_after=None, v_stages=None):
+def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=False, q_after=None, v_stages=None,
+                first_turn_twice=False):
     """One program's partitions over its tiles (``tiles``: each tile's n_tiles), scheduled at random;
     raises AssertionError on a deadlock or a hazard. ``v_stages``: V's ring depth where it differs
     from K's (``stages``). ``per_tile_ring`` (consumers count ring slots per tile) and ``q_after``
-    (the loader's Q after that many of a tile's K/V loads, one Q set) are the mistakes the model
+    (the loader's Q after that many of a tile's K/V loads, one Q set) and ``first_turn_twice`` (the
+    first turn given at the kernel's start as well as by the last consumer) are the mistakes the model
     must catch."""
     rng = random.Random(seed)
     v_stages = v_stages or stages
@@ -170,13 +193,13 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
     v_empty = [Barrier(f"v_empty{s}", consumers) for s in range(v_stages)]
     q_ready = [Barrier(f"q_ready{i}", 1) for i in range(q_sets)]
     q_empty = [Barrier(f"q_empty{i}", consumers) for i in range(q_sets)]
-    turn = [Barrier(f"turn{c}", 1) for c in range(consumers)]
+    turn = [NamedBarrier(f"turn{c}") for c in range(consumers)]
     k_buf = [Buffer(consumers) for _ in range(stages)]
     v_buf = [Buffer(consumers) for _ in range(v_stages)]
     q_buf = [Buffer(consumers) for _ in range(q_sets)]
     landing = []  # TMA fills issued, not landed: (buffer, barrier)
     issued = []  # the consumers' GEMM issues in order: (consumer, k)
-    if pingpong:
+    if first_turn_twice:
         turn[0].arrive()
 
     def tma(buf, bar, what):
@@ -212,6 +235,8 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
     def consumer(me):  # _consumer_persistent and _attend
         other = (me + 1) % consumers
         kv = 0
+        if pingpong and me == consumers - 1:
+            turn[0].arrive()  # consumer 0 issues first
         held = None  # two Q sets: the set of the tile before, released in this tile once S_0 retired
 
         def release_held():
@@ -233,7 +258,8 @@ def run_program(tiles, stages, consumers, q_sets, pingpong, seed, per_tile_ring=
                     yield wait(v_ready[prev], ((c - 1) // v_stages) & 1, (c - 1) // v_stages)
                     v_buf[prev].read(("V", kv + j - 1, i))
                 if pingpong:
-                    yield wait(turn[me], c & 1, c)
+                    yield wait(turn[me], None, c)
+                    turn[me].take()
                     issued.append((me, kv + j))
                     turn[other].arrive()
                 k_buf[cur].release(("K", kv + j, i))
@@ -348,6 +374,15 @@ def test_the_model_catches_a_late_single_q_set(q_sets):
     if q_sets == 1:
         with pytest.raises(AssertionError, match="deadlock"):
             run_program(tiles, stages, 2, q_sets, True, 0, q_after=stages + 1)
+
+
+@model_only
+def test_the_model_catches_a_turn_given_twice():
+    # Two arrivals on consumer 0's named barrier before it waits: a generation of 256 arrivals without
+    # the waiter, and the turns one behind from then on.
+    run_program([3, 2], 2, 2, 1, True, 0)
+    with pytest.raises(AssertionError, match="arrival before the waiter"):
+        run_program([3, 2], 2, 2, 1, True, 0, first_turn_twice=True)
 
 
 # ---------------------------------------------------------------- the launch and the configs (no GPU)

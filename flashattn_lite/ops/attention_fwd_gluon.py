@@ -23,9 +23,12 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   softmax scale·log2 e is folded into one exp2 FMA per score. (ptxas gives the new P the registers
   the in-flight P·V reads and hoists that wait above the softmax; ``PV_OVERLAP`` holds it after
   the softmax, where that gains: d 128 plain calls one tile per program.)
-* ``PINGPONG`` (two or three consumers): the warpgroups take turns issuing their GEMMs (one
-  mbarrier per consumer, passed round the ring), so one's softmax runs while another's GEMMs keep
-  the tensor cores busy (FA3's inter-warpgroup ping-pong).
+* ``PINGPONG`` (two or three consumers): the warpgroups take turns issuing their GEMMs (a turn
+  passed round the ring), so one's softmax runs while another's GEMMs keep the tensor cores busy
+  (FA3's inter-warpgroup ping-pong). The turns are hardware named barriers, as FA3's: a consumer
+  waits on its own (``bar.sync``), the one before it arrives without waiting (``bar.arrive``).
+  The one-tile d 128 plain kernel (``PV_OVERLAP``) keeps mbarrier turns, where they measured
+  faster (``_wait_turn``).
 * The K and V slots are freed separately: K_j as soon as S_j has retired, V_j after P_j·V_j, so the
   loader refills K while the last P·V still runs.
 * Masks: keys past Nk (the last partial tile reads TMA zero-fill) and, under causal, keys right of
@@ -353,6 +356,9 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
 
 
 if _HAS_GLUON:
+    # The ping-pong turns' named barriers: TURN_BARRIER − consumer (15, 14, 13). Triton's own
+    # partition barriers take the low ids (0–3 in these kernels' PTX).
+    TURN_BARRIER = gl.constexpr(15)
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
@@ -577,6 +583,30 @@ if _HAS_GLUON:
         return gl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _wait_turn(turn, c, ME: gl.constexpr, NAMED: gl.constexpr):
+        """Consumer ME's c-th turn to issue its GEMMs (ping-pong). ``NAMED``: on hardware named barrier
+        ``TURN_BARRIER − ME`` of 256 threads, as FlashAttention-3 takes its turns: ME's 128 threads
+        wait there (``bar.sync``) for the previous consumer's 128 arrivals (``_pass_turn``). Else on
+        the mbarrier ``turn[ME]``, phase c."""
+        if NAMED:
+            gl.inline_asm_elementwise("bar.sync $1, 256; mov.b32 $0, 0;", "=r,r", [c * 0 + (TURN_BARRIER - ME)],
+                                      dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            mbarrier.wait(turn.index(ME), c & 1)
+
+    @gluon.jit
+    def _pass_turn(turn, c, NEXT: gl.constexpr, NAMED: gl.constexpr):
+        """Consumer NEXT's turn, once this one has issued its GEMMs. ``NAMED``: each warp arrives on
+        NEXT's named barrier for itself and goes on (``bar.arrive``); an mbarrier arrive in triton
+        3.6's Gluon is one thread's, behind a ``bar.sync`` of the warpgroup's four warps. ``c``, any
+        int32 scalar, gives the asm an operand."""
+        if NAMED:
+            gl.inline_asm_elementwise("bar.arrive $1, 256; mov.b32 $0, 0;", "=r,r",
+                                      [c * 0 + (TURN_BARRIER - NEXT)], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            mbarrier.arrive(turn.index(NEXT))
+
+    @gluon.jit
     def _attend(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, kv0, rows, cols_f, slope,
                 m_i, l_i, acc, p, s_zero, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale,
                 softcap_scale, softcap2,
@@ -587,25 +617,28 @@ if _HAS_GLUON:
                 j0=0, q_free=None, free_prev=None, DEFER_Q: gl.constexpr = False, PV_OVERLAP: gl.constexpr = False):
         """A consumer's online softmax of its rows ``q`` over the tile's ``n_tiles`` key tiles: (m, ℓ,
         unnormalised O). Key tile j of the tile is the ``kv0 + j``-th the program takes: the rings'
-        slots ((kv0 + j) % STAGES for K, % V_STAGES for V) and their phases, and the turns' phase,
-        continue from the tiles before
+        slots ((kv0 + j) % STAGES for K, % V_STAGES for V) and their phases, and the mbarrier turns'
+        phase, continue from the tiles before
         (kv0 = 0 for one tile per program). ``j0``: 0, the first key tile's index for its scores
         (the persistent consumer passes an opaque 0: ``_consumer_persistent``). ``DEFER_Q``: once S_0
         has retired, wait for the previous tile's O store to have read its Q slot and release that
         set (``q_free``, where ``free_prev``): off the tile boundary's path. ``PV_OVERLAP``: the wait
         for P_{j−1}·V_{j−1} held after the softmax of key tile j, so that GEMM runs under it (35 more
-        instructions an iteration; ``_consumer``'s d 128 plain calls, where it gains)."""
+        instructions an iteration; ``_consumer``'s d 128 plain calls, where it gains). That kernel
+        takes its turns on the mbarriers ``turn``, the others on named barriers (``_wait_turn``):
+        named turns lost 1–2% there and gained ~1% elsewhere (H200, ``gluon_checkout-20261129-1838.json``,
+        ``-1843.json``)."""
         dtype: gl.constexpr = q.dtype
         OTHER: gl.constexpr = (ME + 1) % CONSUMERS
         if n_tiles > 0:
             # Tile 0: S_0 alone (nothing to overlap it with yet).
             mbarrier.wait(k_ready.index(kv0 % STAGES), (kv0 // STAGES) & 1)
             if PINGPONG:
-                mbarrier.wait(turn.index(ME), kv0 & 1)
+                _wait_turn(turn, kv0, ME, not PV_OVERLAP)
             s = warpgroup_mma(q, k_smem.index(kv0 % STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             if PINGPONG:
-                mbarrier.arrive(turn.index(OTHER))
+                _pass_turn(turn, kv0, OTHER, not PV_OVERLAP)
             s = warpgroup_mma_wait(0, deps=[s])
             mbarrier.arrive(k_empty.index(kv0 % STAGES))
             if DEFER_Q:
@@ -626,12 +659,12 @@ if _HAS_GLUON:
             mbarrier.wait(k_ready.index(cur), (c // STAGES) & 1)
             mbarrier.wait(v_ready.index(prev), ((c - 1) // V_STAGES) & 1)
             if PINGPONG:  # my turn to issue GEMMs: the other warpgroup is in its softmax
-                mbarrier.wait(turn.index(ME), c & 1)
+                _wait_turn(turn, c, ME, not PV_OVERLAP)
             s = warpgroup_mma(q, k_smem.index(cur).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             if PINGPONG:
-                mbarrier.arrive(turn.index(OTHER))
+                _pass_turn(turn, c, OTHER, not PV_OVERLAP)
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
             s = warpgroup_mma_wait(1, deps=[s])
             mbarrier.arrive(k_empty.index(cur))  # K_j is no longer read: the loader may refill it
@@ -722,13 +755,17 @@ if _HAS_GLUON:
         if ALIBI:
             slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP,
                                          BLOCK_N, s_layout)
+        # P·V under the next tile's softmax: d 128 plain calls, where it gains (``_attend``).
+        PV_OVERLAP: gl.constexpr = (HEAD_DIM == 128) and (CONSUMERS == 2) and (not SOFTCAP) and (not ALIBI)
+        if PINGPONG and (not PV_OVERLAP) and ME == CONSUMERS - 1:
+            _pass_turn(turn, n_tiles, 0, True)  # consumer 0 issues first
         mbarrier.wait(q_bar, 0)
         m_i, l_i, acc = _attend(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, 0, rows, cols_f, slope,
                                 m_i, l_i, acc, p, s_zero, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                                 qk_scale, softcap_scale, softcap2,
                                 ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                                 HEAD_DIM, BLOCK_N, STAGES, STAGES, s_layout, o_layout, p_layout,
-                                PV_OVERLAP=(HEAD_DIM == 128) and (CONSUMERS == 2) and (not SOFTCAP) and (not ALIBI))
+                                PV_OVERLAP=PV_OVERLAP)
         acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
         if SEQ == 0:
             gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
@@ -788,6 +825,8 @@ if _HAS_GLUON:
         off = n_k - n_q
         kv = 0
         qi = 0
+        if PINGPONG and ME == CONSUMERS - 1:
+            _pass_turn(turn, n_bh, 0, True)  # consumer 0 issues first
         for j in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh, gl.cdiv(n_q, BLOCK_M), CAUSAL)):
             bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left,
                                                                              win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
@@ -871,9 +910,13 @@ if _HAS_GLUON:
             #   loader awaiting use k − STAGES's with the opposite parity. All consumers take every
             #   K/V tile of every tile (a tile's n_tiles is the same for all), so k is the same
             #   count in every partition.
-            # * Turns (ping-pong): consumer ME waits on turn[ME] once per K/V tile, the k-th time
-            #   with parity k & 1 (turn[0] pre-armed), then arrives on the next consumer's: the
-            #   order runs on unbroken across tiles.
+            # * Turns (ping-pong, named barriers): consumer ME waits on its barrier once per K/V
+            #   tile, then arrives on the next consumer's; the last consumer arrives on consumer 0's
+            #   once at its start. The order runs on unbroken across tiles. A barrier never gets a
+            #   second arrival before its waiter took the first: consumer c's (k+1)-th arrival
+            #   follows its k-th wait, which follows the k-th arrival of the one before it, which
+            #   follows that one's own k-th wait. (The ``turn`` mbarriers are the one-tile
+            #   ``PV_OVERLAP`` kernel's; here ``_attend`` takes them as an argument only.)
             # * Q: the program's i-th tile uses set i % Q_SETS; q_ready completes once per load,
             #   awaited with parity (i // Q_SETS) & 1; q_empty (CONSUMERS arrivals, each after its
             #   O store has read the set) once per use, the loader awaiting tile i − Q_SETS's with
@@ -913,8 +956,6 @@ if _HAS_GLUON:
                     mbarrier.init(v_empty.index(s), count=CONSUMERS)
             for c in gl.static_range(CONSUMERS):
                 mbarrier.init(turn.index(c), count=1)
-            if PINGPONG:
-                mbarrier.arrive(turn.index(0))  # consumer 0 issues first
             fence_async_shared()
             if CONSUMERS == 1:
                 gl.warp_specialize([
@@ -1037,7 +1078,7 @@ if _HAS_GLUON:
             for c in gl.static_range(CONSUMERS):
                 mbarrier.init(turn.index(c), count=1)
             if PINGPONG:
-                mbarrier.arrive(turn.index(0))  # consumer 0 issues first
+                mbarrier.arrive(turn.index(0))  # consumer 0 issues first (PV_OVERLAP's mbarrier turns)
             fence_async_shared()
 
             # (The partitions' argument tuples are written out: Gluon takes no function values in
