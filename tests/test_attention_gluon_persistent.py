@@ -132,11 +132,11 @@ class Barrier:
 
 
 class NamedBarrier:
-    """A ping-pong turn (``_turn``): a hardware named barrier of 256 threads between the consumer
-    that waits on it (``bar.sync``) and the one before, which arrives without waiting
-    (``bar.arrive``). A wait returns once an arrival is there for it (``completed``: arrivals so far;
-    ``take`` marks the wait returned). A second arrival before the waiter took the first would
-    complete a generation without the waiter: the model fails on it."""
+    """A ping-pong turn (``_wait_turn``, ``_pass_turn``): a hardware named barrier of 256 threads
+    between the consumer that waits on it (``bar.sync``) and the one before, which arrives without
+    waiting (``bar.arrive``). A wait returns once an arrival is there for it (``completed``:
+    arrivals so far; ``take`` marks the wait returned). A second arrival before the waiter took the
+    first would complete a generation without the waiter: the model fails on it."""
 
     def __init__(self, name):
         self.name, self.completed, self.taken = name, 0, 0
