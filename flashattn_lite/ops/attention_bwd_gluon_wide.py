@@ -50,8 +50,7 @@ if _HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                  warpgroup_mma, warpgroup_mma_init,
-                                                                  warpgroup_mma_wait)
+                                                                  warpgroup_mma, warpgroup_mma_wait)
 
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_loader, _masked, _query_tile, _row, _to_16bit, banded_key_tile, query_tiles,
