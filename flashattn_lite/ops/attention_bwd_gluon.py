@@ -204,8 +204,8 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     8k / 16k with B·N 16k: ``gluon_bwd-20261124-131528.json``): fused dQ with two dS sets, 2 stages
     at d 128 (418–486 TFLOP/s), 4 at d 64 (286–399; 3 stages with one dS set ties at causal 2k).
     ``deterministic`` (``torch.use_deterministic_algorithms``): dq by a one-writer dQ kernel
-    (``_tma_dq_covers``) instead of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64: 268–330; 1.08–1.24× the
-    Triton TMA pair)."""
+    (``_tma_dq_covers``) instead of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64:
+    268–330; 1.08–1.24× the Triton TMA pair)."""
     if head_dim == 256:
         return CONFIGS[256][0]
     if deterministic:
@@ -617,9 +617,9 @@ if _HAS_GLUON:
         keys_f = 0.0
         cols_f = 0.0
         if ALIBI:  # |i + off − j| = |query − (key − off)|: exact float differences below 2²⁴
-            if CAUSAL:  # the key's offset in this warpgroup's block (see below)
-                keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
-            elif SEQ == 2 and SOFTCAP:  # in-tile offsets, as causal (spills less with softcap)
+            # Causal, and varlen with softcap (it spills less so): the key's offset in this
+            # warpgroup's block (see below).
+            if CAUSAL or (SEQ == 2 and SOFTCAP):
                 keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
             elif SEQ == 2:  # packed rows run past 2²⁴: counted from the sequence's first, ``q0``
                 keys_f = (keys - off - q0).to(gl.float32)
