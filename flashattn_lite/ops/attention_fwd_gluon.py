@@ -917,7 +917,8 @@ if _HAS_GLUON:
             #   follows its k-th wait, which follows the k-th arrival of the one before it, which
             #   follows that one's own k-th wait. (The ``turn`` mbarriers are the one-tile
             #   ``PV_OVERLAP`` kernel's; here ``_attend`` takes them as an argument only. Without
-            #   them, d 128 causal measured 0.2–2% slower: NOTES 2026-11-29 20:21.)
+            #   them triton puts the inits' closing bar.sync in consumer 0's tile loop, and d 128
+            #   causal measured 0.2–2% slower: NOTES 2026-11-29 20:21, 20:28.)
             # * Q: the program's i-th tile uses set i % Q_SETS; q_ready completes once per load,
             #   awaited with parity (i // Q_SETS) & 1; q_empty (CONSUMERS arrivals, each after its
             #   O store has read the set) once per use, the loader awaiting tile i − Q_SETS's with
