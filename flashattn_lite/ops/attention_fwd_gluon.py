@@ -304,8 +304,30 @@ def _share(pid, programs, count):
 
 
 @triton.jit
-def persistent_count(pid, programs, n_bh, n_m, CAUSAL: tl.constexpr):
-    """How many tiles program ``pid`` of ``programs`` walks (``persistent_unit``)."""
+def causal_deal(n_bh, n_m, programs):
+    """(head_units, tail_units, singles) of a causal persistent launch with a sorted tail
+    (``sorted_tail_slot``): the first head_units pairs, a multiple of ``programs`` (all but the
+    last round or two), are dealt round-robin, every program the same number; the tiles of the
+    tail_units after them and the singles (the middle tile of each head, n_m odd) one by one."""
+    paired = n_bh * (n_m // 2)
+    head_units = tl.maximum(paired // programs - 1, 0) * programs
+    return head_units, paired - head_units, n_bh * (n_m % 2)
+
+
+@triton.jit
+def _snake(pid, programs, r):
+    """Program ``pid``'s place in round r of a deal that runs forward in even rounds, backward in odd."""
+    return tl.where(r % 2 == 0, pid, programs - 1 - pid)
+
+
+@triton.jit
+def persistent_count(pid, programs, n_bh, n_m, CAUSAL: tl.constexpr, SORTED_TAIL: tl.constexpr = False):
+    """How many tiles program ``pid`` of ``programs`` walks (``persistent_unit``, ``sorted_tail_slot``)."""
+    if CAUSAL and SORTED_TAIL:
+        head_units, tail_units, singles = causal_deal(n_bh, n_m, programs)
+        tail = 2 * tail_units + singles
+        rounds = tail // programs
+        return 2 * (head_units // programs) + rounds + (_snake(pid, programs, rounds) < tail % programs).to(tl.int32)
     units, paired = persistent_units(n_bh, n_m, CAUSAL)
     return _share(pid, programs, units) + _share(pid, programs, paired)  # a paired unit: two tiles
 
@@ -326,20 +348,68 @@ def persistent_unit(j, pid, programs, n_bh, n_m, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def sorted_tail_slot(j, pid, programs, n_bh, n_m):
+    """(bh, heavy) of program ``pid``'s ``j``-th tile in a causal launch with a sorted tail
+    (``causal_deal``): head bh's query tile counted from the last (heavy 0: the heaviest). First
+    the program's head units, pid, pid + programs, … (two tiles each, the heavy one first), as
+    ``persistent_unit`` deals them; then the tail's tiles in a snake deal (round r: programs
+    forward when r is even, backward when odd) of the tail sorted heaviest first: the heavy halves
+    of the tail units (by pair index k, then head), the singles, the light halves (by k downwards,
+    then head). Sorted and snaked, the tail evens out what whole pairs dealt round-robin leave
+    over (up to one pair a program: 3% of a 16-round launch); its heads are few and consecutive."""
+    pairs = tl.maximum(n_m // 2, 1)
+    head_units, tail_units, singles = causal_deal(n_bh, n_m, programs)
+    head = 2 * (head_units // programs)
+    if j < head:  # a head unit, u = pid + programs · (j // 2): its heavy tile, then its light one
+        u = (j // 2) * programs + pid
+        k = u % pairs
+        bh = u // pairs
+        heavy = tl.where(j % 2 == 0, k, n_m - 1 - k)
+    else:  # the tail's g-th heaviest tile
+        r = j - head
+        g = r * programs + _snake(pid, programs, r)
+        # The tail's first head h0 may have had pairs k < k0 in the head units: the tail's
+        # heads h0 … n_bh − 1 hold n_tail tiles of each k ≥ k0, one fewer of each k below.
+        h0 = head_units // pairs
+        k0 = head_units % pairs
+        n_tail = n_bh - h0
+        fewer = tl.maximum(n_tail - 1, 1)
+        if g < tail_units:  # a heavy half: by k upwards, then head
+            below = k0 * (n_tail - 1)
+            x = g - below
+            heavy = tl.where(g < below, g // fewer, k0 + x // n_tail)
+            bh = tl.where(g < below, h0 + 1 + g % fewer, h0 + x % n_tail)
+        elif g < tail_units + singles:  # a head's middle tile (n_m odd)
+            bh = g - tail_units
+            heavy = n_m // 2
+        else:  # a light half: by k downwards, then head
+            y = g - tail_units - singles
+            above = (pairs - k0) * n_tail
+            z = y - above
+            heavy = n_m - 1 - tl.where(y < above, pairs - 1 - y // n_tail, k0 - 1 - z // fewer)
+            bh = tl.where(y < above, h0 + y % n_tail, h0 + 1 + z % fewer)
+    return bh, heavy
+
+
+@triton.jit
 def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.constexpr,
-                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SORTED_TAIL: tl.constexpr = False):
     """This persistent program's ``j``-th tile (dense batch): (bh, b, h, start_m, lo, n_tiles,
     mid_lo, mid_hi), ``key_tiles`` of it included. Units (``persistent_unit``) are head-major, as
     the one-tile grid's programs, so the programs running at once share few heads' K/V in L2 (bh
     fastest, they read K/V from DRAM: benchmarks/NOTES.md, 2026-11-24 23:52). Dealt round-robin, causal
     tiles balance as pairs: a head's k-th heaviest query tile with its k-th lightest, a pair costing
     about the same wherever it sits, then, after every head's pairs, the middle tiles of heads with
-    an odd tile count (a light, single unit at the end). Every partition of a persistent program
+    an odd tile count (a light, single unit at the end); with ``SORTED_TAIL``, the last pairs as
+    single tiles sorted by cost (``sorted_tail_slot``). Every partition of a persistent program
     walks its tiles j = 0 … ``persistent_count`` − 1 with it (``_loader_persistent``,
     ``_consumer_persistent``); the tests run it in the interpreter."""
     n_m = tl.cdiv(n_q, BLOCK_M)
     u, i = persistent_unit(j, tl.program_id(0), tl.num_programs(0), n_bh, n_m, CAUSAL)
-    if CAUSAL:
+    if CAUSAL and SORTED_TAIL:
+        bh, heavy = sorted_tail_slot(j, tl.program_id(0), tl.num_programs(0), n_bh, n_m)
+    elif CAUSAL:
         pairs = n_m // 2
         paired = u < n_bh * pairs
         bh = tl.where(paired, u // tl.maximum(pairs, 1), u - n_bh * pairs)
@@ -434,7 +504,7 @@ if _HAS_GLUON:
                            k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left, win_right,
                            CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                            HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                           V_STAGES: gl.constexpr, Q_SETS: gl.constexpr):
+                           V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, SORTED_TAIL: gl.constexpr):
         """The loader warp of a persistent program: for each of its tiles (``persistent_tile``), Q and
         the K/V tiles as ``_loader`` loads them, the ring's slot and phase counted over the program
         (``kv``: K/V tiles loaded so far), so the next tile's first K/V tiles load while the
@@ -446,10 +516,11 @@ if _HAS_GLUON:
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         kv = 0
         qi = 0
-        for j in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh, gl.cdiv(n_q, BLOCK_M), CAUSAL)):
+        for j in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh, gl.cdiv(n_q, BLOCK_M), CAUSAL,
+                                        SORTED_TAIL)):
             bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left,
                                                                              win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                                                             BLOCK_M, BLOCK_N)
+                                                                             BLOCK_M, BLOCK_N, SORTED_TAIL)
             h_kv = h // group
             first = 0
             if Q_SETS == 1:
@@ -806,7 +877,8 @@ if _HAS_GLUON:
                              CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINKS: gl.constexpr,
                              FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                             STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr):
+                             STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr,
+                             SORTED_TAIL: gl.constexpr):
         """One consumer warpgroup of a persistent program: ``_consumer``'s work (dense batch) for each
         of the program's tiles (``persistent_tile``), the ring and the turns continued over the program
         (``kv``: K/V tiles taken so far, the same count in every partition), Q's set and phase by
@@ -827,10 +899,11 @@ if _HAS_GLUON:
         qi = 0
         if PINGPONG and ME == CONSUMERS - 1:
             _pass_turn(turn, n_bh, 0, True)  # consumer 0 issues first
-        for j in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh, gl.cdiv(n_q, BLOCK_M), CAUSAL)):
+        for j in range(persistent_count(gl.program_id(0), gl.num_programs(0), n_bh, gl.cdiv(n_q, BLOCK_M), CAUSAL,
+                                        SORTED_TAIL)):
             bh, b, h, start_m, lo, n_tiles, mid_lo, mid_hi = persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left,
                                                                              win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                                                                             BLOCK_M, BLOCK_N)
+                                                                             BLOCK_M, BLOCK_N, SORTED_TAIL)
             row0 = start_m + 64 * ME
             rows = row0 + gl.arange(0, 64, layout=row_layout)
             qs = qi % Q_SETS
@@ -959,6 +1032,10 @@ if _HAS_GLUON:
             for c in gl.static_range(CONSUMERS):
                 mbarrier.init(turn.index(c), count=1)
             fence_async_shared()
+            # D 64's causal launches end with a sorted tail (``sorted_tail_slot``): +1.2 to +2.0% at
+            # 2k / 4k in two A/Bs, where d 128's lost 0 to 2% with it (H200,
+            # ``gluon_checkout-20261129-2156.json``, ``-2203.json``).
+            SORTED_TAIL: gl.constexpr = HEAD_DIM == 64
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
@@ -966,11 +1043,11 @@ if _HAS_GLUON:
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                             SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
-                                            Q_SETS)),
+                                            Q_SETS, SORTED_TAIL)),
                     (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
                                           win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
-                                          V_STAGES, Q_SETS)),
+                                          V_STAGES, Q_SETS, SORTED_TAIL)),
                 ], [1], [LOADER_REGS])
             elif CONSUMERS == 2:
                 gl.warp_specialize([
@@ -979,17 +1056,17 @@ if _HAS_GLUON:
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                             SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
-                                            Q_SETS)),
+                                            Q_SETS, SORTED_TAIL)),
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                             SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
-                                            Q_SETS)),
+                                            Q_SETS, SORTED_TAIL)),
                     (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
                                           win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
-                                          V_STAGES, Q_SETS)),
+                                          V_STAGES, Q_SETS, SORTED_TAIL)),
                 ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
             else:
                 gl.warp_specialize([
@@ -998,23 +1075,23 @@ if _HAS_GLUON:
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                             SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
-                                            Q_SETS)),
+                                            Q_SETS, SORTED_TAIL)),
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                             SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
-                                            Q_SETS)),
+                                            Q_SETS, SORTED_TAIL)),
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
                                             qk_scale, softcap_scale, softcap2, sinks, alibi, stride_alibi_b,
                                             stride_alibi_h, 2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                             SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES, V_STAGES,
-                                            Q_SETS)),
+                                            Q_SETS, SORTED_TAIL)),
                     (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, n_bh, n_heads, group, n_q, n_k, win_left,
                                           win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES,
-                                          V_STAGES, Q_SETS)),
+                                          V_STAGES, Q_SETS, SORTED_TAIL)),
                 ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         else:
             if SEQ == 2:
