@@ -1,8 +1,8 @@
 """The persistent schedule of the Gluon forward (``Config.persistent``, ops/attention_fwd_gluon.py) on
 any machine: its tile order (``persistent_count``, ``persistent_unit``, ``sorted_tail_slot``,
 ``persistent_tile``, run by the interpreter or the GPU in a tiny Triton kernel), a model of its
-barrier bookkeeping, its launch and configs. The kernel itself runs in the GPU tests (tests/test_attention_gluon.py: every
-config against float64, and few programs walking many tiles).
+barrier bookkeeping, its launch and configs. The kernel itself runs in the GPU tests
+(tests/test_attention_gluon.py: every config against float64, and few programs walking many tiles).
 
 The model runs the loader and the consumers of one program as Python generators under a random
 scheduler, with the kernel's slot, set and parity formulas and mbarriers that complete a phase per

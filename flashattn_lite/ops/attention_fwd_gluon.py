@@ -1033,9 +1033,10 @@ if _HAS_GLUON:
                 mbarrier.init(turn.index(c), count=1)
             fence_async_shared()
             # D 64's causal launches end with a sorted tail (``sorted_tail_slot``): +1.2 to +2.0% at
-            # 2k / 4k in two A/Bs, where d 128's lost 0 to 2% with it (H200,
+            # 2k / 4k in two A/Bs, where d 128's lost 0 to 2% with it, and 2 to 3% with a window's
+            # left side, whose tiles' costs are not the triangle the sort assumes (H200,
             # ``gluon_checkout-20261129-2156.json``, ``-2203.json``).
-            SORTED_TAIL: gl.constexpr = HEAD_DIM == 64
+            SORTED_TAIL: gl.constexpr = HEAD_DIM == 64 and not HAS_LEFT
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
