@@ -348,6 +348,16 @@ def persistent_unit(j, pid, programs, n_bh, n_m, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def pair_tile(u, i, n_m):
+    """(bh, heavy) of tile i (0: the heavy one, 1: the light one) of causal pair unit u: head bh's
+    k-th heaviest query tile (heavy k, counted from the head's last) or its k-th lightest."""
+    pairs = tl.maximum(n_m // 2, 1)
+    bh = u // pairs
+    k = u % pairs
+    return bh, tl.where(i == 0, k, n_m - 1 - k)
+
+
+@triton.jit
 def sorted_tail_slot(j, pid, programs, n_bh, n_m):
     """(bh, heavy) of program ``pid``'s ``j``-th tile in a causal launch with a sorted tail
     (``causal_deal``): head bh's query tile counted from the last (heavy 0: the heaviest). First
@@ -361,10 +371,7 @@ def sorted_tail_slot(j, pid, programs, n_bh, n_m):
     head_units, tail_units, singles = causal_deal(n_bh, n_m, programs)
     head = 2 * (head_units // programs)
     if j < head:  # a head unit, u = pid + programs · (j // 2): its heavy tile, then its light one
-        u = (j // 2) * programs + pid
-        k = u % pairs
-        bh = u // pairs
-        heavy = tl.where(j % 2 == 0, k, n_m - 1 - k)
+        bh, heavy = pair_tile((j // 2) * programs + pid, j % 2, n_m)
     else:  # the tail's g-th heaviest tile
         r = j - head
         g = r * programs + _snake(pid, programs, r)
@@ -406,19 +413,18 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
     walks its tiles j = 0 … ``persistent_count`` − 1 with it (``_loader_persistent``,
     ``_consumer_persistent``); the tests run it in the interpreter."""
     n_m = tl.cdiv(n_q, BLOCK_M)
-    u, i = persistent_unit(j, tl.program_id(0), tl.num_programs(0), n_bh, n_m, CAUSAL)
     if CAUSAL and SORTED_TAIL:
         bh, heavy = sorted_tail_slot(j, tl.program_id(0), tl.num_programs(0), n_bh, n_m)
-    elif CAUSAL:
-        pairs = n_m // 2
-        paired = u < n_bh * pairs
-        bh = tl.where(paired, u // tl.maximum(pairs, 1), u - n_bh * pairs)
-        k = u % tl.maximum(pairs, 1)
-        heavy = tl.where(i == 0, k, n_m - 1 - k)  # 0: the heaviest, the head's last query tile
-        heavy = tl.where(paired, heavy, n_m // 2)
     else:
-        bh = u // n_m
-        heavy = u % n_m
+        u, i = persistent_unit(j, tl.program_id(0), tl.num_programs(0), n_bh, n_m, CAUSAL)
+        if CAUSAL:
+            paired = u < n_bh * (n_m // 2)
+            bh, heavy = pair_tile(u, i, n_m)
+            bh = tl.where(paired, bh, u - n_bh * (n_m // 2))
+            heavy = tl.where(paired, heavy, n_m // 2)  # a head's middle tile (n_m odd), after every pair
+        else:
+            bh = u // n_m
+            heavy = u % n_m
     start_m = (n_m - 1 - heavy) * BLOCK_M
     lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, n_k, n_k - n_q, win_left, win_right, CAUSAL, HAS_LEFT,
                                             HAS_RIGHT, BLOCK_M, BLOCK_N)
