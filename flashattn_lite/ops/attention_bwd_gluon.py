@@ -356,6 +356,13 @@ if _HAS_GLUON:
     def _query_tile(it, n_tiles, lo, rot, h_kv, GROUP: gl.constexpr, ROTATE: gl.constexpr, BLOCK_M: gl.constexpr):
         """Step ``it`` of a program's flat loop over (query head of the group, query tile): the head
         and the tile's first row. Loader and consumers walk the same sequence."""
+        if ROTATE:
+            # Non-negative operands: unsigned division. A warp-specialized partition receives rot and
+            # n_tiles as plain values, without the knowledge that they come from a program id. (The
+            # same assumptions under causal masks moved the step loops' spills: there they stay out.)
+            gl.assume(it >= 0)
+            gl.assume(rot >= 0)
+            gl.assume(n_tiles > 0)
         if GROUP == 1:
             g = 0
             i = it
