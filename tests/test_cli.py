@@ -484,9 +484,16 @@ def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
                                                 ("gqa_split", ["--rounds", "-1"], "--rounds"),
                                                 ("gqa_split", ["--lengths", "2k,x"], "--lengths"),
                                                 ("gqa_split", ["--lengths", ","], "--lengths"),
-                                                ("deterministic_bwd", ["--rounds", "0"], "--rounds")],
+                                                ("deterministic_bwd", ["--rounds", "0"], "--rounds"),
+                                                ("sustained_clock", ["--methods", "fa9"], "--methods"),
+                                                ("sustained_clock", ["--modes", "both"], "--modes"),
+                                                ("sustained_clock", ["--head-dims", "96"], "--head-dims"),
+                                                ("sustained_clock", ["--lengths", "8k"], "--lengths"),
+                                                ("sustained_clock", ["--lengths", "3000"], "--lengths"),
+                                                ("sustained_clock", ["--seconds", "0"], "--seconds")],
                          ids=["host-rounds", "host-rounds-word", "host-n", "split-rounds", "split-lengths",
-                              "split-no-lengths", "deterministic-rounds"])
+                              "split-no-lengths", "deterministic-rounds", "clock-methods", "clock-modes",
+                              "clock-head-dims", "clock-lengths-word", "clock-lengths-divide", "clock-seconds"])
 def test_gpu_benchmarks_reject_bad_arguments(name, argv, needle, capsys):
     # GPU benchmarks: a bad argument is a usage error naming it, before any GPU work.
     module = load_benchmark(name)
