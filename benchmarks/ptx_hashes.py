@@ -296,6 +296,17 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d256 ranges", gluon_seq, dict(seq="ranges", d=256, causal=False)),
          ("gluon d256 varlen causal window+all", gluon_seq, dict(seq="varlen", d=256, left=300, softcap=30.0,
                                                                  alibi_bh=True, sinks=True)),
+         # Head dims run padded to the next of the kernel's (``padded_head_dim``): a dense call compiles
+         # to the padded dim's kernel; ranges and varlen add D_REAL to their masked stores.
+         ("gluon d96 full", gluon, dict(d=96, causal=False)),
+         ("gluon d96 varlen causal", gluon_seq, dict(seq="varlen", d=96)),
+         ("gluon d48 varlen causal window+all", gluon_seq, dict(seq="varlen", d=48, left=300, softcap=30.0,
+                                                                alibi_bh=True, sinks=True)),
+         ("gluon d48 ranges", gluon_seq, dict(seq="ranges", d=48, causal=False)),
+         ("gluon d80 ranges", gluon_seq, dict(seq="ranges", d=80, causal=False)),
+         ("gluon d96 varlen causal window+all", gluon_seq, dict(seq="varlen", d=96, left=300, softcap=30.0,
+                                                                alibi_bh=True, sinks=True)),
+         ("gluon d192 full", gluon, dict(d=192, causal=False)),
          ("gluon bwd d256", gluon_bwd, dict(d=256)), ("gluon bwd d256 full", gluon_bwd, dict(d=256, causal=False)),
          ("gluon bwd d256 softcap", gluon_bwd, dict(d=256, softcap=30.0)),
          ("gluon bwd d256 alibi (B, H)", gluon_bwd, dict(d=256, alibi_bh=True)),

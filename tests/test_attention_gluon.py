@@ -49,6 +49,46 @@ def test_causal_length_rule():
     assert not gluon_fwd._short(True, PLAIN, 17, 17, 256) and not gluon_fwd._short(False, window, 17, 17, 256)
 
 
+def test_padded_head_dims():
+    # Head dims the kernel has no tiles for run at the next of HEAD_DIMS above them: multiples of 8
+    # (16-byte TMA rows) between 32 and 256; the rest are not covered. They have no TMA-kernel
+    # alternative, so no causal length floor, and explain() names the padding.
+    from flashattn_lite.ops.attention_fwd import PLAIN
+    want = {64: 64, 128: 128, 256: 256, 40: 64, 48: 64, 56: 64, 72: 128, 80: 128, 96: 128, 112: 128,
+            136: 256, 160: 256, 192: 256, 248: 256}
+    for d, padded in want.items():
+        assert gluon_fwd.padded_head_dim(d) == padded
+    for d in (1, 8, 16, 24, 32, 36, 60, 100, 257, 264, 512):
+        assert gluon_fwd.padded_head_dim(d) is None
+    for d in (48, 96, 192):
+        assert not gluon_fwd._short(True, PLAIN, 17, 17, d)
+    assert "head dim 96 run at 128" in gluon_fwd.path_note(PLAIN, 96)
+    assert gluon_fwd.path_note(PLAIN, 128) == gluon_fwd.PATH_NOTE
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_padded_launch_reads_and_stores_the_real_columns():
+    # A d 96 launch: the d 128 kernel (HEAD_DIM, the default config's) over TMA boxes 128 wide on
+    # the 96-wide tensors; a varlen launch also passes D_REAL (its masked stores keep to 96
+    # columns), a dense one does not (its stores are TMA's, which drop the columns past 96).
+    from flashattn_lite.ops.attention_fwd import SEQ_VARLEN, Variant, output_buffers
+    q, kv = torch.zeros(2, 4, 300, 96, dtype=torch.bfloat16), torch.zeros(2, 2, 300, 96, dtype=torch.bfloat16)
+    o, lse = torch.empty_like(q), torch.empty(2, 4, 300)
+    cfg = gluon_fwd.default_config(128, False, 300)
+    grid, args, kwargs = gluon_fwd._launch(q, kv, kv, o, lse, 96 ** -0.5, False, cfg)
+    assert kwargs["HEAD_DIM"] == 128 and "D_REAL" not in kwargs
+    assert [list(a.block_shape) for a in args[:4]] == [[1, 1, 64, 128], [1, 1, cfg.block_n, 128],
+                                                       [1, 1, cfg.block_n, 128], [1, 1, 64, 128]]
+    assert all(list(a.shape) == list(t.shape) for a, t in zip(args[:4], (q, kv, kv, o)))
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    q1, k1 = q[:1], kv[:1]
+    o1, lse1 = output_buffers(q1, 96, varlen, True)
+    _, _, kwargs = gluon_fwd._launch(q1, k1, k1, o1, lse1, 96 ** -0.5, True, gluon_fwd.one_tile_per_program(cfg),
+                                     varlen)
+    assert kwargs["HEAD_DIM"] == 128 and kwargs["D_REAL"] == 96
+
+
 # (B, Hq, Hkv, Nq, Nk): lengths 1, 17, 1000, 4097 (partial tiles), Nq ≠ Nk both ways (Nq > Nk under
 # causal leaves rows with no key), GQA 2:1 (4:1 in its own test: the Hopper kernel compiles once per
 # group, the Gluon kernel takes it at run time); each at d 64, 128 and 256.
@@ -231,6 +271,38 @@ def test_non_causal_call_takes_the_gluon_kernels_at_any_causal_offset(offset):
         want = torch.autograd.grad(attention_core(*leaves, causal_offset=offset).float().square().sum(), leaves)
     for g, w in zip(grads, want):
         assert (g.float() - w.float()).norm() <= 2e-2 * w.float().norm()
+
+
+PADDED_DIMS = (48, 80, 96, 112, 192)
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", PADDED_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[4], SHAPES[5]], ids=lambda s: shape_id(s + (0,))[:-3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_padded_head_dims_match_reference(shape, d, dtype, causal):
+    # Head dims run padded (``padded_head_dim``) against float64: partial tiles, Nq ≠ Nk both ways,
+    # GQA; o keeps its real width (the TMA store drops the padding).
+    check(shape + (d,), dtype, causal, None, vs_hopper=False)
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padded_head_dim_dispatch(causal):
+    # attention() at d 96 (Phi-3's head dim): the forward takes the Gluon kernel padded to 128, causal
+    # at 1k too (no TMA-kernel alternative), explain() says so, and the backward (portable at d 96)
+    # runs from its (o, lse) to the portable kernels' gradients.
+    from flashattn_lite import attention, explain
+    from flashattn_lite.ops import attention_fwd
+    q, k, v = make_qkv((2, 8, 4, 1024, 1024, 96), torch.bfloat16)
+    attention_fwd._HOPPER.clear()
+    how = explain(q, k, v, causal=causal, backward=False)
+    assert how.path == "hopper" and "Gluon" in how.reason and "head dim 96 run at 128" in how.reason
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 96 ** -0.5, causal)
+    assert torch.equal(attention(q, k, v, causal=causal), o)
+    check_against_reference(o, lse, q, k, v, causal)
+    check_grads_match_portable(q, k, v, causal)
 
 
 @needs_gpu

@@ -134,6 +134,25 @@ def test_supported_takes_varlen_and_ranges(sm90, case):
 
 
 @faked_device
+def test_supported_padded_head_dims(sm90):
+    # Head dims run padded (``padded_head_dim``): at 96 (to 128) dense, varlen and ranges alike; at
+    # 192 (to 256) dense only (the sequence-end store would spill); a head dim that is no multiple
+    # of 8 not at all.
+    for d, layouts in ((96, True), (48, True), (192, False)):
+        q, k, v, cq, ck = packed([5, 17], [9, 40], 4, 2, d, torch.float16)
+        varlen = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
+        ranges = Variant(seq=SEQ_RANGES, seq_q=torch.tensor([[0, 5], [2, 7]], dtype=torch.int32),
+                         seq_k=torch.tensor([[0, 9], [1, 9]], dtype=torch.int32))
+        qd, kd = torch.zeros(2, 4, 7, d, dtype=torch.float16), torch.zeros(2, 2, 9, d, dtype=torch.float16)
+        assert gluon_fwd.supported(qd, kd, kd, causal=True) is None
+        for reason in (gluon_fwd.supported(as_4d(q), as_4d(k), as_4d(v), causal=True, variant=varlen),
+                       gluon_fwd.supported(qd, kd, kd, causal=False, variant=ranges)):
+            assert (reason is None) == layouts and (layouts or "dense batch only" in reason)
+    q = torch.zeros(1, 2, 7, 36, dtype=torch.float16)
+    assert "head dim 36" in gluon_fwd.supported(q, q, q)
+
+
+@faked_device
 def test_explain_names_the_layout(sm90):
     q, k, v, cq, ck = packed([5, 17], [9, 40], 4, 2, 64, torch.float16)
     varlen = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
@@ -198,6 +217,9 @@ GRID = [(lens, d, dtype, causal, hq, hkv)
         for d, dtype in [SETTINGS[n % len(SETTINGS)]]]
 # d 256, which only the Gluon forward takes among the Hopper kernels:
 GRID += [(LENS[1], 256, torch.bfloat16, True, 4, 2), (LENS[2], 256, torch.float16, False, 2, 2)]
+# Head dims run padded to 128 (``padded_head_dim``): a tile crossing a sequence's end takes the
+# masked store, which must keep to o's own columns (wider, it would write the next row's first ones).
+GRID += [(LENS[1], 96, torch.bfloat16, True, 4, 2), (LENS[2], 80, torch.float16, False, 2, 2)]
 
 
 def _portable(q4, k4, v4, scale, causal, variant):
@@ -228,8 +250,9 @@ def test_varlen_matches_reference_and_portable(lens, d, dtype, causal, hq, hkv):
 
 
 @needs_gpu
-@pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (64, torch.float16), (256, torch.bfloat16)],
-                         ids=["d128-bf16", "d64-fp16", "d256-bf16"])
+@pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (64, torch.float16), (256, torch.bfloat16),
+                                      (96, torch.bfloat16), (48, torch.float16)],
+                         ids=["d128-bf16", "d64-fp16", "d256-bf16", "d96-bf16", "d48-fp16"])
 def test_varlen_with_window_and_options(d, dtype):
     # A causal window with softcap, per-sequence ALiBi slopes (B, Hq) and sinks, across sequence ends.
     lens_q, lens_k = [17, 1000, 1, 4097], [40, 1000, 5, 4097]
@@ -248,8 +271,10 @@ def test_varlen_with_window_and_options(d, dtype):
 
 @needs_gpu
 @pytest.mark.parametrize("d, dtype, causal", [(128, torch.bfloat16, True), (64, torch.float16, False),
-                                              (128, torch.float16, False), (64, torch.bfloat16, True)],
-                         ids=["d128-bf16-causal", "d64-fp16-full", "d128-fp16-full", "d64-bf16-causal"])
+                                              (128, torch.float16, False), (64, torch.bfloat16, True),
+                                              (96, torch.bfloat16, True), (80, torch.float16, False)],
+                         ids=["d128-bf16-causal", "d64-fp16-full", "d128-fp16-full", "d64-bf16-causal",
+                              "d96-bf16-causal", "d80-fp16-full"])
 def test_ranges_match_reference_and_zero_the_padding(d, dtype, causal):
     # Padded batch rows (the HF integration's layout): each row's [start, end) alone, bottom-right
     # aligned; padding rows o = 0, lse = −inf; partial tiles at each range's end store no padding row.

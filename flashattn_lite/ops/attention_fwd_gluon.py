@@ -117,6 +117,21 @@ DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 
 
+
+
+def padded_head_dim(head_dim: int) -> int | None:
+    """The head dim the kernel runs a call of ``head_dim`` at: ``head_dim`` itself if it is one of
+    ``HEAD_DIMS``; for another multiple of 8 between 32 and 256 (80, 96, 112, 192, …) the next of
+    ``HEAD_DIMS`` above it, the TMA boxes that wide: their loads read Q's, K's and V's missing
+    columns as zeros (adding nothing to the scores, giving O zero columns) and O's store drops
+    them, so only the GEMMs pay for the padding; else None (not covered)."""
+    if head_dim in HEAD_DIMS:
+        return head_dim
+    if head_dim % 8 or not 32 < head_dim < HEAD_DIMS[-1]:
+        return None
+    return next(d for d in HEAD_DIMS if d > head_dim)
+
+
 # Shared memory per block on the H100 (227 KB), less a little for the mbarriers.
 SMEM_BYTES = 227 * 1024 - 1024
 
@@ -797,7 +812,7 @@ if _HAS_GLUON:
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  o=None, stride_om=None, q0=0, SEQ: gl.constexpr = 0):
+                  o=None, stride_om=None, q0=0, SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0):
         """One consumer warpgroup: query rows [start_m + 64·ME, +64) against every loaded key tile
         (``_attend``), then O and the lse out.
 
@@ -810,7 +825,8 @@ if _HAS_GLUON:
         ``o`` point at its first row (of head h), ``q0`` is that row in the tensor (batch row ``b``
         for ranges, the one batch row 0 for varlen).
         A full tile of rows goes out by TMA as for a dense batch, a tile crossing the sequence's end
-        by a masked store (a TMA store would overwrite the next sequence's rows)."""
+        by a masked store (a TMA store would overwrite the next sequence's rows), which keeps to o's
+        ``D_REAL`` columns where the kernel runs a padded head dim (``padded_head_dim``; 0: none)."""
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -873,7 +889,11 @@ if _HAS_GLUON:
                 out_rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
                 out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
                 ptrs = o + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(out_cols, 0)
-                gl.store(ptrs, out.to(dtype), mask=gl.expand_dims(out_rows < n_q, 1))
+                if D_REAL == 0:
+                    gl.store(ptrs, out.to(dtype), mask=gl.expand_dims(out_rows < n_q, 1))
+                else:
+                    gl.store(ptrs, out.to(dtype),
+                             mask=gl.expand_dims(out_rows < n_q, 1) & gl.expand_dims(out_cols < D_REAL, 0))
 
     @gluon.jit
     def _consumer_persistent(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
@@ -972,7 +992,7 @@ if _HAS_GLUON:
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0,
                                PERSISTENT: gl.constexpr = False, Q_SETS: gl.constexpr = 1,
-                               V_STAGES: gl.constexpr = 0):
+                               V_STAGES: gl.constexpr = 0, D_REAL: gl.constexpr = 0):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if PERSISTENT:
             # One program per SM (``_launch``), each taking units pid, pid + programs, … of the
@@ -1177,7 +1197,7 @@ if _HAS_GLUON:
                                  qk_scale,
                                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                  0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ, D_REAL)),
                     (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                v_empty, tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0,
                                k0, SEQ)),
@@ -1189,13 +1209,13 @@ if _HAS_GLUON:
                                  qk_scale,
                                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                  0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ, D_REAL)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                                  bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                                  qk_scale,
                                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                  1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ, D_REAL)),
                     (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                v_empty, tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0,
                                k0, SEQ)),
@@ -1207,19 +1227,19 @@ if _HAS_GLUON:
                                  qk_scale,
                                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                  0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ, D_REAL)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                                  bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                                  qk_scale,
                                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                  1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ, D_REAL)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse,
                                  bh, b, h, start_m, n_q, n_k, off, win_left, win_right, lo, n_tiles, mid_lo, mid_hi,
                                  qk_scale,
                                  softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                  2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH,
-                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ)),
+                                 HEAD_DIM, BLOCK_N, STAGES, o, stride_om, q0, SEQ, D_REAL)),
                     (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                v_empty, tb, h, h_kv, start_m, lo, n_tiles, CONSUMERS, BLOCK_N, STAGES, HAS_LEFT, q0,
                                k0, SEQ)),
@@ -1282,7 +1302,15 @@ def supported(q, k, v, **options) -> str | None:
     if not triton.__version__.startswith(TESTED_TRITON):
         return f"triton {triton.__version__}: the Gluon kernel is written for triton {TESTED_TRITON[0]}x"
     from .attention_fwd_hopper import covered
-    return covered(q, k, v, HEAD_DIMS, options)
+    if q.dim() == 4:
+        d, padded = q.shape[-1], padded_head_dim(q.shape[-1])
+        if padded is None:
+            return (f"head dim {d} (only {', '.join(map(str, HEAD_DIMS))}, or a multiple of 8 between them, "
+                    f"run padded to the next; Dv == D)")
+        if padded != d and padded > 128 and isinstance(variant, Variant) and variant.seq != SEQ_DENSE:
+            # Their sequence-end tiles' masked store, 256 columns kept to d, spills 300+ bytes.
+            return f"head dim {d} runs padded to {padded} over a dense batch only, not per-row ranges or varlen"
+    return covered(q, k, v, (q.shape[-1],) if q.dim() == 4 else HEAD_DIMS, options)
 
 
 # Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, bf16, B·N
@@ -1304,17 +1332,22 @@ def _short(causal: bool, variant: Variant, n_q: int, n_k: int, head_dim: int) ->
     causal or windowed at max(Nq, Nk) below it. Never for ranges or varlen calls: the TMA kernel
     does not take them, so the alternative is the portable kernel, not the kernel the crossover was
     measured against."""
-    if variant.seq != SEQ_DENSE:
+    if variant.seq != SEQ_DENSE or head_dim not in CAUSAL_MIN_N:  # padded head dims: no TMA kernel either
         return False
     banded = causal or variant.left >= 0 or variant.right >= 0
     return banded and max(n_q, n_k) < CAUSAL_MIN_N.get(head_dim, max(CAUSAL_MIN_N.values()))
 
 
-def path_note(variant: Variant = PLAIN) -> str:
+def path_note(variant: Variant = PLAIN, head_dim: int | None = None) -> str:
     """What ``explain()`` says of a call this kernel takes (``note_path``): the TMA kernel's words
-    with this kernel's name."""
+    with this kernel's name, and the head dim it runs at where it pads the call's
+    (``padded_head_dim``)."""
     from .attention_fwd_hopper import path_note as hopper_note
-    return hopper_note(variant, "the Gluon warp-specialized kernel")
+    kernel = "the Gluon warp-specialized kernel"
+    padded = padded_head_dim(head_dim) if head_dim is not None else None
+    if padded is not None and padded != head_dim:
+        kernel += f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)"
+    return hopper_note(variant, kernel)
 
 
 PATH_NOTE = path_note(PLAIN)
@@ -1360,9 +1393,10 @@ def default_layout(block: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, _GL_DTYPES[dtype]))
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
-    """A 4-D TMA descriptor over (B, H, N, D) ``t`` moving [rows, D] tiles of one head."""
-    return tma_descriptor(t, [1, 1, rows, t.shape[3]])
+def _descriptor(t: torch.Tensor, rows: int, width: int) -> "TensorDescriptor":
+    """A 4-D TMA descriptor over (B, H, N, D) ``t`` moving [rows, width] tiles of one head (width ≥ D:
+    the columns past D read as zeros and are not stored)."""
+    return tma_descriptor(t, [1, 1, rows, width])
 
 
 _PLAIN_ARGS = (None,) * 8
@@ -1419,7 +1453,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     ``DEFAULT_SMS`` off the GPU) and ``PERSISTENT``/``Q_SETS`` (``Config.q_sets``)/``V_STAGES``,
     passed only then; ValueError for ranges or varlen (one tile per program there), and for a
     ``v_stages`` config one tile per program."""
-    B, Hq, Nq, D = q.shape
+    B, Hq, Nq, D_real = q.shape
+    D = padded_head_dim(D_real)
     Hkv, Nk = k.shape[1], k.shape[2]
     options, flags = _option_args(_dense(variant), q, scale, causal)
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
@@ -1439,7 +1474,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2))
         if seq == SEQ_VARLEN:
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
-    args = (_descriptor(q, 64), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), _descriptor(o, 64),
+    args = (_descriptor(q, 64, D), _descriptor(k, cfg.block_n, D), _descriptor(v, cfg.block_n, D),
+            _descriptor(o, 64, D),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
             scale * LOG2E, softcap_scale, softcap2, *seq_args_)
     kwargs = dict(HEAD_DIM=D, CAUSAL=bool(causal), **flags, CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
@@ -1447,6 +1483,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
     if seq != SEQ_DENSE:
         kwargs["SEQ"] = seq
+        if D != D_real:
+            kwargs["D_REAL"] = D_real
     if cfg.persistent:
         # The grid above's tiles, in ``persistent_tile``'s order.
         grid = (min(grid[0], sms or gpu_sm_count(q.device)),)
@@ -1486,7 +1524,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
         n = max(Nq, k.shape[2]) // max(variant.seq_q.shape[0] - 1, 1)
     cfg = config
     if cfg is None:
-        cfg = default_config(D, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+        cfg = default_config(padded_head_dim(D), causal, n, variant.alibi is not None, variant.softcap > 0,
+                             variant.left >= 0)
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
     if variant.seq == SEQ_DENSE:
