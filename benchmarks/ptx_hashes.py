@@ -161,7 +161,8 @@ def gluon_bwd(opts, causal=True, d=128):
     elif seq == "ranges":
         ranges = torch.tensor([[0, 1000], [24, 1024]], dtype=torch.int32)
         variant = variant._replace(seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
-    cfg = g.default_config(d, causal, 8192)
+    kd = getattr(g, "kernel_head_dim", lambda x: x)(d) or d  # a head dim run padded: the kernel's
+    cfg = g.default_config(kd, causal, 8192)
     if config is not None:  # a config of the sweep by name, or the head dim 256 dQ kernel ("dq")
         cfg = next(c for c in g.CONFIGS[d] if c.name == config or (config == "dq" and not c.fused_dq))
     if getattr(cfg, "split_d", False):  # head dim 256: the wide kernels
@@ -172,7 +173,7 @@ def gluon_bwd(opts, causal=True, d=128):
             return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, *dq[1:])
         return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
     _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
-                                dq_acc=torch.zeros(B, H, N, d), row_starts=torch.zeros(4, dtype=torch.int32))
+                                dq_acc=torch.zeros(B, H, N, kd), row_starts=torch.zeros(4, dtype=torch.int32))
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
 
 def body(ptx):  # the code only: no debug sections, file names or source locations
@@ -307,6 +308,11 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d96 varlen causal window+all", gluon_seq, dict(seq="varlen", d=96, left=300, softcap=30.0,
                                                                 alibi_bh=True, sinks=True)),
          ("gluon d192 full", gluon, dict(d=192, causal=False)),
+         ("gluon bwd d96", gluon_bwd, dict(d=96)), ("gluon bwd d96 full", gluon_bwd, dict(d=96, causal=False)),
+         ("gluon bwd d96 varlen", gluon_bwd, dict(d=96, seq="varlen")),
+         ("gluon bwd d80 varlen full", gluon_bwd, dict(d=80, seq="varlen", causal=False)),
+         ("gluon bwd d48 ranges window+all", gluon_bwd, dict(d=48, seq="ranges", left=300, softcap=30.0, alibi=True,
+                                                             sinks=True)),
          ("gluon bwd d256", gluon_bwd, dict(d=256)), ("gluon bwd d256 full", gluon_bwd, dict(d=256, causal=False)),
          ("gluon bwd d256 softcap", gluon_bwd, dict(d=256, softcap=30.0)),
          ("gluon bwd d256 alibi (B, H)", gluon_bwd, dict(d=256, alibi_bh=True)),

@@ -318,6 +318,43 @@ def test_dq_conversion_keeps_q_layout(d, spread):
     torch.testing.assert_close(dq.float(), want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("spread", [False, True])
+@pytest.mark.parametrize("d, padded", [(96, 128), (80, 128), (48, 64)])
+def test_dq_conversion_of_a_padded_buffer(d, padded, spread):
+    # A head dim run padded (``kernel_head_dim``): the fp32 buffer is the kernel's width, dq q's; the
+    # conversion writes dq's d columns from the buffer's (in _spread_banks' order where staged so)
+    # and nothing past them: dq here is a view into wider rows whose other columns must stay NaN.
+    assert gluon_bwd.kernel_head_dim(d) == padded
+    acc = torch.randn(2, 3, 17, padded).to(DEVICE)
+    wide = torch.randn(2, 3, 17, padded).to(torch.float16).to(DEVICE)
+    want = gluon_bwd._dq_from_buffer(acc, wide, spread)[..., :d]
+    rows = torch.full((2, 3, 17, padded + 8), math.nan, dtype=torch.float16, device=DEVICE)
+    dq = gluon_bwd._dq_from_buffer(acc, rows[..., :d], spread, rows[..., :d])
+    assert torch.equal(dq, want) and torch.isnan(rows[..., d:]).all()
+
+
+def test_kernel_head_dims_and_their_launch(monkeypatch):
+    # Multiples of 8 between 32 and 128 run at 64 or 128 (the forward's ``padded_head_dim``), 256
+    # only as itself; a padded launch's boxes and fp32 dQ buffer are the kernel's width, and a
+    # varlen or ranges launch passes D_REAL for its masked stores (a dense one does not: its stores
+    # are TMA's, which drop the columns past d).
+    want = {40: 64, 48: 64, 64: 64, 72: 128, 96: 128, 120: 128, 128: 128, 256: 256}
+    assert all(gluon_bwd.kernel_head_dim(d) == p for d, p in want.items())
+    assert all(gluon_bwd.kernel_head_dim(d) is None for d in (16, 32, 36, 136, 192, 248, 264))
+    monkeypatch.setattr(gluon_bwd, "TESTED_TRITON", (triton.__version__,))
+    monkeypatch.setattr(gluon_bwd, "_HAS_GLUON", True)
+    q = torch.zeros(1, 2, 8, 136, dtype=torch.float16)
+    assert "head dim 136" in gluon_bwd.supported(q, q, q, q)
+    q, k = torch.zeros(2, 4, 300, 96), torch.zeros(2, 2, 300, 96)
+    cfg = gluon_bwd.default_config(128, True, 300)
+    plan = gluon_bwd.launch_plan(q, k, cfg, True)
+    assert plan["constexprs"]["HEAD_DIM"] == 128 and "D_REAL" not in plan["constexprs"]
+    assert plan["dq_acc_shape"] == (2, 4, 300, 128)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    assert gluon_bwd.launch_plan(q[:1], k[:1], cfg, True, varlen)["constexprs"]["D_REAL"] == 96
+
+
 @pytest.mark.parametrize("B, Hq, Hkv, Nq, D, cap, want", [
     (1, 16, 16, 1024, 128, 256 << 20, [(None, None, 0, 16)]),  # 8 MiB: one launch
     (1, 16, 16, 524288, 128, 256 << 20, [(None, None, h, h + 1) for h in range(16)]),  # 256 MiB a head
@@ -761,6 +798,32 @@ def _shape_id(s):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_backward_matches_reference_and_portable(shape, d, dtype, causal):
     check_backward(shape + (d,), dtype, causal, None)
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [48, 80, 96], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[4], SHAPES[5]], ids=_shape_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_padded_head_dims_match_reference_and_portable(shape, d, dtype, causal):
+    # Head dims run padded to 64 or 128 (``kernel_head_dim``): the same checks, dq, dk, dv of q's,
+    # k's, v's own width.
+    check_backward(shape + (d,), dtype, causal, None)
+
+
+@needs_gpu
+@pytest.mark.parametrize("d", [48, 96])
+def test_padded_head_dims_deterministic(d):
+    # Under torch.use_deterministic_algorithms a padded head dim's dq comes from the portable
+    # one-writer dQ kernel (the Triton TMA one takes 64 and 128 only): the same bits twice, and the
+    # reference's gradients.
+    shape = (2, 8, 2, 1000, 1000, d)
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [check_backward(shape, torch.bfloat16, True, None) for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 @needs_gpu

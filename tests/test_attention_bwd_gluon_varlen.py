@@ -384,6 +384,10 @@ GPU_CASES = [  # (q lengths, k lengths, Hq, Hkv, d, causal, dtype)
     ([1] * 9, [17] * 9, 4, 2, 128, True, torch.bfloat16),
     ([333, 0, 257], [333, 5, 0], 2, 2, 64, True, torch.bfloat16),
     ([4097, 17], [17, 4097], 4, 4, 128, True, torch.float16),
+    # head dims run padded (``kernel_head_dim``): the masked stores at a sequence's end keep to d
+    ([1, 17, 128, 1000, 4097], None, 4, 2, 96, True, torch.bfloat16),
+    ([17, 1000, 1], [300, 999, 129], 4, 1, 80, False, torch.float16),
+    ([333, 0, 257], [333, 5, 0], 2, 2, 48, True, torch.bfloat16),
     # head dim 256: the wide kernels (dK/dV and dQ), with empty sequences and keys
     ([1, 17, 128, 1000, 4097], None, 2, 2, 256, True, torch.bfloat16),
     ([17, 1000, 1], [300, 999, 129], 4, 1, 256, False, torch.float16),
@@ -579,9 +583,13 @@ def test_varlen_with_options_in_deterministic_mode_and_not(monkeypatch, gluon_ba
                                                 (256, True, dict(left=300, softcap=30.0)),
                                                 (256, True, dict(short_rows=True, alibi=True)),
                                                 (128, False, dict(short_rows=True, alibi=True, left=300,
-                                                                  deterministic=True))],
+                                                                  deterministic=True)),
+                                                (96, True, dict(short_rows=True)),
+                                                (80, False, dict(short_rows=True, alibi=True, left=300,
+                                                                 deterministic=True))],
                          ids=["d64", "d128", "d256", "d256-full", "d256-window-softcap", "d256-short-rows-alibi",
-                              "d128-full-deterministic-window-alibi"])
+                              "d128-full-deterministic-window-alibi", "d96-short-rows",
+                              "d80-full-deterministic-window-alibi"])
 def test_ranges_match_portable(monkeypatch, d, causal, options):
     # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on
     # the same saved o and lse; rows outside the ranges get zero gradients (d 256: the wide kernels,

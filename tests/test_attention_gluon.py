@@ -291,11 +291,11 @@ def test_padded_head_dims_match_reference(shape, d, dtype, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_padded_head_dim_dispatch(causal):
     # attention() at d 96 (Phi-3's head dim): the forward takes the Gluon kernel padded to 128, causal
-    # at 1k too (no TMA-kernel alternative), explain() says so, and the backward (portable at d 96)
+    # at 2k too (no TMA-kernel alternative), explain() says so, and the backward (portable at d 96)
     # runs from its (o, lse) to the portable kernels' gradients.
     from flashattn_lite import attention, explain
     from flashattn_lite.ops import attention_fwd
-    q, k, v = make_qkv((2, 8, 4, 1024, 1024, 96), torch.bfloat16)
+    q, k, v = make_qkv((2, 8, 4, 2048, 2048, 96), torch.bfloat16)  # past MIN_WORK (2³²)
     attention_fwd._HOPPER.clear()
     how = explain(q, k, v, causal=causal, backward=False)
     assert how.path == "hopper" and "Gluon" in how.reason and "head dim 96 run at 128" in how.reason

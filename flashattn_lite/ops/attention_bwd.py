@@ -551,7 +551,8 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
             hopper = (attention_bwd_gluon.attention_backward_gluon,
                       attention_bwd_gluon.path_note(variant, q.shape[3], deterministic, causal)) if gluon else False
         elif attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
-            hopper = (attention_bwd_gluon.attention_backward_gluon, attention_bwd_gluon.PATH_NOTE)
+            hopper = (attention_bwd_gluon.attention_backward_gluon,
+                      attention_bwd_gluon.path_note(PLAIN, q.shape[3], deterministic, causal))
         elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):
             hopper = (attention_bwd_hopper.attention_backward_hopper, attention_bwd_hopper.PATH_NOTE)
         else:

@@ -117,7 +117,7 @@ from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
                             seq_args)
-from .attention_fwd_gluon import gpu_sm_count, tma_descriptor, window_flags
+from .attention_fwd_gluon import gpu_sm_count, padded_head_dim, tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -138,6 +138,16 @@ DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 LOADER_REGS = 24
 DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle span of bf16 K
+
+
+def kernel_head_dim(head_dim: int) -> int | None:
+    """The head dim the kernel runs a call of ``head_dim`` at: one of ``HEAD_DIMS``, or a multiple of 8
+    between 32 and 128 padded to 64 or 128 as the Gluon forward pads it (``padded_head_dim``: TMA
+    reads the missing columns of q, k, v, dO as zeros, so Sᵀ, dPᵀ and the padded columns of dK, dV
+    and dQ come out as with the real columns alone, and the stores drop the padding); None past
+    that (the head dim 256 kernels take 256 only)."""
+    padded = padded_head_dim(head_dim)
+    return padded if padded == head_dim or (padded is not None and padded <= 128) else None
 
 
 class Config(NamedTuple):
@@ -581,7 +591,7 @@ if _HAS_GLUON:
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, SEQ: gl.constexpr,
-                  DEFER_DQ: gl.constexpr, KV_SHARE: gl.constexpr):
+                  DEFER_DQ: gl.constexpr, KV_SHARE: gl.constexpr, D_REAL: gl.constexpr):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
 
         Options (constexprs; a plain call compiles to the code it compiled to without them): the
@@ -793,7 +803,9 @@ if _HAS_GLUON:
             elif n_rows > 0:
                 rows = gl.arange(0, 64, layout=gl.SliceLayout(1, kv_layout))
                 cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
-                ok = gl.expand_dims(rows < n_rows, 1) & (cols < HEAD_DIM)
+                # dk's and dv's own columns where the kernel runs a padded head dim (D_REAL > 0)
+                COLS: gl.constexpr = D_REAL if D_REAL > 0 else HEAD_DIM
+                ok = gl.expand_dims(rows < n_rows, 1) & (cols < COLS)
                 key_rows = gl.expand_dims((first + rows).to(gl.int64), 1)
                 dk_at = dk_base + key_rows * stride_dkn + cols
                 dv_at = dv_base + key_rows * stride_dvn + cols
@@ -818,7 +830,7 @@ if _HAS_GLUON:
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, DEFER_DQ: gl.constexpr, SEQ: gl.constexpr = 0,
-                               KV_SHARE: gl.constexpr = 1):
+                               KV_SHARE: gl.constexpr = 1, D_REAL: gl.constexpr = 0):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
@@ -922,14 +934,14 @@ if _HAS_GLUON:
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -976,7 +988,10 @@ def supported(q, k, v, do, **options) -> str | None:
         reason = offset_reason(q, k, options.get("causal_offset"), options.get("causal"), variant)
         if reason is not None:
             return reason
-    reason = hopper_supported(q, k, v, do, head_dims=HEAD_DIMS, **options)
+    if q.dim() == 4 and kernel_head_dim(q.shape[3]) is None:
+        return (f"head dim {q.shape[3]} (only {', '.join(map(str, HEAD_DIMS))}, or a multiple of 8 between 32 "
+                "and 128, run padded to 64 or 128; Dv == D)")
+    reason = hopper_supported(q, k, v, do, head_dims=(q.shape[3],) if q.dim() == 4 else HEAD_DIMS, **options)
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant
         if seq == SEQ_DENSE:
@@ -1005,19 +1020,22 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
     the Hopper forward's words for the options with this kernel's name (at head dim 256 its dK/dV
     and dQ kernels; under ``deterministic``, its dK/dV with the one-writer dQ kernel
-    ``_tma_dq_covers`` picks)."""
-    if variant is None or variant is PLAIN:
+    ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``), that said too."""
+    padded = kernel_head_dim(head_dim)
+    pad = f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)" if padded != head_dim else ""
+    if (variant is None or variant is PLAIN) and not pad:
         return PATH_NOTE
+    variant = PLAIN if variant is None else variant
     from .attention_fwd_hopper import path_note as hopper_note
     if head_dim == 256:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
-    elif deterministic and not _tma_dq_covers(variant, causal):
+    elif deterministic and (pad or not _tma_dq_covers(variant, causal)):
         name = "the Gluon warp-specialized backward's dK/dV with the portable one-writer dQ kernel"
     elif deterministic:
         name = "the Gluon warp-specialized backward's dK/dV with the Triton TMA one-writer dQ kernel"
     else:
         name = "the Gluon warp-specialized backward (dQ by TMA reduce-add)"
-    note = hopper_note(variant, name)
+    note = hopper_note(variant, name + pad)
     layout = {SEQ_RANGES: "a padded batch with per-row ranges", SEQ_VARLEN: "a packed varlen batch"}.get(variant.seq)
     return note.replace(" on sm_90", f" over {layout} on sm_90", 1) if layout else note
 
@@ -1041,7 +1059,7 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if deterministic and q.shape[3] == 64 and not causal:
+    if deterministic and kernel_head_dim(q.shape[3]) == 64 and not causal:
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
@@ -1322,7 +1340,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
     lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``), and the launch order
     (band, banded heads) (``launch_order``; the head-major order, (a head's tile count, 0), for every
     launch but a dense causal one without a window's left side)."""
-    B, Hq, Nq, D = q.shape
+    B, Hq, Nq, D_real = q.shape
+    D = kernel_head_dim(D_real)
     Hkv, Nk = k.shape[1] * kv_share, k.shape[2]
     seq = SEQ_DENSE if variant is None else variant.seq
     if seq == SEQ_VARLEN:  # slots from the totals (``seq_key_tile``): no device→host sync
@@ -1330,6 +1349,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
     else:
         grid = (cdiv(Nk, cfg.block_n) * B * Hkv,)
     seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
+    if seq != SEQ_DENSE and D != D_real:  # the masked stores at a sequence's end keep to dk's, dv's columns
+        seq_ce["D_REAL"] = D_real
     if kv_share > 1:
         seq_ce["KV_SHARE"] = kv_share
     return dict(
@@ -1384,7 +1405,8 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     hashes, ``benchmarks/ptx_hashes.py``, compile from it without a GPU). ``dq_acc``: the fp32 dQ
     buffer with ``fused_dq``; else ``dq`` stands in for it (the kernel does not touch it).
     ``row_starts``: a varlen batch's lse₂/δ column of each sequence (``_aligned_rows``)."""
-    B, Hq, Nq, D = q.shape
+    B, Hq, Nq, _ = q.shape
+    D = kernel_head_dim(q.shape[3])  # the TMA boxes' width: past q's columns they read zeros, store nothing
     Hkv, Nk = k.shape[1] * kv_share, k.shape[2]
     plan = launch_plan(q, k, cfg, causal, variant, kv_share)
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
@@ -1428,7 +1450,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     reason = _variant_reason(variant)
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: variant: {reason}")
-    B, Hq, Nq, D = q.shape
+    B, Hq, Nq, _ = q.shape
+    D = kernel_head_dim(q.shape[3]) or q.shape[3]  # a head dim run padded: the kernel's (``config_reason``)
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
@@ -1497,7 +1520,8 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
               out: tuple | None = None):
     """``attention_backward_gluon``'s work for one launch, checks done; ``out``: (dq, dk, dv) to
     write (views of a chunked call's gradients), else new tensors."""
-    B, Hq, Nq, D = q.shape
+    B, Hq, Nq, _ = q.shape
+    D = kernel_head_dim(q.shape[3])  # the fp32 dQ buffer's width: the kernel's, converted to q's below
     row_starts = None
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd_hopper import row_stats
@@ -1536,7 +1560,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
     elif not cfg.split_d:  # a one-writer dQ kernel: the TMA one where it reaches, else the portable one
         lse2, delta = lse2.contiguous(), delta.contiguous()
-        if _tma_dq_covers(variant, causal):
+        if _tma_dq_covers(variant, causal) and D == q.shape[3]:  # (not at a padded head dim)
             _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
         else:
             from .attention_bwd import attention_dq
@@ -1553,11 +1577,12 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
 @launcher
 @triton.jit(do_not_specialize=["n_heads", "n_q"])
 def _dq_convert_kernel(acc, dq, n_heads, n_q, stride_b, stride_h, stride_n, HEAD_DIM: tl.constexpr,
-                       SPREAD: tl.constexpr, BLOCK_R: tl.constexpr):
+                       SPREAD: tl.constexpr, BLOCK_R: tl.constexpr, D_REAL: tl.constexpr = 0):
     """BLOCK_R dq rows of one head (q's strides and dtype; grid: cdiv(Nq, BLOCK_R) tiles of each of
     the B·Hq heads, ``tile_and_slab``) from the fp32 buffer's (B, Hq, Nq, HEAD_DIM) contiguous rows,
     the chunk order of ``_spread_banks`` undone where ``SPREAD``: in each 32-column span, buffer
-    chunk 4b + a (16 bytes) is dq chunk 2a + b."""
+    chunk 4b + a (16 bytes) is dq chunk 2a + b. ``D_REAL`` > 0: dq has only that many columns (a
+    head dim run padded), the buffer's others are dropped."""
     tile, bh = tile_and_slab(tl.cdiv(n_q, BLOCK_R))
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, HEAD_DIM)
@@ -1567,6 +1592,8 @@ def _dq_convert_kernel(acc, dq, n_heads, n_q, stride_b, stride_h, stride_n, HEAD
         x = tl.permute(tl.reshape(x, [BLOCK_R, HEAD_DIM // 32, 2, 4, 4]), [0, 1, 3, 2, 4])
         x = tl.reshape(x, [BLOCK_R, HEAD_DIM])
     base = head_base(dq, bh // n_heads, bh % n_heads, stride_b, stride_h)
+    if D_REAL > 0:
+        ok = ok & (cols[None, :] < D_REAL)
     tl.store(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :], x.to(dq.dtype.element_ty), mask=ok)
 
 
@@ -1580,8 +1607,9 @@ def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool, dq: tor
     dq = torch.empty_like(q) if dq is None else dq
     B, Hq, Nq, D = dq_acc.shape
     block_r = 8192 // D
+    padded = dict(D_REAL=dq.shape[3]) if dq.shape[3] != D else {}  # a head dim run padded: its own columns
     _dq_convert_kernel[(cdiv(Nq, block_r) * B * Hq,)](dq_acc, dq, Hq, Nq, *dq.stride()[:3], HEAD_DIM=D,
-                                                      SPREAD=spread, BLOCK_R=block_r)
+                                                      SPREAD=spread, BLOCK_R=block_r, **padded)
     return dq
 
 
