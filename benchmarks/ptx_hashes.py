@@ -176,6 +176,28 @@ def gluon_bwd(opts, causal=True, d=128):
                                 dq_acc=torch.zeros(B, H, N, kd), row_starts=torch.zeros(4, dtype=torch.int32))
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
 
+def bwd_rows(opts):
+    """The Triton kernels around the Gluon backward at head dim ``d`` (in ``opts``, with ``kernel``):
+    its row statistics (``_row_stats_kernel``), the portable preprocess the ranges and varlen
+    layouts take (``_bwd_preprocess``) and the dQ conversion (``_dq_convert_kernel``), at the block
+    widths their launches pick (a head dim run padded is no power of 2)."""
+    import flashattn_lite.ops.attention_bwd as ab
+    import flashattn_lite.ops.attention_bwd_gluon as g
+    d, kernel = opts["d"], opts["kernel"]
+    kd = getattr(g, "kernel_head_dim", lambda x: x)(d) or d
+    types = {"o": "*bf16", "do": "*bf16", "dq": "*bf16", "lse": "*fp32", "dlse": "*fp32", "delta_pad": "*fp32",
+             "lse2_pad": "*fp32", "dq_acc": "*fp32", "delta": "*fp32", "lse2": "*fp32", "acc": "*fp32"}
+    block_dv = triton.next_power_of_2(d)
+    if kernel == "row stats":
+        return compile_ptx(g._row_stats_kernel.jit, dict(HEAD_DIM=kd, HEAD_DIM_V=d, HAS_DLSE=False, ZERO_DQ=True,
+                                                        BLOCK_M=64, BLOCK_DV=block_dv), types)
+    if kernel == "preprocess":
+        return compile_ptx(ab._bwd_preprocess.jit, dict(HEAD_DIM_V=d, BLOCK_DV=block_dv, HAS_DLSE=False,
+                                                        BLOCK_M=64), types)
+    return compile_ptx(g._dq_convert_kernel.jit, dict(HEAD_DIM=kd, SPREAD=True, BLOCK_R=8192 // kd,
+                                                      **(dict(D_REAL=d) if kd != d else {})), types)
+
+
 def body(ptx):  # the code only: no debug sections, file names or source locations
     ptx = ptx.split(".section\t.debug")[0]
     return "\n".join(l for l in (x.strip() for x in ptx.splitlines())
@@ -313,6 +335,9 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d80 varlen full", gluon_bwd, dict(d=80, seq="varlen", causal=False)),
          ("gluon bwd d48 ranges window+all", gluon_bwd, dict(d=48, seq="ranges", left=300, softcap=30.0, alibi=True,
                                                              sinks=True)),
+         ("bwd row stats d96", bwd_rows, dict(d=96, kernel="row stats")),
+         ("bwd preprocess d80", bwd_rows, dict(d=80, kernel="preprocess")),
+         ("bwd dq convert d96", bwd_rows, dict(d=96, kernel="dq convert")),
          ("gluon bwd d256", gluon_bwd, dict(d=256)), ("gluon bwd d256 full", gluon_bwd, dict(d=256, causal=False)),
          ("gluon bwd d256 softcap", gluon_bwd, dict(d=256, softcap=30.0)),
          ("gluon bwd d256 alibi (B, H)", gluon_bwd, dict(d=256, alibi_bh=True)),

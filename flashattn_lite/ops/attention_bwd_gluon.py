@@ -1130,7 +1130,7 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
                       stride_ob, stride_oh, stride_om, stride_od,
                       stride_dob, stride_doh, stride_dom, stride_dod,
                       n_heads, n_q, n_pad, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                      HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr):
+                      HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
     """The portable preprocess's row statistics (``attention_bwd.row_stats_tile``) written the way the
     Gluon kernel reads them: δ and lse₂ in (B·Hq, n_pad) rows, the padding rows δ = 0 and lse₂ = +inf, and with
     ``ZERO_DQ`` the fp32 dQ buffer's rows zeroed in the same pass (before, a fill kernel, two fills
@@ -1139,7 +1139,7 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     d, l2, row, row_ok = row_stats_tile(o, do, lse, dlse, bh, n_heads, offs_m, stride_ob, stride_oh, stride_om,
                                         stride_od, stride_dob, stride_doh, stride_dom, stride_dod, n_q,
-                                        HEAD_DIM_V, HEAD_DIM_V, HAS_DLSE)
+                                        HEAD_DIM_V, BLOCK_DV, HAS_DLSE)
     out = bh.to(tl.int64) * n_pad + offs_m
     tl.store(delta_pad + out, d)  # 0 on the padding rows (zero tiles)
     tl.store(lse2_pad + out, tl.where(row_ok, l2, float("inf")))
@@ -1164,7 +1164,8 @@ def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None)
     _row_stats_kernel[(n_pad // block_m * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta_pad, lse2_pad, dq_acc, *o.stride(), *do.stride(),
         Hq, Nq, n_pad, HEAD_DIM=dq_acc.shape[3] if dq_acc is not None else Dv, HEAD_DIM_V=Dv,
-        HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None, BLOCK_M=block_m)
+        HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None, BLOCK_M=block_m,
+        BLOCK_DV=triton.next_power_of_2(Dv))  # (a head dim run padded is no power of 2)
     delta, lse2 = (t.view(B, Hq, n_pad)[:, :, :Nq] for t in (delta_pad, lse2_pad))
     return (delta_pad, lse2_pad), (delta, lse2)
 

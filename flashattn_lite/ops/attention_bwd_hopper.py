@@ -291,7 +291,7 @@ def row_stats(do, o, lse, dlse):
     pre_m = 16 if interpreter_active() else 64
     _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq,
-        HEAD_DIM_V=Dv, BLOCK_DV=Dv, HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
+        HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv), HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
     return delta, lse2
 
 
