@@ -1565,7 +1565,8 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
             _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
         else:
             from .attention_bwd import attention_dq
-            attention_dq(do, q, k, v, dq, lse2, delta, scale=scale, causal=causal, variant=variant)
+            attention_dq(do, q, k, v, dq, lse2, delta, scale=scale, causal=causal,
+                         variant=PLAIN if variant is None else variant)  # (a plain call at a padded head dim)
     if variant is None:
         return dq, dk, dv
     dsinks = None
