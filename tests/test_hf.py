@@ -220,6 +220,32 @@ def test_gemma2_training_at_head_dim_256_takes_the_gluon_kernels(monkeypatch):
         assert calls == [SEQ_RANGES] * 2
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a real head dim and length: the GPU only")
+def test_head_dim_96_training_takes_the_padded_gluon_kernels(monkeypatch):
+    """A Llama at Phi-3's head dim (96) on a long left-padded batch: the padded rows reach the
+    backward as per-row ranges, which on sm_90 (triton 3.6) take the Gluon backward run at head dim
+    128 (``kernel_head_dim``); the gradients match eager's as in the small training test."""
+    from test_attention_bwd_gluon import REASON
+    from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
+    from flashattn_lite.ops.attention_fwd import SEQ_RANGES
+    config = transformers.LlamaConfig(**dict(_COMMON, hidden_size=384, intermediate_size=256, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=96, max_position_embeddings=4096))
+    exact, ours = _models("llama", config=config)
+    ref = copy.deepcopy(exact).to(DTYPE)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, VOCAB, (2, 3000), generator=g)
+    am = torch.ones_like(ids)
+    am[1, :700] = 0
+    ids[am == 0] = 0
+    calls = []
+    launch = gluon_bwd._launch
+    monkeypatch.setattr(gluon_bwd, "_launch", lambda *a, **kw: calls.append((a[0].shape[-1], a[12].seq))
+                        or launch(*a, **kw))
+    _assert_training_gradients_close(exact, ref, ours, ids.to(DEVICE), am.to(DEVICE))
+    if REASON is None:  # sm_90 with triton 3.6: both layers' backward on the Gluon kernel, over ranges
+        assert calls == [(96, SEQ_RANGES)] * 2
+
+
 def test_no_dense_mask_reaches_the_kernel(kernel_calls, monkeypatch):
     """transformers' mask builders are never called, and the kernel sees O(B) ranges, no mask."""
     def refuse(*args, **kwargs):
