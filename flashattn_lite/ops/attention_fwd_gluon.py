@@ -117,8 +117,6 @@ DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 
 
-
-
 def padded_head_dim(head_dim: int) -> int | None:
     """The head dim the kernel runs a call of ``head_dim`` at: ``head_dim`` itself if it is one of
     ``HEAD_DIMS``; for another multiple of 8 between 32 and 256 (80, 96, 112, 192, …) the next of
