@@ -119,9 +119,9 @@ if torch.cuda.get_device_capability() == (9, 0):
                                                      variant=options)
 
 # The Hopper dispatch at small shapes (MIN_WORK 0), through the public API as a real call reaches it:
-# head dims 64, 128 and 256 (bf16, GQA), dense batches, per-row ranges and packed varlen batches (an
-# empty sequence among them), the score options, and the deterministic backwards' one-writer dQ
-# kernels. The kernels launched are listed in the log.
+# head dims 64, 128 and 256 and ones run padded (48, 80, 96; 192, the forward only) (bf16, GQA), dense
+# batches, per-row ranges and packed varlen batches (an empty sequence among them), the score options,
+# and the deterministic backwards' one-writer dQ kernels. The kernels launched are listed in the log.
 if torch.cuda.get_device_capability() == (9, 0) and GLUON:
     from flashattn_lite import _launcher
     from flashattn_lite.ops import attention_fwd_hopper
@@ -157,6 +157,10 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         dense(256, False)
         dense(256, True, **every)
         packed(256, False, alibi_slopes=slopes, softcap=20.0)
+        dense(96, True, **every)  # padded: TMA boxes past the tensors' columns, masked stores kept to them
+        packed(80, False, alibi_slopes=slopes, softcap=20.0)
+        packed(48, True, deterministic=True, window=(40, 0))
+        dense(192, False)
     print("Hopper dispatch launched:", ", ".join(sorted({launch.kernel for launch in launches})))
 torch.cuda.synchronize()
 print("ok")
