@@ -233,6 +233,33 @@ def test_strided_heads_read_in_place():
     assert torch.equal(o, oc) and torch.equal(lse, lsec)
 
 
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padded_head_dim_reads_views_of_a_fused_qkv(causal):
+    # q, k, v as views of one (B, N, 3, H, 96) projection: rows 3·H·96 elements apart, k's 96
+    # columns followed in memory by v's. The boxes 128 wide must read zeros past column 96 (the
+    # descriptors' bounds), not the neighbour's values: the same o, lse as on contiguous copies, and
+    # the gradients through attention() as the portable kernels give them.
+    g = torch.Generator(device="cuda").manual_seed(9)
+    qkv = torch.randn(2, 2048, 3, 8, 96, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    assert gluon_fwd.supported(q, k, v, causal=causal) is None
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 96 ** -0.5, causal)
+    oc, lsec = gluon_fwd.attention_forward_gluon(q.contiguous(), k.contiguous(), v.contiguous(), 96 ** -0.5, causal)
+    assert torch.equal(o, oc) and torch.equal(lse, lsec)
+    check_against_reference(o, lse, q, k, v, causal)
+    from flashattn_lite import attention
+    leaf = qkv.clone().requires_grad_()
+
+    def grad_of_views():
+        q, k, v = (t.transpose(1, 2) for t in leaf.unbind(2))
+        return torch.autograd.grad(attention(q, k, v, causal=causal).float().square().sum(), leaf)[0].float()
+    got = grad_of_views()
+    with hopper.disabled():
+        want = grad_of_views()
+    assert (got - want).norm() <= 2e-2 * want.norm()
+
+
 def test_takes_a_window_refuses_ranges():
     # softcap, ALiBi, sinks and sliding windows are its options (tests/test_attention_gluon_variants.py,
     # tests/test_attention_gluon_window.py); ranges/varlen layouts are never handed to it.
