@@ -75,6 +75,7 @@ def test_which_dq_kernel_a_one_writer_config_takes():
     # the diagonal, leave them plain), the portable one for softcap, ALiBi, windows, ranges, varlen.
     covers = gluon_bwd._tma_dq_covers
     assert covers(None, False) and covers(PLAIN, True) and covers(Variant(sinks=torch.zeros(2)), False)
+    assert covers(PLAIN, True, 64) and not covers(PLAIN, True, 96) and not covers(None, False, 48)  # padded
     assert covers(Variant(right=3), True) and not covers(Variant(right=3), False)
     cu = torch.tensor([0, 8], dtype=torch.int32)
     for variant in (Variant(softcap=30.0), Variant(alibi=torch.zeros(2)), Variant(left=5), Variant(left=5, right=0),

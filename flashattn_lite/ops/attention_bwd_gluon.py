@@ -1029,7 +1029,7 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     from .attention_fwd_hopper import path_note as hopper_note
     if head_dim == 256:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
-    elif deterministic and (pad or not _tma_dq_covers(variant, causal)):
+    elif deterministic and not _tma_dq_covers(variant, causal, head_dim):
         name = "the Gluon warp-specialized backward's dK/dV with the portable one-writer dQ kernel"
     elif deterministic:
         name = "the Gluon warp-specialized backward's dK/dV with the Triton TMA one-writer dQ kernel"
@@ -1391,11 +1391,14 @@ def _option_args(variant, q: torch.Tensor, scale: float, causal: bool = False):
     return args, flags
 
 
-def _tma_dq_covers(variant, causal: bool) -> bool:
-    """Whether the Triton TMA dQ kernel (the one-writer configs' dQ at d ≤ 128) computes this call's
-    dq: plain scores over a dense batch (sinks and a causal call's window without a left side, the
-    diagonal, leave them plain). Softcap, ALiBi, other windows, ranges and varlen batches take the
-    portable dQ kernel (``attention_bwd.attention_dq``), one writer per element too."""
+def _tma_dq_covers(variant, causal: bool, head_dim: int = 128) -> bool:
+    """Whether the Triton TMA dQ kernel (the one-writer configs' dQ at d 64 and 128) computes this
+    call's dq: plain scores over a dense batch (sinks and a causal call's window without a left side,
+    the diagonal, leave them plain) at a head dim it has tiles for. Softcap, ALiBi, other windows,
+    ranges and varlen batches, and head dims run padded (``kernel_head_dim``) take the portable dQ
+    kernel (``attention_bwd.attention_dq``), one writer per element too."""
+    if kernel_head_dim(head_dim) != head_dim:
+        return False
     return variant is None or variant is PLAIN or _is_plain(variant._replace(sinks=None), causal)
 
 
@@ -1561,7 +1564,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
     elif not cfg.split_d:  # a one-writer dQ kernel: the TMA one where it reaches, else the portable one
         lse2, delta = lse2.contiguous(), delta.contiguous()
-        if _tma_dq_covers(variant, causal) and D == q.shape[3]:  # (not at a padded head dim)
+        if _tma_dq_covers(variant, causal, q.shape[3]):
             _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
         else:
             from .attention_bwd import attention_dq
