@@ -193,6 +193,15 @@ def _assert_training_gradients_close(exact, ref, ours, ids, am):
         assert err_ours <= 2 * err_ref + 5 * TOL[DTYPE], (name, err_ours.item(), err_ref.item())
 
 
+def _long_left_padded(seed: int, pad: int):
+    """(ids, attention_mask) of two 3000-token rows, the second left-padded by ``pad`` tokens."""
+    ids = torch.randint(1, VOCAB, (2, 3000), generator=torch.Generator().manual_seed(seed))
+    am = torch.ones_like(ids)
+    am[1, :pad] = 0
+    ids[am == 0] = 0
+    return ids, am
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a real head dim and length: the GPU only")
 def test_gemma2_training_at_head_dim_256_takes_the_gluon_kernels(monkeypatch):
     """Gemma 2 at its real head dim (256) and a long left-padded batch: the padded rows reach the
@@ -207,11 +216,7 @@ def test_gemma2_training_at_head_dim_256_takes_the_gluon_kernels(monkeypatch):
                                        query_pre_attn_scalar=256)
     exact, ours = _models("gemma2", config=config)
     ref = copy.deepcopy(exact).to(DTYPE)
-    g = torch.Generator().manual_seed(2)
-    ids = torch.randint(1, VOCAB, (2, 3000), generator=g)
-    am = torch.ones_like(ids)
-    am[1, :500] = 0
-    ids[am == 0] = 0
+    ids, am = _long_left_padded(seed=2, pad=500)
     calls = []
     run = wide.run
     monkeypatch.setattr(wide, "run", lambda *a, **kw: calls.append(a[12].seq) or run(*a, **kw))
@@ -232,11 +237,7 @@ def test_head_dim_96_training_takes_the_padded_gluon_kernels(monkeypatch):
                                              num_key_value_heads=2, head_dim=96, max_position_embeddings=4096))
     exact, ours = _models("llama", config=config)
     ref = copy.deepcopy(exact).to(DTYPE)
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, VOCAB, (2, 3000), generator=g)
-    am = torch.ones_like(ids)
-    am[1, :700] = 0
-    ids[am == 0] = 0
+    ids, am = _long_left_padded(seed=3, pad=700)
     calls = []
     launch = gluon_bwd._launch
     monkeypatch.setattr(gluon_bwd, "_launch", lambda *a, **kw: calls.append((a[0].shape[-1], a[12].seq))
