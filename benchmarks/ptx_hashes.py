@@ -164,7 +164,7 @@ def gluon_bwd(opts, causal=True, d=128):
     kd = getattr(g, "kernel_head_dim", lambda x: x)(d) or d  # a head dim run padded: the kernel's
     cfg = g.default_config(kd, causal, 8192)
     if config is not None:  # a config of the sweep by name, or the head dim 256 dQ kernel ("dq")
-        cfg = next(c for c in g.CONFIGS[d] if c.name == config or (config == "dq" and not c.fused_dq))
+        cfg = next(c for c in g.CONFIGS[kd] if c.name == config or (config == "dq" and not c.fused_dq))
     if getattr(cfg, "split_d", False):  # head dim 256: the wide kernels
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
         dkdv, dq = w.launches(q, kv, kv, q, q, kv, kv, rows, rows, 0.088, causal, cfg, variant,
@@ -338,6 +338,9 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("bwd row stats d96", bwd_rows, dict(d=96, kernel="row stats")),
          ("bwd preprocess d80", bwd_rows, dict(d=80, kernel="preprocess")),
          ("bwd dq convert d96", bwd_rows, dict(d=96, kernel="dq convert")),
+         ("gluon bwd d192", gluon_bwd, dict(d=192)), ("gluon bwd d192 dq", gluon_bwd, dict(d=192, config="dq")),
+         ("gluon bwd d192 varlen window+all", gluon_bwd, dict(d=192, seq="varlen", left=300, softcap=30.0,
+                                                              alibi=True, sinks=True)),
          ("gluon bwd d256", gluon_bwd, dict(d=256)), ("gluon bwd d256 full", gluon_bwd, dict(d=256, causal=False)),
          ("gluon bwd d256 softcap", gluon_bwd, dict(d=256, softcap=30.0)),
          ("gluon bwd d256 alibi (B, H)", gluon_bwd, dict(d=256, alibi_bh=True)),

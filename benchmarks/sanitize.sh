@@ -119,7 +119,7 @@ if torch.cuda.get_device_capability() == (9, 0):
                                                      variant=options)
 
 # The Hopper dispatch at small shapes (MIN_WORK 0), through the public API as a real call reaches it:
-# head dims 64, 128 and 256 and ones run padded (48, 80, 96; 192, the forward only) (bf16, GQA), dense
+# head dims 64, 128 and 256 and ones run padded (48, 80, 96, 192) (bf16, GQA), dense
 # batches, per-row ranges and packed varlen batches (an empty sequence among them), the score options,
 # and the deterministic backwards' one-writer dQ kernels. The kernels launched are listed in the log.
 if torch.cuda.get_device_capability() == (9, 0) and GLUON:
@@ -161,6 +161,7 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         packed(80, False, alibi_slopes=slopes, softcap=20.0)
         packed(48, True, deterministic=True, window=(40, 0))
         dense(192, False)
+        packed(192, True, alibi_slopes=slopes, softcap=20.0)  # the backward's wide kernels, padded
     print("Hopper dispatch launched:", ", ".join(sorted({launch.kernel for launch in launches})))
 torch.cuda.synchronize()
 print("ok")

@@ -155,6 +155,9 @@ def test_path_note_names_the_options():
     assert "softcap" not in gluon_bwd.path_note(Variant(sinks=torch.zeros(4)))
     wide = gluon_bwd.path_note(every, 256)  # head dim 256: its own two kernels, no reduce-add
     assert "dK/dV and dQ kernels" in wide and "reduce-add" not in wide and "softcap" in wide
+    for deterministic in (False, True):  # 192 runs padded on the same two kernels, deterministic or not
+        padded = gluon_bwd.path_note(PLAIN, 192, deterministic)
+        assert "dK/dV and dQ kernels" in padded and "head dim 192 run at 256" in padded and "reduce-add" not in padded
     # Deterministic mode: dq by the portable one-writer kernel, but where the scores are plain (sinks,
     # a causal call's diagonal window), which the TMA dQ kernel takes; never the reduce-add.
     one_writer = gluon_bwd.path_note(every, 128, deterministic=True)
@@ -339,13 +342,13 @@ def test_kernel_head_dims_and_their_launch(monkeypatch):
     # only as itself; a padded launch's boxes and fp32 dQ buffer are the kernel's width, and a
     # varlen or ranges launch passes D_REAL for its masked stores (a dense one does not: its stores
     # are TMA's, which drop the columns past d).
-    want = {40: 64, 48: 64, 64: 64, 72: 128, 96: 128, 120: 128, 128: 128, 256: 256}
+    want = {40: 64, 48: 64, 64: 64, 72: 128, 96: 128, 120: 128, 128: 128, 136: 256, 192: 256, 248: 256, 256: 256}
     assert all(gluon_bwd.kernel_head_dim(d) == p for d, p in want.items())
-    assert all(gluon_bwd.kernel_head_dim(d) is None for d in (16, 32, 36, 136, 192, 248, 264))
+    assert all(gluon_bwd.kernel_head_dim(d) is None for d in (16, 32, 36, 100, 260, 264))
     monkeypatch.setattr(gluon_bwd, "TESTED_TRITON", (triton.__version__,))
     monkeypatch.setattr(gluon_bwd, "_HAS_GLUON", True)
-    q = torch.zeros(1, 2, 8, 136, dtype=torch.float16)
-    assert "head dim 136" in gluon_bwd.supported(q, q, q, q)
+    q = torch.zeros(1, 2, 8, 100, dtype=torch.float16)
+    assert "head dim 100" in gluon_bwd.supported(q, q, q, q)
     q, k = torch.zeros(2, 4, 300, 96), torch.zeros(2, 2, 300, 96)
     cfg = gluon_bwd.default_config(128, True, 300)
     plan = gluon_bwd.launch_plan(q, k, cfg, True)
@@ -803,7 +806,7 @@ def test_backward_matches_reference_and_portable(shape, d, dtype, causal):
 
 @needs_gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [48, 80, 96], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("d", [48, 80, 96, 192], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[4], SHAPES[5]], ids=_shape_id)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_padded_head_dims_match_reference_and_portable(shape, d, dtype, causal):

@@ -388,6 +388,7 @@ GPU_CASES = [  # (q lengths, k lengths, Hq, Hkv, d, causal, dtype)
     ([1, 17, 128, 1000, 4097], None, 4, 2, 96, True, torch.bfloat16),
     ([17, 1000, 1], [300, 999, 129], 4, 1, 80, False, torch.float16),
     ([333, 0, 257], [333, 5, 0], 2, 2, 48, True, torch.bfloat16),
+    ([17, 1000, 1], [300, 999, 129], 4, 1, 192, True, torch.bfloat16),  # the wide kernels, padded
     # head dim 256: the wide kernels (dK/dV and dQ), with empty sequences and keys
     ([1, 17, 128, 1000, 4097], None, 2, 2, 256, True, torch.bfloat16),
     ([17, 1000, 1], [300, 999, 129], 4, 1, 256, False, torch.float16),
@@ -586,13 +587,15 @@ def test_varlen_with_options_in_deterministic_mode_and_not(monkeypatch, gluon_ba
                                                                   deterministic=True)),
                                                 (96, True, dict(short_rows=True)),
                                                 (80, False, dict(short_rows=True, alibi=True, left=300,
-                                                                 deterministic=True))],
+                                                                 deterministic=True)),
+                                                (192, True, dict(short_rows=True, alibi=True, left=300, softcap=30.0))],
                          ids=["d64", "d128", "d256", "d256-full", "d256-window-softcap", "d256-short-rows-alibi",
                               "d128-full-deterministic-window-alibi", "d96-short-rows",
-                              "d80-full-deterministic-window-alibi"])
+                              "d80-full-deterministic-window-alibi",
+                              "d192-short-rows-window-softcap-alibi"])
 def test_ranges_match_portable(monkeypatch, d, causal, options):
     # A padded batch with per-row ranges (what the HF integration passes): Gluon against portable on
-    # the same saved o and lse; rows outside the ranges get zero gradients (d 256: the wide kernels,
+    # the same saved o and lse; rows outside the ranges get zero gradients (d 256 and 192: the wide kernels,
     # whose dQ kernel writes dq rows itself). ``short_rows``: row 0's queries and keys end 300 rows
     # before the tensor's (right padding), so its last query tile crosses the range's end.
     from flashattn_lite.ops import attention_bwd, attention_fwd

@@ -141,13 +141,12 @@ DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle 
 
 
 def kernel_head_dim(head_dim: int) -> int | None:
-    """The head dim the kernel runs a call of ``head_dim`` at: one of ``HEAD_DIMS``, or a multiple of 8
-    between 32 and 128 padded to 64 or 128 as the Gluon forward pads it (``padded_head_dim``: TMA
+    """The head dim the kernels run a call of ``head_dim`` at: one of ``HEAD_DIMS``, or a multiple of 8
+    between 32 and 256 padded to the next as the Gluon forward pads it (``padded_head_dim``: TMA
     reads the missing columns of q, k, v, dO as zeros, so Sᵀ, dPᵀ and the padded columns of dK, dV
-    and dQ come out as with the real columns alone, and the stores drop the padding); None past
-    that (the head dim 256 kernels take 256 only)."""
-    padded = padded_head_dim(head_dim)
-    return padded if padded == head_dim or (padded is not None and padded <= 128) else None
+    and dQ come out as with the real columns alone, and the stores drop the padding; above 128 the
+    head dim 256 kernels, whose stores are masked ones kept to the real columns); else None."""
+    return padded_head_dim(head_dim)
 
 
 class Config(NamedTuple):
@@ -990,7 +989,7 @@ def supported(q, k, v, do, **options) -> str | None:
             return reason
     if q.dim() == 4 and kernel_head_dim(q.shape[3]) is None:
         return (f"head dim {q.shape[3]} (only {', '.join(map(str, HEAD_DIMS))}, or a multiple of 8 between 32 "
-                "and 128, run padded to 64 or 128; Dv == D)")
+                "and 256, run padded to the next; Dv == D)")
     reason = hopper_supported(q, k, v, do, head_dims=(q.shape[3],) if q.dim() == 4 else HEAD_DIMS, **options)
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant
@@ -1018,16 +1017,17 @@ PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backwa
 def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool = False,
               causal: bool = False) -> str:
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
-    the Hopper forward's words for the options with this kernel's name (at head dim 256 its dK/dV
-    and dQ kernels; under ``deterministic``, its dK/dV with the one-writer dQ kernel
-    ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``), that said too."""
+    the Hopper forward's words for the options with this kernel's name (at head dim 256, and 136–248
+    run padded to it, its dK/dV and dQ kernels; under ``deterministic``, its dK/dV with the
+    one-writer dQ kernel ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``),
+    that said too."""
     padded = kernel_head_dim(head_dim)
     pad = f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)" if padded != head_dim else ""
     if (variant is None or variant is PLAIN) and not pad:
         return PATH_NOTE
     variant = PLAIN if variant is None else variant
     from .attention_fwd_hopper import path_note as hopper_note
-    if head_dim == 256:
+    if padded == 256:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
     elif deterministic and not _tma_dq_covers(variant, causal, head_dim):
         name = "the Gluon warp-specialized backward's dK/dV with the portable one-writer dQ kernel"

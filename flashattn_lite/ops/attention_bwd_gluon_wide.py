@@ -58,15 +58,18 @@ if _HAS_GLUON:
     from .attention_fwd_gluon import _band, alibi_slope2, key_tiles
 
     @gluon.jit
-    def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr):
+    def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr,
+                    D_REAL: gl.constexpr = 0):
         """x (R × W float32 in ``layout``) in ``base``'s dtype into rows [first, first + R) of
         ``base`` (one (batch, head) plane, unit column stride) at columns [COL, COL + W); rows from
-        ``n_rows`` on are dropped (dK, dV past Nk; dQ past Nq)."""
+        ``n_rows`` on are dropped (dK, dV past Nk; dQ past Nq), and columns from ``D_REAL`` on where
+        the kernel runs a padded head dim (> 0; ``kernel_head_dim``)."""
         R: gl.constexpr = x.shape[0]
         W: gl.constexpr = x.shape[1]
+        END: gl.constexpr = D_REAL if D_REAL > 0 else COL + W
         rows = first + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
         cols = COL + gl.arange(0, W, layout=gl.SliceLayout(0, layout))
-        ok = gl.expand_dims(rows < n_rows, 1) & gl.expand_dims(cols < COL + W, 0)  # (the column test: 2-D)
+        ok = gl.expand_dims(rows < n_rows, 1) & gl.expand_dims(cols < END, 0)  # (the column test: 2-D)
         at = base + gl.expand_dims(rows.to(gl.int64) * stride_n, 1) + gl.expand_dims(cols, 0)
         gl.store(at, x.to(base.dtype.element_ty), mask=ok)
 
@@ -78,7 +81,7 @@ if _HAS_GLUON:
                        ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr, SEQ: gl.constexpr):
+                       STAGES: gl.constexpr, SEQ: gl.constexpr, D_REAL: gl.constexpr):
         """Consumer ``ME`` of a wide-head program, by role: consumer 0 computes Sᵀ (64 keys × the
         step's 64 queries) and Pᵀ, writes P (and under softcap P ∘ (1 − tanh²) to the dS buffer)
         and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
@@ -162,8 +165,8 @@ if _HAS_GLUON:
             dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
             mbarrier.arrive(empty.index(s))
             mbarrier.arrive(p_free)
-        _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout)
-        _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout)
+        _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout, D_REAL)
+        _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout, D_REAL)
 
     @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads", "win_left",
                                   "win_right", "n_seq"])
@@ -176,7 +179,7 @@ if _HAS_GLUON:
                                     HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                    SEQ: gl.constexpr = 0):
+                                    SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         q0 = 0
@@ -252,13 +255,13 @@ if _HAS_GLUON:
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
-                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ)),
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL)),
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
                               kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
-                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ)),
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -297,7 +300,7 @@ if _HAS_GLUON:
                      qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                      ME: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, D_REAL: gl.constexpr):
         """Consumer ``ME`` of a dQ program: the key tiles j ≡ ME (mod 2) of the query tile, on its own
         (the two consumers share only the loader's ring, so one's softmax runs while the other's
         wgmmas do): S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64), P and dS as the dK/dV kernel makes them, and
@@ -369,7 +372,7 @@ if _HAS_GLUON:
         if ME == 0:
             mbarrier.wait(done, 1)
             dq = dq + part.load(dq_layout)
-            _store_rows(dq * sm_scale, dq_base, stride_dqm, start_m, n_q, 0, dq_layout)
+            _store_rows(dq * sm_scale, dq_base, stride_dqm, start_m, n_q, 0, dq_layout, D_REAL)
 
     @gluon.jit(do_not_specialize=["n_heads", "n_q", "n_k", "win_left", "win_right", "n_seq"])
     def _attn_bwd_gluon_wide_dq_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq, stride_dqb,
@@ -380,7 +383,7 @@ if _HAS_GLUON:
                                        HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                        FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                       LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0):
+                                       LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0):
         pid = gl.program_id(0)
         if SEQ == 2:
             # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
@@ -448,12 +451,12 @@ if _HAS_GLUON:
                             dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off,
                             win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
                             softcap_scale, softcap2,
-                            0, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
+                            0, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, D_REAL)),
             (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, q_bar, ready, empty, done,
                             dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off,
                             win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
                             softcap_scale, softcap2,
-                            1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES)),
+                            1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, D_REAL)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                           lse_smem, delta_smem, q_bar, ready, empty, tb, h, start_m, n_heads, lo, n_tiles, q0, k0,
                           col, GROUP, STAGES)),
@@ -476,9 +479,10 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     varlen: with its count and ``row_starts``, ``_aligned_rows``) follow the options. Varlen grids
     are slots sized from the totals (no sync), as the D ≤ 128 kernel's and the forward's. The PTX
     hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
-    from .attention_bwd_gluon import _option_args, _row_descriptor, launch_plan
+    from .attention_bwd_gluon import _option_args, _row_descriptor, kernel_head_dim, launch_plan
     from .attention_fwd_gluon import tma_descriptor
-    B, Hq, Nq, D = q.shape
+    B, Hq, Nq, _ = q.shape
+    D = kernel_head_dim(q.shape[3])  # 256 (a head dim run padded: the boxes read zeros past q's columns)
     plan = launch_plan(q, k, cfg, causal, variant)
     m = cfg.block_m
     descriptors = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, [1, 1, 64, D]),
@@ -487,6 +491,8 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
     scalars = (win_left, win_right, scale * LOG2E, scale, *options)
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
+    if D != q.shape[3]:  # every store is a masked one here: kept to the real columns
+        constexprs["D_REAL"] = q.shape[3]
     seq = SEQ_DENSE if variant is None else variant.seq
     bounds = (None,) * 7  # the rows' bounds after the options; a dense batch: none (constexprs)
     dq_grid = (-(-Nq // m) * B * Hq,)
