@@ -72,6 +72,17 @@ def _gluon_case(opts, causal, d):
     return (variant if opts else f.PLAIN), causal, d, q, kv, B, H, N
 
 
+def _width(t, width):
+    """A zero tensor laid out as ``t`` (dense (B, H, N, d), or a varlen (1, H, total, d) view of
+    (total, H, d)) at head dim ``width``: v and dO where v's head dim is not q's (``dv``)."""
+    import torch
+    if t.shape[3] == width:
+        return t
+    if t.stride(1) < t.stride(2):  # the varlen view
+        return torch.zeros(t.shape[2], t.shape[1], width, dtype=t.dtype).transpose(0, 1).unsqueeze(0)
+    return torch.zeros(*t.shape[:3], width, dtype=t.dtype)
+
+
 def _compile_gluon(J, args, kwargs):
     """The PTX of Gluon kernel ``J`` launched with ``args``/``kwargs``, bound by Triton's own
     argument specialisation."""
@@ -114,7 +125,7 @@ def gluon_seq(opts, causal=True, d=128):
     says "unavailable"."""
     import torch
     opts = dict(opts)
-    causal, d, seq = opts.pop("causal", causal), opts.pop("d", d), opts.pop("seq")
+    causal, d, seq, dv = opts.pop("causal", causal), opts.pop("d", d), opts.pop("seq"), opts.pop("dv", None)
     import flashattn_lite.ops.attention_fwd_gluon as g
     B, H, N = 2, 4, 1024
     tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(3 if seq == "varlen" else B, H, dtype=torch.float64),
@@ -132,11 +143,13 @@ def gluon_seq(opts, causal=True, d=128):
     if g._variant_reason(variant) is not None:
         raise ValueError(g._variant_reason(variant))
     n = q.shape[2] // 3 if seq == "varlen" else N
-    cfg = g.default_config(d, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+    width = d if dv is None else g.padded_head_dim(d, dv)  # v's head dim ``dv`` (not q's): the wider one's
+    cfg = g.default_config(width, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
     # as attention_forward_gluon runs ranges and varlen
     cfg = g.one_tile_per_program(cfg) if hasattr(g, "one_tile_per_program") else cfg._replace(persistent=False)
-    o, lse = f.output_buffers(q, d, variant, True)
-    _, args, kwargs = g._launch(q, kv, kv, o, lse, 0.088, causal, cfg, variant)
+    v = kv if dv is None else _width(kv, dv)
+    o, lse = f.output_buffers(q, v.shape[3], variant, True)
+    _, args, kwargs = g._launch(q, kv, v, o, lse, 0.088, causal, cfg, variant)
     return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
 
 
@@ -148,7 +161,7 @@ def gluon_bwd(opts, causal=True, d=128):
     import torch
     import flashattn_lite.ops.attention_bwd_gluon as g
     opts = dict(opts)
-    seq, config = opts.pop("seq", None), opts.pop("config", None)
+    seq, config, dv = opts.pop("seq", None), opts.pop("config", None), opts.pop("dv", None)
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
     rows = torch.zeros(B * H, 1024)
     if seq == "varlen":
@@ -162,17 +175,20 @@ def gluon_bwd(opts, causal=True, d=128):
         ranges = torch.tensor([[0, 1000], [24, 1024]], dtype=torch.int32)
         variant = variant._replace(seq=f.SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     kd = getattr(g, "kernel_head_dim", lambda x: x)(d) or d  # a head dim run padded: the kernel's
+    v, do = kv, q
+    if dv is not None:  # v's (and dO's) head dim not q's: the wider one's padded width
+        kd, v, do = g.kernel_head_dim(d, dv), _width(kv, dv), _width(q, dv)
     cfg = g.default_config(kd, causal, 8192)
     if config is not None:  # a config of the sweep by name, or the head dim 256 dQ kernel ("dq")
         cfg = next(c for c in g.CONFIGS[kd] if c.name == config or (config == "dq" and not c.fused_dq))
     if getattr(cfg, "split_d", False):  # head dim 256: the wide kernels
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
-        dkdv, dq = w.launches(q, kv, kv, q, q, kv, kv, rows, rows, 0.088, causal, cfg, variant,
+        dkdv, dq = w.launches(q, kv, v, do, q, kv, v, rows, rows, 0.088, causal, cfg, variant,
                               torch.zeros(4, dtype=torch.int32))
         if config == "dq":
             return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, *dq[1:])
         return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
-    _, args, kwargs = g._launch(q, kv, kv, q, None, kv, kv, rows, rows, 0.088, causal, cfg, variant,
+    _, args, kwargs = g._launch(q, kv, v, do, None, kv, v, rows, rows, 0.088, causal, cfg, variant,
                                 dq_acc=torch.zeros(B, H, N, kd), row_starts=torch.zeros(4, dtype=torch.int32))
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
 
@@ -254,6 +270,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d64 varlen causal", gluon_seq, dict(seq="varlen", d=64)),
          ("gluon varlen causal window+all", gluon_seq, dict(seq="varlen", left=300, softcap=30.0, alibi_bh=True,
                                                             sinks=True)),
+         ("gluon d128 dv64 varlen causal", gluon_seq, dict(seq="varlen", dv=64)),
          ("gluon ranges causal", gluon_seq, dict(seq="ranges")),
          ("gluon d64 ranges", gluon_seq, dict(seq="ranges", d=64, causal=False)),
          ("gluon ranges window both+alibi+sinks", gluon_seq, dict(seq="ranges", left=300, right=40, causal=False,
@@ -338,6 +355,12 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("bwd row stats d96", bwd_rows, dict(d=96, kernel="row stats")),
          ("bwd preprocess d80", bwd_rows, dict(d=80, kernel="preprocess")),
          ("bwd dq convert d96", bwd_rows, dict(d=96, kernel="dq convert")),
+         ("gluon bwd d192 dv128", gluon_bwd, dict(d=192, dv=128)),
+         ("gluon bwd d192 dv128 dq", gluon_bwd, dict(d=192, dv=128, config="dq")),
+         ("gluon bwd d192 dv128 varlen window+all", gluon_bwd, dict(d=192, dv=128, seq="varlen", left=300,
+                                                                    softcap=30.0, alibi=True, sinks=True)),
+         ("gluon bwd d128 dv64 varlen", gluon_bwd, dict(dv=64, seq="varlen")),
+         ("gluon bwd d128 dv64", gluon_bwd, dict(dv=64)),
          ("gluon bwd d192", gluon_bwd, dict(d=192)), ("gluon bwd d192 dq", gluon_bwd, dict(d=192, config="dq")),
          ("gluon bwd d192 varlen window+all", gluon_bwd, dict(d=192, seq="varlen", left=300, softcap=30.0,
                                                               alibi=True, sinks=True)),

@@ -53,6 +53,7 @@ def test_help_exits_zero_and_explains(argv, capsys):
     (["memory", "--modes", "bwd"], "--modes"),
     (["speed", "--modes", "sideways"], "--modes"),
     (["speed", "--hidden", "100", "--head-dims", "64"], "--hidden"),
+    (["speed", "--value-dim", "0"], "--value-dim"),
     (["variants", "--rounds", "0"], "--rounds"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_bad_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
@@ -182,6 +183,21 @@ def test_speed_writes_tflops(tmp_path, capsys, torch_cpu_path):
         assert r["tflops"] > 0
     assert one(tmp_path, "attention_speed-*.png").stat().st_size > 0
     assert one(tmp_path, "attention_speed-*.csv").stat().st_size > 0
+
+
+def test_speed_with_a_value_dim_counts_its_flops(tmp_path, capsys, torch_cpu_path):
+    # v's head dim other than q's (MLA's 192 / 128 on the GPU): v and dO are that wide, the FLOPs
+    # are 2·B·H·N²·(D + Dv) forward, and every method that ran matched the reference's output shape.
+    argv = TINY_SPEED + ["--lengths", "64", "--value-dim", "8", "--out", str(tmp_path)]
+    status, out, err = run_cli(argv, capsys)
+    assert status == 0, err
+    assert "TFLOP/s, fwd, d=16, dv=8, causal" in out
+    data = json.loads(one(tmp_path, "attention_speed-*.json").read_text())
+    assert data["grid"]["value_dim"] == 8
+    for r in data["results"]:
+        assert r["status"] == "ok" and r["value_dim"] == 8, r["note"]
+        factor = 2.5 if r["mode"] == "bwd" else 1.0
+        assert r["flops"] == 2 * r["batch"] * r["heads"] * r["N"] ** 2 * (16 + 8) / 2 * factor
 
 
 def test_standing_counts_the_points_at_or_above_a_peer():

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "CPU fp32, d 64, N 256…1k, B·N = 1k, hidden 256)")
     g.add_argument("--dtype", help="fp16, bf16 or fp32")
     g.add_argument("--head-dims", help="comma-separated head dimensions (GPU default 64,128)")
+    g.add_argument("--value-dim", type=int, metavar="DV",
+                   help="v's head dimension where it is not q's and k's (e.g. 128 with --head-dims 192: MLA); "
+                        "FLOPs count 2·B·H·N²·(D + DV) forward")
     g.add_argument("--causal", choices=tuple(_CAUSAL), default="both", help="causal, non-causal or both (default both)")
     g.add_argument("--min-n", type=common.parse_size, help="first sequence length")
     g.add_argument("--max-n", type=common.parse_size, help="last sequence length")
@@ -85,6 +88,8 @@ def _resolve(args):
         raise common.BenchArgumentError(f"--head-dims / --lengths / --dtype / --methods / --modes: {e}") from None
     if not head_dims or any(not 1 <= h <= 256 for h in head_dims):
         raise common.BenchArgumentError(f"--head-dims must be integers in [1, 256], got {val['head_dims']!r}")
+    if getattr(args, "value_dim", None) is not None and not 1 <= args.value_dim <= 256:
+        raise common.BenchArgumentError(f"--value-dim must be an integer in [1, 256], got {args.value_dim}")
     if val["rep_ms"] <= 0:
         raise common.BenchArgumentError(f"--rep-ms must be positive, got {val['rep_ms']}")
     if args.rounds < 1:
@@ -175,7 +180,7 @@ def _row(problem: Problem, mode: str, name: str, way, result: dict) -> dict:
     """The JSON row of one method at one point."""
     ms = result.get("time_ms")
     return {"method": name, "label": PEERS[name].label, "mode": mode, "head_dim": problem.head_dim,
-            "causal": problem.causal, "N": problem.seqlen, "batch": problem.batch, "heads": problem.heads,
+            **({"value_dim": problem.value_dim} if problem.value_dim is not None else {}), "causal": problem.causal, "N": problem.seqlen, "batch": problem.batch, "heads": problem.heads,
             "kv_heads": problem.kv_heads, "dtype": dtype_name(problem.dtype),
             "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"], "time_ms": ms,
             "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None, "flops": problem.flops(mode),
@@ -196,7 +201,8 @@ def run(args) -> list[dict]:
     grid = [(d, c, mode, n) for d in head_dims for c in causals for mode in modes for n in lengths]
     meta = dict(grid=dict(dtype=dtype_name(dtype), tokens=val["tokens"], hidden=val["hidden"], device=device,
                           lengths=lengths, head_dims=head_dims, modes=modes,
-                          flops="4·B·H·N²·D forward (÷2 causal); bwd 2.5×, fwd+bwd 3.5×"),
+                          value_dim=getattr(args, "value_dim", None),
+                          flops="2·B·H·N²·(D + Dv) forward (÷2 causal); bwd 2.5×, fwd+bwd 3.5×"),
                 methods=methods, peers={n: PEERS[n].summary for n in methods})
     writer = common.ResultWriter(out, "attention_speed", meta=meta, budget_s=args.time_budget,
                                  total=len(grid) * len(methods), progress=not args.no_progress,
@@ -205,7 +211,8 @@ def run(args) -> list[dict]:
     with writer:
         for d, causal, mode, n in grid:
             heads = val["hidden"] // d
-            problem = Problem(max(1, val["tokens"] // n), heads, heads // args.gqa, n, d, dtype, causal, device)
+            problem = Problem(max(1, val["tokens"] // n), heads, heads // args.gqa, n, d, dtype, causal, device,
+                              getattr(args, "value_dim", None))
             started = {}  # name -> its GQA way: the methods timed in turn (--rounds > 1)
             for name in methods:
                 if not writer.start(method=name, mode=mode, head_dim=d, causal=causal, N=n):
@@ -261,7 +268,8 @@ def _report(writer, methods, dtype, args, val) -> None:
     rows = writer.rows
     combos = list(dict.fromkeys((r["head_dim"], r["causal"], r["mode"]) for r in rows))
     for d, causal, mode in combos:
-        print(f"\nTFLOP/s, {mode}, d={d}, {'causal' if causal else 'non-causal'}, {dtype_name(dtype)}, "
+        dv = f", dv={args.value_dim}" if getattr(args, "value_dim", None) is not None else ""
+        print(f"\nTFLOP/s, {mode}, d={d}{dv}, {'causal' if causal else 'non-causal'}, {dtype_name(dtype)}, "
               f"B·N={val['tokens']}, H={val['hidden'] // d}")
         print(common.format_table(pivot(rows, methods, d, causal, mode), ["N"] + methods))
     if "ours" in methods:

@@ -43,7 +43,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    """One attention problem: q (B, Hq, N, D), k and v (B, Hkv, N, D), self-attention (Nq = Nk)."""
+    """One attention problem: q (B, Hq, N, D), k (B, Hkv, N, D) and v (B, Hkv, N, Dv), self-attention
+    (Nq = Nk); Dv is ``value_dim``, D where it is None."""
     batch: int
     heads: int
     kv_heads: int
@@ -52,6 +53,11 @@ class Problem:
     dtype: torch.dtype
     causal: bool
     device: str
+    value_dim: int | None = None
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim if self.value_dim is None else self.value_dim
 
     @property
     def elem(self) -> int:
@@ -73,7 +79,7 @@ class Problem:
     @property
     def kv_bytes(self) -> int:
         """k and v together."""
-        return 2 * self.batch * self.kv_heads * self.seqlen * self.head_dim * self.elem
+        return self.batch * self.kv_heads * self.seqlen * (self.head_dim + self.dv) * self.elem
 
     @property
     def row_stats_bytes(self) -> int:
@@ -82,33 +88,34 @@ class Problem:
 
     def input_bytes(self, mode: str) -> int:
         """q, k, v, and dO for modes with a backward: what "above the inputs" subtracts."""
-        return self.q_bytes + self.kv_bytes + (self.q_bytes if mode != "fwd" else 0)
+        return self.q_bytes + self.kv_bytes + (self.q_bytes * self.dv // self.head_dim if mode != "fwd" else 0)
 
     def flops(self, mode: str) -> float:
-        """4·B·Hq·N²·D for the forward (two matmuls), halved when causal; × the mode's factor."""
-        f = 4.0 * self.scores * self.head_dim
+        """4·B·Hq·N²·D for the forward (two matmuls; 2·B·Hq·N²·(D + Dv) with v's own head dim), halved
+        when causal; × the mode's factor."""
+        f = 2.0 * self.scores * (self.head_dim + self.dv)
         if self.causal:
             f /= 2
         return f * MODE_FLOP_FACTOR[mode]
 
     def with_seqlen(self, n: int) -> "Problem":
-        return Problem(self.batch, self.heads, self.kv_heads, n, self.head_dim, self.dtype, self.causal, self.device)
+        return Problem(self.batch, self.heads, self.kv_heads, n, self.head_dim, self.dtype, self.causal, self.device,
+                       self.value_dim)
 
     def tiny(self) -> "Problem":
         """The smallest problem of the same kind, for availability trials and warm-ups."""
-        return Problem(1, self.group, 1, 256, self.head_dim, self.dtype, self.causal, self.device)
+        return Problem(1, self.group, 1, 256, self.head_dim, self.dtype, self.causal, self.device, self.value_dim)
 
     def make_inputs(self, mode: str, seed: int = 0):
         """q, k, v (requiring grad when the mode has a backward) and dO (or None)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         grad = mode != "fwd"
 
-        def rand(h):
-            t = torch.randn((self.batch, h, self.seqlen, self.head_dim), generator=gen, device=self.device,
-                            dtype=self.dtype)
+        def rand(h, d=self.head_dim):
+            t = torch.randn((self.batch, h, self.seqlen, d), generator=gen, device=self.device, dtype=self.dtype)
             return t.requires_grad_(grad)
-        q, k, v = rand(self.heads), rand(self.kv_heads), rand(self.kv_heads)
-        do = rand(self.heads).detach() if grad else None
+        q, k, v = rand(self.heads), rand(self.kv_heads), rand(self.kv_heads, self.dv)
+        do = rand(self.heads, self.dv).detach() if grad else None
         return q, k, v, do
 
 
@@ -206,7 +213,7 @@ class Peer:
             return "needs CUDA", ""
         if problem.device == "cpu" and self.cpu_on_request and not explicit:
             return "CPU only when requested by name", ""
-        key = (problem.device, problem.dtype, problem.head_dim, problem.causal, problem.group > 1)
+        key = (problem.device, problem.dtype, problem.head_dim, problem.dv, problem.causal, problem.group > 1)
         if key not in self._cache:
             self._cache[key] = self._trial(problem.tiny())
         return self._cache[key]

@@ -544,15 +544,16 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
         from . import attention_bwd_gluon, attention_bwd_hopper
         if len(_HOPPER) >= _HOPPER_ENTRIES:
             _HOPPER.clear()
-        # q stands in for the contiguous dO: same shape and dtype, and its strides pass the same rules.
+        # q stands in for the contiguous dO: same shape and dtype, and its strides pass the same rules
+        # (v's head dim not q's: a contiguous tensor of dO's shape, once per signature).
+        do = q if v.shape[3] == q.shape[3] else q.new_empty((*q.shape[:3], v.shape[3]))
+        note = attention_bwd_gluon.path_note(variant, q.shape[3], deterministic, causal, v.shape[3])
         if variant is not PLAIN:
-            gluon = attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic,
+            gluon = attention_bwd_gluon.fast_path(do, q, k, v, causal, causal_offset, scale, deterministic,
                                                   variant=variant)
-            hopper = (attention_bwd_gluon.attention_backward_gluon,
-                      attention_bwd_gluon.path_note(variant, q.shape[3], deterministic, causal)) if gluon else False
-        elif attention_bwd_gluon.fast_path(q, q, k, v, causal, causal_offset, scale, deterministic):
-            hopper = (attention_bwd_gluon.attention_backward_gluon,
-                      attention_bwd_gluon.path_note(PLAIN, q.shape[3], deterministic, causal))
+            hopper = (attention_bwd_gluon.attention_backward_gluon, note) if gluon else False
+        elif attention_bwd_gluon.fast_path(do, q, k, v, causal, causal_offset, scale, deterministic):
+            hopper = (attention_bwd_gluon.attention_backward_gluon, note)
         elif attention_bwd_hopper.fast_path(q, q, k, v, causal, causal_offset, scale):
             hopper = (attention_bwd_hopper.attention_backward_hopper, attention_bwd_hopper.PATH_NOTE)
         else:

@@ -117,7 +117,7 @@ from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
                             seq_args)
-from .attention_fwd_gluon import gpu_sm_count, padded_head_dim, tma_descriptor, window_flags
+from .attention_fwd_gluon import gpu_sm_count, padded_head_dim, padding_note, tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -140,13 +140,14 @@ LOADER_REGS = 24
 DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle span of bf16 K
 
 
-def kernel_head_dim(head_dim: int) -> int | None:
+def kernel_head_dim(head_dim: int, value_dim: int | None = None) -> int | None:
     """The head dim the kernels run a call of ``head_dim`` at: one of ``HEAD_DIMS``, or a multiple of 8
     between 32 and 256 padded to the next as the Gluon forward pads it (``padded_head_dim``: TMA
     reads the missing columns of q, k, v, dO as zeros, so Sᵀ, dPᵀ and the padded columns of dK, dV
     and dQ come out as with the real columns alone, and the stores drop the padding; above 128 the
-    head dim 256 kernels, whose stores are masked ones kept to the real columns); else None."""
-    return padded_head_dim(head_dim)
+    head dim 256 kernels, whose stores are masked ones kept to the real columns); else None.
+    ``value_dim``: v's (and dO's) head dim where it is not q's: the wider one's, padded so."""
+    return padded_head_dim(head_dim, value_dim)
 
 
 class Config(NamedTuple):
@@ -590,7 +591,7 @@ if _HAS_GLUON:
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, SEQ: gl.constexpr,
-                  DEFER_DQ: gl.constexpr, KV_SHARE: gl.constexpr, D_REAL: gl.constexpr):
+                  DEFER_DQ: gl.constexpr, KV_SHARE: gl.constexpr, D_REAL: gl.constexpr, DV_REAL: gl.constexpr):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
 
         Options (constexprs; a plain call compiles to the code it compiled to without them): the
@@ -802,13 +803,17 @@ if _HAS_GLUON:
             elif n_rows > 0:
                 rows = gl.arange(0, 64, layout=gl.SliceLayout(1, kv_layout))
                 cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
-                # dk's and dv's own columns where the kernel runs a padded head dim (D_REAL > 0)
+                # dk's and dv's own columns where the kernel runs a padded head dim (D_REAL > 0;
+                # DV_REAL > 0: dv's where v's head dim is not q's)
                 COLS: gl.constexpr = D_REAL if D_REAL > 0 else HEAD_DIM
+                COLS_V: gl.constexpr = DV_REAL if DV_REAL > 0 else COLS
                 ok = gl.expand_dims(rows < n_rows, 1) & (cols < COLS)
                 key_rows = gl.expand_dims((first + rows).to(gl.int64), 1)
                 dk_at = dk_base + key_rows * stride_dkn + cols
                 dv_at = dv_base + key_rows * stride_dvn + cols
                 gl.store(dk_at, (dk * sm_scale).to(dtype), mask=ok)
+                if COLS_V != COLS:
+                    ok = gl.expand_dims(rows < n_rows, 1) & (cols < COLS_V)
                 gl.store(dv_at, dv.to(dtype), mask=ok)
 
     # Lengths and the GQA group's position change from call to call: one binary for all of them.
@@ -829,7 +834,7 @@ if _HAS_GLUON:
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, DEFER_DQ: gl.constexpr, SEQ: gl.constexpr = 0,
-                               KV_SHARE: gl.constexpr = 1, D_REAL: gl.constexpr = 0):
+                               KV_SHARE: gl.constexpr = 1, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
@@ -933,14 +938,16 @@ if _HAS_GLUON:
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL,
+                         DV_REAL)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
                          qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                          seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
-                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL)),
+                         FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL,
+                         DV_REAL)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -987,10 +994,13 @@ def supported(q, k, v, do, **options) -> str | None:
         reason = offset_reason(q, k, options.get("causal_offset"), options.get("causal"), variant)
         if reason is not None:
             return reason
-    if q.dim() == 4 and kernel_head_dim(q.shape[3]) is None:
-        return (f"head dim {q.shape[3]} (only {', '.join(map(str, HEAD_DIMS))}, or a multiple of 8 between 32 "
-                "and 256, run padded to the next; Dv == D)")
-    reason = hopper_supported(q, k, v, do, head_dims=(q.shape[3],) if q.dim() == 4 else HEAD_DIMS, **options)
+    if q.dim() == 4 and v.dim() == 4 and kernel_head_dim(q.shape[3], v.shape[3]) is None:
+        d, dv = q.shape[3], v.shape[3]
+        dims = f"head dim {d}" if dv == d else f"head dims {d} (q, k) and {dv} (v)"
+        return (f"{dims} (only {', '.join(map(str, HEAD_DIMS))}, or multiples of 8 between 32 and 256, run "
+                "padded to the next)")
+    reason = hopper_supported(q, k, v, do, head_dims=(q.shape[3],) if q.dim() == 4 else HEAD_DIMS,
+                              any_value_dim=True, **options)
     if reason is None and variant is not None and variant is not PLAIN:
         from .attention_fwd_hopper import _reason_for_variant
         if seq == SEQ_DENSE:
@@ -1015,21 +1025,21 @@ PATH_NOTE = ("a plain fp16/bf16 call on sm_90: the Gluon warp-specialized backwa
 
 
 def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool = False,
-              causal: bool = False) -> str:
+              causal: bool = False, value_dim: int | None = None) -> str:
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
     the Hopper forward's words for the options with this kernel's name (at head dim 256, and 136–248
     run padded to it, its dK/dV and dQ kernels; under ``deterministic``, its dK/dV with the
-    one-writer dQ kernel ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``),
-    that said too."""
-    padded = kernel_head_dim(head_dim)
-    pad = f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)" if padded != head_dim else ""
+    one-writer dQ kernel ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``;
+    ``value_dim``: v's where it is not q's), that said too."""
+    padded = kernel_head_dim(head_dim, value_dim)
+    pad = padding_note(head_dim, value_dim, padded)
     if (variant is None or variant is PLAIN) and not pad:
         return PATH_NOTE
     variant = PLAIN if variant is None else variant
     from .attention_fwd_hopper import path_note as hopper_note
     if padded == 256:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
-    elif deterministic and not _tma_dq_covers(variant, causal, head_dim):
+    elif deterministic and not _tma_dq_covers(variant, causal, head_dim, value_dim):
         name = "the Gluon warp-specialized backward's dK/dV with the portable one-writer dQ kernel"
     elif deterministic:
         name = "the Gluon warp-specialized backward's dK/dV with the Triton TMA one-writer dQ kernel"
@@ -1059,7 +1069,7 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if deterministic and kernel_head_dim(q.shape[3]) == 64 and not causal:
+    if deterministic and kernel_head_dim(q.shape[3], v.shape[3]) == 64 and not causal:
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
@@ -1334,15 +1344,16 @@ def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
     return group if split else 1
 
 
-def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_share: int = 1) -> dict:
+def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_share: int = 1,
+                value_dim: int | None = None) -> dict:
     """What the kernel launch is given, without launching (the CPU tests check it): the grid (one
     program per key tile of each (batch, KV head)), the constexprs (the option flags as the
     portable kernels set them, ``score_args``; all off for a plain call or sinks only), the padded
     lse₂/δ rows and the fp32 dQ buffer's shape (None without ``fused_dq``), and the launch order
     (band, banded heads) (``launch_order``; the head-major order, (a head's tile count, 0), for every
-    launch but a dense causal one without a window's left side)."""
+    launch but a dense causal one without a window's left side). ``value_dim``: v's head dim, if not q's."""
     B, Hq, Nq, D_real = q.shape
-    D = kernel_head_dim(D_real)
+    D = kernel_head_dim(D_real, value_dim)
     Hkv, Nk = k.shape[1] * kv_share, k.shape[2]
     seq = SEQ_DENSE if variant is None else variant.seq
     if seq == SEQ_VARLEN:  # slots from the totals (``seq_key_tile``): no device→host sync
@@ -1352,6 +1363,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
     seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
     if seq != SEQ_DENSE and D != D_real:  # the masked stores at a sequence's end keep to dk's, dv's columns
         seq_ce["D_REAL"] = D_real
+    if seq != SEQ_DENSE and value_dim not in (None, D_real):  # and dv's to its own
+        seq_ce["DV_REAL"] = value_dim
     if kv_share > 1:
         seq_ce["KV_SHARE"] = kv_share
     return dict(
@@ -1391,13 +1404,14 @@ def _option_args(variant, q: torch.Tensor, scale: float, causal: bool = False):
     return args, flags
 
 
-def _tma_dq_covers(variant, causal: bool, head_dim: int = 128) -> bool:
+def _tma_dq_covers(variant, causal: bool, head_dim: int = 128, value_dim: int | None = None) -> bool:
     """Whether the Triton TMA dQ kernel (the one-writer configs' dQ at d 64 and 128) computes this
     call's dq: plain scores over a dense batch (sinks and a causal call's window without a left side,
     the diagonal, leave them plain) at a head dim it has tiles for. Softcap, ALiBi, other windows,
-    ranges and varlen batches, and head dims run padded (``kernel_head_dim``) take the portable dQ
-    kernel (``attention_bwd.attention_dq``), one writer per element too."""
-    if kernel_head_dim(head_dim) != head_dim:
+    ranges and varlen batches, head dims run padded (``kernel_head_dim``) and v's head dim other than
+    q's (``value_dim``) take the portable dQ kernel (``attention_bwd.attention_dq``), one writer per
+    element too."""
+    if kernel_head_dim(head_dim) != head_dim or value_dim not in (None, head_dim):
         return False
     return variant is None or variant is PLAIN or _is_plain(variant._replace(sinks=None), causal)
 
@@ -1410,9 +1424,9 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     buffer with ``fused_dq``; else ``dq`` stands in for it (the kernel does not touch it).
     ``row_starts``: a varlen batch's lse₂/δ column of each sequence (``_aligned_rows``)."""
     B, Hq, Nq, _ = q.shape
-    D = kernel_head_dim(q.shape[3])  # the TMA boxes' width: past q's columns they read zeros, store nothing
+    D = kernel_head_dim(q.shape[3], v.shape[3])  # the TMA boxes' width: past the columns they read zeros
     Hkv, Nk = k.shape[1] * kv_share, k.shape[2]
-    plan = launch_plan(q, k, cfg, causal, variant, kv_share)
+    plan = launch_plan(q, k, cfg, causal, variant, kv_share, v.shape[3])
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
     seq_options = (None,) * 15  # a dense batch: none (constexprs), its launch as before
     if variant is not None and variant.seq != SEQ_DENSE:
@@ -1455,7 +1469,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: variant: {reason}")
     B, Hq, Nq, _ = q.shape
-    D = kernel_head_dim(q.shape[3]) or q.shape[3]  # a head dim run padded: the kernel's (``config_reason``)
+    D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]  # a head dim run padded: the kernel's (``config_reason``)
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
     cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
@@ -1525,7 +1539,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     """``attention_backward_gluon``'s work for one launch, checks done; ``out``: (dq, dk, dv) to
     write (views of a chunked call's gradients), else new tensors."""
     B, Hq, Nq, _ = q.shape
-    D = kernel_head_dim(q.shape[3])  # the fp32 dQ buffer's width: the kernel's, converted to q's below
+    D = kernel_head_dim(q.shape[3], v.shape[3])  # the fp32 dQ buffer's width: the kernel's, converted to q's below
     row_starts = None
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd_hopper import row_stats
@@ -1564,7 +1578,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
     elif not cfg.split_d:  # a one-writer dQ kernel: the TMA one where it reaches, else the portable one
         lse2, delta = lse2.contiguous(), delta.contiguous()
-        if _tma_dq_covers(variant, causal, q.shape[3]):
+        if _tma_dq_covers(variant, causal, q.shape[3], v.shape[3]):
             _triton_dq(do, q, k, v, dq, lse2, delta, scale, causal)
         else:
             from .attention_bwd import attention_dq

@@ -81,7 +81,7 @@ if _HAS_GLUON:
                        ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr, SEQ: gl.constexpr, D_REAL: gl.constexpr):
+                       STAGES: gl.constexpr, SEQ: gl.constexpr, D_REAL: gl.constexpr, DV_REAL: gl.constexpr):
         """Consumer ``ME`` of a wide-head program, by role: consumer 0 computes Sᵀ (64 keys × the
         step's 64 queries) and Pᵀ, writes P (and under softcap P ∘ (1 − tanh²) to the dS buffer)
         and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
@@ -166,7 +166,8 @@ if _HAS_GLUON:
             mbarrier.arrive(empty.index(s))
             mbarrier.arrive(p_free)
         _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout, D_REAL)
-        _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout, D_REAL)
+        COLS_V: gl.constexpr = DV_REAL if DV_REAL > 0 else D_REAL  # dv's own columns where v's head dim is not q's
+        _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout, COLS_V)
 
     @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads", "win_left",
                                   "win_right", "n_seq"])
@@ -179,7 +180,7 @@ if _HAS_GLUON:
                                     HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                    SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0):
+                                    SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         q0 = 0
@@ -255,13 +256,13 @@ if _HAS_GLUON:
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
-                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL)),
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL)),
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
                               kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
-                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL)),
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -451,12 +452,14 @@ if _HAS_GLUON:
                             dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off,
                             win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
                             softcap_scale, softcap2,
-                            0, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, D_REAL)),
+                            0, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES,
+                            D_REAL)),
             (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, q_bar, ready, empty, done,
                             dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off,
                             win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
                             softcap_scale, softcap2,
-                            1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, D_REAL)),
+                            1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES,
+                            D_REAL)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                           lse_smem, delta_smem, q_bar, ready, empty, tb, h, start_m, n_heads, lo, n_tiles, q0, k0,
                           col, GROUP, STAGES)),
@@ -482,8 +485,8 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     from .attention_bwd_gluon import _option_args, _row_descriptor, kernel_head_dim, launch_plan
     from .attention_fwd_gluon import tma_descriptor
     B, Hq, Nq, _ = q.shape
-    D = kernel_head_dim(q.shape[3])  # 256 (a head dim run padded: the boxes read zeros past q's columns)
-    plan = launch_plan(q, k, cfg, causal, variant)
+    D = kernel_head_dim(q.shape[3], v.shape[3])  # 256 (a head dim run padded: the boxes read zeros past the columns)
+    plan = launch_plan(q, k, cfg, causal, variant, value_dim=v.shape[3])
     m = cfg.block_m
     descriptors = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, [1, 1, 64, D]),
                    tma_descriptor(v, [1, 1, 64, D]), tma_descriptor(do, [1, 1, m, D]),
@@ -493,6 +496,7 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
     if D != q.shape[3]:  # every store is a masked one here: kept to the real columns
         constexprs["D_REAL"] = q.shape[3]
+    dv_cols = dict(DV_REAL=v.shape[3]) if v.shape[3] != q.shape[3] else {}  # v's head dim not q's: dv's own
     seq = SEQ_DENSE if variant is None else variant.seq
     bounds = (None,) * 7  # the rows' bounds after the options; a dense batch: none (constexprs)
     dq_grid = (-(-Nq // m) * B * Hq,)
@@ -507,7 +511,7 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     def strides(t):  # varlen: batch stride 0 (its programs' b is the sequence; the tensors have one row)
         return (0 if seq == SEQ_VARLEN else t.stride(0), t.stride(1), t.stride(2))
     dkdv = (plan["grid"], (*descriptors, dk, dv, *strides(dk), *strides(dv), Hq, k.shape[1], Nq, k.shape[2],
-                           *plan["order"], *scalars), dict(constexprs, num_warps=4))
+                           *plan["order"], *scalars), dict(constexprs, **dv_cols, num_warps=4))
     dq_launch = (dq_grid, (*descriptors, dq, *strides(dq), Hq, Nq, k.shape[2], *scalars),
                  dict(constexprs, STAGES=DQ_STAGES, num_warps=4))
     return dkdv, dq_launch

@@ -228,22 +228,23 @@ def _dq_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, n_h
     dq_desc.store([b, h, start_m, 0], (dq * sm_scale).to(q_t.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
 
 
-def supported(q, k, v, do, head_dims: tuple = HEAD_DIMS, **options) -> str | None:
+def supported(q, k, v, do, head_dims: tuple = HEAD_DIMS, any_value_dim: bool = False, **options) -> str | None:
     """None when ``attention_backward_hopper`` covers this call, else the reason in words.
 
     The forward module's rules for q, k, v and the options (``attention_fwd_hopper.covered`` at
-    ``head_dims``: the Gluon backward's rules are these at its own head dims),
-    and for ``do``: q's shape and dtype, last stride 1, base and strides 16-byte aligned, no
+    ``head_dims``: the Gluon backward's rules are these at its own head dims, and with
+    ``any_value_dim`` v's head dim may differ from q's),
+    and for ``do``: o's shape (q's, v's head dim) and q's dtype, last stride 1, base and strides 16-byte aligned, no
     broadcast (stride-0) dim — autograd hands over such a ``do`` for e.g. ``o.sum()``; the caller
     makes it contiguous or takes the portable backward. Options also accepted: ``dlse`` (folded
     into δ by the portable preprocess), ``mask``/``dropout_p``/``variant`` only when inactive."""
     options = dict(options)
     options.pop("dlse", None)
-    reason = covered(q, k, v, head_dims, {})
+    reason = covered(q, k, v, head_dims, {}, any_value_dim)
     if reason is not None:
         return reason
-    if not isinstance(do, torch.Tensor) or tuple(do.shape) != tuple(q.shape) or do.dtype != q.dtype:
-        return "do is not a tensor of q's shape and dtype"
+    if not isinstance(do, torch.Tensor) or tuple(do.shape) != (*q.shape[:3], v.shape[3]) or do.dtype != q.dtype:
+        return "do is not a tensor of o's shape (q's, with v's head dim) and q's dtype"
     if do.device != q.device:
         return "do is not on q's device"
     return _tensor_reason("do", do) or _reason_for_options(q, k, options)

@@ -551,7 +551,8 @@ def _hopper_path(q, k, v, causal, causal_offset, scale, variant=PLAIN):
     if len(_HOPPER) >= _BOUND_ENTRIES:
         _HOPPER.clear()
     if attention_fwd_gluon.fast_path(q, k, v, causal, causal_offset, scale, variant):
-        return attention_fwd_gluon.attention_forward_gluon, attention_fwd_gluon.path_note(variant, q.shape[-1])
+        note = attention_fwd_gluon.path_note(variant, q.shape[-1], v.shape[-1])
+        return attention_fwd_gluon.attention_forward_gluon, note
     if not attention_fwd_hopper.fast_path(q, k, v, causal, causal_offset, scale, variant):
         return False
     return attention_fwd_hopper.attention_forward_hopper, attention_fwd_hopper.path_note(variant)

@@ -117,12 +117,17 @@ DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 
 
-def padded_head_dim(head_dim: int) -> int | None:
+def padded_head_dim(head_dim: int, value_dim: int | None = None) -> int | None:
     """The head dim the kernel runs a call of ``head_dim`` at: ``head_dim`` itself if it is one of
     ``HEAD_DIMS``; for another multiple of 8 between 32 and 256 (80, 96, 112, 192, …) the next of
     ``HEAD_DIMS`` above it, the TMA boxes that wide: their loads read Q's, K's and V's missing
     columns as zeros (adding nothing to the scores, giving O zero columns) and O's store drops
-    them, so only the GEMMs pay for the padding; else None (not covered)."""
+    them, so only the GEMMs pay for the padding; else None (not covered). With v's head dim
+    ``value_dim`` other than q's and k's (MLA's 192 and 128), the wider of the two, each covered:
+    the narrower one's columns read as zeros the same way."""
+    if value_dim is not None and value_dim != head_dim:
+        widths = (padded_head_dim(head_dim), padded_head_dim(value_dim))
+        return None if None in widths else max(widths)
     if head_dim in HEAD_DIMS:
         return head_dim
     if head_dim % 8 or not 32 < head_dim < HEAD_DIMS[-1]:
@@ -1300,15 +1305,17 @@ def supported(q, k, v, **options) -> str | None:
     if not triton.__version__.startswith(TESTED_TRITON):
         return f"triton {triton.__version__}: the Gluon kernel is written for triton {TESTED_TRITON[0]}x"
     from .attention_fwd_hopper import covered
-    if q.dim() == 4:
-        d, padded = q.shape[-1], padded_head_dim(q.shape[-1])
+    if q.dim() == 4 and v.dim() == 4:
+        d, dv = q.shape[-1], v.shape[-1]
+        padded = padded_head_dim(d, dv)
+        dims = f"head dim {d}" if dv == d else f"head dims {d} (q, k) and {dv} (v)"
         if padded is None:
-            return (f"head dim {d} (only {', '.join(map(str, HEAD_DIMS))}, or a multiple of 8 between them, "
-                    f"run padded to the next; Dv == D)")
-        if padded != d and padded > 128 and isinstance(variant, Variant) and variant.seq != SEQ_DENSE:
-            # Their sequence-end tiles' masked store, 256 columns kept to d, spills 300+ bytes.
-            return f"head dim {d} runs padded to {padded} over a dense batch only, not per-row ranges or varlen"
-    return covered(q, k, v, (q.shape[-1],) if q.dim() == 4 else HEAD_DIMS, options)
+            return (f"{dims} (only {', '.join(map(str, HEAD_DIMS))}, or multiples of 8 between them, "
+                    f"run padded to the next)")
+        if padded != dv and padded > 128 and isinstance(variant, Variant) and variant.seq != SEQ_DENSE:
+            # Their sequence-end tiles' masked store, 256 columns kept to dv, spills 300+ bytes.
+            return f"{dims} run padded to {padded} over a dense batch only, not per-row ranges or varlen"
+    return covered(q, k, v, (q.shape[-1],) if q.dim() == 4 else HEAD_DIMS, options, any_value_dim=True)
 
 
 # Where the Gluon kernel beats the Triton TMA kernel (``benchmarks/gluon_fwd.py``, H100, bf16, B·N
@@ -1336,16 +1343,24 @@ def _short(causal: bool, variant: Variant, n_q: int, n_k: int, head_dim: int) ->
     return banded and max(n_q, n_k) < CAUSAL_MIN_N.get(head_dim, max(CAUSAL_MIN_N.values()))
 
 
-def path_note(variant: Variant = PLAIN, head_dim: int | None = None) -> str:
+def padding_note(head_dim: int | None, value_dim: int | None, padded: int | None) -> str:
+    """`` (head dim 96 run at 128, …)`` where the kernels run a call padded (``padded_head_dim``),
+    else ""; the Gluon backward says it in the same words."""
+    value_dim = head_dim if value_dim is None else value_dim
+    if padded is None or padded == head_dim == value_dim:
+        return ""
+    if value_dim == head_dim:
+        return f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)"
+    return f" (head dims {head_dim} (q, k) and {value_dim} (v) run at {padded}, the columns past each zero)"
+
+
+def path_note(variant: Variant = PLAIN, head_dim: int | None = None, value_dim: int | None = None) -> str:
     """What ``explain()`` says of a call this kernel takes (``note_path``): the TMA kernel's words
     with this kernel's name, and the head dim it runs at where it pads the call's
-    (``padded_head_dim``)."""
+    (``padded_head_dim``; ``value_dim``: v's, where it differs)."""
     from .attention_fwd_hopper import path_note as hopper_note
-    kernel = "the Gluon warp-specialized kernel"
-    padded = padded_head_dim(head_dim) if head_dim is not None else None
-    if padded is not None and padded != head_dim:
-        kernel += f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)"
-    return hopper_note(variant, kernel)
+    padded = padded_head_dim(head_dim, value_dim) if head_dim is not None else None
+    return hopper_note(variant, "the Gluon warp-specialized kernel" + padding_note(head_dim, value_dim, padded))
 
 
 PATH_NOTE = path_note(PLAIN)
@@ -1361,8 +1376,8 @@ def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: 
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
-    if _short(causal, variant, q.shape[2], k.shape[2], q.shape[3]):
-        return False
+    if _short(causal, variant, q.shape[2], k.shape[2], q.shape[3] if v.shape[3] == q.shape[3] else 0):
+        return False  # (v's head dim not q's: no TMA kernel for it, so no crossover)
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:
         options["variant"] = variant
@@ -1451,8 +1466,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     ``DEFAULT_SMS`` off the GPU) and ``PERSISTENT``/``Q_SETS`` (``Config.q_sets``)/``V_STAGES``,
     passed only then; ValueError for ranges or varlen (one tile per program there), and for a
     ``v_stages`` config one tile per program."""
-    B, Hq, Nq, D_real = q.shape
-    D = padded_head_dim(D_real)
+    B, Hq, Nq, _ = q.shape
+    Dv = v.shape[3]
+    D = padded_head_dim(q.shape[3], Dv)
     Hkv, Nk = k.shape[1], k.shape[2]
     options, flags = _option_args(_dense(variant), q, scale, causal)
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
@@ -1481,8 +1497,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
     if seq != SEQ_DENSE:
         kwargs["SEQ"] = seq
-        if D != D_real:
-            kwargs["D_REAL"] = D_real
+        if D != Dv:  # the masked store at a sequence's end keeps to o's columns
+            kwargs["D_REAL"] = Dv
     if cfg.persistent:
         # The grid above's tiles, in ``persistent_tile``'s order.
         grid = (min(grid[0], sms or gpu_sm_count(q.device)),)
@@ -1502,8 +1518,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     ``variant``'s options (sliding window, softcap, ALiBi; sinks in the denominator), causal
     bottom-right (``causal`` caps the window's right side at 0).
 
-    q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D); call only where ``supported`` returned None. Returns o
-    (B, Hq, Nq, D) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
+    q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); call only where ``supported`` returned
+    None. Returns o (B, Hq, Nq, Dv) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
     (causal with Nq > Nk, a window) has o = 0, lse = −inf (with sinks: the sink's logit). Key tiles
     outside a window are never loaded (``key_tiles``): O(N·W) work. ``config``: one of ``CONFIGS``
     (default: ``default_config``, for varlen at the sequences' mean length). ``variant``: as
@@ -1522,15 +1538,15 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
         n = max(Nq, k.shape[2]) // max(variant.seq_q.shape[0] - 1, 1)
     cfg = config
     if cfg is None:
-        cfg = default_config(padded_head_dim(D), causal, n, variant.alibi is not None, variant.softcap > 0,
+        cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
                              variant.left >= 0)
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
-    if variant.seq == SEQ_DENSE:
+    if variant.seq == SEQ_DENSE and v.shape[3] == D:
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    else:  # the portable kernel's buffers: varlen o over (total, Hq, D), ranges' padding rows 0 / −inf
-        o, lse = output_buffers(q, D, variant, True)
+    else:  # the portable kernel's buffers: varlen o over (total, Hq, Dv), ranges' padding rows 0 / −inf
+        o, lse = output_buffers(q, v.shape[3], variant, True)
     grid, args, kwargs = _launch(q, k, v, o, lse, scale, causal, cfg, variant)
     _attn_fwd_gluon_launcher[grid](*args, **kwargs)
     return o, lse

@@ -360,9 +360,10 @@ def supported(q, k, v, **options) -> str | None:
     return covered(q, k, v, HEAD_DIMS, options)
 
 
-def covered(q, k, v, head_dims: tuple, options: dict) -> str | None:
+def covered(q, k, v, head_dims: tuple, options: dict, any_value_dim: bool = False) -> str | None:
     """``supported``'s rules with the head dims ``head_dims``: the Gluon forward's rules are these at
-    its own head dims."""
+    its own head dims, and with ``any_value_dim`` v's head dim may differ from q's (the Gluon
+    kernels check it themselves)."""
     if not _HAS_TMA:
         return f"triton {triton.__version__} has no tensor descriptors"
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
@@ -373,7 +374,10 @@ def covered(q, k, v, head_dims: tuple, options: dict) -> str | None:
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtype {q.dtype} (fp16/bf16 only, one dtype for q, k, v)"
     (B, Hq, Nq, D), (Bk, Hkv, Nk, Dk) = q.shape, k.shape
-    if tuple(v.shape) != (Bk, Hkv, Nk, D) or Bk != B or Dk != D or Hkv == 0 or Hq % Hkv != 0:
+    Dv = v.shape[3] if any_value_dim else D
+    if tuple(v.shape) != (Bk, Hkv, Nk, Dv) or Bk != B or Dk != D or Hkv == 0 or Hq % Hkv != 0:
+        if any_value_dim:
+            return "shapes are not q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv) with Hkv dividing Hq"
         return "shapes are not q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with Hkv dividing Hq"
     if D not in head_dims:
         return f"head dim {D} (only {head_dims}, and Dv == D)"

@@ -1,0 +1,216 @@
+"""The Gluon forward and backward with v's head dim other than q's and k's (MLA's 192 and 128, as
+DeepSeek-V2/V3 prefill): the kernels run at the wider one's padded width (``padded_head_dim``), the
+TMA boxes reading the narrower tensors' missing columns as zeros and every store keeping to its
+tensor's own columns. The CPU tests check the rules and the launches; the GPU tests compare with
+the float64 reference and the portable kernels."""
+import pytest
+import torch
+import triton
+
+from conftest import ON_GPU, assert_close_to_ref
+from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
+from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
+from flashattn_lite.ops import attention_fwd_hopper as hopper
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_VARLEN, Variant, output_buffers
+from flashattn_lite.reference import attention_reference
+from test_attention_hopper import EPS, check_lse
+
+REASON = None if ON_GPU and torch.cuda.get_device_capability()[0] == 9 else "the Gluon kernels need an sm_90 GPU"
+if REASON is None:
+    _q = torch.zeros(1, 1, 8, 64, dtype=torch.float16, device="cuda")
+    REASON = gluon_fwd.supported(_q, _q, _q)
+needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+# (q/k head dim, v head dim): MLA's, narrower and wider v, and two padded ones at once.
+DIMS = [(192, 128), (128, 64), (64, 128), (80, 48)]
+
+
+def test_kernel_width_is_the_wider_padded_dim():
+    want = {(192, 128): 256, (128, 64): 128, (64, 128): 128, (80, 48): 128, (48, 40): 64, (256, 128): 256,
+            (96, 96): 128}
+    for (d, dv), width in want.items():
+        assert gluon_fwd.padded_head_dim(d, dv) == width == gluon_bwd.kernel_head_dim(d, dv)
+    for d, dv in ((192, 100), (100, 64), (64, 16), (300, 128)):  # either one not covered: neither
+        assert gluon_fwd.padded_head_dim(d, dv) is None and gluon_bwd.kernel_head_dim(d, dv) is None
+    assert gluon_fwd.padded_head_dim(96, None) == gluon_fwd.padded_head_dim(96) == 128
+    note = gluon_fwd.path_note(PLAIN, 192, 128)
+    assert "head dims 192 (q, k) and 128 (v) run at 256" in note
+    assert gluon_fwd.path_note(PLAIN, 128, 128) == gluon_fwd.PATH_NOTE
+    for deterministic in (False, True):
+        assert "dK/dV and dQ kernels" in gluon_bwd.path_note(PLAIN, 192, deterministic, value_dim=128)
+    # Deterministic dq: the Triton TMA dQ kernel assumes v's head dim is q's; the portable one does not.
+    assert "portable one-writer dQ" in gluon_bwd.path_note(PLAIN, 128, True, True, value_dim=64)
+    assert gluon_bwd._tma_dq_covers(PLAIN, True, 128) and not gluon_bwd._tma_dq_covers(PLAIN, True, 128, 64)
+
+
+def test_supported_takes_value_dims_the_triton_kernels_do_not(monkeypatch):
+    monkeypatch.setattr(gluon_fwd, "TESTED_TRITON", (triton.__version__,))
+    monkeypatch.setattr(gluon_fwd, "_HAS_GLUON", True)
+    monkeypatch.setattr(gluon_bwd, "TESTED_TRITON", (triton.__version__,))
+    monkeypatch.setattr(gluon_bwd, "_HAS_GLUON", True)
+    monkeypatch.setattr(hopper, "_device_reason", lambda *tensors: None)  # CPU tensors stand in for sm_90 ones
+    z = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)  # noqa: E731
+    q, k, v = z(1, 4, 8, 192), z(1, 2, 8, 192), z(1, 2, 8, 128)
+    assert gluon_fwd.supported(q, k, v) is None and gluon_bwd.supported(q, k, v, z(1, 4, 8, 128)) is None
+    assert "head dims 192 (q, k) and 100 (v)" in gluon_fwd.supported(q, k, z(1, 2, 8, 100))
+    assert "head dims 192 (q, k) and 100 (v)" in gluon_bwd.supported(q, k, z(1, 2, 8, 100), q)
+    assert "do is not a tensor of o's shape" in gluon_bwd.supported(q, k, v, q)
+    assert "k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv)" in gluon_fwd.supported(q, k, z(1, 2, 9, 128))
+    # The Triton TMA kernels keep v's head dim equal to q's.
+    assert "shapes" in hopper.covered(q[..., :128], k[..., :128], v[..., :64], hopper.HEAD_DIMS, {})
+    # Above 128, the forward's ranges and varlen store past v's columns spills: dense batches only.
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    assert "dense batch only" in gluon_fwd.supported(q[:1], k[:1], v[:1], variant=varlen)
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
+    import inspect
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    bf = torch.bfloat16
+    # The forward at 128 / 64: boxes 128 wide over v (64 columns) and o; a varlen o's masked store to 64.
+    q, k, v = torch.zeros(1, 4, 300, 128, dtype=bf), torch.zeros(1, 2, 300, 128, dtype=bf), \
+        torch.zeros(1, 2, 300, 64, dtype=bf)
+    cfg = gluon_fwd.default_config(128, False, 300)
+    o, lse = output_buffers(q, 64, PLAIN, True)
+    _, args, kwargs = gluon_fwd._launch(q, k, v, o, lse, 0.1, False, cfg)
+    assert kwargs["HEAD_DIM"] == 128 and "D_REAL" not in kwargs and o.shape[-1] == 64
+    assert [a.block_shape[-1] for a in args[:4]] == [128] * 4 and list(args[2].shape) == list(v.shape)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    o, lse = output_buffers(q, 64, varlen, True)
+    _, _, kwargs = gluon_fwd._launch(q, k, v, o, lse, 0.1, True, gluon_fwd.one_tile_per_program(cfg), varlen)
+    assert kwargs["HEAD_DIM"] == 128 and kwargs["D_REAL"] == 64
+    # The d ≤ 128 backward: dv's masked stores keep to v's columns, dk's to k's (all of the kernel's here).
+    plan = gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True, varlen, value_dim=64)
+    assert plan["constexprs"]["DV_REAL"] == 64 and "D_REAL" not in plan["constexprs"]
+    assert "DV_REAL" not in gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True,
+                                                  value_dim=64)["constexprs"]  # dense: TMA stores
+    # The wide backward at 192 / 128: every store masked, dk and dq to 192 columns, dv to 128.
+    q, k, v = torch.zeros(2, 4, 200, 192, dtype=bf), torch.zeros(2, 2, 333, 192, dtype=bf), \
+        torch.zeros(2, 2, 333, 128, dtype=bf)
+    rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))
+    cfg = gluon_bwd.default_config(256, True, 333)
+    dkdv, dq = wide.launches(q, k, v, q[..., :128], q, k, v, rows, rows, 0.1, True, cfg, PLAIN)
+    for kernel, (grid, args, kwargs) in ((wide._attn_bwd_gluon_wide_kernel, dkdv),
+                                         (wide._attn_bwd_gluon_wide_dq_kernel, dq)):
+        constexprs = {n: c for n, c in kwargs.items() if n != "num_warps"}
+        inspect.signature(kernel.fn).bind(*args, **constexprs)
+        assert constexprs["HEAD_DIM"] == 256 and constexprs["D_REAL"] == 192
+        assert [a.block_shape[-1] for a in args[:4]] == [256] * 4
+    assert dkdv[2]["DV_REAL"] == 128 and "DV_REAL" not in dq[2]
+
+
+def make(shape, dv, dtype, seed=0):
+    """q, k (B, H, N, D), v (B, Hkv, Nk, Dv) and dO (B, Hq, Nq, Dv), random."""
+    b, hq, hkv, nq, nk, d = shape
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*s):
+        return torch.randn(*s, generator=g).to("cuda", dtype)
+    return rand(b, hq, nq, d), rand(b, hkv, nk, d), rand(b, hkv, nk, dv), rand(b, hq, nq, dv)
+
+
+SHAPES = [(2, 4, 2, 17, 17), (1, 4, 4, 4097, 4097), (1, 4, 2, 1000, 4097), (1, 2, 2, 4097, 1000)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d, dv", DIMS, ids=lambda x: str(x))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}:{}-q{}-k{}".format(*s))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_forward_and_backward_match_reference_and_portable(shape, d, dv, dtype, causal):
+    from test_attention_bwd_hopper import portable_backward, reference_grads
+    q, k, v, do = make(shape + (d,), dv, dtype)
+    scale = d ** -0.5
+    assert gluon_fwd.supported(q, k, v, causal=causal) is None
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, causal)
+    assert o.shape == (*q.shape[:3], dv) and o.is_contiguous() and lse.shape == q.shape[:3]
+    o_ref, lse_ref = attention_reference(q, k, v, causal=causal)
+    o_same, _ = attention_reference(q, k, v, causal=causal, dtype=dtype)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dtype])
+    check_lse(lse, lse_ref, dtype)
+    assert (o[~torch.isfinite(lse_ref)] == 0).all()
+
+    assert gluon_bwd.supported(q, k, v, do, causal=causal) is None
+    ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal)
+    port = portable_backward(do, q, k, v, o, lse, causal)
+    ref = reference_grads(q, k, v, do, causal, torch.float64)
+    same = reference_grads(q, k, v, do, causal, dtype)
+    for name, a, p, s, r, x in zip(("dq", "dk", "dv"), ours, port, same, ref, (q, k, v)):
+        assert a.shape == x.shape and a.dtype == dtype, name
+        assert_close_to_ref(a, s, r, eps=2 * EPS[dtype], what=name)
+        assert_close_to_ref(a, p, r, eps=2 * EPS[dtype], what=f"{name} vs the portable backward's error")
+
+
+@needs_gpu
+@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64)], ids=str)
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-dq", "deterministic"])
+def test_attention_dispatch_and_views_of_one_projection(d, dv, deterministic):
+    # attention() over q, k, v as views of one (B, N, H, 2·D + Dv) projection (each view's row
+    # stride spans the others' columns, so a box reading past a tensor's columns would see them):
+    # forward and backward on the Gluon kernels (explain() says so, naming the widths), the
+    # gradients within 2% of the portable kernels' (deterministic mode: the one-writer dQ twice the
+    # same bits).
+    from flashattn_lite import attention, explain
+    from flashattn_lite.ops import attention_bwd, attention_fwd
+    B, H, N = 2, 8, 2048  # past MIN_WORK
+    g = torch.Generator().manual_seed(3)
+    proj = torch.randn(B, N, H, 2 * d + dv, generator=g).to("cuda", torch.bfloat16)
+    q, k, v = (proj[..., a:b].transpose(1, 2) for a, b in ((0, d), (d, 2 * d), (2 * d, 2 * d + dv)))
+    attention_fwd._HOPPER.clear()
+    attention_bwd._HOPPER.clear()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        how = explain(q.requires_grad_(), k, v, causal=True)
+        assert how.path == "hopper" and f"head dims {d} (q, k) and {dv} (v)" in how.reason, how
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        runs = []
+        for _ in range(2 if deterministic else 1):
+            out = attention(*leaves, causal=True)
+            runs.append(torch.autograd.grad(out.float().square().sum(), leaves))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert out.shape == (B, H, N, dv)
+    if deterministic:
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+    with hopper.disabled():
+        want_o = attention(*leaves, causal=True)
+        want = torch.autograd.grad(want_o.float().square().sum(), leaves)
+    assert (out.float() - want_o.float()).norm() <= 1e-2 * want_o.float().norm()
+    for name, a, w in zip(("dq", "dk", "dv"), runs[0], want):
+        assert (a.float() - w.float()).norm() <= 2e-2 * w.float().norm(), name
+    attention_fwd._HOPPER.clear()
+    attention_bwd._HOPPER.clear()
+
+
+@needs_gpu
+@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (80, 48)], ids=str)
+def test_varlen_matches_reference(d, dv):
+    # A packed batch (an empty sequence, one of one row, a partial tile): forward (the portable
+    # kernel above 128, the Gluon one at 128) and backward (Gluon: dv's masked stores at a
+    # sequence's end keep to v's columns) against the float64 varlen reference.
+    import flashattn_lite as fl
+    from flashattn_lite.ops import attention_fwd_hopper
+    from flashattn_lite.reference import attention_varlen_reference
+    lens_q, lens_k = [1, 0, 1000, 333], [300, 0, 1000, 777]
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    g = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=g).to("cuda", torch.float16).requires_grad_()  # noqa: E731
+    q, k, v = r(sum(lens_q), 4, d), r(sum(lens_k), 2, d), r(sum(lens_k), 2, dv)
+    do = torch.randn(sum(lens_q), 4, dv, generator=g).to("cuda", torch.float16)
+    old, attention_fwd_hopper.MIN_WORK = attention_fwd_hopper.MIN_WORK, 0
+    try:
+        o = fl.attention_varlen(q, k, v, cu_q, cu_k, causal=True)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+    finally:
+        attention_fwd_hopper.MIN_WORK = old
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o_ref, _ = attention_varlen_reference(*leaves, cu_q, cu_k, causal=True)
+    ref = torch.autograd.grad(o_ref, leaves, do.double())
+    assert o.shape == (sum(lens_q), 4, dv)
+    assert (o.double() - o_ref).abs().max() <= 2e-2
+    for name, a, w in zip(("dq", "dk", "dv"), grads, ref):
+        assert (a.double() - w).norm() <= 1e-2 * w.norm(), name
