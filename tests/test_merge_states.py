@@ -174,6 +174,29 @@ def test_gradients_match_attention_over_union(stacked):
         torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-4, msg=f"d{name}")
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["pair", "stacked"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_lse_gradient_of_nearly_equal_parts_is_not_the_outputs_rounding(dtype, stacked):
+    """dlse_s = w_s·(dlse + ⟨dO, O_s − O⟩): with parts whose outputs nearly agree, O_s − O is small
+    and O's 16-bit rounding would be most of it; the backward forms O in float32, so dlse_s is
+    within float32 rounding of float64 (against the returned O it was off by 6% here)."""
+    g = torch.Generator().manual_seed(11)
+    o_a = torch.randn(2, 3, 5, 256, generator=g)
+    o_b = o_a + 0.01 * torch.randn(o_a.shape, generator=g)
+    o_a, o_b = (t.to(DEVICE, dtype).requires_grad_() for t in (o_a, o_b))
+    lse_a, lse_b = (torch.randn(2, 3, 5, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    do = torch.randn(2, 3, 5, 256, generator=g).to(DEVICE, dtype)
+    o, lse = (merge_attention_states_stacked([o_a, o_b], [lse_a, lse_b]) if stacked
+              else merge_attention_states(o_a, lse_a, o_b, lse_b))
+    ours = torch.autograd.grad(o, (lse_a, lse_b), do)
+    leaves = [t.detach().double().requires_grad_() for t in (o_a, lse_a, o_b, lse_b)]
+    w = torch.softmax(torch.stack(leaves[1::2]), 0)
+    o_ref = w[0].unsqueeze(-1) * leaves[0] + w[1].unsqueeze(-1) * leaves[2]
+    ref = torch.autograd.grad(o_ref, leaves[1::2], do.double())
+    for got, want in zip(ours, ref):
+        assert (got.double() - want).norm() <= 1e-4 * want.norm()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_cpu_twin_matches_reference(torch_cpu_path, dtype):
     case = CPU_CASES[1]

@@ -15,7 +15,8 @@ closed with ``merge.finalize`` — the same (m, ℓ) reduction as every other ke
 An empty partial (lse = −inf, e.g. a split with no visible keys) has weight 0 and its o is never
 read (it may hold NaN or uninitialised memory); if every partial of a row is empty the result is
 O = 0, lse = −inf. Outputs are differentiable (the backward is closed-form PyTorch:
-dO_s = w_s·dO, dlse_s = w_s·(dlse + ⟨dO, O_s − O⟩) with w_s = exp(lse_s − lse)).
+dO_s = w_s·dO, dlse_s = w_s·(dlse + ⟨dO, O_s − O⟩) with w_s = exp(lse_s − lse), O summed again in
+float32).
 """
 from __future__ import annotations
 
@@ -225,7 +226,11 @@ def _merge_backward(o_parts, lse_parts, o, lse, do, dlse):
     lse_ref = torch.where(finite, lse, torch.zeros_like(lse))
     w = torch.where(finite & torch.isfinite(lse_parts), torch.exp(lse_parts - lse_ref), torch.zeros_like(lse_parts))
     do = do.float() if do is not None else torch.zeros_like(o, dtype=torch.float32)
-    g = (do * (_empty_to_zero(o_parts, lse_parts) - o.float())).sum(-1)
+    parts = _empty_to_zero(o_parts, lse_parts).float()
+    # ⟨dO, O_s − O⟩ cancels where one part dominates: against the returned O, rounded to 16 bits, that
+    # rounding would be most of it, so O is formed again here in float32 (the forward's sum, unrounded).
+    o_exact = (w.unsqueeze(-1) * parts).sum(0)
+    g = (do * (parts - o_exact)).sum(-1)
     if dlse is not None:
         g = g + dlse
     return (w.unsqueeze(-1) * do).to(o_parts.dtype), w * g
