@@ -1,6 +1,7 @@
 """transformers integration: attn_implementation="fa_lite" against "eager" on tiny random models of
 every attention family (Llama, Mistral sliding window, Qwen3 mixed layers, Gemma 2 softcap, gpt-oss
-sinks), padded batches, generation, training; and what reaches the kernel."""
+sinks, DeepSeek-V3's latent attention with v's head dim below q's), padded batches, generation,
+training; and what reaches the kernel."""
 import contextlib
 import copy
 
@@ -36,7 +37,21 @@ def _config(family):
                                          **_COMMON)
     if family == "gpt_oss":  # every token goes to both experts: no routing choice for rounding to flip
         return transformers.GptOssConfig(sliding_window=4, num_local_experts=2, num_experts_per_tok=2, **_COMMON)
+    if family == "deepseek_v3":
+        return _deepseek_config()
     raise ValueError(family)
+
+
+def _deepseek_config(nope=8, rope=8, value=8, **overrides):
+    """DeepSeek-V3's multi-head latent attention: q and k at head dim nope + rope, v at ``value``
+    (MLA's 128 + 64 and 128 at full size); dense MLPs only (no expert routing for rounding to flip)."""
+    common = {n: c for n, c in _COMMON.items() if n not in ("head_dim", "num_key_value_heads")}
+    config = dict(common, num_key_value_heads=common["num_attention_heads"], moe_intermediate_size=16,
+                  q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=nope,
+                  qk_rope_head_dim=rope, v_head_dim=value, first_k_dense_replace=common["num_hidden_layers"],
+                  n_routed_experts=2, num_experts_per_tok=1)
+    config.update(overrides)
+    return transformers.DeepseekV3Config(**config)
 
 
 def _ablate(family, model):
@@ -99,18 +114,18 @@ def kernel_calls(monkeypatch):
     calls, core = [], attn_ops.attention_core
 
     def spy(q, k, v, **kw):
-        calls.append(dict(kw, q=q, k=k))
+        calls.append(dict(kw, q=q, k=k, v=v))
         return core(q, k, v, **kw)
 
     monkeypatch.setattr(attn_ops, "attention_core", spy)
     return calls
 
 
-GENERATE_FAMILIES = ["mistral", "gemma2", "gpt_oss",
+GENERATE_FAMILIES = ["mistral", "gemma2", "gpt_oss", "deepseek_v3",
                      pytest.param("llama", marks=GPU_ONLY), pytest.param("qwen3", marks=GPU_ONLY)]
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "gemma2", "gpt_oss", "deepseek_v3"])
 def test_logits_match_eager_on_left_padded_batch(family, kernel_calls):
     ref, ours = _models(family)
     ids, am = _batch("left")
@@ -125,6 +140,8 @@ def test_logits_match_eager_on_left_padded_batch(family, kernel_calls):
     assert _rel(l_ours[keep], l_ref[keep]) < TOL[DTYPE]
     assert _hf_fallbacks() == before
     assert len(kernel_calls) == 2 and all(c.get("attn_mask") is None for c in kernel_calls)
+    if family == "deepseek_v3":  # v's head dim reaches the kernel as it is, below q's (no padding to q's)
+        assert all(c["q"].shape[-1] == 16 and c["v"].shape[-1] == 8 for c in kernel_calls)
     # What is being tested must matter, well beyond TOL: the padding, and the family's feature.
     assert _rel(l_nomask[keep], l_ref[keep]) > 0.1
     if l_ablated is not None:
@@ -245,6 +262,29 @@ def test_head_dim_96_training_takes_the_padded_gluon_kernels(monkeypatch):
     _assert_training_gradients_close(exact, ref, ours, ids.to(DEVICE), am.to(DEVICE))
     if REASON is None:  # sm_90 with triton 3.6: both layers' backward on the Gluon kernel, over ranges
         assert calls == [(96, SEQ_RANGES)] * 2
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a real head dim and length: the GPU only")
+def test_deepseek_v3_training_at_mla_head_dims_takes_the_gluon_kernels(monkeypatch):
+    """DeepSeek-V3's latent attention at its real head dims (q, k 128 + 64, v 128) on a long
+    left-padded batch: the backward over per-row ranges takes the head dim 256 Gluon kernels
+    (``kernel_head_dim(192, 128)``) with v's own 128 columns; the gradients match eager's as in the
+    small training test."""
+    from test_attention_bwd_gluon import REASON
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    from flashattn_lite.ops.attention_fwd import SEQ_RANGES
+    config = _deepseek_config(128, 64, 128, hidden_size=256, intermediate_size=256, num_attention_heads=2,
+                              num_key_value_heads=2, kv_lora_rank=64, max_position_embeddings=4096)
+    exact, ours = _models("deepseek_v3", config=config)
+    ref = copy.deepcopy(exact).to(DTYPE)
+    ids, am = _long_left_padded(seed=4, pad=600)
+    calls = []
+    run = wide.run
+    monkeypatch.setattr(wide, "run", lambda *a, **kw: calls.append((a[0].shape[-1], a[2].shape[-1], a[12].seq))
+                        or run(*a, **kw))
+    _assert_training_gradients_close(exact, ref, ours, ids.to(DEVICE), am.to(DEVICE))
+    if REASON is None:  # sm_90 with triton 3.6: both layers' backward on the wide kernels, over ranges
+        assert calls == [(192, 128, SEQ_RANGES)] * 2
 
 
 def test_no_dense_mask_reaches_the_kernel(kernel_calls, monkeypatch):
