@@ -44,7 +44,7 @@ from hopper_fwd import flops as forward_flops  # noqa: E402
 # relative) per element; over a whole gradient the relative norm of the difference stays well
 # under 1e-2. A wrong mask or a missed tile moves it to O(1).
 REL_TOL = 2e-2
-BWD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (flashattn_lite.bench.peers.MODE_FLOP_FACTOR)
+BWD_FACTOR = 2.5  # backward FLOPs / forward FLOPs at Dv = D (flashattn_lite.bench.peers.MODE_GEMM_DIMS)
 
 
 def parse_args(argv=None):

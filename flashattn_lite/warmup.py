@@ -185,7 +185,7 @@ def _attention(d, dv, dtype, group, kv_heads, causal, backward, lengths, device,
     from .ops import attention_fwd_hopper as hopper
     from .ops.attention_bwd import SHORT_BLOCKS
     hopper_gpu = (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-                  and hopper.enabled() and dtype in hopper.DTYPES and d == dv and d in gluon.HEAD_DIMS)
+                  and hopper.enabled() and dtype in hopper.DTYPES and gluon.padded_head_dim(d, dv) is not None)
     for n in lengths:
         with hopper.disabled():
             _attention_call(1, d, dv, dtype, group, kv_heads, causal, backward, n, device, options, padded)

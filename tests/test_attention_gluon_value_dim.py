@@ -87,6 +87,20 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     assert plan["constexprs"]["DV_REAL"] == 64 and "D_REAL" not in plan["constexprs"]
     assert "DV_REAL" not in gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True,
                                                   value_dim=64)["constexprs"]  # dense: TMA stores
+    # v wider than q (64 / 128): the kernel at 128, dk's stores to 64 columns, dv's to 128.
+    q64, k64 = q[..., :64].contiguous(), k[..., :64].contiguous()
+    ce = gluon_bwd.launch_plan(q64, k64, gluon_bwd.default_config(128, True, 300), True, varlen,
+                               value_dim=128)["constexprs"]
+    assert ce["HEAD_DIM"] == 128 and ce["D_REAL"] == 64 and ce["DV_REAL"] == 128
+    # A GQA-split launch (float32 dK/dV sums by TMA reduce in 64-column boxes) over dv of 64 columns:
+    # its descriptors have dv's own shape, so the boxes past column 64 are clipped.
+    cfg = gluon_bwd.default_config(128, True, 8192)
+    dv32 = torch.zeros(1, 2, 300, 64)
+    _, args, kwargs = gluon_bwd._launch(q, k, v, q[..., :64], None, torch.zeros(k.shape), dv32,
+                                        torch.zeros(4, 384), torch.zeros(4, 384), 0.1, True, cfg,
+                                        dq_acc=torch.zeros(1, 4, 300, 128), kv_share=2)
+    assert list(args[8].shape) == list(dv32.shape) and list(args[8].block_shape) == [1, 1, 64, 64]
+    assert kwargs["HEAD_DIM"] == 128 and "DV_REAL" not in kwargs
     # The wide backward at 192 / 128: every store masked, dk and dq to 192 columns, dv to 128.
     q, k, v = torch.zeros(2, 4, 200, 192, dtype=bf), torch.zeros(2, 2, 333, 192, dtype=bf), \
         torch.zeros(2, 2, 333, 128, dtype=bf)
@@ -187,12 +201,17 @@ def test_attention_dispatch_and_views_of_one_projection(d, dv, deterministic):
 
 @needs_gpu
 @pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (80, 48)], ids=str)
-def test_varlen_matches_reference(d, dv):
+def test_varlen_matches_reference(d, dv, monkeypatch):
     # A packed batch (an empty sequence, one of one row, a partial tile): forward (the portable
-    # kernel above 128, the Gluon one at 128) and backward (Gluon: dv's masked stores at a
+    # kernel above 128, the Gluon one at 128) and backward (Gluon, checked: dv's masked stores at a
     # sequence's end keep to v's columns) against the float64 varlen reference.
     import flashattn_lite as fl
-    from flashattn_lite.ops import attention_fwd_hopper
+    from flashattn_lite.ops import attention_bwd, attention_fwd, attention_fwd_hopper
+    gluon_calls, backward = [], gluon_bwd.attention_backward_gluon
+    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon",
+                        lambda *a, **kw: gluon_calls.append(1) or backward(*a, **kw))
+    attention_fwd._HOPPER.clear()
+    attention_bwd._HOPPER.clear()
     from flashattn_lite.reference import attention_varlen_reference
     lens_q, lens_k = [1, 0, 1000, 333], [300, 0, 1000, 777]
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -207,6 +226,9 @@ def test_varlen_matches_reference(d, dv):
         grads = torch.autograd.grad(o, (q, k, v), do)
     finally:
         attention_fwd_hopper.MIN_WORK = old
+        attention_fwd._HOPPER.clear()
+        attention_bwd._HOPPER.clear()
+    assert gluon_calls == [1]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     o_ref, _ = attention_varlen_reference(*leaves, cu_q, cu_k, causal=True)
     ref = torch.autograd.grad(o_ref, leaves, do.double())

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--head-dims", help="comma-separated head dimensions (GPU default 64,128)")
     g.add_argument("--value-dim", type=int, metavar="DV",
                    help="v's head dimension where it is not q's and k's (e.g. 128 with --head-dims 192: MLA); "
-                        "FLOPs count 2·B·H·N²·(D + DV) forward")
+                        "FLOPs count 2·B·H·N²·(D + DV) forward, (3D + 2DV) backward")
     g.add_argument("--causal", choices=tuple(_CAUSAL), default="both", help="causal, non-causal or both (default both)")
     g.add_argument("--min-n", type=common.parse_size, help="first sequence length")
     g.add_argument("--max-n", type=common.parse_size, help="last sequence length")
@@ -202,7 +202,8 @@ def run(args) -> list[dict]:
     meta = dict(grid=dict(dtype=dtype_name(dtype), tokens=val["tokens"], hidden=val["hidden"], device=device,
                           lengths=lengths, head_dims=head_dims, modes=modes,
                           value_dim=getattr(args, "value_dim", None),
-                          flops="2·B·H·N²·(D + Dv) forward (÷2 causal); bwd 2.5×, fwd+bwd 3.5×"),
+                          flops="2·B·H·N²·(D + Dv) forward, (3D + 2Dv) bwd, (4D + 3Dv) fwd+bwd (÷2 causal; "
+                                "at Dv = D: 4·B·H·N²·D, 2.5×, 3.5×)"),
                 methods=methods, peers={n: PEERS[n].summary for n in methods})
     writer = common.ResultWriter(out, "attention_speed", meta=meta, budget_s=args.time_budget,
                                  total=len(grid) * len(methods), progress=not args.no_progress,

@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 
 MODES = ("fwd", "bwd", "fwd+bwd")
-# Backward FLOPs are counted as 2.5× the forward's (FlashAttention's convention: two matmuls
-# forward, five backward, one of which recomputes the scores).
-MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+# The GEMMs of each mode, as (how many at q/k's head dim, how many at v's): forward Q·Kᵀ and P·V;
+# backward Q·Kᵀ again, dO·Vᵀ, Pᵀ·dO, dS·K and dSᵀ·Q. With D = Dv that is FlashAttention's convention,
+# backward FLOPs 2.5 × the forward's.
+MODE_GEMM_DIMS = {"fwd": (1, 1), "bwd": (3, 2), "fwd+bwd": (4, 3)}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 _DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
 
@@ -91,12 +92,12 @@ class Problem:
         return self.q_bytes + self.kv_bytes + (self.q_bytes * self.dv // self.head_dim if mode != "fwd" else 0)
 
     def flops(self, mode: str) -> float:
-        """4·B·Hq·N²·D for the forward (two matmuls; 2·B·Hq·N²·(D + Dv) with v's own head dim), halved
-        when causal; × the mode's factor."""
-        f = 2.0 * self.scores * (self.head_dim + self.dv)
-        if self.causal:
-            f /= 2
-        return f * MODE_FLOP_FACTOR[mode]
+        """2·B·Hq·N² per GEMM column (``MODE_GEMM_DIMS``): 4·B·Hq·N²·D forward, 2.5 × that backward and
+        3.5 × forward+backward at Dv = D (2·B·Hq·N²·(D + Dv), (3D + 2Dv), (4D + 3Dv) with v's own head
+        dim); halved when causal."""
+        per_d, per_dv = MODE_GEMM_DIMS[mode]
+        f = 2.0 * self.scores * (per_d * self.head_dim + per_dv * self.dv)
+        return f / 2 if self.causal else f
 
     def with_seqlen(self, n: int) -> "Problem":
         return Problem(self.batch, self.heads, self.kv_heads, n, self.head_dim, self.dtype, self.causal, self.device,

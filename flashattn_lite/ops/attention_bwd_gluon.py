@@ -968,9 +968,10 @@ def supported(q, k, v, do, **options) -> str | None:
     (``_variant_reason``; the options' tensors and the window sides as the Hopper forward takes
     them, ``attention_fwd_hopper._reason_for_variant``), a triton whose Gluon this kernel was written
     for, and the Triton TMA backward's rules at this kernel's head dims (``attention_bwd_hopper.supported``:
-    CUDA sm_90, shapes, fp16/bf16, D = Dv ∈ {64, 128, 256}, TMA alignment of q, k, v and do, the other
-    options); at D 256 its own two kernels (``attention_bwd_gluon_wide``), every layout. Not taken:
-    non-causal ALiBi at D ≤ 128 on dense or padded batches past ``EXACT_ROWS`` rows."""
+    CUDA sm_90, shapes, fp16/bf16, the head dims ``kernel_head_dim`` covers (v's may differ from q's),
+    TMA alignment of q, k, v and do, the other options); at a kernel width of 256 its own two kernels
+    (``attention_bwd_gluon_wide``), every layout. Not taken: non-causal ALiBi on the D ≤ 128 kernel
+    over dense or padded batches past ``EXACT_ROWS`` rows."""
     options = dict(options)
     variant = options.pop("variant", None)
     reason = _variant_reason(variant)
@@ -984,9 +985,9 @@ def supported(q, k, v, do, **options) -> str | None:
     from .attention_fwd_hopper import offset_reason
     seq = SEQ_DENSE if variant is None or variant is PLAIN else variant.seq
     if (seq != SEQ_VARLEN and variant is not None and variant.alibi is not None and not options.get("causal")
-            and q.shape[3] != 256 and max(q.shape[2], k.shape[2]) > EXACT_ROWS):
+            and kernel_head_dim(q.shape[3], v.shape[3]) != 256 and max(q.shape[2], k.shape[2]) > EXACT_ROWS):
         # The non-causal step forms ALiBi's distances from rows as float32 (packed varlen rows are
-        # counted from each sequence's first; the d 256 kernels and causal calls use offsets)
+        # counted from each sequence's first; the d 256 kernels, padded ones too, and causal calls use offsets)
         return f"non-causal ALiBi past {EXACT_ROWS} rows (this kernel's float32 distances are exact below)"
     if seq != SEQ_DENSE and "causal_offset" in options:  # each sequence's own offset, from its bounds
         options["causal_offset"] = k.shape[2] - q.shape[2]
@@ -1045,9 +1046,7 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
         name = "the Gluon warp-specialized backward's dK/dV with the Triton TMA one-writer dQ kernel"
     else:
         name = "the Gluon warp-specialized backward (dQ by TMA reduce-add)"
-    note = hopper_note(variant, name + pad)
-    layout = {SEQ_RANGES: "a padded batch with per-row ranges", SEQ_VARLEN: "a packed varlen batch"}.get(variant.seq)
-    return note.replace(" on sm_90", f" over {layout} on sm_90", 1) if layout else note
+    return hopper_note(variant, name + pad)  # (which names the batch layout: ranges, varlen)
 
 
 def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deterministic: bool = False,

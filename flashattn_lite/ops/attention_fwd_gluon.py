@@ -1310,7 +1310,7 @@ def supported(q, k, v, **options) -> str | None:
         padded = padded_head_dim(d, dv)
         dims = f"head dim {d}" if dv == d else f"head dims {d} (q, k) and {dv} (v)"
         if padded is None:
-            return (f"{dims} (only {', '.join(map(str, HEAD_DIMS))}, or multiples of 8 between them, "
+            return (f"{dims} (only {', '.join(map(str, HEAD_DIMS))}, or multiples of 8 between 32 and 256, "
                     f"run padded to the next)")
         if padded != dv and padded > 128 and isinstance(variant, Variant) and variant.seq != SEQ_DENSE:
             # Their sequence-end tiles' masked store, 256 columns kept to dv, spills 300+ bytes.

@@ -380,12 +380,12 @@ def covered(q, k, v, head_dims: tuple, options: dict, any_value_dim: bool = Fals
             return "shapes are not q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv) with Hkv dividing Hq"
         return "shapes are not q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D) with Hkv dividing Hq"
     if D not in head_dims:
-        return f"head dim {D} (only {head_dims}, and Dv == D)"
+        return f"head dim {D} (only {head_dims}" + (")" if any_value_dim else ", and Dv == D)")
     if min(B, Hq, Nq, Nk) == 0:
         return "an empty tensor"
     if max(Nq, Nk) >= 2 ** 31 - 2 ** 16:
         return "a sequence too long for int32 TMA coordinates"
-    if max(q.numel(), k.numel()) >= 2 ** 31:
+    if max(q.numel(), k.numel(), v.numel(), q.numel() // D * Dv) >= 2 ** 31:  # (the last: o's, dO's)
         return "2³¹ elements or more (the > 2³¹ tests have not run on this kernel yet)"
     for name, t in (("q", q), ("k", k), ("v", v)):
         reason = _tensor_reason(name, t)
