@@ -119,7 +119,8 @@ if torch.cuda.get_device_capability() == (9, 0):
                                                      variant=options)
 
 # The Hopper dispatch at small shapes (MIN_WORK 0), through the public API as a real call reaches it:
-# head dims 64, 128 and 256 and ones run padded (48, 80, 96, 192) (bf16, GQA), dense
+# head dims 64, 128 and 256 and ones run padded (48, 80, 96, 192; v's other than q's: 192 / 128, 128 / 64,
+# 64 / 128) (bf16, GQA), dense
 # batches, per-row ranges and packed varlen batches (an empty sequence among them), the score options,
 # and the deterministic backwards' one-writer dQ kernels. The kernels launched are listed in the log.
 if torch.cuda.get_device_capability() == (9, 0) and GLUON:
@@ -134,16 +135,17 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
     rq, rk = torch.tensor([[3, 150], [0, 97]], **i32), torch.tensor([[0, 203], [11, 150]], **i32)
     cu_q, cu_k = torch.tensor([0, 37, 37, 187], **i32), torch.tensor([0, 53, 54, 257], **i32)
 
-    def dense(d, causal, deterministic=False, **options):
+    def dense(d, causal, deterministic=False, dv=None, **options):  # dv: v's head dim, if not d
         q, k, v = r(2, 4, 150, d, dtype=bf, grad=True), r(2, 2, 203, d, dtype=bf, grad=True), \
-            r(2, 2, 203, d, dtype=bf, grad=True)
+            r(2, 2, 203, dv or d, dtype=bf, grad=True)
         torch.use_deterministic_algorithms(deterministic)
         fl.attention(q, k, v, causal=causal, **options).float().sum().backward()
         attention_core(q, k, v, causal=causal, q_ranges=rq, k_ranges=rk, **options).float().sum().backward()
         torch.use_deterministic_algorithms(False)
 
-    def packed(d, causal, deterministic=False, **options):
-        q, k, v = r(187, 4, d, dtype=bf, grad=True), r(257, 2, d, dtype=bf, grad=True), r(257, 2, d, dtype=bf, grad=True)
+    def packed(d, causal, deterministic=False, dv=None, **options):
+        q, k, v = r(187, 4, d, dtype=bf, grad=True), r(257, 2, d, dtype=bf, grad=True), \
+            r(257, 2, dv or d, dtype=bf, grad=True)
         torch.use_deterministic_algorithms(deterministic)
         fl.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, **options).float().sum().backward()
         torch.use_deterministic_algorithms(False)
@@ -162,6 +164,9 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         packed(48, True, deterministic=True, window=(40, 0))
         dense(192, False)
         packed(192, True, alibi_slopes=slopes, softcap=20.0)  # the backward's wide kernels, padded
+        dense(192, True, dv=128, **every)  # v's head dim not q's (MLA): every box 256 wide, stores to each width
+        packed(128, False, dv=64, alibi_slopes=slopes)
+        packed(64, True, dv=128, deterministic=True)
     print("Hopper dispatch launched:", ", ".join(sorted({launch.kernel for launch in launches})))
 torch.cuda.synchronize()
 print("ok")
