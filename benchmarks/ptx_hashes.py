@@ -103,7 +103,13 @@ def gluon(opts, causal=True, d=128):
     import flashattn_lite.ops.attention_fwd_gluon as g
     opts = dict(opts)
     config = opts.pop("config", None)  # a config of the sweep by name ("unavailable" where none has it)
+    dv = opts.pop("dv", None)  # v's head dim, if not q's
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
+    if dv is not None:
+        cfg = g.default_config(g.padded_head_dim(d, dv), causal, 8192)
+        v = _width(kv, dv)
+        _, args, kwargs = g._launch(q, kv, v, _width(q, dv), torch.empty(B, H, N), 0.088, causal, cfg, variant)
+        return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
     if config is not None:
         cfg = next(c for c in g.CONFIGS[d] if c.name == config)
         _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg,
@@ -271,6 +277,11 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon varlen causal window+all", gluon_seq, dict(seq="varlen", left=300, softcap=30.0, alibi_bh=True,
                                                             sinks=True)),
          ("gluon d128 dv64 varlen causal", gluon_seq, dict(seq="varlen", dv=64)),
+         ("gluon d192 dv128 causal", gluon, dict(d=192, dv=128)),
+         ("gluon d192 dv128", gluon, dict(d=192, dv=128, causal=False)),
+         ("gluon d192 dv128 varlen causal", gluon_seq, dict(seq="varlen", d=192, dv=128)),
+         ("gluon d128 dv64 causal", gluon, dict(dv=64)),
+         ("gluon d64 dv128 causal", gluon, dict(d=64, dv=128)),
          ("gluon ranges causal", gluon_seq, dict(seq="ranges")),
          ("gluon d64 ranges", gluon_seq, dict(seq="ranges", d=64, causal=False)),
          ("gluon ranges window both+alibi+sinks", gluon_seq, dict(seq="ranges", left=300, right=40, causal=False,
