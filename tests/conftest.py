@@ -78,6 +78,13 @@ def assert_close_to_ref(ours, torch_same_dtype, ref, *, eps: float, what: str = 
 
 
 @pytest.fixture(autouse=True)
+def _seeded_global_rng():
+    """Every test starts from the same global RNG state, so values drawn without a generator do not
+    depend on which tests ran before it in its worker: a failure reproduces when the test runs alone."""
+    torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
 def _release_gpu_memory():
     """GPU runs use a dozen pytest workers on one GPU: give each test's cached blocks back, so a
     worker's float64 references do not hold memory another worker's test needs."""
