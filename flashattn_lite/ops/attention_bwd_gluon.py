@@ -140,14 +140,13 @@ LOADER_REGS = 24
 DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle span of bf16 K
 
 
-def kernel_head_dim(head_dim: int, value_dim: int | None = None) -> int | None:
-    """The head dim the kernels run a call of ``head_dim`` at: one of ``HEAD_DIMS``, or a multiple of 8
-    between 32 and 256 padded to the next as the Gluon forward pads it (``padded_head_dim``: TMA
-    reads the missing columns of q, k, v, dO as zeros, so Sᵀ, dPᵀ and the padded columns of dK, dV
-    and dQ come out as with the real columns alone, and the stores drop the padding; above 128 the
-    head dim 256 kernels, whose stores are masked ones kept to the real columns); else None.
-    ``value_dim``: v's (and dO's) head dim where it is not q's: the wider one's, padded so."""
-    return padded_head_dim(head_dim, value_dim)
+# The head dim the backward's kernels run a call at: the forward's rule, the same function
+# (``padded_head_dim``: one of HEAD_DIMS, or a multiple of 8 between 32 and 256 padded to the next,
+# with v's head dim the wider one's). TMA reads the missing columns of q, k, v, dO as zeros, so Sᵀ,
+# dPᵀ and the padded columns of dK, dV, dQ come out as with the real columns alone; the stores drop
+# the padding (above 128 the head dim 256 kernels, whose stores are masked ones kept to the real
+# columns).
+kernel_head_dim = padded_head_dim
 
 
 class Config(NamedTuple):
