@@ -6,7 +6,9 @@
 #     PASS=forward bash benchmarks/experiment_ab.sh
 # PATCHES: one or more patch files (each gets its own copy, named after the file); TESTS: the test
 # files run in each patched copy (FLASHATTN_LITE_AUTOTUNE=0, WORKERS pytest workers, default 8,
-# killed after TEST_TIMEOUT s, default 180); PASS: forward, backward or backward256 (gluon_checkout.py);
+# killed after TEST_TIMEOUT s, default 180; TESTS is split on spaces, so a -k expression goes in
+# PYTEST_ADDOPTS, e.g. PYTEST_ADDOPTS="-k 'value or padded'"); PASS: forward, backward or backward256
+# (gluon_checkout.py);
 # AB_TIMEOUT: seconds for the whole A/B (default 330). Results (the A/B JSON, the test logs) in $OUT.
 # A PATCHES entry "a.patch+b.patch" is one copy with both applied (named "a+b"; "a__b" in file names).
 # The device returns few files: the logs end up in one file, ab-logs-<stamp>.log, and BENCH's JSON

@@ -33,8 +33,9 @@ def test_kernel_width_is_the_wider_padded_dim():
     for d, dv in ((192, 100), (100, 64), (64, 16), (300, 128)):  # either one not covered: neither
         assert gluon_fwd.padded_head_dim(d, dv) is None and gluon_bwd.kernel_head_dim(d, dv) is None
     assert gluon_fwd.padded_head_dim(96, None) == gluon_fwd.padded_head_dim(96) == 128
-    note = gluon_fwd.path_note(PLAIN, 192, 128)
-    assert "head dims 192 (q, k) and 128 (v) run at 256" in note
+    note = gluon_fwd.path_note(PLAIN, 192, 128)  # the forward's P·V at v's own width
+    assert "head dims 192 (q, k) and 128 (v) run at 256 and 128" in note
+    assert "head dims 64 (q, k) and 128 (v) run at 128," in gluon_fwd.path_note(PLAIN, 64, 128)
     assert gluon_fwd.path_note(PLAIN, 128, 128) == gluon_fwd.PATH_NOTE
     for deterministic in (False, True):
         assert "dK/dV and dQ kernels" in gluon_bwd.path_note(PLAIN, 192, deterministic, value_dim=128)
@@ -58,10 +59,12 @@ def test_supported_takes_value_dims_the_triton_kernels_do_not(monkeypatch):
     assert "k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv)" in gluon_fwd.supported(q, k, z(1, 2, 9, 128))
     # The Triton TMA kernels keep v's head dim equal to q's.
     assert "shapes" in hopper.covered(q[..., :128], k[..., :128], v[..., :64], hopper.HEAD_DIMS, {})
-    # Above 128, the forward's ranges and varlen store past v's columns spills: dense batches only.
+    # o padded above 128 (v at 136: 256 wide): the forward's ranges and varlen store, kept to v's
+    # columns, spills: dense batches only. At 192 / 128 o is 128 wide: every layout.
     cu = torch.tensor([0, 8], dtype=torch.int32)
     varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
-    assert "dense batch only" in gluon_fwd.supported(q[:1], k[:1], v[:1], variant=varlen)
+    assert gluon_fwd.supported(q[:1], k[:1], v[:1], variant=varlen) is None
+    assert "dense batch only" in gluon_fwd.supported(q[:1], k[:1], z(1, 2, 8, 136), variant=varlen)
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
@@ -69,19 +72,36 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     import inspect
     from flashattn_lite.ops import attention_bwd_gluon_wide as wide
     bf = torch.bfloat16
-    # The forward at 128 / 64: boxes 128 wide over v (64 columns) and o; a varlen o's masked store to 64.
+    # The forward at 128 / 64: Q and K boxes 128 wide, V and O boxes 64 (P·V at v's width); a varlen
+    # o's masked store at its own 64 columns.
     q, k, v = torch.zeros(1, 4, 300, 128, dtype=bf), torch.zeros(1, 2, 300, 128, dtype=bf), \
         torch.zeros(1, 2, 300, 64, dtype=bf)
     cfg = gluon_fwd.default_config(128, False, 300)
     o, lse = output_buffers(q, 64, PLAIN, True)
     _, args, kwargs = gluon_fwd._launch(q, k, v, o, lse, 0.1, False, cfg)
     assert kwargs["HEAD_DIM"] == 128 and "D_REAL" not in kwargs and o.shape[-1] == 64
-    assert [a.block_shape[-1] for a in args[:4]] == [128] * 4 and list(args[2].shape) == list(v.shape)
+    assert [a.block_shape[-1] for a in args[:4]] == [128, 128, 64, 64] and list(args[2].shape) == list(v.shape)
     cu = torch.tensor([0, 100, 300], dtype=torch.int32)
     varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
     o, lse = output_buffers(q, 64, varlen, True)
     _, _, kwargs = gluon_fwd._launch(q, k, v, o, lse, 0.1, True, gluon_fwd.one_tile_per_program(cfg), varlen)
-    assert kwargs["HEAD_DIM"] == 128 and kwargs["D_REAL"] == 64
+    assert kwargs["HEAD_DIM"] == 128 and "D_REAL" not in kwargs
+    # 192 / 136: V and O boxes 256 wide, the masked store kept to 136; a persistent 192 / 128 launch
+    # counts V's ring at 128 columns: two Q sets fit (229 KB, as d 128's).
+    q2, k2, v2 = torch.zeros(1, 4, 300, 192, dtype=bf), torch.zeros(1, 2, 300, 192, dtype=bf), \
+        torch.zeros(1, 2, 300, 136, dtype=bf)
+    cfg2 = gluon_fwd.default_config(256, True, 300)
+    o, lse = output_buffers(q2, 136, varlen, True)
+    _, args, kwargs = gluon_fwd._launch(q2, k2, v2, o, lse, 0.1, True, gluon_fwd.one_tile_per_program(cfg2), varlen)
+    assert [a.block_shape[-1] for a in args[:4]] == [256, 256, 256, 256] and kwargs["D_REAL"] == 136
+    o, lse = output_buffers(q2, 128, PLAIN, True)
+    _, args, kwargs = gluon_fwd._launch(q2, k2, v2[..., :128].contiguous(), o, lse, 0.1, True, cfg2)
+    assert cfg2.persistent and kwargs["Q_SETS"] == 2 and [a.block_shape[-1] for a in args[:4]] == [256, 256, 128, 128]
+    # 64 / 128: v wider than q, so every box at 128 (O is staged in Q's slot, which must hold it).
+    o, lse = output_buffers(q[..., :64], 128, PLAIN, True)
+    _, args, kwargs = gluon_fwd._launch(q[..., :64].contiguous(), k[..., :64].contiguous(), k, o, lse, 0.1, False,
+                                        cfg)
+    assert kwargs["HEAD_DIM"] == 128 and [a.block_shape[-1] for a in args[:4]] == [128] * 4
     # The d ≤ 128 backward: dv's masked stores keep to v's columns, dk's to k's (all of the kernel's here).
     plan = gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True, varlen, value_dim=64)
     assert plan["constexprs"]["DV_REAL"] == 64 and "D_REAL" not in plan["constexprs"]
@@ -202,9 +222,9 @@ def test_attention_dispatch_and_views_of_one_projection(d, dv, deterministic):
 @needs_gpu
 @pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (80, 48)], ids=str)
 def test_varlen_matches_reference(d, dv, monkeypatch):
-    # A packed batch (an empty sequence, one of one row, a partial tile): forward (the portable
-    # kernel above 128, the Gluon one at 128) and backward (Gluon, checked: dv's masked stores at a
-    # sequence's end keep to v's columns) against the float64 varlen reference.
+    # A packed batch (an empty sequence, one of one row, a partial tile): forward (the Gluon kernel,
+    # o at v's width) and backward (Gluon, checked: dv's masked stores at a sequence's end keep to
+    # v's columns) against the float64 varlen reference.
     import flashattn_lite as fl
     from flashattn_lite.ops import attention_bwd, attention_fwd, attention_fwd_hopper
     gluon_calls, backward = [], gluon_bwd.attention_backward_gluon

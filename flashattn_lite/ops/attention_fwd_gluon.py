@@ -164,16 +164,17 @@ class Config(NamedTuple):
         v = f"v{self.v_stages}" if self.v_stages else ""
         return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{v}{pp}-r{self.consumer_regs}{ps}"
 
-    def smem_bytes(self, head_dim: int, q_sets: int = 1) -> int:
+    def smem_bytes(self, head_dim: int, q_sets: int = 1, value_dim: int | None = None) -> int:
         """Shared memory of Q (``q_sets`` sets of BLOCK_M rows, O staged there) and the K and V rings,
-        16-bit."""
-        ring = self.stages + (self.v_stages or self.stages)
-        return 2 * head_dim * (q_sets * self.block_m + ring * self.block_n)
+        16-bit (V's rows ``value_dim`` wide where they are not ``head_dim``)."""
+        value_dim = head_dim if value_dim is None else value_dim
+        return 2 * (head_dim * (q_sets * self.block_m + self.stages * self.block_n)
+                    + value_dim * (self.v_stages or self.stages) * self.block_n)
 
-    def q_sets(self, head_dim: int) -> int:
+    def q_sets(self, head_dim: int, value_dim: int | None = None) -> int:
         """Q buffers of a persistent launch: two where they fit (the next tile's Q loads while this
         tile's O is staged and stored from the other set), else one; 1 when not persistent."""
-        return 2 if self.persistent and self.smem_bytes(head_dim, 2) <= SMEM_BYTES else 1
+        return 2 if self.persistent and self.smem_bytes(head_dim, 2, value_dim) <= SMEM_BYTES else 1
 
 
 LOADER_REGS = 24
@@ -725,6 +726,7 @@ if _HAS_GLUON:
         ``-1843.json``)."""
         dtype: gl.constexpr = q.dtype
         OTHER: gl.constexpr = (ME + 1) % CONSUMERS
+        DV: gl.constexpr = v_smem.shape[4]  # V's (and O's) width: HEAD_DIM, or v's own (``_launch``)
         if n_tiles > 0:
             # Tile 0: S_0 alone (nothing to overlap it with yet).
             mbarrier.wait(k_ready.index(kv0 % STAGES), (kv0 // STAGES) & 1)
@@ -757,7 +759,7 @@ if _HAS_GLUON:
                 _wait_turn(turn, c, ME, not PV_OVERLAP)
             s = warpgroup_mma(q, k_smem.index(cur).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-            acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, DV]), acc, is_async=True)
             if PINGPONG:
                 _pass_turn(turn, c, OTHER, not PV_OVERLAP)
             # S_j has retired once at most one group (P_{j-1}·V_{j-1}) is still in flight.
@@ -784,7 +786,7 @@ if _HAS_GLUON:
         if n_tiles > 0:
             last = (kv0 + n_tiles - 1) % V_STAGES
             mbarrier.wait(v_ready.index(last), ((kv0 + n_tiles - 1) // V_STAGES) & 1)
-            acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, DV]), acc, is_async=True)
             acc, p = warpgroup_mma_wait(0, deps=[acc, p])
             mbarrier.arrive(v_empty.index(last))
         return m_i, l_i, acc
@@ -831,10 +833,11 @@ if _HAS_GLUON:
         by a masked store (a TMA store would overwrite the next sequence's rows), which keeps to o's
         ``D_REAL`` columns where the kernel runs a padded head dim (``padded_head_dim``; 0: none)."""
         dtype: gl.constexpr = q_smem.dtype
+        DV: gl.constexpr = v_smem.shape[4]  # V's and O's width: HEAD_DIM, or v's own (``_launch``)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
+                                                           instr_shape=[16, DV, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
@@ -843,7 +846,7 @@ if _HAS_GLUON:
         q = q_smem.index(ME).reshape([64, HEAD_DIM])
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+        acc = gl.zeros([64, DV], gl.float32, layout=o_layout)
         p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
         s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
         slope = 0.0
@@ -852,7 +855,8 @@ if _HAS_GLUON:
             slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP,
                                          BLOCK_N, s_layout)
         # P·V under the next tile's softmax: d 128 plain calls, where it gains (``_attend``).
-        PV_OVERLAP: gl.constexpr = (HEAD_DIM == 128) and (CONSUMERS == 2) and (not SOFTCAP) and (not ALIBI)
+        PV_OVERLAP: gl.constexpr = ((HEAD_DIM == 128) and (DV == 128) and (CONSUMERS == 2) and (not SOFTCAP)
+                                    and (not ALIBI))
         if PINGPONG and (not PV_OVERLAP) and ME == CONSUMERS - 1:
             _pass_turn(turn, n_tiles, 0, True)  # consumer 0 issues first
         mbarrier.wait(q_bar, 0)
@@ -868,11 +872,14 @@ if _HAS_GLUON:
         else:
             gl.store(lse + rows, lse_row, mask=rows < n_q)
         out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
+        # Q's slot is free once its last wgmma retired (above): O is staged there (as o's TMA boxes where
+        # V's width is not Q's: a part of the slot).
+        o_smem = q_smem.index(ME)
+        if DV != HEAD_DIM:
+            o_smem = o_smem._reinterpret(dtype, o_desc.block_type.shape, o_desc.layout)
         if SEQ == 0:
-            # Q's slot is free (its last wgmma retired above): stage O there for one TMA store, which
-            # drops the rows past Nq.
-            o_smem = q_smem.index(ME)
-            o_smem.reshape([64, HEAD_DIM]).store(out.to(dtype))
+            # One TMA store, which drops the rows past Nq.
+            o_smem.reshape([64, DV]).store(out.to(dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem)
             tma.store_wait(0)
@@ -880,8 +887,7 @@ if _HAS_GLUON:
             # With ALiBi every tile takes the masked store: the TMA store's coordinates (two more
             # registers held through the loop) spill ALiBi's consumers (triton 3.6, sm_90).
             if (row0 + 64 <= n_q) and not ALIBI:
-                o_smem = q_smem.index(ME)
-                o_smem.reshape([64, HEAD_DIM]).store(out.to(dtype))
+                o_smem.reshape([64, DV]).store(out.to(dtype))
                 fence_async_shared()
                 tb = b  # ranges: the batch row; varlen: the tensors' one batch row
                 if SEQ == 2:
@@ -890,7 +896,7 @@ if _HAS_GLUON:
                 tma.store_wait(0)
             else:
                 out_rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
-                out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+                out_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
                 ptrs = o + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(out_cols, 0)
                 if D_REAL == 0:
                     gl.store(ptrs, out.to(dtype), mask=gl.expand_dims(out_rows < n_q, 1))
@@ -916,10 +922,11 @@ if _HAS_GLUON:
         set at once, with two inside the next tile, after its S_0 (``_attend``'s ``DEFER_Q``), so
         the wait for the store is not on the tile boundary's path."""
         dtype: gl.constexpr = q_smem.dtype
+        DV: gl.constexpr = v_smem.shape[4]  # V's and O's width: HEAD_DIM, or v's own (``_launch``)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
+                                                           instr_shape=[16, DV, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
@@ -939,7 +946,7 @@ if _HAS_GLUON:
             q_slot = q_smem.index(qs * CONSUMERS + ME)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
             l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-            acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+            acc = gl.zeros([64, DV], gl.float32, layout=o_layout)
             p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
             s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
             slope = 0.0
@@ -969,9 +976,12 @@ if _HAS_GLUON:
                 mbarrier.arrive(prev_set, pred=(qi > 0) & (n_tiles == 0))
             # The slot's last wgmma has retired (``_attend``): stage O there for one TMA store
             # (which drops the rows past Nq); the lse goes out while it runs.
-            q_slot.reshape([64, HEAD_DIM]).store(out.to(dtype))
+            o_slot = q_slot
+            if DV != HEAD_DIM:  # O as o's TMA boxes: a part of the slot
+                o_slot = q_slot._reinterpret(dtype, o_desc.block_type.shape, o_desc.layout)
+            o_slot.reshape([64, DV]).store(out.to(dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
+            tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_slot)
             gl.store(lse + bh.to(gl.int64) * n_q + rows, lse_row, mask=rows < n_q)
             if Q_SETS == 1:  # the loader reloads this set next: release it as soon as the store read it
                 tma.store_wait(0)
@@ -1312,7 +1322,8 @@ def supported(q, k, v, **options) -> str | None:
         if padded is None:
             return (f"{dims} (only {', '.join(map(str, HEAD_DIMS))}, or multiples of 8 between 32 and 256, "
                     f"run padded to the next)")
-        if padded != dv and padded > 128 and isinstance(variant, Variant) and variant.seq != SEQ_DENSE:
+        out = padded_head_dim(dv)  # o's width in the kernel (``_launch``)
+        if out != dv and out > 128 and isinstance(variant, Variant) and variant.seq != SEQ_DENSE:
             # Their sequence-end tiles' masked store, 256 columns kept to dv, spills 300+ bytes.
             return f"{dims} run padded to {padded} over a dense batch only, not per-row ranges or varlen"
     return covered(q, k, v, (q.shape[-1],) if q.dim() == 4 else HEAD_DIMS, options, any_value_dim=True)
@@ -1343,15 +1354,18 @@ def _short(causal: bool, variant: Variant, n_q: int, n_k: int, head_dim: int) ->
     return banded and max(n_q, n_k) < CAUSAL_MIN_N.get(head_dim, max(CAUSAL_MIN_N.values()))
 
 
-def padding_note(head_dim: int | None, value_dim: int | None, padded: int | None) -> str:
+def padding_note(head_dim: int | None, value_dim: int | None, padded: int | None,
+                 padded_value: int | None = None) -> str:
     """`` (head dim 96 run at 128, …)`` where the kernels run a call padded (``padded_head_dim``),
-    else ""; the Gluon backward says it in the same words."""
+    else ""; ``padded_value``: v's own width where the kernel has one (the forward's P·V); the Gluon
+    backward says it in the same words."""
     value_dim = head_dim if value_dim is None else value_dim
     if padded is None or padded == head_dim == value_dim:
         return ""
     if value_dim == head_dim:
         return f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)"
-    return f" (head dims {head_dim} (q, k) and {value_dim} (v) run at {padded}, the columns past each zero)"
+    widths = f"{padded} and {padded_value}" if padded_value not in (None, padded) else f"{padded}"
+    return f" (head dims {head_dim} (q, k) and {value_dim} (v) run at {widths}, the columns past each zero)"
 
 
 def path_note(variant: Variant = PLAIN, head_dim: int | None = None, value_dim: int | None = None) -> str:
@@ -1360,7 +1374,9 @@ def path_note(variant: Variant = PLAIN, head_dim: int | None = None, value_dim: 
     (``padded_head_dim``; ``value_dim``: v's, where it differs)."""
     from .attention_fwd_hopper import path_note as hopper_note
     padded = padded_head_dim(head_dim, value_dim) if head_dim is not None else None
-    return hopper_note(variant, "the Gluon warp-specialized kernel" + padding_note(head_dim, value_dim, padded))
+    padded_value = padded_head_dim(value_dim) if value_dim is not None else None  # P·V's width (``_launch``)
+    return hopper_note(variant, "the Gluon warp-specialized kernel"
+                       + padding_note(head_dim, value_dim, padded, padded_value))
 
 
 PATH_NOTE = path_note(PLAIN)
@@ -1468,7 +1484,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     ``v_stages`` config one tile per program."""
     B, Hq, Nq, _ = q.shape
     Dv = v.shape[3]
-    D = padded_head_dim(q.shape[3], Dv)
+    # Q, K boxes at the wider padded width; V, O boxes (P·V) at v's own, narrower or the same: O is
+    # staged in Q's slot, which must hold it.
+    D, W_v = padded_head_dim(q.shape[3], Dv), padded_head_dim(Dv)
     Hkv, Nk = k.shape[1], k.shape[2]
     options, flags = _option_args(_dense(variant), q, scale, causal)
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
@@ -1488,8 +1506,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2))
         if seq == SEQ_VARLEN:
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
-    args = (_descriptor(q, 64, D), _descriptor(k, cfg.block_n, D), _descriptor(v, cfg.block_n, D),
-            _descriptor(o, 64, D),
+    args = (_descriptor(q, 64, D), _descriptor(k, cfg.block_n, D), _descriptor(v, cfg.block_n, W_v),
+            _descriptor(o, 64, W_v),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
             scale * LOG2E, softcap_scale, softcap2, *seq_args_)
     kwargs = dict(HEAD_DIM=D, CAUSAL=bool(causal), **flags, CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
@@ -1497,12 +1515,12 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
     if seq != SEQ_DENSE:
         kwargs["SEQ"] = seq
-        if D != Dv:  # the masked store at a sequence's end keeps to o's columns
+        if W_v != Dv:  # the masked store at a sequence's end keeps to o's columns
             kwargs["D_REAL"] = Dv
     if cfg.persistent:
         # The grid above's tiles, in ``persistent_tile``'s order.
         grid = (min(grid[0], sms or gpu_sm_count(q.device)),)
-        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D), V_STAGES=cfg.v_stages or cfg.stages)
+        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D, W_v), V_STAGES=cfg.v_stages or cfg.stages)
     return grid, args, kwargs
 
 
