@@ -38,7 +38,8 @@ def test_kernel_width_is_the_wider_padded_dim():
     assert "head dims 64 (q, k) and 128 (v) run at 128," in gluon_fwd.path_note(PLAIN, 64, 128)
     assert gluon_fwd.path_note(PLAIN, 128, 128) == gluon_fwd.PATH_NOTE
     for deterministic in (False, True):
-        assert "dK/dV and dQ kernels" in gluon_bwd.path_note(PLAIN, 192, deterministic, value_dim=128)
+        note = gluon_bwd.path_note(PLAIN, 192, deterministic, value_dim=128)
+        assert "dK/dV and dQ kernels" in note and "run at 256 and 128" in note
     # Deterministic dq: the Triton TMA dQ kernel assumes v's head dim is q's; the portable one does not.
     assert "portable one-writer dQ" in gluon_bwd.path_note(PLAIN, 128, True, True, value_dim=64)
     assert gluon_bwd._tma_dq_covers(PLAIN, True, 128) and not gluon_bwd._tma_dq_covers(PLAIN, True, 128, 64)
@@ -121,7 +122,8 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
                                         dq_acc=torch.zeros(1, 4, 300, 128), kv_share=2)
     assert list(args[8].shape) == list(dv32.shape) and list(args[8].block_shape) == [1, 1, 64, 64]
     assert kwargs["HEAD_DIM"] == 128 and "DV_REAL" not in kwargs
-    # The wide backward at 192 / 128: every store masked, dk and dq to 192 columns, dv to 128.
+    # The wide backward at 192 / 128: every store masked, dk and dq to 192 columns, dv to 128; Q and K
+    # boxes at 256, V and dO at v's own 128 (dPᵀ = V·dOᵀ and dV at v's width).
     q, k, v = torch.zeros(2, 4, 200, 192, dtype=bf), torch.zeros(2, 2, 333, 192, dtype=bf), \
         torch.zeros(2, 2, 333, 128, dtype=bf)
     rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))
@@ -132,7 +134,7 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
         constexprs = {n: c for n, c in kwargs.items() if n != "num_warps"}
         inspect.signature(kernel.fn).bind(*args, **constexprs)
         assert constexprs["HEAD_DIM"] == 256 and constexprs["D_REAL"] == 192
-        assert [a.block_shape[-1] for a in args[:4]] == [256] * 4
+        assert [a.block_shape[-1] for a in args[:4]] == [256, 256, 128, 128]
     assert dkdv[2]["DV_REAL"] == 128 and "DV_REAL" not in dq[2]
 
 

@@ -1032,7 +1032,9 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     one-writer dQ kernel ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``;
     ``value_dim``: v's where it is not q's), that said too."""
     padded = kernel_head_dim(head_dim, value_dim)
-    pad = padding_note(head_dim, value_dim, padded)
+    # The head dim 256 kernels run V and dO at v's own padded width (``attention_bwd_gluon_wide.launches``)
+    padded_value = kernel_head_dim(value_dim) if value_dim is not None and padded == 256 else None
+    pad = padding_note(head_dim, value_dim, padded, padded_value)
     if (variant is None or variant is PLAIN) and not pad:
         return PATH_NOTE
     variant = PLAIN if variant is None else variant

@@ -11,15 +11,17 @@
   64 × 32, bound by their shared-memory reads). Consumer c then owns dK and dV's columns
   [128c, 128c + 128): dV += Pᵀ·dO[:, cols], dK += dSᵀ·Q[:, cols] (P and dS read transposed from
   shared memory; 128 registers a thread for both, as at D 128), and says when its wgmmas reading P
-  and dS retired (``p_free``). The loader warp, the steps' order (GQA group, the query tiles of the
+  and dS retired (``p_free``). Where v's head dim is narrower than q's (MLA's 192 / 128), V and dO
+  are loaded at v's own padded width: dPᵀ runs over it, and consumer c owns dV's columns
+  [64c, 64c + 64) of 128. The loader warp, the steps' order (GQA group, the query tiles of the
   causal band or window, the rotated start) and the masks are the D ≤ 128 kernel's (``_loader``,
   ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV leave by masked register stores
   (rows past Nk dropped).
 * **The dQ kernel** (``_attn_bwd_gluon_wide_dq_kernel``): a program takes one tile of 64 queries of
   one (batch, query head), Q, dO, lse₂ and δ loaded once, and its key tiles (the forward's
   ``key_tiles``: the causal band or window only) streamed through a ring of two slots. Consumer c
-  takes the key tiles j ≡ c (mod 2) on its own: S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64), P and dS as the
-  dK/dV kernel makes them, dQ += dS·K with dS from registers into a 64 × 256 float32 partial. The
+  takes the key tiles j ≡ c (mod 2) on its own: S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64; over v's own
+  width, as above), P and dS as the dK/dV kernel makes them, dQ += dS·K with dS from registers into a 64 × 256 float32 partial. The
   consumers share only the ring, so one's softmax runs while the other's wgmmas do; at the end
   consumer 1 leaves its partial in the idle ring and consumer 0 adds it and stores dQ·scale.
 
@@ -91,16 +93,20 @@ if _HAS_GLUON:
         2) as the D ≤ 128 consumer makes them."""
         dtype: gl.constexpr = k_smem.dtype
         HALF_D: gl.constexpr = HEAD_DIM // 2
+        DV: gl.constexpr = v_smem.shape[4]  # V's and dO's width: HEAD_DIM, or v's own (``launches``)
+        HALF_DV: gl.constexpr = DV // 2
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HALF_D, 16])
+        dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF_DV, 16])
         k_all = k_smem.index(0).reshape([64, HEAD_DIM])
-        v_all = v_smem.index(0).reshape([64, HEAD_DIM])
+        v_all = v_smem.index(0).reshape([64, DV])
         keys = start_n + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
         tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
         dk = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
-        dv = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
+        dv = gl.zeros([64, HALF_DV], gl.float32, layout=dv_layout)
         st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
         # ALiBi: |i + off − j| = |(start_m + off − start_n) + c − r| for query column c and key row r,
         # integers small within a sequence: exact in float32 however far into a packed batch
@@ -112,7 +118,7 @@ if _HAS_GLUON:
             h, start_m = _query_tile(it, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-            do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+            do_t = do_smem.index(s).reshape([BLOCK_M, DV])
             if ME == 0:
                 st = warpgroup_mma(k_all, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
                 slope = 0.0
@@ -145,7 +151,7 @@ if _HAS_GLUON:
                     ds_smem.store(gl.permute((pt * (1.0 - t * t)).to(dtype), (1, 0)))
                 fence_async_shared()
                 mbarrier.arrive(p_ready)
-                dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(0, HALF_D, dim=1), dv, is_async=True)
+                dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(0, HALF_DV, dim=1), dv, is_async=True)
                 mbarrier.wait(ds_ready, it & 1)
             else:
                 dpt = warpgroup_mma(v_all, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
@@ -160,14 +166,14 @@ if _HAS_GLUON:
                 ds_smem.store(gl.permute(ds16, (1, 0)))
                 fence_async_shared()
                 mbarrier.arrive(ds_ready)
-                dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(HALF_D, HALF_D, dim=1), dv, is_async=True)
+                dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(HALF_DV, HALF_DV, dim=1), dv, is_async=True)
             dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, HALF_D, dim=1), dk, is_async=True)
             dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
             mbarrier.arrive(empty.index(s))
             mbarrier.arrive(p_free)
         _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout, D_REAL)
         COLS_V: gl.constexpr = DV_REAL if DV_REAL > 0 else D_REAL  # dv's own columns where v's head dim is not q's
-        _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_D, kv_layout, COLS_V)
+        _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_DV, dv_layout, COLS_V)
 
     @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads", "win_left",
                                   "win_right", "n_seq"])
@@ -314,8 +320,9 @@ if _HAS_GLUON:
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        DV: gl.constexpr = v_smem.shape[4]  # V's and dO's width: HEAD_DIM, or v's own (``launches``)
         q_all = q_smem.reshape([BLOCK_M, HEAD_DIM])
-        do_all = do_smem.reshape([BLOCK_M, HEAD_DIM])
+        do_all = do_smem.reshape([BLOCK_M, DV])
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_zero = gl.zeros([BLOCK_M, 64], gl.float32, layout=s_layout)
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
@@ -335,7 +342,7 @@ if _HAS_GLUON:
             start_n = lo + j * 64
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
             k_t = k_smem.index(s).reshape([64, HEAD_DIM])
-            v_t = v_smem.index(s).reshape([64, HEAD_DIM])
+            v_t = v_smem.index(s).reshape([64, DV])
             st = warpgroup_mma(q_all, k_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             st = warpgroup_mma_wait(0, deps=[st])
             x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
@@ -486,10 +493,13 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     from .attention_fwd_gluon import tma_descriptor
     B, Hq, Nq, _ = q.shape
     D = kernel_head_dim(q.shape[3], v.shape[3])  # 256 (a head dim run padded: the boxes read zeros past the columns)
+    # V and dO at v's own padded width where it is narrower (MLA's 192 / 128: 128): dPᵀ = V·dOᵀ and
+    # dV += Pᵀ·dO run at it (the kernels read the width off V's buffer).
+    W_v = kernel_head_dim(v.shape[3])
     plan = launch_plan(q, k, cfg, causal, variant, value_dim=v.shape[3])
     m = cfg.block_m
     descriptors = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, [1, 1, 64, D]),
-                   tma_descriptor(v, [1, 1, 64, D]), tma_descriptor(do, [1, 1, m, D]),
+                   tma_descriptor(v, [1, 1, 64, W_v]), tma_descriptor(do, [1, 1, m, W_v]),
                    _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m))
     (win_left, win_right, *options), _ = _option_args(variant, q, scale, causal)
     scalars = (win_left, win_right, scale * LOG2E, scale, *options)
