@@ -368,6 +368,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("bwd dq convert d96", bwd_rows, dict(d=96, kernel="dq convert")),
          ("gluon bwd d192 dv128", gluon_bwd, dict(d=192, dv=128)),
          ("gluon bwd d192 dv128 dq", gluon_bwd, dict(d=192, dv=128, config="dq")),
+         ("gluon bwd d192 dv64", gluon_bwd, dict(d=192, dv=64)),
          ("gluon bwd d192 dv128 varlen window+all", gluon_bwd, dict(d=192, dv=128, seq="varlen", left=300,
                                                                     softcap=30.0, alibi=True, sinks=True)),
          ("gluon bwd d128 dv64 varlen", gluon_bwd, dict(dv=64, seq="varlen")),

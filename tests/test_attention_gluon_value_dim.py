@@ -40,6 +40,8 @@ def test_kernel_width_is_the_wider_padded_dim():
     for deterministic in (False, True):
         note = gluon_bwd.path_note(PLAIN, 192, deterministic, value_dim=128)
         assert "dK/dV and dQ kernels" in note and "run at 256 and 128" in note
+    assert "run at 256 and 128" in gluon_bwd.path_note(PLAIN, 192, value_dim=64)  # (``wide_value_width``)
+    assert "(v) run at 128," in gluon_bwd.path_note(PLAIN, 128, value_dim=64)  # the d ≤ 128 kernel: one width
     # Deterministic dq: the Triton TMA dQ kernel assumes v's head dim is q's; the portable one does not.
     assert "portable one-writer dQ" in gluon_bwd.path_note(PLAIN, 128, True, True, value_dim=64)
     assert gluon_bwd._tma_dq_covers(PLAIN, True, 128) and not gluon_bwd._tma_dq_covers(PLAIN, True, 128, 64)
@@ -88,7 +90,7 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     _, _, kwargs = gluon_fwd._launch(q, k, v, o, lse, 0.1, True, gluon_fwd.one_tile_per_program(cfg), varlen)
     assert kwargs["HEAD_DIM"] == 128 and "D_REAL" not in kwargs
     # 192 / 136: V and O boxes 256 wide, the masked store kept to 136; a persistent 192 / 128 launch
-    # counts V's ring at 128 columns: two Q sets fit (229 KB, as d 128's).
+    # counts V's ring at 128 columns: two Q sets fit (224 KiB, as d 128's).
     q2, k2, v2 = torch.zeros(1, 4, 300, 192, dtype=bf), torch.zeros(1, 2, 300, 192, dtype=bf), \
         torch.zeros(1, 2, 300, 136, dtype=bf)
     cfg2 = gluon_fwd.default_config(256, True, 300)
@@ -136,6 +138,9 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
         assert constexprs["HEAD_DIM"] == 256 and constexprs["D_REAL"] == 192
         assert [a.block_shape[-1] for a in args[:4]] == [256, 256, 128, 128]
     assert dkdv[2]["DV_REAL"] == 128 and "DV_REAL" not in dq[2]
+    # v at 64 (256 / 64): V and dO still 128 wide, so each consumer's dV half of dO is 64 columns.
+    dkdv, _ = wide.launches(q, k, v[..., :64], q[..., :64], q, k, v[..., :64], rows, rows, 0.1, True, cfg, PLAIN)
+    assert [a.block_shape[-1] for a in dkdv[1][:4]] == [256, 256, 128, 128] and dkdv[2]["DV_REAL"] == 64
 
 
 def make(shape, dv, dtype, seed=0):
@@ -229,9 +234,11 @@ def test_varlen_matches_reference(d, dv, monkeypatch):
     # v's columns) against the float64 varlen reference.
     import flashattn_lite as fl
     from flashattn_lite.ops import attention_bwd, attention_fwd, attention_fwd_hopper
-    gluon_calls, backward = [], gluon_bwd.attention_backward_gluon
+    gluon_calls, backward, forward = [], gluon_bwd.attention_backward_gluon, gluon_fwd.attention_forward_gluon
     monkeypatch.setattr(gluon_bwd, "attention_backward_gluon",
-                        lambda *a, **kw: gluon_calls.append(1) or backward(*a, **kw))
+                        lambda *a, **kw: gluon_calls.append("bwd") or backward(*a, **kw))
+    monkeypatch.setattr(gluon_fwd, "attention_forward_gluon",
+                        lambda *a, **kw: gluon_calls.append("fwd") or forward(*a, **kw))
     attention_fwd._HOPPER.clear()
     attention_bwd._HOPPER.clear()
     from flashattn_lite.reference import attention_varlen_reference
@@ -250,7 +257,7 @@ def test_varlen_matches_reference(d, dv, monkeypatch):
         attention_fwd_hopper.MIN_WORK = old
         attention_fwd._HOPPER.clear()
         attention_bwd._HOPPER.clear()
-    assert gluon_calls == [1]
+    assert gluon_calls == ["fwd", "bwd"]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     o_ref, _ = attention_varlen_reference(*leaves, cu_q, cu_k, causal=True)
     ref = torch.autograd.grad(o_ref, leaves, do.double())

@@ -145,8 +145,15 @@ DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle 
 # with v's head dim the wider one's). TMA reads the missing columns of q, k, v, dO as zeros, so Sᵀ,
 # dPᵀ and the padded columns of dK, dV, dQ come out as with the real columns alone; the stores drop
 # the padding (above 128 the head dim 256 kernels, whose stores are masked ones kept to the real
-# columns).
+# columns). The head dim 256 kernels run V and dO at ``wide_value_width`` where v is narrower.
 kernel_head_dim = padded_head_dim
+
+
+def wide_value_width(value_dim: int) -> int:
+    """V's and dO's width in the head dim 256 kernels (``attention_bwd_gluon_wide.launches``): v's
+    own padded width, at least 128, so each consumer's half of dO for dV is 64 columns, one
+    128-byte swizzle span (a 32-column half, 64 bytes into it, was never run)."""
+    return max(kernel_head_dim(value_dim), 128)
 
 
 class Config(NamedTuple):
@@ -1032,8 +1039,7 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     one-writer dQ kernel ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``;
     ``value_dim``: v's where it is not q's), that said too."""
     padded = kernel_head_dim(head_dim, value_dim)
-    # The head dim 256 kernels run V and dO at v's own padded width (``attention_bwd_gluon_wide.launches``)
-    padded_value = kernel_head_dim(value_dim) if value_dim is not None and padded == 256 else None
+    padded_value = wide_value_width(value_dim) if value_dim is not None and padded == 256 else None
     pad = padding_note(head_dim, value_dim, padded, padded_value)
     if (variant is None or variant is PLAIN) and not pad:
         return PATH_NOTE

@@ -12,18 +12,18 @@
   [128c, 128c + 128): dV += Pᵀ·dO[:, cols], dK += dSᵀ·Q[:, cols] (P and dS read transposed from
   shared memory; 128 registers a thread for both, as at D 128), and says when its wgmmas reading P
   and dS retired (``p_free``). Where v's head dim is narrower than q's (MLA's 192 / 128), V and dO
-  are loaded at v's own padded width: dPᵀ runs over it, and consumer c owns dV's columns
-  [64c, 64c + 64) of 128. The loader warp, the steps' order (GQA group, the query tiles of the
-  causal band or window, the rotated start) and the masks are the D ≤ 128 kernel's (``_loader``,
-  ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV leave by masked register stores
+  are loaded at v's own padded width, at least 128 (``wide_value_width``): dPᵀ runs over it, and
+  consumer c owns dV's columns [64c, 64c + 64) of 128. The loader warp, the steps' order (GQA
+  group, the query tiles of the causal band or window, the rotated start) and the masks are the
+  D ≤ 128 kernel's (``_loader``, ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV leave by masked register stores
   (rows past Nk dropped).
 * **The dQ kernel** (``_attn_bwd_gluon_wide_dq_kernel``): a program takes one tile of 64 queries of
   one (batch, query head), Q, dO, lse₂ and δ loaded once, and its key tiles (the forward's
   ``key_tiles``: the causal band or window only) streamed through a ring of two slots. Consumer c
   takes the key tiles j ≡ c (mod 2) on its own: S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64; over v's own
-  width, as above), P and dS as the dK/dV kernel makes them, dQ += dS·K with dS from registers into a 64 × 256 float32 partial. The
-  consumers share only the ring, so one's softmax runs while the other's wgmmas do; at the end
-  consumer 1 leaves its partial in the idle ring and consumer 0 adds it and stores dQ·scale.
+  width, as above), P and dS as the dK/dV kernel makes them, dQ += dS·K with dS from registers
+  into a 64 × 256 float32 partial. The consumers share only the ring, so one's softmax runs while
+  the other's wgmmas do; at the end consumer 1 leaves its partial in the idle ring and consumer 0 adds it and stores dQ·scale.
 
 Seven GEMMs a (key tile, query tile) pair instead of the fused five, and no float32 reduce-adds:
 with dQ fused (the first form, measured in ``benchmarks/NOTES.md``, 2026-11-29), a 64-key tile
@@ -87,7 +87,8 @@ if _HAS_GLUON:
         """Consumer ``ME`` of a wide-head program, by role: consumer 0 computes Sᵀ (64 keys × the
         step's 64 queries) and Pᵀ, writes P (and under softcap P ∘ (1 − tanh²) to the dS buffer)
         and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
-        writes dS (``ds_ready``). Each then owns dK and dV's columns [HEAD_DIM/2 · ME, +HEAD_DIM/2).
+        writes dS (``ds_ready``). Each then owns dK's columns [HEAD_DIM/2 · ME, +HEAD_DIM/2) and
+        dV's [DV/2 · ME, +DV/2) (DV: V's width, ``launches``).
         Both score wgmmas are N = 64 (query halves made them N = 32, bound by their shared-memory
         reads). The scores' options and a ranges or varlen sequence's row bound ``n_q`` (``SEQ`` 1,
         2) as the D ≤ 128 consumer makes them."""
@@ -477,7 +478,7 @@ if _HAS_GLUON:
 
 _KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "ALIBI", "FAST_TANH", "GROUP",
                       "BLOCK_M", "STAGES", "CONSUMER_REGS", "LOADER_REGS")
-DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, two slots 128 KB
+DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, two slots 128 KB (at v's 256)
 
 
 def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant,
@@ -489,13 +490,13 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     varlen: with its count and ``row_starts``, ``_aligned_rows``) follow the options. Varlen grids
     are slots sized from the totals (no sync), as the D ≤ 128 kernel's and the forward's. The PTX
     hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
-    from .attention_bwd_gluon import _option_args, _row_descriptor, kernel_head_dim, launch_plan
+    from .attention_bwd_gluon import _option_args, _row_descriptor, kernel_head_dim, launch_plan, wide_value_width
     from .attention_fwd_gluon import tma_descriptor
     B, Hq, Nq, _ = q.shape
     D = kernel_head_dim(q.shape[3], v.shape[3])  # 256 (a head dim run padded: the boxes read zeros past the columns)
     # V and dO at v's own padded width where it is narrower (MLA's 192 / 128: 128): dPᵀ = V·dOᵀ and
     # dV += Pᵀ·dO run at it (the kernels read the width off V's buffer).
-    W_v = kernel_head_dim(v.shape[3])
+    W_v = wide_value_width(v.shape[3])
     plan = launch_plan(q, k, cfg, causal, variant, value_dim=v.shape[3])
     m = cfg.block_m
     descriptors = (tma_descriptor(q, [1, 1, m, D]), tma_descriptor(k, [1, 1, 64, D]),

@@ -124,7 +124,8 @@ def padded_head_dim(head_dim: int, value_dim: int | None = None) -> int | None:
     columns as zeros (adding nothing to the scores, giving O zero columns) and O's store drops
     them, so only the GEMMs pay for the padding; else None (not covered). With v's head dim
     ``value_dim`` other than q's and k's (MLA's 192 and 128), the wider of the two, each covered:
-    the narrower one's columns read as zeros the same way."""
+    the narrower one's columns read as zeros the same way (the width of Q's and K's boxes; the
+    forward's V and O boxes take v's own, ``_launch``)."""
     if value_dim is not None and value_dim != head_dim:
         widths = (padded_head_dim(head_dim), padded_head_dim(value_dim))
         return None if None in widths else max(widths)
