@@ -15,15 +15,16 @@
   are loaded at v's own padded width, at least 128 (``wide_value_width``): dPᵀ runs over it, and
   consumer c owns dV's columns [64c, 64c + 64) of 128. The loader warp, the steps' order (GQA
   group, the query tiles of the causal band or window, the rotated start) and the masks are the
-  D ≤ 128 kernel's (``_loader``, ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV leave by masked register stores
-  (rows past Nk dropped).
+  D ≤ 128 kernel's (``_loader``, ``_query_tile``, ``query_tiles``, ``_masked``). dK·scale and dV
+  leave by masked register stores (rows past Nk dropped).
 * **The dQ kernel** (``_attn_bwd_gluon_wide_dq_kernel``): a program takes one tile of 64 queries of
   one (batch, query head), Q, dO, lse₂ and δ loaded once, and its key tiles (the forward's
   ``key_tiles``: the causal band or window only) streamed through a ring of two slots. Consumer c
   takes the key tiles j ≡ c (mod 2) on its own: S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64; over v's own
   width, as above), P and dS as the dK/dV kernel makes them, dQ += dS·K with dS from registers
   into a 64 × 256 float32 partial. The consumers share only the ring, so one's softmax runs while
-  the other's wgmmas do; at the end consumer 1 leaves its partial in the idle ring and consumer 0 adds it and stores dQ·scale.
+  the other's wgmmas do; at the end consumer 1 leaves its partial in the idle ring and consumer 0
+  adds it and stores dQ·scale.
 
 Seven GEMMs a (key tile, query tile) pair instead of the fused five, and no float32 reduce-adds:
 with dQ fused (the first form, measured in ``benchmarks/NOTES.md``, 2026-11-29), a 64-key tile
