@@ -21,8 +21,9 @@ if REASON is None:
     REASON = gluon_fwd.supported(_q, _q, _q)
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
-# (q/k head dim, v head dim): MLA's, narrower and wider v, and two padded ones at once.
-DIMS = [(192, 128), (128, 64), (64, 128), (80, 48)]
+# (q/k head dim, v head dim): MLA's, narrower and wider v, two padded ones at once, and v at 64
+# beside the head dim 256 kernels (their V and dO at 128: ``wide_value_width``).
+DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64)]
 
 
 def test_kernel_width_is_the_wider_padded_dim():
