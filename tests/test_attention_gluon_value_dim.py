@@ -38,6 +38,8 @@ def test_kernel_width_is_the_wider_padded_dim():
     assert "head dims 192 (q, k) and 128 (v) run at 256 and 128" in note
     assert "head dims 64 (q, k) and 128 (v) run at 128," in gluon_fwd.path_note(PLAIN, 64, 128)
     assert gluon_fwd.path_note(PLAIN, 128, 128) == gluon_fwd.PATH_NOTE
+    # The forward at 128 / 64 runs each at its own width: nothing padded, nothing said.
+    assert gluon_fwd.path_note(PLAIN, 128, 64) == gluon_fwd.PATH_NOTE
     for deterministic in (False, True):
         note = gluon_bwd.path_note(PLAIN, 192, deterministic, value_dim=128)
         assert "dK/dV and dQ kernels" in note and "run at 256 and 128" in note

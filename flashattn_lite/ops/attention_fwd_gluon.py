@@ -1361,11 +1361,12 @@ def padding_note(head_dim: int | None, value_dim: int | None, padded: int | None
     else ""; ``padded_value``: v's own width where the kernel has one (the forward's P·V); the Gluon
     backward says it in the same words."""
     value_dim = head_dim if value_dim is None else value_dim
-    if padded is None or padded == head_dim == value_dim:
+    v_width = padded if padded_value is None else padded_value  # the width v runs at
+    if padded is None or (padded == head_dim and v_width == value_dim):  # nothing padded
         return ""
     if value_dim == head_dim:
         return f" (head dim {head_dim} run at {padded}, the columns past {head_dim} zero)"
-    widths = f"{padded} and {padded_value}" if padded_value not in (None, padded) else f"{padded}"
+    widths = f"{padded} and {v_width}" if v_width != padded else f"{padded}"
     return f" (head dims {head_dim} (q, k) and {value_dim} (v) run at {widths}, the columns past each zero)"
 
 
