@@ -435,7 +435,10 @@ def test_checkout_ab_summary_takes_each_checkouts_best_and_compares_hashes():
 @pytest.mark.parametrize("argv, needle", [(["--n", "0"], "--n"), (["--tokens", "100", "--n", "200"], "--tokens"),
                                           (["--hidden", "100"], "--hidden"), (["--softcap", "-1"], "--softcap"),
                                           (["--peer", "cudnn", "--alibi"], "--peer"),
-                                          (["--config", "g-typo"], "g-typo")])
+                                          (["--config", "g-typo"], "g-typo"),
+                                          (["--head-dim", "36", "--hidden", "72"], "--head-dim 36"),
+                                          (["--head-dim", "192", "--hidden", "3072", "--value-dim", "20"],
+                                           "--value-dim 20")])
 def test_ncu_profile_checks_its_arguments_before_any_gpu_work(argv, needle, capsys):
     # benchmarks/ncu_profile.py: each bad argument is a usage error naming it (exit 2), raised by
     # parse_args before the GPU is touched; a config of the sweep comes back by name.
@@ -448,6 +451,11 @@ def test_ncu_profile_checks_its_arguments_before_any_gpu_work(argv, needle, caps
     args, config = module.parse_args(["--backward", "--head-dim", "64", "--config", name])
     assert config == gluon_bwd.CONFIGS[64][0] and args.backward
     assert module.parse_args([])[1] is None
+    # MLA's widths: the sweep of the width the kernels run at (256)
+    name = gluon_bwd.CONFIGS[256][0].name
+    args, config = module.parse_args(["--backward", "--head-dim", "192", "--value-dim", "128", "--hidden", "3072",
+                                      "--config", name])
+    assert config == gluon_bwd.CONFIGS[256][0] and args.value_dim == 128
 
 
 def test_ours_portable_turns_the_hopper_paths_off_for_the_whole_measurement():
