@@ -88,8 +88,9 @@ def _resolve(args):
         raise common.BenchArgumentError(f"--head-dims / --lengths / --dtype / --methods / --modes: {e}") from None
     if not head_dims or any(not 1 <= h <= 256 for h in head_dims):
         raise common.BenchArgumentError(f"--head-dims must be integers in [1, 256], got {val['head_dims']!r}")
-    if getattr(args, "value_dim", None) is not None and not 1 <= args.value_dim <= 256:
-        raise common.BenchArgumentError(f"--value-dim must be an integer in [1, 256], got {args.value_dim}")
+    val["value_dim"] = getattr(args, "value_dim", None)  # (callers building their own args may leave it out)
+    if val["value_dim"] is not None and not 1 <= val["value_dim"] <= 256:
+        raise common.BenchArgumentError(f"--value-dim must be an integer in [1, 256], got {val['value_dim']}")
     if val["rep_ms"] <= 0:
         raise common.BenchArgumentError(f"--rep-ms must be positive, got {val['rep_ms']}")
     if args.rounds < 1:
@@ -179,8 +180,9 @@ def _points_in_turn(peers: dict, problem: Problem, mode: str, rep_ms: float, rou
 def _row(problem: Problem, mode: str, name: str, way, result: dict) -> dict:
     """The JSON row of one method at one point."""
     ms = result.get("time_ms")
-    return {"method": name, "label": PEERS[name].label, "mode": mode, "head_dim": problem.head_dim,
-            **({"value_dim": problem.value_dim} if problem.value_dim is not None else {}), "causal": problem.causal, "N": problem.seqlen, "batch": problem.batch, "heads": problem.heads,
+    value_dim = {"value_dim": problem.value_dim} if problem.value_dim is not None else {}
+    return {"method": name, "label": PEERS[name].label, "mode": mode, "head_dim": problem.head_dim, **value_dim,
+            "causal": problem.causal, "N": problem.seqlen, "batch": problem.batch, "heads": problem.heads,
             "kv_heads": problem.kv_heads, "dtype": dtype_name(problem.dtype),
             "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"], "time_ms": ms,
             "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None, "flops": problem.flops(mode),
@@ -201,7 +203,7 @@ def run(args) -> list[dict]:
     grid = [(d, c, mode, n) for d in head_dims for c in causals for mode in modes for n in lengths]
     meta = dict(grid=dict(dtype=dtype_name(dtype), tokens=val["tokens"], hidden=val["hidden"], device=device,
                           lengths=lengths, head_dims=head_dims, modes=modes,
-                          value_dim=getattr(args, "value_dim", None),
+                          value_dim=val["value_dim"],
                           flops="2·B·H·N²·(D + Dv) forward, (3D + 2Dv) bwd, (4D + 3Dv) fwd+bwd (÷2 causal; "
                                 "at Dv = D: 4·B·H·N²·D, 2.5×, 3.5×)"),
                 methods=methods, peers={n: PEERS[n].summary for n in methods})
@@ -213,7 +215,7 @@ def run(args) -> list[dict]:
         for d, causal, mode, n in grid:
             heads = val["hidden"] // d
             problem = Problem(max(1, val["tokens"] // n), heads, heads // args.gqa, n, d, dtype, causal, device,
-                              getattr(args, "value_dim", None))
+                              val["value_dim"])
             started = {}  # name -> its GQA way: the methods timed in turn (--rounds > 1)
             for name in methods:
                 if not writer.start(method=name, mode=mode, head_dim=d, causal=causal, N=n):
@@ -269,7 +271,7 @@ def _report(writer, methods, dtype, args, val) -> None:
     rows = writer.rows
     combos = list(dict.fromkeys((r["head_dim"], r["causal"], r["mode"]) for r in rows))
     for d, causal, mode in combos:
-        dv = f", dv={args.value_dim}" if getattr(args, "value_dim", None) is not None else ""
+        dv = f", dv={val['value_dim']}" if val["value_dim"] is not None else ""
         print(f"\nTFLOP/s, {mode}, d={d}{dv}, {'causal' if causal else 'non-causal'}, {dtype_name(dtype)}, "
               f"B·N={val['tokens']}, H={val['hidden'] // d}")
         print(common.format_table(pivot(rows, methods, d, causal, mode), ["N"] + methods))
