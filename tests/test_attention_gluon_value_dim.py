@@ -13,6 +13,7 @@ from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
 from flashattn_lite.ops import attention_fwd_hopper as hopper
 from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_VARLEN, Variant, output_buffers
 from flashattn_lite.reference import attention_reference
+from test_attention_gluon_variants import faked_device, sm90  # noqa: F401
 from test_attention_hopper import EPS, check_lse
 
 REASON = None if ON_GPU and torch.cuda.get_device_capability()[0] == 9 else "the Gluon kernels need an sm_90 GPU"
@@ -71,6 +72,21 @@ def test_supported_takes_value_dims_the_triton_kernels_do_not(monkeypatch):
     varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
     assert gluon_fwd.supported(q[:1], k[:1], v[:1], variant=varlen) is None
     assert "dense batch only" in gluon_fwd.supported(q[:1], k[:1], z(1, 2, 8, 136), variant=varlen)
+
+
+@faked_device
+def test_dispatch_keeps_unverified_widths_on_the_portable_kernels(sm90, monkeypatch):
+    # q above 128 beside v padded to 64 (the forward's V at 64, the backward's at 128 in 256-wide
+    # kernels) has not run on the GPU: the dispatch keeps it off the Gluon kernels, which still take
+    # MLA's 192 / 128 and 128 / 64.
+    monkeypatch.setattr(gluon_bwd, "TESTED_TRITON", (triton.__version__,))
+    monkeypatch.setattr(gluon_bwd, "_HAS_GLUON", True)
+    z = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)  # noqa: E731
+    for d, dv, taken in ((192, 64, False), (192, 48, False), (192, 128, True), (128, 64, True)):
+        q, k, v = z(1, 2, 256, d), z(1, 2, 256, d), z(1, 2, 256, dv)
+        assert gluon_fwd.unverified_widths(d, dv) is not taken
+        assert gluon_fwd.fast_path(q, k, v, True, 0, 0.1) is taken, (d, dv)
+        assert gluon_bwd.fast_path(z(1, 2, 256, dv), q, k, v, True, 0, 0.1) is taken, (d, dv)
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")

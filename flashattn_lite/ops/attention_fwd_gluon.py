@@ -1384,6 +1384,14 @@ def path_note(variant: Variant = PLAIN, head_dim: int | None = None, value_dim: 
 PATH_NOTE = path_note(PLAIN)
 
 
+def unverified_widths(head_dim: int, value_dim: int) -> bool:
+    """Whether the Gluon kernels would run q, k at 256 beside v padded to 64 (q above 128, v at most 64:
+    the forward's V at 64, the backward's at 128, ``wide_value_width``). Compiled (0 spills, triton
+    3.6), not yet run on the GPU: the dispatch (``fast_path`` here and in the backward) keeps such calls
+    on the portable kernels; the GPU tests call the kernels directly (``test_attention_gluon_value_dim``)."""
+    return padded_head_dim(head_dim, value_dim) == 256 and padded_head_dim(value_dim) == 64
+
+
 def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:
     """Whether an attention forward (plain, or a window, softcap, ALiBi, sinks; dense, ranges or
     varlen) takes this kernel rather than the Triton TMA one (for ranges and varlen, the portable
@@ -1393,6 +1401,8 @@ def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: 
     window counts as causal there; not for ranges or varlen: ``_short``)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
+        return False
+    if unverified_widths(q.shape[3], v.shape[3]):
         return False
     if _short(causal, variant, q.shape[2], k.shape[2], q.shape[3] if v.shape[3] == q.shape[3] else 0):
         return False  # (v's head dim not q's: no TMA kernel for it, so no crossover)
