@@ -23,8 +23,8 @@ if REASON is None:
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 # (q/k head dim, v head dim): MLA's, narrower and wider v, two padded ones at once, and v at 64
-# beside the head dim 256 kernels (their V and dO at 128: ``wide_value_width``).
-DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64)]
+# (and 48) beside the head dim 256 kernels (their V and dO at 128: ``wide_value_width``).
+DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64), (192, 48)]
 
 
 def test_kernel_width_is_the_wider_padded_dim():
@@ -75,18 +75,16 @@ def test_supported_takes_value_dims_the_triton_kernels_do_not(monkeypatch):
 
 
 @faked_device
-def test_dispatch_keeps_unverified_widths_on_the_portable_kernels(sm90, monkeypatch):
+def test_dispatch_takes_q_above_128_beside_v_at_most_64(sm90, monkeypatch):
     # q above 128 beside v padded to 64 (the forward's V at 64, the backward's at 128 in 256-wide
-    # kernels) has not run on the GPU: the dispatch keeps it off the Gluon kernels, which still take
-    # MLA's 192 / 128 and 128 / 64.
+    # kernels) takes the Gluon kernels like MLA's 192 / 128 and 128 / 64 (run on the GPU: DIMS).
     monkeypatch.setattr(gluon_bwd, "TESTED_TRITON", (triton.__version__,))
     monkeypatch.setattr(gluon_bwd, "_HAS_GLUON", True)
     z = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)  # noqa: E731
-    for d, dv, taken in ((192, 64, False), (192, 48, False), (192, 128, True), (128, 64, True)):
+    for d, dv in ((192, 64), (192, 48), (192, 128), (128, 64)):
         q, k, v = z(1, 2, 256, d), z(1, 2, 256, d), z(1, 2, 256, dv)
-        assert gluon_fwd.unverified_widths(d, dv) is not taken
-        assert gluon_fwd.fast_path(q, k, v, True, 0, 0.1) is taken, (d, dv)
-        assert gluon_bwd.fast_path(z(1, 2, 256, dv), q, k, v, True, 0, 0.1) is taken, (d, dv)
+        assert gluon_fwd.fast_path(q, k, v, True, 0, 0.1), (d, dv)
+        assert gluon_bwd.fast_path(z(1, 2, 256, dv), q, k, v, True, 0, 0.1), (d, dv)
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
@@ -116,14 +114,17 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     o, lse = output_buffers(q2, 136, varlen, True)
     _, args, kwargs = gluon_fwd._launch(q2, k2, v2, o, lse, 0.1, True, gluon_fwd.one_tile_per_program(cfg2), varlen)
     assert [a.block_shape[-1] for a in args[:4]] == [256, 256, 256, 256] and kwargs["D_REAL"] == 136
+    assert kwargs["HEAD_DIM"] == 192  # Q·Kᵀ over 192 of the boxes' 256 columns (``_qk``: 128 + 64)
     o, lse = output_buffers(q2, 128, PLAIN, True)
     _, args, kwargs = gluon_fwd._launch(q2, k2, v2[..., :128].contiguous(), o, lse, 0.1, True, cfg2)
     assert cfg2.persistent and kwargs["Q_SETS"] == 2 and [a.block_shape[-1] for a in args[:4]] == [256, 256, 128, 128]
-    # 64 / 128: v wider than q, so every box at 128 (O is staged in Q's slot, which must hold it).
+    assert kwargs["HEAD_DIM"] == 192
+    # 64 / 128: v wider than q, so every box at 128 (O is staged in Q's slot, which must hold it);
+    # Q·Kᵀ over q's 64.
     o, lse = output_buffers(q[..., :64], 128, PLAIN, True)
     _, args, kwargs = gluon_fwd._launch(q[..., :64].contiguous(), k[..., :64].contiguous(), k, o, lse, 0.1, False,
                                         cfg)
-    assert kwargs["HEAD_DIM"] == 128 and [a.block_shape[-1] for a in args[:4]] == [128] * 4
+    assert kwargs["HEAD_DIM"] == 64 and [a.block_shape[-1] for a in args[:4]] == [128] * 4
     # The d ≤ 128 backward: dv's masked stores keep to v's columns, dk's to k's (all of the kernel's here).
     plan = gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True, varlen, value_dim=64)
     assert plan["constexprs"]["DV_REAL"] == 64 and "D_REAL" not in plan["constexprs"]

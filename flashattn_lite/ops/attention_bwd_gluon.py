@@ -117,8 +117,7 @@ from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
                             seq_args)
-from .attention_fwd_gluon import (gpu_sm_count, padded_head_dim, padding_note, tma_descriptor, unverified_widths,
-                                  window_flags)
+from .attention_fwd_gluon import gpu_sm_count, padded_head_dim, padding_note, tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -1077,8 +1076,6 @@ def fast_path(do, q, k, v, causal: bool, causal_offset: int, scale: float, deter
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
         return False
     if deterministic and kernel_head_dim(q.shape[3], v.shape[3]) == 64 and not causal:
-        return False
-    if unverified_widths(q.shape[3], v.shape[3]):  # (the forward's rule: not yet run on the GPU)
         return False
     options = dict(causal=causal, causal_offset=causal_offset, scale=scale)
     if variant is not PLAIN:

@@ -58,7 +58,7 @@ if _HAS_GLUON:
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_loader, _masked, _query_tile, _row, _to_16bit, banded_key_tile, query_tiles,
                                       seq_key_tile, seq_rows)
-    from .attention_fwd_gluon import _band, alibi_slope2, key_tiles
+    from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
     def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr,
@@ -104,6 +104,8 @@ if _HAS_GLUON:
         dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HALF_DV, 16])
         k_all = k_smem.index(0).reshape([64, HEAD_DIM])
+        # Sᵀ reduces over q's head dim rounded up to 64 (192 of the 256 columns: ``_qk``), the rest zeros
+        QK: gl.constexpr = (D_REAL + 63) // 64 * 64 if D_REAL > 0 else HEAD_DIM
         v_all = v_smem.index(0).reshape([64, DV])
         keys = start_n + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
         tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
@@ -122,7 +124,7 @@ if _HAS_GLUON:
             q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             do_t = do_smem.index(s).reshape([BLOCK_M, DV])
             if ME == 0:
-                st = warpgroup_mma(k_all, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+                st = _qk(k_all, q_t, st_zero, QK)
                 slope = 0.0
                 if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmma runs
                     slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
@@ -324,6 +326,7 @@ if _HAS_GLUON:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
         DV: gl.constexpr = v_smem.shape[4]  # V's and dO's width: HEAD_DIM, or v's own (``launches``)
         q_all = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        QK: gl.constexpr = (D_REAL + 63) // 64 * 64 if D_REAL > 0 else HEAD_DIM  # S's width (``_wide_consumer``)
         do_all = do_smem.reshape([BLOCK_M, DV])
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_zero = gl.zeros([BLOCK_M, 64], gl.float32, layout=s_layout)
@@ -345,7 +348,7 @@ if _HAS_GLUON:
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
             k_t = k_smem.index(s).reshape([64, HEAD_DIM])
             v_t = v_smem.index(s).reshape([64, DV])
-            st = warpgroup_mma(q_all, k_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            st = _qk(q_all, k_t, s_zero, QK)
             st = warpgroup_mma_wait(0, deps=[st])
             x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
             t = x

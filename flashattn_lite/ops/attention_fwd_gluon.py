@@ -457,6 +457,25 @@ if _HAS_GLUON:
     TURN_BARRIER = gl.constexpr(15)
 
     @gluon.jit
+    def _qk(q, k, s_zero, n: gl.constexpr):
+        """S = q·kᵀ (q: 64 × W, k: BLOCK_N × W in shared memory) over their first ``n`` columns,
+        ``HEAD_DIM`` (below W where q's head dim is: the columns past it are TMA's zeros, which the
+        reduction need not add), issued async: one wgmma, or for n = 192 (operands' sides are powers
+        of two) two, over 128 and 64 columns, the second accumulating."""
+        W: gl.constexpr = q.shape[1]
+        if n == W:
+            s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        elif (n & (n - 1)) == 0:
+            s = warpgroup_mma(q.slice(0, n, dim=1), k.slice(0, n, dim=1).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        else:
+            s = warpgroup_mma(q.slice(0, 128, dim=1), k.slice(0, 128, dim=1).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+            s = warpgroup_mma(q.slice(128, n - 128, dim=1), k.slice(128, n - 128, dim=1).permute((1, 0)), s,
+                              is_async=True)
+        return s
+
+    @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                 b, h, h_kv, start_m, lo, n_tiles,
                 CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
@@ -733,8 +752,7 @@ if _HAS_GLUON:
             mbarrier.wait(k_ready.index(kv0 % STAGES), (kv0 // STAGES) & 1)
             if PINGPONG:
                 _wait_turn(turn, kv0, ME, not PV_OVERLAP)
-            s = warpgroup_mma(q, k_smem.index(kv0 % STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
+            s = _qk(q, k_smem.index(kv0 % STAGES).reshape([BLOCK_N, q.shape[1]]), s_zero, HEAD_DIM)
             if PINGPONG:
                 _pass_turn(turn, kv0, OTHER, not PV_OVERLAP)
             s = warpgroup_mma_wait(0, deps=[s])
@@ -758,8 +776,7 @@ if _HAS_GLUON:
             mbarrier.wait(v_ready.index(prev), ((c - 1) // V_STAGES) & 1)
             if PINGPONG:  # my turn to issue GEMMs: the other warpgroup is in its softmax
                 _wait_turn(turn, c, ME, not PV_OVERLAP)
-            s = warpgroup_mma(q, k_smem.index(cur).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
+            s = _qk(q, k_smem.index(cur).reshape([BLOCK_N, q.shape[1]]), s_zero, HEAD_DIM)
             acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, DV]), acc, is_async=True)
             if PINGPONG:
                 _pass_turn(turn, c, OTHER, not PV_OVERLAP)
@@ -844,7 +861,7 @@ if _HAS_GLUON:
 
         row0 = start_m + 64 * ME
         rows = row0 + gl.arange(0, 64, layout=row_layout)
-        q = q_smem.index(ME).reshape([64, HEAD_DIM])
+        q = q_smem.index(ME).reshape([64, q_smem.shape[4]])
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
         acc = gl.zeros([64, DV], gl.float32, layout=o_layout)
@@ -876,7 +893,7 @@ if _HAS_GLUON:
         # Q's slot is free once its last wgmma retired (above): O is staged there (as o's TMA boxes where
         # V's width is not Q's: a part of the slot).
         o_smem = q_smem.index(ME)
-        if DV != HEAD_DIM:
+        if DV != q_smem.shape[4]:
             o_smem = o_smem._reinterpret(dtype, o_desc.block_type.shape, o_desc.layout)
         if SEQ == 0:
             # One TMA store, which drops the rows past Nq.
@@ -964,7 +981,7 @@ if _HAS_GLUON:
             # Two Q sets: the previous tile's set is released in this tile, once S_0 has retired
             # (``DEFER_Q``), or here for a tile without key tiles.
             prev_set = q_empty.index((qi + 1) % Q_SETS)
-            m_i, l_i, acc = _attend(q_slot.reshape([64, HEAD_DIM]), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            m_i, l_i, acc = _attend(q_slot.reshape([64, q_smem.shape[4]]), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                                     turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, n_k, off, win_left,
                                     win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
                                     ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
@@ -978,7 +995,7 @@ if _HAS_GLUON:
             # The slot's last wgmma has retired (``_attend``): stage O there for one TMA store
             # (which drops the rows past Nq); the lse goes out while it runs.
             o_slot = q_slot
-            if DV != HEAD_DIM:  # O as o's TMA boxes: a part of the slot
+            if DV != q_smem.shape[4]:  # O as o's TMA boxes: a part of the slot
                 o_slot = q_slot._reinterpret(dtype, o_desc.block_type.shape, o_desc.layout)
             o_slot.reshape([64, DV]).store(out.to(dtype))
             fence_async_shared()
@@ -1384,14 +1401,6 @@ def path_note(variant: Variant = PLAIN, head_dim: int | None = None, value_dim: 
 PATH_NOTE = path_note(PLAIN)
 
 
-def unverified_widths(head_dim: int, value_dim: int) -> bool:
-    """Whether the Gluon kernels would run q, k at 256 beside v padded to 64 (q above 128, v at most 64:
-    the forward's V at 64, the backward's at 128, ``wide_value_width``). Compiled (0 spills, triton
-    3.6), not yet run on the GPU: the dispatch (``fast_path`` here and in the backward) keeps such calls
-    on the portable kernels; the GPU tests call the kernels directly (``test_attention_gluon_value_dim``)."""
-    return padded_head_dim(head_dim, value_dim) == 256 and padded_head_dim(value_dim) == 64
-
-
 def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:
     """Whether an attention forward (plain, or a window, softcap, ALiBi, sinks; dense, ranges or
     varlen) takes this kernel rather than the Triton TMA one (for ranges and varlen, the portable
@@ -1401,8 +1410,6 @@ def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: 
     window counts as causal there; not for ranges or varlen: ``_short``)."""
     from . import attention_fwd_hopper as hopper
     if not _HAS_GLUON or not hopper.enabled() or not triton.__version__.startswith(TESTED_TRITON):
-        return False
-    if unverified_widths(q.shape[3], v.shape[3]):
         return False
     if _short(causal, variant, q.shape[2], k.shape[2], q.shape[3] if v.shape[3] == q.shape[3] else 0):
         return False  # (v's head dim not q's: no TMA kernel for it, so no crossover)
@@ -1522,7 +1529,10 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
             _descriptor(o, 64, W_v),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
             scale * LOG2E, softcap_scale, softcap2, *seq_args_)
-    kwargs = dict(HEAD_DIM=D, CAUSAL=bool(causal), **flags, CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
+    # HEAD_DIM: Q·Kᵀ's reduction width, q's head dim rounded up to a 64-column swizzle span (192 for
+    # MLA's and d 192's q in 256-wide boxes: a quarter of that GEMM's work saved), within the boxes.
+    kwargs = dict(HEAD_DIM=min(D, -(-q.shape[3] // 64) * 64), CAUSAL=bool(causal), **flags,
+                  CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
                   STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
     if seq != SEQ_DENSE:
