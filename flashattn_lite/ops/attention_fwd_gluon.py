@@ -981,7 +981,8 @@ if _HAS_GLUON:
             # Two Q sets: the previous tile's set is released in this tile, once S_0 has retired
             # (``DEFER_Q``), or here for a tile without key tiles.
             prev_set = q_empty.index((qi + 1) % Q_SETS)
-            m_i, l_i, acc = _attend(q_slot.reshape([64, q_smem.shape[4]]), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            q_tile = q_slot.reshape([64, q_smem.shape[4]])
+            m_i, l_i, acc = _attend(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                                     turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, n_k, off, win_left,
                                     win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
                                     ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
