@@ -22,9 +22,10 @@ if REASON is None:
     REASON = gluon_fwd.supported(_q, _q, _q)
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
-# (q/k head dim, v head dim): MLA's, narrower and wider v, two padded ones at once, and v at 64
-# (and 48) beside the head dim 256 kernels (their V and dO at 128: ``wide_value_width``).
-DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64), (192, 48)]
+# (q/k head dim, v head dim): MLA's, narrower and wider v, two padded ones at once, v at 64 (and
+# 48) beside the head dim 256 kernels (their V and dO at 128: ``wide_value_width``), and q's 128
+# in those kernels' 256-wide boxes beside a wider v (Q·Kᵀ over 128 of them).
+DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64), (192, 48), (128, 256)]
 
 
 def test_kernel_width_is_the_wider_padded_dim():
@@ -125,6 +126,11 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     _, args, kwargs = gluon_fwd._launch(q[..., :64].contiguous(), k[..., :64].contiguous(), k, o, lse, 0.1, False,
                                         cfg)
     assert kwargs["HEAD_DIM"] == 64 and [a.block_shape[-1] for a in args[:4]] == [128] * 4
+    # 128 / 256: every box at 256, Q·Kᵀ over q's 128 of them.
+    v256 = torch.zeros(1, 2, 300, 256, dtype=bf)
+    o, lse = output_buffers(q, 256, PLAIN, True)
+    _, args, kwargs = gluon_fwd._launch(q, k, v256, o, lse, 0.1, False, gluon_fwd.default_config(256, False, 300))
+    assert kwargs["HEAD_DIM"] == 128 and [a.block_shape[-1] for a in args[:4]] == [256] * 4
     # The d ≤ 128 backward: dv's masked stores keep to v's columns, dk's to k's (all of the kernel's here).
     plan = gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True, varlen, value_dim=64)
     assert plan["constexprs"]["DV_REAL"] == 64 and "D_REAL" not in plan["constexprs"]
@@ -206,7 +212,7 @@ def test_forward_and_backward_match_reference_and_portable(shape, d, dv, dtype, 
 
 
 @needs_gpu
-@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64)], ids=str)
+@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (192, 64)], ids=str)
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fused-dq", "deterministic"])
 def test_attention_dispatch_and_views_of_one_projection(d, dv, deterministic):
     # attention() over q, k, v as views of one (B, N, H, 2·D + Dv) projection (each view's row

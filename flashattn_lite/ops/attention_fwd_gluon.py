@@ -122,7 +122,8 @@ def padded_head_dim(head_dim: int, value_dim: int | None = None) -> int | None:
     ``HEAD_DIMS``; for another multiple of 8 between 32 and 256 (80, 96, 112, 192, …) the next of
     ``HEAD_DIMS`` above it, the TMA boxes that wide: their loads read Q's, K's and V's missing
     columns as zeros (adding nothing to the scores, giving O zero columns) and O's store drops
-    them, so only the GEMMs pay for the padding; else None (not covered). With v's head dim
+    them, so only the GEMMs pay for the padding (but Q·Kᵀ, which reduces over q's head dim rounded
+    up to 64: ``_qk``); else None (not covered). With v's head dim
     ``value_dim`` other than q's and k's (MLA's 192 and 128), the wider of the two, each covered:
     the narrower one's columns read as zeros the same way (the width of Q's and K's boxes; the
     forward's V and O boxes take v's own, ``_launch``)."""
@@ -459,9 +460,10 @@ if _HAS_GLUON:
     @gluon.jit
     def _qk(q, k, s_zero, n: gl.constexpr):
         """S = q·kᵀ (q: 64 × W, k: BLOCK_N × W in shared memory) over their first ``n`` columns,
-        ``HEAD_DIM`` (below W where q's head dim is: the columns past it are TMA's zeros, which the
-        reduction need not add), issued async: one wgmma, or for n = 192 (operands' sides are powers
-        of two) two, over 128 and 64 columns, the second accumulating."""
+        issued async. ``n`` (the kernels' ``HEAD_DIM``) is q's head dim rounded up to 64, below W
+        where the boxes are wider (192 in 256; 64 in 128 beside a wider v): the columns past it are
+        TMA's zeros, which the reduction need not add. One wgmma, or for n = 192 two (Gluon's
+        operands have power-of-two sides), over 128 and 64 columns, the second accumulating."""
         W: gl.constexpr = q.shape[1]
         if n == W:
             s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -469,6 +471,7 @@ if _HAS_GLUON:
             s = warpgroup_mma(q.slice(0, n, dim=1), k.slice(0, n, dim=1).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
         else:
+            gl.static_assert(n == 192, "Q·Kᵀ widths: 64, 128, 192 or the boxes' own")
             s = warpgroup_mma(q.slice(0, 128, dim=1), k.slice(0, 128, dim=1).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
             s = warpgroup_mma(q.slice(128, n - 128, dim=1), k.slice(128, n - 128, dim=1).permute((1, 0)), s,
@@ -746,7 +749,7 @@ if _HAS_GLUON:
         ``-1843.json``)."""
         dtype: gl.constexpr = q.dtype
         OTHER: gl.constexpr = (ME + 1) % CONSUMERS
-        DV: gl.constexpr = v_smem.shape[4]  # V's (and O's) width: HEAD_DIM, or v's own (``_launch``)
+        DV: gl.constexpr = v_smem.shape[4]  # V's (and O's) width: Q's box width, or v's own (``_launch``)
         if n_tiles > 0:
             # Tile 0: S_0 alone (nothing to overlap it with yet).
             mbarrier.wait(k_ready.index(kv0 % STAGES), (kv0 // STAGES) & 1)
@@ -851,7 +854,7 @@ if _HAS_GLUON:
         by a masked store (a TMA store would overwrite the next sequence's rows), which keeps to o's
         ``D_REAL`` columns where the kernel runs a padded head dim (``padded_head_dim``; 0: none)."""
         dtype: gl.constexpr = q_smem.dtype
-        DV: gl.constexpr = v_smem.shape[4]  # V's and O's width: HEAD_DIM, or v's own (``_launch``)
+        DV: gl.constexpr = v_smem.shape[4]  # V's and O's width: Q's box width, or v's own (``_launch``)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -872,8 +875,9 @@ if _HAS_GLUON:
         if ALIBI:
             slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP,
                                          BLOCK_N, s_layout)
-        # P·V under the next tile's softmax: d 128 plain calls, where it gains (``_attend``).
-        PV_OVERLAP: gl.constexpr = ((HEAD_DIM == 128) and (DV == 128) and (CONSUMERS == 2) and (not SOFTCAP)
+        # P·V under the next tile's softmax: plain calls in 128-wide boxes, where it gains at d 128
+        # (``_attend``). Keyed on the boxes, not on Q·Kᵀ's width (``HEAD_DIM``: 64 at 64 / 128).
+        PV_OVERLAP: gl.constexpr = ((q_smem.shape[4] == 128) and (DV == 128) and (CONSUMERS == 2) and (not SOFTCAP)
                                     and (not ALIBI))
         if PINGPONG and (not PV_OVERLAP) and ME == CONSUMERS - 1:
             _pass_turn(turn, n_tiles, 0, True)  # consumer 0 issues first
@@ -940,7 +944,7 @@ if _HAS_GLUON:
         set at once, with two inside the next tile, after its S_0 (``_attend``'s ``DEFER_Q``), so
         the wait for the store is not on the tile boundary's path."""
         dtype: gl.constexpr = q_smem.dtype
-        DV: gl.constexpr = v_smem.shape[4]  # V's and O's width: HEAD_DIM, or v's own (``_launch``)
+        DV: gl.constexpr = v_smem.shape[4]  # V's and O's width: Q's box width, or v's own (``_launch``)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -1094,7 +1098,7 @@ if _HAS_GLUON:
             # 2k / 4k in two A/Bs, where d 128's lost 0 to 2% with it, and 2 to 3% with a window's
             # left side, whose tiles' costs are not the triangle the sort assumes (H200,
             # ``gluon_checkout-20261129-2156.json``, ``-2203.json``).
-            SORTED_TAIL: gl.constexpr = HEAD_DIM == 64 and not HAS_LEFT
+            SORTED_TAIL: gl.constexpr = q_smem.shape[4] == 64 and not HAS_LEFT  # (the boxes' width: d 64's)
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
