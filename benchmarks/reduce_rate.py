@@ -9,7 +9,9 @@ in 64-column TMA boxes (``_tma_reduce_add``, as the Gluon backward does). Walks:
 * ``lockstep``: i = 0, 1, …, n − 1 for every j (a non-causal walk: the key tiles of a head running
   at once write the same rows at once);
 * ``rotated``: i = j, j + 1, …, wrapping (the same rows, spread);
-* ``causal``: i = j, …, n − 1 (the causal band's rows; half the blocks).
+* ``causal``: i = j, …, n − 1 (the causal band's rows; half the blocks);
+* ``paired``: the causal band, a program taking key tiles j and n − 1 − j in turn, so that every
+  program's units are the same length (n + 1 steps) and the programs stay in step.
 
 ``--wait`` waits for each step's reduces before the next (one staging buffer, as the kernels
 have); without it the TMA unit queues them. No GPU work but the reduces, so the rates are ceilings.
@@ -30,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite.ops.attention_bwd_gluon import _HAS_GLUON  # noqa: E402
 
-WALKS = {"lockstep": 0, "rotated": 1, "causal": 2}
+WALKS = {"lockstep": 0, "rotated": 1, "causal": 2, "paired": 3}
 
 if _HAS_GLUON:
     from triton.experimental import gluon
@@ -41,30 +43,43 @@ if _HAS_GLUON:
     from flashattn_lite.ops.attention_fwd_gluon import tma_descriptor
 
     @gluon.jit
+    def _reduce_walk(dq_desc, src, b, h, j, n_tiles, WALK: gl.constexpr, BOXES: gl.constexpr, WAIT: gl.constexpr):
+        """Key tile j's walk over the query tiles of head (b, h): ``src`` reduce-added at each."""
+        first = 0
+        if WALK == 2:
+            first = j
+        for t in range(first, n_tiles):
+            i = t
+            if WALK == 1:
+                i = (j + t) % n_tiles
+            for c in gl.static_range(BOXES):
+                _tma_reduce_add(dq_desc, [b, h, i * 64, c * 64], src)
+            if WAIT:
+                tma.store_wait(0)
+
+    @gluon.jit
     def _reduce_kernel(dq_desc, H, n_tiles, n_units, WALK: gl.constexpr, BOXES: gl.constexpr,
                        WAIT: gl.constexpr):
         """Program p takes units p, p + P, … (unit u: key tile u % n_tiles of (batch, head)
-        u // n_tiles) and reduce-adds a block of ones at each query tile of the unit's walk."""
+        u // n_tiles; ``paired``: key tiles u % (n / 2) and its mirror) and reduce-adds a block of
+        ones at each query tile of the unit's walk."""
         layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0])
         src = gl.allocate_shared_memory(gl.float32, [1, 1, 64, 64], dq_desc.layout)
         src.store(gl.full([1, 1, 64, 64], 1.0, gl.float32, layout))
         fence_async_shared()
-        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            j = u % n_tiles
-            bh = u // n_tiles
-            b = bh // H
-            h = bh % H
-            first = 0
-            if WALK == 2:
-                first = j
-            for t in range(first, n_tiles):
-                i = t
-                if WALK == 1:
-                    i = (j + t) % n_tiles
-                for c in gl.static_range(BOXES):
-                    _tma_reduce_add(dq_desc, [b, h, i * 64, c * 64], src)
-                if WAIT:
-                    tma.store_wait(0)
+        if WALK == 3:
+            half = n_tiles // 2
+            for u in range(gl.program_id(0), n_units // 2, gl.num_programs(0)):
+                bh = u // half
+                for side in gl.static_range(2):
+                    j = u % half
+                    if side == 1:
+                        j = n_tiles - 1 - j
+                    _reduce_walk(dq_desc, src, bh // H, bh % H, j, n_tiles, 2, BOXES, WAIT)
+        else:
+            for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
+                bh = u // n_tiles
+                _reduce_walk(dq_desc, src, bh // H, bh % H, u % n_tiles, n_tiles, WALK, BOXES, WAIT)
         tma.store_wait(0)
 
 
@@ -79,7 +94,7 @@ def run(buf, walk: str, wait: bool, programs: int) -> None:
 
 def blocks(walk: str, B: int, H: int, n_tiles: int) -> int:
     """The 64-row blocks a launch reduce-adds (every box of one counted as one block)."""
-    per_head = n_tiles * (n_tiles + 1) // 2 if walk == "causal" else n_tiles * n_tiles
+    per_head = n_tiles * (n_tiles + 1) // 2 if walk in ("causal", "paired") else n_tiles * n_tiles
     return B * H * per_head
 
 
@@ -87,15 +102,16 @@ def parse_args(argv=None):
     """The arguments, each checked (a usage error naming it) before any GPU work."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the JSON")
-    ap.add_argument("--n", type=int, default=8192, help="sequence length (a multiple of 64)")
+    ap.add_argument("--n", type=int, default=8192, help="sequence length (a multiple of 128)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--width", type=int, default=192, help="dQ columns (a multiple of 64)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
-    for name in ("n", "width"):
-        if getattr(args, name) < 64 or getattr(args, name) % 64:
-            ap.error(f"--{name} must be a positive multiple of 64, got {getattr(args, name)}")
+    if args.n < 128 or args.n % 128:  # (``paired`` takes key tiles two at a time)
+        ap.error(f"--n must be a positive multiple of 128, got {args.n}")
+    if args.width < 64 or args.width % 64:
+        ap.error(f"--width must be a positive multiple of 64, got {args.width}")
     for name in ("batch", "heads", "rounds"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -110,8 +126,12 @@ def main():
     buf = torch.zeros(args.batch, args.heads, args.n, args.width, device="cuda", dtype=torch.float32)
     cases = [(walk, wait) for walk in WALKS for wait in (True, False)]
     times = {case: [] for case in cases}
-    for case in cases:
-        run(buf, *case, programs)  # compile
+    for case in cases:  # compile, and check that every block was added once
+        buf.zero_()
+        run(buf, *case, programs)
+        want = blocks(case[0], args.batch, args.heads, args.n // 64) * 64 * args.width
+        if buf.sum(dtype=torch.float64).item() != want:
+            sys.exit(f"{case}: the buffer sums to {buf.sum(dtype=torch.float64).item():.0f}, not {want}")
     torch.cuda.synchronize()
     for _ in range(args.rounds):  # in turn: the clock drifts over a run
         for case in cases:
