@@ -24,8 +24,9 @@ needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 # (q/k head dim, v head dim): MLA's, narrower and wider v, two padded ones at once, v at 64 (and
 # 48) beside the head dim 256 kernels (their V and dO at 128: ``wide_value_width``), and q's 128
-# in those kernels' 256-wide boxes beside a wider v (Q·Kᵀ over 128 of them).
-DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64), (192, 48), (128, 256)]
+# in those kernels' 256-wide boxes beside a wider v (Q·Kᵀ over 128 of them); 256 / 128's causal
+# backward in one pass with dQ over two 128-column halves (``one_pass``).
+DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64), (192, 48), (128, 256), (256, 128)]
 
 
 def test_kernel_width_is_the_wider_padded_dim():
@@ -169,6 +170,38 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     assert [a.block_shape[-1] for a in dkdv[1][:4]] == [256, 256, 128, 128] and dkdv[2]["DV_REAL"] == 64
 
 
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_one_pass_wide_backward_launches_only_the_dkdv_kernel():
+    # Dense calls whose V runs at most 128 wide take one pass: dQ reduce-added by the dK/dV kernel into
+    # the float32 buffer (64-column boxes), no dQ kernel; V at 256 and ranges or varlen keep the pair.
+    import inspect
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    bf = torch.bfloat16
+    q, k = torch.zeros(2, 4, 200, 192, dtype=bf), torch.zeros(2, 2, 333, 192, dtype=bf)
+    v = torch.zeros(2, 2, 333, 128, dtype=bf)
+    cu = torch.tensor([0, 100, 333], dtype=torch.int32)
+    assert wide.one_pass(128, None, True) and wide.one_pass(128, PLAIN, True) and wide.one_pass(64, PLAIN, True)
+    assert not wide.one_pass(128, None, False)  # non-causal: the pair (measured faster there)
+    assert not wide.one_pass(256, None, True) and not wide.one_pass(192, None, True)
+    for variant in (Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu), Variant(softcap=30.0), Variant(left=100),
+                    Variant(sinks=torch.zeros(4))):
+        assert not wide.one_pass(128, variant, True), variant
+    assert "one pass" in gluon_bwd.path_note(PLAIN, 192, causal=True, value_dim=128)
+    assert "dQ kernels" in gluon_bwd.path_note(PLAIN, 192, causal=False, value_dim=128)
+    assert "dQ kernels" in gluon_bwd.path_note(PLAIN, 192, deterministic=True, causal=True, value_dim=128)
+    rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))
+    cfg = gluon_bwd.default_config(256, True, 333)._replace(fused_dq=True)
+    dkdv, dq = wide.launches(q, k, v, q[..., :128], None, k, v, rows, rows, 0.1, True, cfg, PLAIN,
+                             dq_acc=torch.zeros(2, 4, 200, 256))
+    assert dq is None and dkdv[2]["FUSED_DQ"] and list(dkdv[1][-1].block_shape) == [1, 1, 64, 64]
+    # runtime arguments positional, constexprs by keyword (``Launcher``'s fast path keys the latter)
+    assert all(isinstance(c, (bool, int, float, str)) for c in dkdv[2].values())
+    constexprs = {n: c for n, c in dkdv[2].items() if n != "num_warps"}
+    inspect.signature(wide._attn_bwd_gluon_wide_kernel.fn).bind(*dkdv[1], **constexprs)
+    # (no GQA split there: the wide kernels write dK and dV themselves)
+    assert gluon_bwd.group_split(torch.zeros(1, 8, 65536, 192), torch.zeros(1, 1, 65536, 192), True, None, cfg) == 1
+
 def make(shape, dv, dtype, seed=0):
     """q, k (B, H, N, D), v (B, Hkv, Nk, Dv) and dO (B, Hq, Nq, Dv), random."""
     b, hq, hkv, nq, nk, d = shape
@@ -209,6 +242,30 @@ def test_forward_and_backward_match_reference_and_portable(shape, d, dv, dtype, 
         assert a.shape == x.shape and a.dtype == dtype, name
         assert_close_to_ref(a, s, r, eps=2 * EPS[dtype], what=name)
         assert_close_to_ref(a, p, r, eps=2 * EPS[dtype], what=f"{name} vs the portable backward's error")
+
+
+@needs_gpu
+def test_one_pass_wide_backward_in_chunks_matches_reference(monkeypatch):
+    # MLA's 192 / 128 causal in one pass (dQ reduce-added by the dK/dV kernel), the float32 dQ buffer
+    # capped so the call runs in three launches over KV heads (GQA 2: each with its query heads),
+    # Nq ≠ Nk: the gradients against float64, and no dQ kernel launched.
+    causal = True
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    from test_attention_bwd_hopper import reference_grads
+    B, Hq, Hkv, Nq, Nk = 1, 6, 3, 1000, 1337
+    monkeypatch.setattr(gluon_bwd, "DQ_BUFFER_BYTES", B * (Hq // Hkv) * Nq * 256 * 4)
+    monkeypatch.setattr(wide, "_attn_bwd_gluon_wide_dq_launcher", None)  # launched: a TypeError
+    g = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(B, h, n, 192, generator=g).to("cuda", torch.bfloat16) for h, n in ((Hq, Nq), (Hkv, Nk)))
+    v = torch.randn(B, Hkv, Nk, 128, generator=g).to("cuda", torch.bfloat16)
+    do = torch.randn(B, Hq, Nq, 128, generator=g).to("cuda", torch.bfloat16)
+    assert len(gluon_bwd.dq_buffer_chunks(B, Hq, Hkv, Nq, 256)) == 3
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal)
+    ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=192 ** -0.5, causal=causal)
+    ref = reference_grads(q, k, v, do, causal, torch.float64)
+    same = reference_grads(q, k, v, do, causal, torch.bfloat16)
+    for name, a, s_, r in zip(("dq", "dk", "dv"), ours, same, ref):
+        assert_close_to_ref(a, s_, r, eps=2 * EPS[torch.bfloat16], what=name)
 
 
 @needs_gpu

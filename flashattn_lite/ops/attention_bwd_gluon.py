@@ -519,10 +519,12 @@ if _HAS_GLUON:
         _tma_reduce_add(dq_desc, [b, h, start_m, COL], dq_stage.index(ME))
 
     @gluon.jit
-    def _reduce_rows(x, stage, desc, b, h, row, ME: gl.constexpr, HEAD_DIM: gl.constexpr):
+    def _reduce_rows(x, stage, desc, b, h, row, ME: gl.constexpr, HEAD_DIM: gl.constexpr, COL: gl.constexpr = 0,
+                     DRAIN: gl.constexpr = True):
         """``x`` (64 rows × HEAD_DIM, fp32) reduce-added into ``desc``'s rows [row, row + 64) of head
-        h, 64 columns at a time through this consumer's dQ staging buffer (rows past the end fall
-        outside the descriptor)."""
+        h, columns from ``COL``, 64 at a time through this consumer's dQ staging buffer (rows past the
+        end fall outside the descriptor). ``DRAIN``: wait for the last reduce to have read the buffer
+        (else the next call's first part does)."""
         if HEAD_DIM == _DQC:
             parts = (x,)
         else:  # columns j and j + 64 sit in the same thread of the wgmma layout: a register split
@@ -532,8 +534,9 @@ if _HAS_GLUON:
             gl.thread_barrier()
             stage.index(ME).reshape([64, _DQC]).store(parts[i])
             fence_async_shared()
-            _tma_reduce_add(desc, [b, h, row, i * _DQC], stage.index(ME))
-        tma.store_wait(0)
+            _tma_reduce_add(desc, [b, h, row, COL + i * _DQC], stage.index(ME))
+        if DRAIN:
+            tma.store_wait(0)
 
     @gluon.jit
     def _dq_start(dv, dk, pa, dsa, dq, ds_smem, ds_buf, use, k_smem, ds_ready, empty_s, COL: gl.constexpr,
@@ -1045,7 +1048,10 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
         return PATH_NOTE
     variant = PLAIN if variant is None else variant
     from .attention_fwd_hopper import path_note as hopper_note
-    if padded == 256:
+    from .attention_bwd_gluon_wide import one_pass
+    if padded == 256 and not deterministic and one_pass(value_dim or head_dim, variant, causal):
+        name = "the Gluon warp-specialized backward's head dim 256 dK/dV kernel (dQ by TMA reduce-add, one pass)"
+    elif padded == 256:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
     elif deterministic and not _tma_dq_covers(variant, causal, head_dim, value_dim):
         name = "the Gluon warp-specialized backward's dK/dV with the portable one-writer dQ kernel"
@@ -1345,7 +1351,7 @@ def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
     16k: +15% against MHA; L2 traffic of the group's Q, dO and dQ rows)."""
     plain = variant is None or variant is PLAIN
     group = q.shape[1] // k.shape[1]
-    split = (causal and plain and cfg.fused_dq and group > 1
+    split = (causal and plain and cfg.fused_dq and not cfg.split_d and group > 1
              and k.shape[2] >= split_min_keys(group, q.shape[3]))
     return group if split else 1
 
@@ -1488,6 +1494,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     reason = config_reason(D, cfg, q.element_size())
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: {reason}")
+    if cfg.split_d and config is None and not deterministic:
+        from .attention_bwd_gluon_wide import one_pass
+        if one_pass(v.shape[3], variant, causal):  # dQ reduce-added in the dK/dV kernel
+            cfg = cfg._replace(fused_dq=True)
     chunks = dq_buffer_chunks(B, Hq, Hkv, Nq, D) if cfg.fused_dq else [(slice(None), slice(None))]
     if len(chunks) == 1:
         return _backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant)
@@ -1571,7 +1581,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     if cfg.split_d:  # head dim 256: its dK/dV and dQ kernels
         from .attention_bwd_gluon_wide import run
         run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg, PLAIN if variant is None else variant,
-            row_starts)
+            row_starts, dq_acc)
     else:
         grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
                                      PLAIN if variant is None else variant, dq_acc, row_starts, share)
@@ -1581,7 +1591,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         dv.copy_(dv_out)
 
     if cfg.fused_dq:
-        dq = _dq_from_buffer(dq_acc, q, kwargs["DEFER_DQ"], dq)
+        dq = _dq_from_buffer(dq_acc, q, not cfg.split_d and kwargs["DEFER_DQ"], dq)
     elif not cfg.split_d:  # a one-writer dQ kernel: the TMA one where it reaches, else the portable one
         lse2, delta = lse2.contiguous(), delta.contiguous()
         if _tma_dq_covers(variant, causal, q.shape[3], v.shape[3]):

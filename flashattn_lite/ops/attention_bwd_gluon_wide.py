@@ -1,4 +1,5 @@
-"""The Gluon attention backward at head dim 256 (Gemma's): two kernels, dK/dV and dQ.
+"""The Gluon attention backward at head dim 256 (Gemma's): two kernels, dK/dV and dQ (or, for plain
+causal MLA calls, the dK/dV kernel alone in one pass).
 
 ``attention_bwd_gluon`` keeps each consumer's 64 keys' dK and dV in registers: at D 128 that is
 128 registers a thread, at D 256 it would be 256, more than a thread has. So at D 256:
@@ -26,12 +27,20 @@
   the other's wgmmas do; at the end consumer 1 leaves its partial in the idle ring and consumer 0
   adds it and stores dQ·scale.
 
+**One pass** (``one_pass``: plain causal calls over dense batches whose V runs at most 128 wide,
+MLA's 192 / 128): the dK/dV kernel alone, each step's dQ = dS·K computed there too (consumer 1 over
+columns 0–127, consumer 0 over the rest of q's width rounded up to 64, so the two carry equal
+GEMMs) and reduce-added into a float32 buffer through a 16 KB staging buffer a consumer, as the
+D ≤ 128 kernel does; its dQ is then not bit-reproducible. There, at N 2k and 8k on an H200, 1.08–1.09 ×
+the pair (non-causal 0.97–0.99 ×, so those calls keep the pair; ``benchmarks/NOTES.md``,
+2026-11-30). The reductions walk the head-major causal order, heaviest tiles first.
+
 Seven GEMMs a (key tile, query tile) pair instead of the fused five, and no float32 reduce-adds:
 with dQ fused (the first form, measured in ``benchmarks/NOTES.md``, 2026-11-29), a 64-key tile
 reduce-adds 64 KB of dQ a step, half the FLOPs per reduced byte of D 128's 128-key tiles, and the
 L2's reduction rate bound the kernel at 0.7–0.77 × cuDNN; the pair measured 0.99–1.12 × cuDNN. Each
 gradient element has one writer, so the result is bit-reproducible: deterministic mode
-(``torch.use_deterministic_algorithms``) keeps this path.
+(``torch.use_deterministic_algorithms``) keeps this path (and never takes the one pass).
 
 Covers what ``attention_bwd_gluon.supported`` allows at D 256: causal (bottom-right) or not, GQA
 (a dK/dV program walks its group), sliding windows, softcap, ALiBi, sinks (the saved lse has
@@ -56,8 +65,8 @@ if _HAS_GLUON:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .._launcher import Launcher
-    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _row, _to_16bit, banded_key_tile, query_tiles,
-                                      seq_key_tile, seq_rows)
+    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _to_16bit, banded_key_tile,
+                                      query_tiles, seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
@@ -84,7 +93,8 @@ if _HAS_GLUON:
                        ME: gl.constexpr, GROUP: gl.constexpr, ROTATE: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr, SEQ: gl.constexpr, D_REAL: gl.constexpr, DV_REAL: gl.constexpr):
+                       STAGES: gl.constexpr, SEQ: gl.constexpr, D_REAL: gl.constexpr, DV_REAL: gl.constexpr,
+                       dq_desc, dq_stage, FUSED_DQ: gl.constexpr):
         """Consumer ``ME`` of a wide-head program, by role: consumer 0 computes Sᵀ (64 keys × the
         step's 64 queries) and Pᵀ, writes P (and under softcap P ∘ (1 − tanh²) to the dS buffer)
         and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
@@ -92,7 +102,10 @@ if _HAS_GLUON:
         dV's [DV/2 · ME, +DV/2) (DV: V's width, ``launches``).
         Both score wgmmas are N = 64 (query halves made them N = 32, bound by their shared-memory
         reads). The scores' options and a ranges or varlen sequence's row bound ``n_q`` (``SEQ`` 1,
-        2) as the D ≤ 128 consumer makes them."""
+        2) as the D ≤ 128 consumer makes them. ``FUSED_DQ`` (dense batches, V at most 128 wide):
+        each step's dQ = dS·K too, consumer 1 over columns 0–127, consumer 0 over the rest of QK
+        (which balances the two: Sᵀ is consumer 0's), reduce-added into ``dq_desc``'s float32
+        buffer through the consumer's staging buffer."""
         dtype: gl.constexpr = k_smem.dtype
         HALF_D: gl.constexpr = HEAD_DIM // 2
         DV: gl.constexpr = v_smem.shape[4]  # V's and dO's width: HEAD_DIM, or v's own (``launches``)
@@ -115,6 +128,11 @@ if _HAS_GLUON:
         # ALiBi: |i + off − j| = |(start_m + off − start_n) + c − r| for query column c and key row r,
         # integers small within a sequence: exact in float32 however far into a packed batch
         keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
+        DQ_COL: gl.constexpr = 0 if ME == 1 else 128  # this consumer's dQ columns (``FUSED_DQ``)
+        DQ_W: gl.constexpr = 128 if ME == 1 else QK - 128
+        gl.static_assert((not FUSED_DQ) or DQ_W > 0, "FUSED_DQ: q's head dim above 128 (``one_pass``)")
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_W, 16])
         mbarrier.wait(kv_bar, 0)
 
         for it in range(GROUP * n_tiles):
@@ -172,9 +190,19 @@ if _HAS_GLUON:
                 mbarrier.arrive(ds_ready)
                 dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(HALF_DV, HALF_DV, dim=1), dv, is_async=True)
             dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, HALF_D, dim=1), dk, is_async=True)
-            dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
+            if FUSED_DQ:
+                dq = warpgroup_mma(ds_smem, k_all.slice(DQ_COL, DQ_W, dim=1),
+                                   gl.zeros([BLOCK_M, DQ_W], gl.float32, layout=dq_layout), use_acc=False,
+                                   is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(0, deps=[dv, dk, dq])
+            else:
+                dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
             mbarrier.arrive(empty.index(s))
             mbarrier.arrive(p_free)
+            if FUSED_DQ:
+                _reduce_rows(dq * sm_scale, dq_stage, dq_desc, b, h, start_m, ME, DQ_W, DQ_COL, False)
+        if FUSED_DQ:
+            tma.store_wait(0)
         _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout, D_REAL)
         COLS_V: gl.constexpr = DV_REAL if DV_REAL > 0 else D_REAL  # dv's own columns where v's head dim is not q's
         _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_DV, dv_layout, COLS_V)
@@ -186,11 +214,12 @@ if _HAS_GLUON:
                                     n_heads, n_kv_heads, n_q, n_k, band, banded_heads, win_left, win_right,
                                     qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                                     softcap2, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, row_starts,
-                                    HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+                                    dq_desc, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                     HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                    SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0):
+                                    SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0,
+                                    FUSED_DQ: gl.constexpr = False):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         q0 = 0
@@ -240,6 +269,10 @@ if _HAS_GLUON:
         pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], dtype)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, 64], pds_layout)
+        if FUSED_DQ:  # one float32 staging buffer a consumer
+            dq_stage = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        else:
+            dq_stage = k_smem
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -266,13 +299,15 @@ if _HAS_GLUON:
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
-                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL)),
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL, dq_desc, dq_stage,
+                              FUSED_DQ)),
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
                               kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
-                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL)),
+                              FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL, dq_desc, dq_stage,
+                              FUSED_DQ)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -485,8 +520,18 @@ _KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", 
 DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, two slots 128 KB (at v's 256)
 
 
+def one_pass(value_dim: int, variant, causal: bool) -> bool:
+    """Whether the dK/dV kernel also reduce-adds dQ (``FUSED_DQ``; no dQ kernel): plain causal calls
+    over dense batches whose V (v's head dim ``value_dim``) runs at most 128 wide (MLA's 192 / 128: the float32 staging then fits
+    beside the ring). There it measured 1.08–1.09 × the two kernels; non-causal 0.97–0.99 ×, so those
+    keep the pair (H200, ``bench_ab-20261130-0744.json``). Options (softcap, ALiBi, windows, sinks)
+    keep the pair too: the one pass has not run with them on a GPU."""
+    from .attention_bwd_gluon import _is_plain, wide_value_width
+    return causal and _is_plain(variant, causal) and wide_value_width(value_dim) <= 128
+
+
 def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant,
-             row_starts=None):
+             row_starts=None, dq_acc=None):
     """(grid, args, keyword args) of the dK/dV kernel's launch (one program per 64-key tile of each
     (batch, KV head)) and of the dQ kernel's (one per 64-query tile of each (batch, query head); dq in
     q's dtype and strides), sharing one plan (``attention_bwd_gluon.launch_plan``: grid, launch order,
@@ -525,17 +570,26 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
 
     def strides(t):  # varlen: batch stride 0 (its programs' b is the sequence; the tensors have one row)
         return (0 if seq == SEQ_VARLEN else t.stride(0), t.stride(1), t.stride(2))
+    # one pass (``dq_acc``): the float32 dQ buffer's descriptor, else None (a constexpr: not in the PTX)
+    dq_desc = None if dq_acc is None else tma_descriptor(dq_acc, [1, 1, m, 64])
+    fused = {} if dq_acc is None else dict(FUSED_DQ=True)
     dkdv = (plan["grid"], (*descriptors, dk, dv, *strides(dk), *strides(dv), Hq, k.shape[1], Nq, k.shape[2],
-                           *plan["order"], *scalars), dict(constexprs, **dv_cols, num_warps=4))
-    dq_launch = (dq_grid, (*descriptors, dq, *strides(dq), Hq, Nq, k.shape[2], *scalars),
-                 dict(constexprs, STAGES=DQ_STAGES, num_warps=4))
+                           *plan["order"], *scalars, dq_desc), dict(constexprs, **dv_cols, **fused, num_warps=4))
+    dq_launch = None  # one pass (``dq_acc``): no dQ kernel
+    if dq_acc is None:
+        dq_launch = (dq_grid, (*descriptors, dq, *strides(dq), Hq, Nq, k.shape[2], *scalars),
+                     dict(constexprs, STAGES=DQ_STAGES, num_warps=4))
     return dkdv, dq_launch
 
 
-def run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant, row_starts=None):
+def run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant, row_starts=None,
+        dq_acc=None):
     """The d 256 backward's two launches (``attention_bwd_gluon._backward`` prepared the row
-    statistics and the gradients' tensors)."""
-    (grid, args, kwargs), (dq_grid, dq_args, dq_kwargs) = launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad,
-                                                                   scale, causal, cfg, variant, row_starts)
+    statistics and the gradients' tensors), or with ``dq_acc`` (``one_pass``) the dK/dV kernel's
+    alone, reduce-adding dQ·scale into that zeroed float32 buffer."""
+    (grid, args, kwargs), dq_launch = launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
+                                               variant, row_starts, dq_acc)
     _attn_bwd_gluon_wide_launcher[grid](*args, **kwargs)
-    _attn_bwd_gluon_wide_dq_launcher[dq_grid](*dq_args, **dq_kwargs)
+    if dq_launch is not None:
+        dq_grid, dq_args, dq_kwargs = dq_launch
+        _attn_bwd_gluon_wide_dq_launcher[dq_grid](*dq_args, **dq_kwargs)
