@@ -522,8 +522,8 @@ DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, tw
 
 def one_pass(value_dim: int, variant, causal: bool) -> bool:
     """Whether the dK/dV kernel also reduce-adds dQ (``FUSED_DQ``; no dQ kernel): plain causal calls
-    over dense batches whose V (v's head dim ``value_dim``) runs at most 128 wide (MLA's 192 / 128: the float32 staging then fits
-    beside the ring). There it measured 1.08–1.09 × the two kernels; non-causal 0.97–0.99 ×, so those
+    over dense batches whose V (v's head dim ``value_dim``) runs at most 128 wide (MLA's 192 / 128:
+    the float32 staging then fits beside the ring). There it measured 1.08–1.09 × the two kernels; non-causal 0.97–0.99 ×, so those
     keep the pair (H200, ``bench_ab-20261130-0744.json``). Options (softcap, ALiBi, windows, sinks)
     keep the pair too: the one pass has not run with them on a GPU."""
     from .attention_bwd_gluon import _is_plain, wide_value_width
