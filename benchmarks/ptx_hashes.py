@@ -168,6 +168,7 @@ def gluon_bwd(opts, causal=True, d=128):
     import flashattn_lite.ops.attention_bwd_gluon as g
     opts = dict(opts)
     seq, config, dv = opts.pop("seq", None), opts.pop("config", None), opts.pop("dv", None)
+    one_pass = opts.pop("one_pass", False)  # the wide dK/dV kernel reducing dQ too (``FUSED_DQ``)
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
     rows = torch.zeros(B * H, 1024)
     if seq == "varlen":
@@ -189,6 +190,10 @@ def gluon_bwd(opts, causal=True, d=128):
         cfg = next(c for c in g.CONFIGS[kd] if c.name == config or (config == "dq" and not c.fused_dq))
     if getattr(cfg, "split_d", False):  # head dim 256: the wide kernels
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
+        if one_pass:
+            dkdv, _ = w.launches(q, kv, v, do, None, kv, v, rows, rows, 0.088, causal, cfg._replace(fused_dq=True),
+                                 variant, dq_acc=torch.zeros(B, H, N, kd))
+            return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
         dkdv, dq = w.launches(q, kv, v, do, q, kv, v, rows, rows, 0.088, causal, cfg, variant,
                               torch.zeros(4, dtype=torch.int32))
         if config == "dq":
@@ -368,6 +373,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("bwd dq convert d96", bwd_rows, dict(d=96, kernel="dq convert")),
          ("gluon bwd d192 dv128", gluon_bwd, dict(d=192, dv=128)),
          ("gluon bwd d192 dv128 dq", gluon_bwd, dict(d=192, dv=128, config="dq")),
+         ("gluon bwd d192 dv128 one pass", gluon_bwd, dict(d=192, dv=128, one_pass=True)),
          ("gluon bwd d192 dv64", gluon_bwd, dict(d=192, dv=64)),
          ("gluon bwd d192 dv128 varlen window+all", gluon_bwd, dict(d=192, dv=128, seq="varlen", left=300,
                                                                     softcap=30.0, alibi=True, sinks=True)),

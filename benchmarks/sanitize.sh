@@ -165,6 +165,7 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         dense(192, False)
         packed(192, True, alibi_slopes=slopes, softcap=20.0)  # the backward's wide kernels, padded
         dense(192, True, dv=128, **every)  # v's head dim not q's (MLA): every box 256 wide, stores to each width
+        dense(192, True, dv=128)  # plain causal MLA: the wide backward in one pass (dQ reduce-added)
         packed(128, False, dv=64, alibi_slopes=slopes)
         packed(64, True, dv=128, deterministic=True)
     print("Hopper dispatch launched:", ", ".join(sorted({launch.kernel for launch in launches})))

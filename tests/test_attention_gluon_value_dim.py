@@ -188,6 +188,8 @@ def test_one_pass_wide_backward_launches_only_the_dkdv_kernel():
                     Variant(sinks=torch.zeros(4))):
         assert not wide.one_pass(128, variant, True), variant
     assert "one pass" in gluon_bwd.path_note(PLAIN, 192, causal=True, value_dim=128)
+    assert "one pass" in gluon_bwd.path_note(PLAIN, 256, causal=True, value_dim=128)  # (no padding to name)
+    assert gluon_bwd.path_note(PLAIN, 256, causal=True) == gluon_bwd.PATH_NOTE  # v at 256: the pair
     assert "dQ kernels" in gluon_bwd.path_note(PLAIN, 192, causal=False, value_dim=128)
     assert "dQ kernels" in gluon_bwd.path_note(PLAIN, 192, deterministic=True, causal=True, value_dim=128)
     rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))

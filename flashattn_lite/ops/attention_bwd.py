@@ -22,7 +22,8 @@ No atomics: each output element is written by exactly one program, so gradients 
 bit-identical from run to run. (``attention_backward`` hands large fp16/bf16 calls on sm_90, plain
 or with a window, softcap, ALiBi or sinks, over a dense, ranges or varlen batch, to the Gluon
 backward, ``attention_bwd_gluon``, whose dq at d ≤ 128 is not bit-reproducible unless
-``torch.use_deterministic_algorithms(True)`` (at d 256 it has one writer per element); plain ones
+``torch.use_deterministic_algorithms(True)`` (at d 256 it has one writer per element, but in plain
+causal calls with v at most 128 wide, MLA's, whose dq is reduce-added in one pass); plain ones
 otherwise to the TMA pair,
 ``attention_bwd_hopper``.)
 """

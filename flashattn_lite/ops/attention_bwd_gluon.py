@@ -3,7 +3,8 @@ FlashAttention-3's backward.
 
 Same contract as ``attention_backward_hopper`` (ops/attention_bwd_hopper.py): plain attention,
 causal (bottom-right, offset Nk − Nq) or not, GQA, fp16/bf16, D = Dv ∈ {64, 128} (and 256 over a
-dense batch: ``attention_bwd_gluon_wide``'s two kernels, launched from here); returns (dq, dk,
+dense batch: ``attention_bwd_gluon_wide``'s two kernels, or its dK/dV kernel alone for plain causal
+calls with v at most 128 wide, launched from here); returns (dq, dk,
 dv), ``torch.empty_like`` of q, k, v (their strides) in the inputs' dtype, dk/dv summed over each
 GQA group. Also the Gluon forward's options (a ``variant``: a sliding window, softcap, ALiBi slopes,
 sinks; a dense batch), as the constexprs ``HAS_LEFT``, ``HAS_RIGHT``, ``SOFTCAP``, ``ALIBI``,
@@ -165,7 +166,8 @@ class Config(NamedTuple):
     loader gets ``LOADER_REGS``). ``split_d``: the head dim 256 kernels
     (``attention_bwd_gluon_wide``), whose consumers share one tile of 64 keys, each computing the
     scores of half the query rows and dK, dV's columns of half the head dim (one P/dS set:
-    ``ds_bufs`` 1), dq by their own dQ kernel (``fused_dq`` False)."""
+    ``ds_bufs`` 1), dq by their own dQ kernel (``fused_dq`` False; the default's plain causal calls
+    with v at most 128 wide switch it on: ``attention_bwd_gluon_wide.one_pass``)."""
     consumers: int
     block_m: int
     stages: int
@@ -979,7 +981,7 @@ def supported(q, k, v, do, **options) -> str | None:
     for, and the Triton TMA backward's rules at this kernel's head dims (``attention_bwd_hopper.supported``:
     CUDA sm_90, shapes, fp16/bf16, the head dims ``kernel_head_dim`` covers (v's may differ from q's),
     TMA alignment of q, k, v and do, the other options); at a kernel width of 256 its own two kernels
-    (``attention_bwd_gluon_wide``), every layout. Not taken: non-causal ALiBi on the D ≤ 128 kernel
+    (``attention_bwd_gluon_wide``; one of them in one pass where ``one_pass``), every layout. Not taken: non-causal ALiBi on the D ≤ 128 kernel
     over dense or padded batches past ``EXACT_ROWS`` rows."""
     options = dict(options)
     variant = options.pop("variant", None)
@@ -1038,18 +1040,20 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
               causal: bool = False, value_dim: int | None = None) -> str:
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
     the Hopper forward's words for the options with this kernel's name (at head dim 256, and 136–248
-    run padded to it, its dK/dV and dQ kernels; under ``deterministic``, its dK/dV with the
+    run padded to it, its dK/dV and dQ kernels, or the dK/dV kernel alone (``one_pass``); under
+    ``deterministic``, its dK/dV with the
     one-writer dQ kernel ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``;
     ``value_dim``: v's where it is not q's), that said too."""
+    from .attention_bwd_gluon_wide import one_pass
     padded = kernel_head_dim(head_dim, value_dim)
     padded_value = wide_value_width(value_dim) if value_dim is not None and padded == 256 else None
     pad = padding_note(head_dim, value_dim, padded, padded_value)
-    if (variant is None or variant is PLAIN) and not pad:
+    one = padded == 256 and not deterministic and one_pass(value_dim or head_dim, variant, causal)
+    if (variant is None or variant is PLAIN) and not pad and not one:
         return PATH_NOTE
     variant = PLAIN if variant is None else variant
     from .attention_fwd_hopper import path_note as hopper_note
-    from .attention_bwd_gluon_wide import one_pass
-    if padded == 256 and not deterministic and one_pass(value_dim or head_dim, variant, causal):
+    if one:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV kernel (dQ by TMA reduce-add, one pass)"
     elif padded == 256:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
@@ -1231,7 +1235,8 @@ def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     """The kernel's shared memory, barriers aside (the offline compile's figure less ~0.5 KB): the K
     and V boxes, the ring of Q, dO, lse₂, δ slots and, with ``fused_dq``, the dS sets and one fp32
     dQ staging buffer per consumer. ``split_d``: the dK/dV kernel's (one K and one V box, the ring,
-    the P and dS buffers; its dQ kernel takes less)."""
+    the P and dS buffers; its dQ kernel takes less; in one pass, 32 KB of staging more, which fits
+    only where V is at most 128 wide: ``attention_bwd_gluon_wide.one_pass``)."""
     m, d, c = cfg.block_m, head_dim, cfg.consumers
     if cfg.split_d:
         return 2 * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4) + 2 * m * 64 * itemsize

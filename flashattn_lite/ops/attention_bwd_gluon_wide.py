@@ -38,8 +38,8 @@ the pair (non-causal 0.97–0.99 ×, so those calls keep the pair; ``benchmarks/
 Seven GEMMs a (key tile, query tile) pair instead of the fused five, and no float32 reduce-adds:
 with dQ fused (the first form, measured in ``benchmarks/NOTES.md``, 2026-11-29), a 64-key tile
 reduce-adds 64 KB of dQ a step, half the FLOPs per reduced byte of D 128's 128-key tiles, and the
-L2's reduction rate bound the kernel at 0.7–0.77 × cuDNN; the pair measured 0.99–1.12 × cuDNN. Each
-gradient element has one writer, so the result is bit-reproducible: deterministic mode
+L2's reduction rate bound the kernel at 0.7–0.77 × cuDNN; the pair measured 0.99–1.12 × cuDNN. In the
+pair each gradient element has one writer, so the result is bit-reproducible: deterministic mode
 (``torch.use_deterministic_algorithms``) keeps this path (and never takes the one pass).
 
 Covers what ``attention_bwd_gluon.supported`` allows at D 256: causal (bottom-right) or not, GQA
@@ -523,9 +523,11 @@ DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, tw
 def one_pass(value_dim: int, variant, causal: bool) -> bool:
     """Whether the dK/dV kernel also reduce-adds dQ (``FUSED_DQ``; no dQ kernel): plain causal calls
     over dense batches whose V (v's head dim ``value_dim``) runs at most 128 wide (MLA's 192 / 128:
-    the float32 staging then fits beside the ring). There it measured 1.08–1.09 × the two kernels; non-causal 0.97–0.99 ×, so those
-    keep the pair (H200, ``bench_ab-20261130-0744.json``). Options (softcap, ALiBi, windows, sinks)
-    keep the pair too: the one pass has not run with them on a GPU."""
+    the float32 staging then fits beside the ring). There it measured 1.08–1.09 × the two kernels,
+    non-causal 0.97–0.99 ×, so those keep the pair (H200, ``bench_ab-20261130-0744.json``). Options
+    (softcap, ALiBi, windows, sinks) keep the pair too: the one pass has not run with them on a GPU.
+    An explicit ``config`` (``attention_backward_gluon``) takes the pair: the one pass is the
+    default's choice."""
     from .attention_bwd_gluon import _is_plain, wide_value_width
     return causal and _is_plain(variant, causal) and wide_value_width(value_dim) <= 128
 
