@@ -981,8 +981,9 @@ def supported(q, k, v, do, **options) -> str | None:
     for, and the Triton TMA backward's rules at this kernel's head dims (``attention_bwd_hopper.supported``:
     CUDA sm_90, shapes, fp16/bf16, the head dims ``kernel_head_dim`` covers (v's may differ from q's),
     TMA alignment of q, k, v and do, the other options); at a kernel width of 256 its own two kernels
-    (``attention_bwd_gluon_wide``; one of them in one pass where ``one_pass``), every layout. Not taken: non-causal ALiBi on the D ≤ 128 kernel
-    over dense or padded batches past ``EXACT_ROWS`` rows."""
+    (``attention_bwd_gluon_wide``; the dK/dV one alone, in one pass, where ``one_pass``), every layout.
+    Not taken: non-causal ALiBi on the D ≤ 128 kernel over dense or padded batches past ``EXACT_ROWS``
+    rows."""
     options = dict(options)
     variant = options.pop("variant", None)
     reason = _variant_reason(variant)
