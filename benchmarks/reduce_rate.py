@@ -11,7 +11,10 @@ in 64-column TMA boxes (``_tma_reduce_add``, as the Gluon backward does). Walks:
 * ``rotated``: i = j, j + 1, …, wrapping (the same rows, spread);
 * ``causal``: i = j, …, n − 1 (the causal band's rows; half the blocks);
 * ``paired``: the causal band, a program taking key tiles j and n − 1 − j in turn, so that every
-  program's units are the same length (n + 1 steps) and the programs stay in step.
+  program's units are the same length (n + 1 steps) and the programs stay in step;
+* ``grid-rotated``, ``grid-causal``: those walks as the Gluon backward's head dim 256 kernels launch
+  them, one program a unit (a key tile), in unit order (head-major; causal, the heaviest tile of a
+  head first), each program holding ~200 KB of shared memory so that one runs an SM at a time.
 
 ``--wait`` waits for each step's reduces before the next (one staging buffer, as the kernels
 have); without it the TMA unit queues them. No GPU work but the reduces, so the rates are ceilings.
@@ -32,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite.ops.attention_bwd_gluon import _HAS_GLUON  # noqa: E402
 
-WALKS = {"lockstep": 0, "rotated": 1, "causal": 2, "paired": 3}
+WALKS = {"lockstep": 0, "rotated": 1, "causal": 2, "paired": 3, "grid-rotated": 1, "grid-causal": 2}
 
 if _HAS_GLUON:
     from triton.experimental import gluon
@@ -59,15 +62,23 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _reduce_kernel(dq_desc, H, n_tiles, n_units, WALK: gl.constexpr, BOXES: gl.constexpr,
-                       WAIT: gl.constexpr):
+                       WAIT: gl.constexpr, GRID: gl.constexpr = False):
         """Program p takes units p, p + P, … (unit u: key tile u % n_tiles of (batch, head)
         u // n_tiles; ``paired``: key tiles u % (n / 2) and its mirror) and reduce-adds a block of
         ones at each query tile of the unit's walk."""
         layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0])
         src = gl.allocate_shared_memory(gl.float32, [1, 1, 64, 64], dq_desc.layout)
         src.store(gl.full([1, 1, 64, 64], 1.0, gl.float32, layout))
+        if GRID:  # one unit a program; the filler keeps one program an SM, as the kernels' 198 KB do
+            filler = gl.allocate_shared_memory(gl.float32, [12, 64, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+            filler.index(0).store(gl.full([64, 64], 0.0, gl.float32, gl.BlockedLayout([1, 4], [2, 16], [4, 1],
+                                                                                           [1, 0])))
         fence_async_shared()
-        if WALK == 3:
+        if GRID:
+            u = gl.program_id(0)
+            bh = u // n_tiles
+            _reduce_walk(dq_desc, src, bh // H, bh % H, u % n_tiles, n_tiles, WALK, BOXES, WAIT)
+        elif WALK == 3:
             half = n_tiles // 2
             for u in range(gl.program_id(0), n_units // 2, gl.num_programs(0)):
                 bh = u // half
@@ -88,13 +99,14 @@ def run(buf, walk: str, wait: bool, programs: int) -> None:
     B, H, N, W = buf.shape
     desc = tma_descriptor(buf, [1, 1, 64, 64])
     n_tiles = N // 64
-    _reduce_kernel[(programs,)](desc, H, n_tiles, B * H * n_tiles, WALK=WALKS[walk], BOXES=W // 64,
-                                WAIT=wait, num_warps=4)
+    grid = walk.startswith("grid")
+    _reduce_kernel[(B * H * n_tiles if grid else programs,)](desc, H, n_tiles, B * H * n_tiles, WALK=WALKS[walk],
+                                                             BOXES=W // 64, WAIT=wait, GRID=grid, num_warps=4)
 
 
 def blocks(walk: str, B: int, H: int, n_tiles: int) -> int:
     """The 64-row blocks a launch reduce-adds (every box of one counted as one block)."""
-    per_head = n_tiles * (n_tiles + 1) // 2 if walk in ("causal", "paired") else n_tiles * n_tiles
+    per_head = n_tiles * (n_tiles + 1) // 2 if walk in ("causal", "paired", "grid-causal") else n_tiles * n_tiles
     return B * H * per_head
 
 
