@@ -197,6 +197,23 @@ def test_lse_gradient_of_nearly_equal_parts_is_not_the_outputs_rounding(dtype, s
         assert (got.double() - want).norm() <= 1e-4 * want.norm()
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["pair", "stacked"])
+def test_gradient_through_the_lse_alone(stacked):
+    """Only the merged lse reaches the loss (o unused: autograd passes no dO): d lse_s is the parts'
+    softmax weight times dlse, d o_s is zero; the backward no longer keeps the merged o for its shape."""
+    g = torch.Generator().manual_seed(13)
+    o_a, o_b = (torch.randn(2, 3, 5, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    lse_a, lse_b = (torch.randn(2, 3, 5, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    dlse = torch.randn(2, 3, 5, generator=g).to(DEVICE)
+    _, lse = (merge_attention_states_stacked([o_a, o_b], [lse_a, lse_b]) if stacked
+              else merge_attention_states(o_a, lse_a, o_b, lse_b))
+    d_oa, d_la, d_ob, d_lb = torch.autograd.grad(lse, (o_a, lse_a, o_b, lse_b), dlse)
+    w = torch.softmax(torch.stack([lse_a, lse_b]).detach().double(), 0)
+    assert not d_oa.any() and not d_ob.any()
+    torch.testing.assert_close(d_la.double(), w[0] * dlse.double(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(d_lb.double(), w[1] * dlse.double(), atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_cpu_twin_matches_reference(torch_cpu_path, dtype):
     case = CPU_CASES[1]

@@ -220,12 +220,13 @@ def merge_pair_into(o: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor, lse_b
 
 # ------------------------------------------------------------------ autograd
 
-def _merge_backward(o_parts, lse_parts, o, lse, do, dlse):
-    """Closed-form gradients of the stacked merge. Shapes as in the forward, S first."""
+def _merge_backward(o_parts, lse_parts, lse, do, dlse):
+    """Closed-form gradients of the stacked merge. Shapes as in the forward, S first. The merged
+    output is not needed (it is formed again in float32 below), so the forward does not save it."""
     finite = torch.isfinite(lse)
     lse_ref = torch.where(finite, lse, torch.zeros_like(lse))
     w = torch.where(finite & torch.isfinite(lse_parts), torch.exp(lse_parts - lse_ref), torch.zeros_like(lse_parts))
-    do = do.float() if do is not None else torch.zeros_like(o, dtype=torch.float32)
+    do = do.float() if do is not None else torch.zeros(o_parts.shape[1:], dtype=torch.float32, device=o_parts.device)
     parts = _empty_to_zero(o_parts, lse_parts).float()
     # ⟨dO, O_s − O⟩ cancels where one part dominates: against the returned O, rounded to 16 bits, that
     # rounding would be most of it, so O is formed again here in float32 (the forward's sum, unrounded).
@@ -246,13 +247,13 @@ class _MergePairFn(torch.autograd.Function):
         else:
             o, lse = merge_states_torch(_empty_to_zero(o_a, lse_a), lse_a, _empty_to_zero(o_b, lse_b), lse_b)
             o = o.to(o_a.dtype)
-        ctx.save_for_backward(o_a, lse_a, o_b, lse_b, o, lse)
+        ctx.save_for_backward(o_a, lse_a, o_b, lse_b, lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        o_a, lse_a, o_b, lse_b, o, lse = ctx.saved_tensors
-        d_o, d_lse = _merge_backward(torch.stack([o_a, o_b]), torch.stack([lse_a, lse_b]), o, lse, do, dlse)
+        o_a, lse_a, o_b, lse_b, lse = ctx.saved_tensors
+        d_o, d_lse = _merge_backward(torch.stack([o_a, o_b]), torch.stack([lse_a, lse_b]), lse, do, dlse)
         return d_o[0], d_lse[0], d_o[1], d_lse[1]
 
 
@@ -266,13 +267,13 @@ class _MergeStackedFn(torch.autograd.Function):
         else:
             o, lse = merge_stacked_torch(o_parts, lse_parts)
             o = o.to(o_parts.dtype)
-        ctx.save_for_backward(o_parts, lse_parts, o, lse)
+        ctx.save_for_backward(o_parts, lse_parts, lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        o_parts, lse_parts, o, lse = ctx.saved_tensors
-        return _merge_backward(o_parts, lse_parts, o, lse, do, dlse)
+        o_parts, lse_parts, lse = ctx.saved_tensors
+        return _merge_backward(o_parts, lse_parts, lse, do, dlse)
 
 
 # ------------------------------------------------------------------ validation and public API
