@@ -51,6 +51,8 @@ def test_help_exits_zero_and_explains(argv, capsys):
     (["memory", "--min-n", "4k", "--max-n", "1k"], "--min-n"),
     (["memory", "--dtype", "int8"], "dtype"),
     (["memory", "--modes", "bwd"], "--modes"),
+    (["memory", "--value-dim", "0"], "--value-dim must be an integer in [1, 256], got 0"),
+    (["memory", "--value-dim", "257"], "--value-dim must be an integer in [1, 256], got 257"),
     (["speed", "--modes", "sideways"], "--modes"),
     (["speed", "--hidden", "100", "--head-dims", "64"], "--hidden"),
     (["speed", "--value-dim", "0"], "--value-dim"),
@@ -198,6 +200,79 @@ def test_speed_with_a_value_dim_counts_its_flops(tmp_path, capsys, torch_cpu_pat
         assert r["status"] == "ok" and r["value_dim"] == 8, r["note"]
         width = 3 * 16 + 2 * 8 if r["mode"] == "bwd" else 16 + 8  # the backward's five GEMMs, three at D
         assert r["flops"] == 2 * r["batch"] * r["heads"] * r["N"] ** 2 * width / 2
+
+
+def test_memory_with_a_value_dim_counts_o_at_its_width(tmp_path, capsys, torch_cpu_path):
+    # v's head dim other than q's: v, o and dO are that wide. Ours' theory on CPU (the PyTorch twin)
+    # grows by B·Hq·N·(Dv − D) float32s twice: forward o and its float32 accumulator, forward+backward
+    # o and dv; here 1·2·128·16·4 bytes each, 32 KiB in all.
+    argv = TINY_MEMORY + ["--methods", "ours", "--max-n", "128", "--no-plot"]
+    theory = {}
+    for value_dim in (None, 32):
+        out_dir = tmp_path / str(value_dim)
+        extra = [] if value_dim is None else ["--value-dim", str(value_dim)]
+        status, out, err = run_cli(argv + extra + ["--out", str(out_dir)], capsys)
+        assert status == 0, err
+        data = json.loads(one(out_dir, "memory-*.json").read_text())
+        assert data["problem"]["value_dim"] == value_dim
+        rows = data["results"]
+        assert [r["mode"] for r in rows] == ["fwd", "fwd+bwd"]
+        for r in rows:
+            assert r["status"] == "ok", r["note"]
+            assert r.get("value_dim") == value_dim and ("value_dim" in r) == (value_dim is not None)
+        theory[value_dim] = {r["mode"]: r["theory_mib"] for r in rows}
+        assert ("d=16 dv=32 fp32" in out) == (value_dim is not None)
+    for mode in ("fwd", "fwd+bwd"):
+        assert theory[32][mode] - theory[None][mode] == pytest.approx(2 * 1 * 2 * 128 * 16 * 4 / 2 ** 20)
+    from flashattn_lite.bench.peers import Problem
+    title = memory._title(Problem(1, 2, 2, 128, 16, torch.float32, False, "cpu", 32), "cpu")
+    assert "d=16, dv=32, fp32" in title and "dv=" not in memory._title(Problem(1, 2, 2, 128, 16, torch.float32,
+                                                                                  False, "cpu"), "cpu")
+
+
+def test_theory_counts_o_and_repeated_kv_at_vs_head_dim():
+    # q (2, 4, 8, 16), k (2, 2, 8, 16), v (2, 2, 8, 8), fp16: o is (2, 4, 8, 8), 2·4·8·8·2 = 1024
+    # bytes; K and V repeated to 4 heads, 2·4·8·16·2 + 2·4·8·8·2 = 2048 + 1024 bytes.
+    from flashattn_lite.bench import peers
+    p = peers.Problem(2, 4, 2, 8, 16, torch.float16, False, "cpu", value_dim=8)
+    assert peers._out(p) == 1024
+    assert peers._repeat_bytes(p, "repeat_kv") == 3072
+    assert peers._repeat_bytes(p, "enable_gqa") == 0
+    assert peers._repeat_bytes(peers.Problem(2, 4, 4, 8, 16, torch.float16, False, "cpu", 8), "repeat_kv") == 0
+    # v wider than q: o (2, 4, 8, 40) is 5120 bytes, K and V repeated 2048 + 5120
+    wide = peers.Problem(2, 4, 2, 8, 16, torch.float16, False, "cpu", value_dim=40)
+    assert peers._out(wide) == 5120 and peers._repeat_bytes(wide, "repeat_kv") == 7168
+    # SDPA flash's forward with repeated K/V: o + lse (2·4·8 float32s, 256 bytes) + the copies
+    assert peers.PEERS["sdpa-flash"].theory_bytes(p, "fwd", "repeat_kv") == 1024 + 256 + 3072
+
+
+def test_gluon_dq_buffer_has_the_kernels_width(monkeypatch):
+    # The Gluon backward's float32 dQ buffer, as if on an sm_90 GPU with the Gluon triton: the kernel's
+    # width (kernel_head_dim), not q's head dim; at width 256 only in the one pass (plain causal, v at
+    # most 128 wide), else δ and lse₂ alone. B 1, Hq = Hkv = 16, bf16; δ and lse₂: 2·N·4 bytes a head.
+    from flashattn_lite.bench import peers
+    from flashattn_lite.ops import attention_bwd_gluon as gluon
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(gluon, "_HAS_GLUON", True)
+    monkeypatch.setattr(peers, "_triton_version", lambda: gluon.TESTED_TRITON[0] + "0")
+    monkeypatch.delenv("FLASHATTN_LITE_HOPPER", raising=False)
+    MiB = 2 ** 20
+
+    def dq_bytes(n, d, dv=None, causal=True, dtype=torch.bfloat16):
+        return peers._gluon_dq_bytes(peers.Problem(1, 16, 16, n, d, dtype, causal, "cuda", dv))
+
+    # d 64, v 128: the d 128 kernel, 16 heads · 16k rows · 128 columns · 4 bytes (not 64 columns)
+    assert dq_bytes(16384, 64, 128) == 128 * MiB + 2 * MiB
+    assert dq_bytes(16384, 128) == 128 * MiB + 2 * MiB
+    # MLA 192 / 128, causal: the one pass at 256 columns; at 32k in launches of 8 heads (256 MiB)
+    assert dq_bytes(16384, 192, 128) == 256 * MiB + 2 * MiB
+    assert dq_bytes(32768, 192, 128) == 8 * (32768 * 256 * 4 + 2 * 32768 * 4)
+    # non-causal, or v 256 wide: the two kernels, no dQ buffer, one launch of all 16 heads
+    assert dq_bytes(32768, 192, 128, causal=False) == 16 * 2 * 32768 * 4
+    assert dq_bytes(16384, 256) == 16 * 2 * 16384 * 4
+    # not taken: a v width no kernel covers, fp32, too little work, 2³¹ elements in q (16 · 1M · 128)
+    assert dq_bytes(16384, 64, 20) == 0 and dq_bytes(16384, 64, 128, dtype=torch.float32) == 0
+    assert dq_bytes(1024, 64, 128) == 0 and dq_bytes(2 ** 20, 128) == 0
 
 
 def test_standing_counts_the_points_at_or_above_a_peer():

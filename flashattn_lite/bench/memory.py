@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, help="batch size B")
     g.add_argument("--heads", type=int, help="query heads Hq")
     g.add_argument("--head-dim", type=int, help="head dimension d")
+    g.add_argument("--value-dim", type=int, metavar="DV",
+                   help="v's head dimension where it is not q's and k's (e.g. 128 with --head-dim 192: MLA); "
+                        "v, o, dO and dV are that wide, in the inputs and in the theory")
     g.add_argument("--dtype", help="fp16, bf16 or fp32")
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False,
                    help="causal attention (default: off)")
@@ -101,6 +104,9 @@ def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
             raise common.BenchArgumentError(f"--{k.replace('_', '-')} must be positive, got {val[k]}")
     if not 1 <= val["head_dim"] <= 256:
         raise common.BenchArgumentError(f"--head-dim must be in [1, 256], got {val['head_dim']}")
+    value_dim = getattr(args, "value_dim", None)  # (callers building their own args may leave it out)
+    if value_dim is not None and not 1 <= value_dim <= 256:
+        raise common.BenchArgumentError(f"--value-dim must be an integer in [1, 256], got {value_dim}")
     if args.gqa <= 0 or val["heads"] % args.gqa:
         raise common.BenchArgumentError(f"--gqa {args.gqa} must divide --heads {val['heads']}")
     if not args.max_point_seconds >= 0:  # NaN fails too
@@ -115,7 +121,7 @@ def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
     except ValueError as e:
         raise common.BenchArgumentError(str(e)) from None
     problem = Problem(val["batch"], val["heads"], val["heads"] // args.gqa, val["min_n"], val["head_dim"], dtype,
-                      bool(args.causal), device)
+                      bool(args.causal), device, value_dim)
     return problem, methods, modes, common.doubling(val["min_n"], val["max_n"]), device
 
 
@@ -345,7 +351,7 @@ def run(args) -> list[dict]:
 
     p = problem0
     meta = dict(problem=dict(batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
-                             dtype=dtype_name(p.dtype), causal=p.causal, device=device),
+                             value_dim=p.value_dim, dtype=dtype_name(p.dtype), causal=p.causal, device=device),
                 lengths=lengths, methods=methods, modes=modes,
                 peers={n: {"summary": PEERS[n].summary, "memory_formula": PEERS[n].memory_formula} for n in methods},
                 flex_compile=getattr(args, "flex_compile", "dynamic"))
@@ -413,6 +419,7 @@ def _row(peer, problem: Problem, mode: str, way: str, result: dict, device: str)
     theory = peer.theory_bytes(problem, mode, way or "native")
     peak = result.get("peak_bytes")
     ms = result.get("time_ms")
+    value_dim = {"value_dim": problem.value_dim} if problem.value_dim is not None else {}
     return {
         "method": peer.name,
         "label": peer.label,
@@ -422,6 +429,7 @@ def _row(peer, problem: Problem, mode: str, way: str, result: dict, device: str)
         "heads": problem.heads,
         "kv_heads": problem.kv_heads,
         "head_dim": problem.head_dim,
+        **value_dim,
         "dtype": dtype_name(problem.dtype),
         "causal": problem.causal,
         "gqa": (way or "-") if problem.group > 1 else "-",
@@ -462,7 +470,8 @@ def _report(writer, problem0, device, args, fatal) -> None:
     cols = ["method", "mode", "N", "status", "peak_mib", "theory_mib", "peak_over_theory", "time_ms", "tflops", "gqa",
             "note"]
     p = problem0
-    print(f"\nPeak memory above inputs, {device}: B={p.batch} Hq={p.heads} Hkv={p.kv_heads} d={p.head_dim} "
+    dv = f" dv={p.value_dim}" if p.value_dim is not None else ""
+    print(f"\nPeak memory above inputs, {device}: B={p.batch} Hq={p.heads} Hkv={p.kv_heads} d={p.head_dim}{dv} "
           f"{dtype_name(p.dtype)} causal={p.causal}  ({rows[0]['measure'] if rows else ''})")
     print(common.format_table(table_rows, cols))
     comp = comparison(rows)
@@ -485,7 +494,8 @@ def _report(writer, problem0, device, args, fatal) -> None:
 
 def _title(p: Problem, device: str) -> str:
     where = common.environment().get("gpu") or "CPU"
-    return (f"Peak memory above inputs — B={p.batch}, Hq={p.heads}, Hkv={p.kv_heads}, d={p.head_dim}, "
+    dv = f", dv={p.value_dim}" if p.value_dim is not None else ""
+    return (f"Peak memory above inputs — B={p.batch}, Hq={p.heads}, Hkv={p.kv_heads}, d={p.head_dim}{dv}, "
             f"{dtype_name(p.dtype)}, {'causal' if p.causal else 'non-causal'} ({where})")
 
 

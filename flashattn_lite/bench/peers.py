@@ -248,12 +248,16 @@ def _grads(p: Problem) -> int:
 
 
 def _out(p: Problem) -> int:
-    return p.q_bytes  # o has q's shape and dtype (Dv = D here)
+    """o: (B, Hq, N, Dv) in q's dtype, q's bytes at v's head dim."""
+    return p.q_bytes * p.dv // p.head_dim
 
 
 def _repeat_bytes(p: Problem, way: str) -> int:
-    """Repeated K/V (and, with a backward, their gradients before the group sum)."""
-    return 0 if way != "repeat_kv" or p.group == 1 else 2 * p.batch * p.heads * p.seqlen * p.head_dim * p.elem
+    """Repeated K (D wide) and V (Dv wide) at Hq heads (and, with a backward, their gradients before
+    the group sum)."""
+    if way != "repeat_kv" or p.group == 1:
+        return 0
+    return p.batch * p.heads * p.seqlen * (p.head_dim + p.dv) * p.elem
 
 
 def _flash_like_theory(fwd_extra: Callable[[Problem], int], bwd_extra: Callable[[Problem], int]):
@@ -297,7 +301,7 @@ def _ours_theory(p: Problem, mode: str, way: str) -> int:
         # accumulator and float32 copies (and gradients) of lower-precision inputs.
         from ..ops.attention_cpu import CPU_CHUNK as c
         chunk = p.batch * p.heads * p.seqlen * min(c, p.seqlen) * 4
-        acc = p.batch * p.heads * p.seqlen * p.head_dim * 4
+        acc = p.batch * p.heads * p.seqlen * p.dv * 4  # o's float32 accumulator: v's head dim
         up = (p.q_bytes + p.kv_bytes) * 4 // p.elem if p.elem != 4 else 0
         if mode == "fwd":
             return _out(p) + p.row_stats_bytes + acc + 4 * chunk + up
@@ -308,18 +312,32 @@ def _ours_theory(p: Problem, mode: str, way: str) -> int:
 def _gluon_dq_bytes(p: Problem) -> int:
     """What the Gluon backward adds where a large plain call on sm_90 takes it: the float32 dQ it
     reduce-adds into (as FlashAttention's backwards keep) and δ, lse₂ padded to 128-row tiles, for
-    its largest launch (long calls run in chunks of rows and KV heads: ``dq_buffer_chunks``)."""
+    its largest launch (calls with that buffer run in chunks of rows and KV heads past
+    ``DQ_BUFFER_BYTES``: ``dq_buffer_chunks``). It runs every head dim pair that ``kernel_head_dim``
+    maps to a kernel width (v's may differ from q's), and its dQ buffer has that width. At width 256
+    only a one-pass call (``attention_bwd_gluon_wide.one_pass``: plain causal, v padding to at most
+    128) has the buffer; the others run a dK/dV and a dQ kernel, in one launch, and have δ, lse₂ only.
+    Under deterministic algorithms (no buffer: a one-writer dQ kernel) it counts 0."""
     from ..ops import attention_bwd_gluon as gluon
     from ..ops import attention_fwd_hopper as hopper
+    width = gluon.kernel_head_dim(p.head_dim, p.value_dim)
+    elements = p.batch * p.heads * p.seqlen * max(p.head_dim, p.dv)  # q's or o's (dO's), the larger
     takes = (p.device == "cuda" and torch.cuda.get_device_capability() == (9, 0) and gluon._HAS_GLUON
              and hopper.enabled() and _triton_version().startswith(gluon.TESTED_TRITON)
              and not torch.are_deterministic_algorithms_enabled() and p.dtype in gluon.DTYPES
-             and p.head_dim in gluon.HEAD_DIMS and p.batch * p.heads * p.seqlen ** 2 * p.head_dim >= hopper.MIN_WORK)
+             and width is not None and elements < 2 ** 31  # (``attention_fwd_hopper.covered``)
+             and p.batch * p.heads * p.seqlen ** 2 * p.head_dim >= hopper.MIN_WORK)
     if not takes:
         return 0
-    rows, kv_heads = gluon.dq_buffer_chunks(p.batch, p.heads, p.kv_heads, p.seqlen, p.head_dim)[0]
+    if width == 256:
+        from ..ops.attention_bwd_gluon_wide import one_pass
+        fused = one_pass(p.dv, None, p.causal)
+    else:
+        fused = True  # (the default configs below 256 all reduce-add dQ: ``default_config``)
+    whole = (slice(None), slice(None))
+    rows, kv_heads = gluon.dq_buffer_chunks(p.batch, p.heads, p.kv_heads, p.seqlen, width)[0] if fused else whole
     planes = len(range(p.batch)[rows]) * len(range(p.kv_heads)[kv_heads]) * p.group  # (row, query head) pairs
-    return planes * (p.seqlen * p.head_dim * 4 + 2 * (-(-p.seqlen // 128) * 128) * 4)
+    return planes * ((p.seqlen * width * 4 if fused else 0) + 2 * (-(-p.seqlen // 128) * 128) * 4)
 
 
 def _triton_version() -> str:
@@ -386,9 +404,9 @@ def _build_flex(problem: Problem, way: str) -> Runner:
 
 
 def _fa2_bwd_extra(p: Problem) -> int:
-    """FlashAttention-2's backward: a float32 dQ accumulator, δ, and for GQA dK/dV per query head
-    before the group sum."""
-    expanded = 2 * p.batch * p.heads * p.seqlen * p.head_dim * p.elem if p.group > 1 else 0
+    """FlashAttention-2's backward: a float32 dQ accumulator, δ, and for GQA dK (D wide) and dV (Dv
+    wide) per query head before the group sum."""
+    expanded = p.batch * p.heads * p.seqlen * (p.head_dim + p.dv) * p.elem if p.group > 1 else 0
     return p.q_bytes * 4 // p.elem + p.row_stats_bytes + expanded
 
 
