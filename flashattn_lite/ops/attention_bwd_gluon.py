@@ -1042,9 +1042,8 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     """What ``explain()`` says of a backward this kernel takes: ``PATH_NOTE`` for a plain call, else
     the Hopper forward's words for the options with this kernel's name (at head dim 256, and 136–248
     run padded to it, its dK/dV and dQ kernels, or the dK/dV kernel alone (``one_pass``); under
-    ``deterministic``, its dK/dV with the
-    one-writer dQ kernel ``_tma_dq_covers`` picks); at a head dim run padded (``kernel_head_dim``;
-    ``value_dim``: v's where it is not q's), that said too."""
+    ``deterministic``, its dK/dV with the one-writer dQ kernel ``_tma_dq_covers`` picks); at a head
+    dim run padded (``kernel_head_dim``; ``value_dim``: v's where it is not q's), that said too."""
     from .attention_bwd_gluon_wide import one_pass
     padded = kernel_head_dim(head_dim, value_dim)
     padded_value = wide_value_width(value_dim) if value_dim is not None and padded == 256 else None
@@ -1584,7 +1583,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     if share > 1:
         dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
         dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
-    if cfg.split_d:  # head dim 256: its dK/dV and dQ kernels
+    if cfg.split_d:  # head dim 256: its dK/dV and dQ kernels (with ``fused_dq``, the dK/dV one alone)
         from .attention_bwd_gluon_wide import run
         run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg, PLAIN if variant is None else variant,
             row_starts, dq_acc)
