@@ -47,9 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "CPU fp32, d 64, N 256…1k, B·N = 1k, hidden 256)")
     g.add_argument("--dtype", help="fp16, bf16 or fp32")
     g.add_argument("--head-dims", help="comma-separated head dimensions (GPU default 64,128)")
-    g.add_argument("--value-dim", type=int, metavar="DV",
-                   help="v's head dimension where it is not q's and k's (e.g. 128 with --head-dims 192: MLA); "
-                        "FLOPs count 2·B·H·N²·(D + DV) forward, (3D + 2DV) backward")
+    common.add_value_dim_argument(g, "--head-dims", "FLOPs count 2·B·H·N²·(D + DV) forward, (3D + 2DV) backward")
     g.add_argument("--causal", choices=tuple(_CAUSAL), default="both", help="causal, non-causal or both (default both)")
     g.add_argument("--min-n", type=common.parse_size, help="first sequence length")
     g.add_argument("--max-n", type=common.parse_size, help="last sequence length")
@@ -88,9 +86,7 @@ def _resolve(args):
         raise common.BenchArgumentError(f"--head-dims / --lengths / --dtype / --methods / --modes: {e}") from None
     if not head_dims or any(not 1 <= h <= 256 for h in head_dims):
         raise common.BenchArgumentError(f"--head-dims must be integers in [1, 256], got {val['head_dims']!r}")
-    val["value_dim"] = getattr(args, "value_dim", None)  # (callers building their own args may leave it out)
-    if val["value_dim"] is not None and not 1 <= val["value_dim"] <= 256:
-        raise common.BenchArgumentError(f"--value-dim must be an integer in [1, 256], got {val['value_dim']}")
+    val["value_dim"] = common.value_dim(args)
     if val["rep_ms"] <= 0:
         raise common.BenchArgumentError(f"--rep-ms must be positive, got {val['rep_ms']}")
     if args.rounds < 1:

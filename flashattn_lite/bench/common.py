@@ -398,6 +398,22 @@ def add_run_arguments(p) -> None:
                         "not started are listed under 'skipped' in the JSON (default: no limit)")
 
 
+def add_value_dim_argument(group, head_dims: str, counts: str) -> None:
+    """``--value-dim DV``, as the attention benchmarks share it: v's head dim beside q's and k's
+    (``head_dims``: their option's name), ``counts`` saying what DV changes in that benchmark."""
+    group.add_argument("--value-dim", type=int, metavar="DV",
+                       help=f"v's head dimension where it is not q's and k's (e.g. 128 with {head_dims} 192: "
+                            f"MLA); {counts}")
+
+
+def value_dim(args) -> int | None:
+    """``--value-dim`` checked: None (not given, or args built without it) or an integer in [1, 256]."""
+    value = getattr(args, "value_dim", None)
+    if value is not None and not 1 <= value <= 256:
+        raise BenchArgumentError(f"--value-dim must be an integer in [1, 256], got {value}")
+    return value
+
+
 def round_count(text: str) -> int:
     """argparse type of a ``--rounds`` option: an int >= 1 (a usage error naming the option otherwise)."""
     try:

@@ -70,9 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, help="batch size B")
     g.add_argument("--heads", type=int, help="query heads Hq")
     g.add_argument("--head-dim", type=int, help="head dimension d")
-    g.add_argument("--value-dim", type=int, metavar="DV",
-                   help="v's head dimension where it is not q's and k's (e.g. 128 with --head-dim 192: MLA); "
-                        "v, o, dO and dV are that wide, in the inputs and in the theory")
+    common.add_value_dim_argument(g, "--head-dim", "v, o, dO and dV are that wide, in the inputs and in the theory")
     g.add_argument("--dtype", help="fp16, bf16 or fp32")
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False,
                    help="causal attention (default: off)")
@@ -104,9 +102,7 @@ def _resolve(args) -> tuple[Problem, list[str], list[str], list[int], str]:
             raise common.BenchArgumentError(f"--{k.replace('_', '-')} must be positive, got {val[k]}")
     if not 1 <= val["head_dim"] <= 256:
         raise common.BenchArgumentError(f"--head-dim must be in [1, 256], got {val['head_dim']}")
-    value_dim = getattr(args, "value_dim", None)  # (callers building their own args may leave it out)
-    if value_dim is not None and not 1 <= value_dim <= 256:
-        raise common.BenchArgumentError(f"--value-dim must be an integer in [1, 256], got {value_dim}")
+    value_dim = common.value_dim(args)
     if args.gqa <= 0 or val["heads"] % args.gqa:
         raise common.BenchArgumentError(f"--gqa {args.gqa} must divide --heads {val['heads']}")
     if not args.max_point_seconds >= 0:  # NaN fails too
