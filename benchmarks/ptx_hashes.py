@@ -379,6 +379,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
                                                                     softcap=30.0, alibi=True, sinks=True)),
          ("gluon bwd d128 dv64 varlen", gluon_bwd, dict(dv=64, seq="varlen")),
          ("gluon bwd d128 dv64", gluon_bwd, dict(dv=64)),
+         ("gluon bwd d64 dv128", gluon_bwd, dict(d=64, dv=128)),
          ("gluon bwd d192", gluon_bwd, dict(d=192)), ("gluon bwd d192 dq", gluon_bwd, dict(d=192, config="dq")),
          ("gluon bwd d192 varlen window+all", gluon_bwd, dict(d=192, seq="varlen", left=300, softcap=30.0,
                                                               alibi=True, sinks=True)),

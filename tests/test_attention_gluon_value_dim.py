@@ -142,6 +142,9 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     ce = gluon_bwd.launch_plan(q64, k64, gluon_bwd.default_config(128, True, 300), True, varlen,
                                value_dim=128)["constexprs"]
     assert ce["HEAD_DIM"] == 128 and ce["D_REAL"] == 64 and ce["DV_REAL"] == 128
+    assert ce["QK"] == 64  # Sᵀ over q's 64 columns of the kernel's 128 (``_qk``)
+    assert "QK" not in gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True,
+                                             value_dim=64)["constexprs"]  # q at the kernel's width
     # A GQA-split launch (float32 dK/dV sums by TMA reduce in 64-column boxes) over dv of 64 columns:
     # its descriptors have dv's own shape, so the boxes past column 64 are clipped.
     cfg = gluon_bwd.default_config(128, True, 8192)

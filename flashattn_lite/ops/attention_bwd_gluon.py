@@ -118,7 +118,7 @@ from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
                             seq_args)
-from .attention_fwd_gluon import gpu_sm_count, padded_head_dim, padding_note, tma_descriptor, window_flags
+from .attention_fwd_gluon import gpu_sm_count, padded_head_dim, padding_note, qk_width, tma_descriptor, window_flags
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -357,7 +357,7 @@ def seq_rows(lo, mid_lo, mid_hi, start_n, n_k, n_q, off, q0, k0):
 
 
 if _HAS_GLUON:
-    from .attention_fwd_gluon import alibi_slope2
+    from .attention_fwd_gluon import _qk, alibi_slope2
 
     _DQC = gl.constexpr(DQ_COLS)  # the kernels' name for it (globals must be constexpr there)
 
@@ -602,8 +602,11 @@ if _HAS_GLUON:
                   CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, FUSED_DQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, SEQ: gl.constexpr,
-                  DEFER_DQ: gl.constexpr, KV_SHARE: gl.constexpr, D_REAL: gl.constexpr, DV_REAL: gl.constexpr):
+                  DEFER_DQ: gl.constexpr, KV_SHARE: gl.constexpr, D_REAL: gl.constexpr, DV_REAL: gl.constexpr,
+                  QK: gl.constexpr = 0):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
+        ``QK`` > 0: Sᵀ over q's first QK columns (its head dim rounded up to 64, where v's wider one
+        sets the kernel's width: 64 / 128), the rest being TMA's zeros (``_qk``).
 
         Options (constexprs; a plain call compiles to the code it compiled to without them): the
         scores are the portable backward's (``score_tile``): softcap c·tanh(s·scale/c)
@@ -672,7 +675,7 @@ if _HAS_GLUON:
                 if SPLIT_COLS:  # D 128: staged first, so its registers are free for Sᵀ's and dPᵀ's
                     if it > 0:
                         _dq_stage(dq_done, dq_stage, sm_scale, ME, BLOCK_M, DEFER_DQ)
-            st = warpgroup_mma(k_me, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            st = _qk(k_me, q_t, st_zero, QK if QK > 0 else HEAD_DIM)
             dpt = warpgroup_mma(v_me, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             if FUSED_DQ and DEFER_DQ:
                 # ... and reduce-added while Sᵀ and dPᵀ run, so the tensor pipe goes from dQ on to Sᵀ
@@ -845,7 +848,8 @@ if _HAS_GLUON:
                                CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, DEFER_DQ: gl.constexpr, SEQ: gl.constexpr = 0,
-                               KV_SHARE: gl.constexpr = 1, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0):
+                               KV_SHARE: gl.constexpr = 1, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0,
+                               QK: gl.constexpr = 0):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
@@ -950,7 +954,7 @@ if _HAS_GLUON:
                          seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          0, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                          FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL,
-                         DV_REAL)),
+                         DV_REAL, QK)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                          kv_bar, ready, empty, ds_ready, ds_free, dq_desc, dk_desc, dv_desc,
                          b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left, win_right,
@@ -958,7 +962,7 @@ if _HAS_GLUON:
                          seq_n_q, q0, dk_ptr, dv_ptr, stride_dkn, stride_dvn,
                          1, CONSUMERS, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
                          FUSED_DQ, HEAD_DIM, BLOCK_M, STAGES, DS_BUFS, SEQ, DEFER_DQ, KV_SHARE, D_REAL,
-                         DV_REAL)),
+                         DV_REAL, QK)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -1384,6 +1388,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
         seq_ce["DV_REAL"] = value_dim
     if kv_share > 1:
         seq_ce["KV_SHARE"] = kv_share
+    if qk_width(D_real) < D:  # Sᵀ over q's own columns where v's wider ones set the kernel's (64 / 128)
+        seq_ce["QK"] = qk_width(D_real)
     return dict(
         grid=grid,
         order=(launch_order(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv, gpu_sm_count(q.device))

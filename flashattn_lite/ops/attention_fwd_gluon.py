@@ -117,6 +117,12 @@ DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 
 
+def qk_width(head_dim: int) -> int:
+    """The columns Q·Kᵀ (and the backward's Sᵀ, S) reduce over: q's head dim rounded up to a 64-column
+    swizzle span (192 for MLA's q in 256-wide boxes); the boxes' columns past it are TMA's zeros."""
+    return -(-head_dim // 64) * 64
+
+
 def padded_head_dim(head_dim: int, value_dim: int | None = None) -> int | None:
     """The head dim the kernel runs a call of ``head_dim`` at: ``head_dim`` itself if it is one of
     ``HEAD_DIMS``; for another multiple of 8 between 32 and 256 (80, 96, 112, 192, …) the next of
@@ -1534,9 +1540,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
             _descriptor(o, 64, W_v),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
             scale * LOG2E, softcap_scale, softcap2, *seq_args_)
-    # HEAD_DIM: Q·Kᵀ's reduction width, q's head dim rounded up to a 64-column swizzle span (192 for
-    # MLA's and d 192's q in 256-wide boxes: a quarter of that GEMM's work saved), within the boxes.
-    kwargs = dict(HEAD_DIM=min(D, -(-q.shape[3] // 64) * 64), CAUSAL=bool(causal), **flags,
+    # HEAD_DIM: Q·Kᵀ's reduction width (a quarter of that GEMM's work saved at MLA's 192), within the boxes.
+    kwargs = dict(HEAD_DIM=min(D, qk_width(q.shape[3])), CAUSAL=bool(causal), **flags,
                   CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
                   STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
