@@ -304,6 +304,26 @@ def test_row_stats_are_padded(layout):
     torch.testing.assert_close(delta_pad2[:, :20], (want_delta + dlse).reshape(6, 20), rtol=1e-5, atol=1e-5)
 
 
+def test_a_dq_buffer_of_q_columns_is_zeroed_and_converted_within_its_rows():
+    # The head dim 256 one pass reduce-adds only q's qk_width (192 at MLA) columns: its fp32 buffer
+    # is that wide, no power of two. The row statistics' pass zeroes exactly it (the storage's
+    # guard floats past it stay NaN), and the conversion reads its 192-float rows into dq.
+    assert [gluon_bwd.dq_buffer_width(d, 256, True) for d in (136, 192, 256)] == [192, 192, 256]
+    assert gluon_bwd.dq_buffer_width(64, 128, False) == 128  # d ≤ 128: the kernel's width
+    g = torch.Generator().manual_seed(3)
+    o, do = (torch.randn(1, 2, 20, 128, generator=g).half().to(DEVICE) for _ in range(2))
+    lse = torch.randn(1, 2, 20, generator=g).to(DEVICE)
+    storage = torch.full((2 * 20 * 192 + 64,), math.nan, device=DEVICE)
+    dq_acc = storage[:2 * 20 * 192].view(1, 2, 20, 192)
+    gluon_bwd._row_stats(do, o, lse, None, 128, dq_acc)
+    assert (dq_acc == 0).all() and torch.isnan(storage[-64:]).all()
+    want = torch.randn(1, 2, 20, 192, generator=g).to(DEVICE)
+    q = torch.empty(1, 20, 2, 192, dtype=torch.float16, device=DEVICE).transpose(1, 2)
+    dq = gluon_bwd._dq_from_buffer(want, q, False)
+    assert dq.stride() == q.stride()
+    torch.testing.assert_close(dq.float(), want, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("spread", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_dq_conversion_keeps_q_layout(d, spread):

@@ -252,19 +252,19 @@ def test_forward_and_backward_match_reference_and_portable(shape, d, dv, dtype, 
 @needs_gpu
 def test_one_pass_wide_backward_in_chunks_matches_reference(monkeypatch):
     # MLA's 192 / 128 causal in one pass (dQ reduce-added by the dK/dV kernel), the float32 dQ buffer
-    # capped so the call runs in three launches over KV heads (GQA 2: each with its query heads),
+    # (q's 192 columns) capped so the call runs in three launches over KV heads (GQA 2: each with its query heads),
     # Nq ≠ Nk: the gradients against float64, and no dQ kernel launched.
     causal = True
     from flashattn_lite.ops import attention_bwd_gluon_wide as wide
     from test_attention_bwd_hopper import reference_grads
     B, Hq, Hkv, Nq, Nk = 1, 6, 3, 1000, 1337
-    monkeypatch.setattr(gluon_bwd, "DQ_BUFFER_BYTES", B * (Hq // Hkv) * Nq * 256 * 4)
+    monkeypatch.setattr(gluon_bwd, "DQ_BUFFER_BYTES", B * (Hq // Hkv) * Nq * 192 * 4)
     monkeypatch.setattr(wide, "_attn_bwd_gluon_wide_dq_launcher", None)  # launched: a TypeError
     g = torch.Generator().manual_seed(11)
     q, k = (torch.randn(B, h, n, 192, generator=g).to("cuda", torch.bfloat16) for h, n in ((Hq, Nq), (Hkv, Nk)))
     v = torch.randn(B, Hkv, Nk, 128, generator=g).to("cuda", torch.bfloat16)
     do = torch.randn(B, Hq, Nq, 128, generator=g).to("cuda", torch.bfloat16)
-    assert len(gluon_bwd.dq_buffer_chunks(B, Hq, Hkv, Nq, 256)) == 3
+    assert len(gluon_bwd.dq_buffer_chunks(B, Hq, Hkv, Nq, 192)) == 3
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal)
     ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=192 ** -0.5, causal=causal)
     ref = reference_grads(q, k, v, do, causal, torch.float64)

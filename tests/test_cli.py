@@ -264,9 +264,11 @@ def test_gluon_dq_buffer_has_the_kernels_width(monkeypatch):
     # d 64, v 128: the d 128 kernel, 16 heads · 16k rows · 128 columns · 4 bytes (not 64 columns)
     assert dq_bytes(16384, 64, 128) == 128 * MiB + 2 * MiB
     assert dq_bytes(16384, 128) == 128 * MiB + 2 * MiB
-    # MLA 192 / 128, causal: the one pass at 256 columns; at 32k in launches of 8 heads (256 MiB)
-    assert dq_bytes(16384, 192, 128) == 256 * MiB + 2 * MiB
-    assert dq_bytes(32768, 192, 128) == 8 * (32768 * 256 * 4 + 2 * 32768 * 4)
+    # MLA 192 / 128, causal: the one pass, its buffer q's 192 columns of the kernel's 256; at 32k in
+    # launches of 10 heads (24 MiB each, within 256 MiB); 256 / 128 keeps all 256
+    assert dq_bytes(16384, 192, 128) == 192 * MiB + 2 * MiB
+    assert dq_bytes(32768, 192, 128) == 10 * (32768 * 192 * 4 + 2 * 32768 * 4)
+    assert dq_bytes(16384, 256, 128) == 256 * MiB + 2 * MiB
     # non-causal, or v 256 wide: the two kernels, no dQ buffer, one launch of all 16 heads
     assert dq_bytes(32768, 192, 128, causal=False) == 16 * 2 * 32768 * 4
     assert dq_bytes(16384, 256) == 16 * 2 * 16384 * 4

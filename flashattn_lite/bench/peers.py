@@ -316,7 +316,8 @@ def _gluon_dq_bytes(p: Problem) -> int:
     ``DQ_BUFFER_BYTES``: ``dq_buffer_chunks``). It runs every head dim pair that ``kernel_head_dim``
     maps to a kernel width (v's may differ from q's), and its dQ buffer has that width. At width 256
     only a one-pass call (``attention_bwd_gluon_wide.one_pass``: plain causal, v padding to at most
-    128) has the buffer; the others run a dK/dV and a dQ kernel, in one launch, and have δ, lse₂ only.
+    128) has the buffer, q's columns wide (``dq_buffer_width``); the others run a dK/dV and a dQ
+    kernel, in one launch, and have δ, lse₂ only.
     Under deterministic algorithms (no buffer: a one-writer dQ kernel) it counts 0."""
     from ..ops import attention_bwd_gluon as gluon
     from ..ops import attention_fwd_hopper as hopper
@@ -332,6 +333,7 @@ def _gluon_dq_bytes(p: Problem) -> int:
     if width == 256:
         from ..ops.attention_bwd_gluon_wide import one_pass
         fused = one_pass(p.dv, None, p.causal)
+        width = gluon.dq_buffer_width(p.head_dim, width, split_d=True)  # q's columns only (192 at MLA)
     else:
         fused = True  # (the default configs below 256 all reduce-add dQ: ``default_config``)
     whole = (slice(None), slice(None))

@@ -1160,11 +1160,13 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
                       stride_ob, stride_oh, stride_om, stride_od,
                       stride_dob, stride_doh, stride_dom, stride_dod,
                       n_heads, n_q, n_pad, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                      HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+                      HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      BLOCK_DQ: tl.constexpr = 0):
     """The portable preprocess's row statistics (``attention_bwd.row_stats_tile``) written the way the
     Gluon kernel reads them: δ and lse₂ in (B·Hq, n_pad) rows, the padding rows δ = 0 and lse₂ = +inf, and with
     ``ZERO_DQ`` the fp32 dQ buffer's rows zeroed in the same pass (before, a fill kernel, two fills
-    and two copies: ~0.1 ms a call at B·N 16k)."""
+    and two copies: ~0.1 ms a call at B·N 16k). ``BLOCK_DQ`` > 0: the buffer's width is no power of
+    two (the one pass's 192), zeroed as that many columns masked to it."""
     tile, bh = tile_and_slab(tl.cdiv(n_pad, BLOCK_M))
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     d, l2, row, row_ok = row_stats_tile(o, do, lse, dlse, bh, n_heads, offs_m, stride_ob, stride_oh, stride_om,
@@ -1173,7 +1175,11 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
     out = bh.to(tl.int64) * n_pad + offs_m
     tl.store(delta_pad + out, d)  # 0 on the padding rows (zero tiles)
     tl.store(lse2_pad + out, tl.where(row_ok, l2, float("inf")))
-    if ZERO_DQ:  # dq_acc (B, Hq, Nq, HEAD_DIM) contiguous
+    if ZERO_DQ and BLOCK_DQ > 0:  # dq_acc (B, Hq, Nq, HEAD_DIM) contiguous
+        cols = tl.arange(0, BLOCK_DQ)
+        tl.store(dq_acc + row[:, None] * HEAD_DIM + cols[None, :], tl.zeros([BLOCK_M, BLOCK_DQ], tl.float32),
+                 mask=row_ok[:, None] & (cols[None, :] < HEAD_DIM))
+    elif ZERO_DQ:
         cols = tl.arange(0, HEAD_DIM)
         tl.store(dq_acc + row[:, None] * HEAD_DIM + cols[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
                  mask=row_ok[:, None])
@@ -1191,11 +1197,12 @@ def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None)
     delta_pad = torch.empty((B * Hq, n_pad), device=o.device, dtype=torch.float32)
     lse2_pad = torch.empty((B * Hq, n_pad), device=o.device, dtype=torch.float32)
     block_m = 16 if interpreter_active() else 64
+    width = dq_acc.shape[3] if dq_acc is not None else Dv
+    block_dq = dict(BLOCK_DQ=triton.next_power_of_2(width)) if dq_acc is not None and width & (width - 1) else {}
     _row_stats_kernel[(n_pad // block_m * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta_pad, lse2_pad, dq_acc, *o.stride(), *do.stride(),
-        Hq, Nq, n_pad, HEAD_DIM=dq_acc.shape[3] if dq_acc is not None else Dv, HEAD_DIM_V=Dv,
-        HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None, BLOCK_M=block_m,
-        BLOCK_DV=triton.next_power_of_2(Dv))  # (a head dim run padded is no power of 2)
+        Hq, Nq, n_pad, HEAD_DIM=width, HEAD_DIM_V=Dv, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None,
+        BLOCK_M=block_m, BLOCK_DV=triton.next_power_of_2(Dv), **block_dq)  # (a head dim run padded is no power of 2)
     delta, lse2 = (t.view(B, Hq, n_pad)[:, :, :Nq] for t in (delta_pad, lse2_pad))
     return (delta_pad, lse2_pad), (delta, lse2)
 
@@ -1400,7 +1407,7 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
                         DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
                         LOADER_REGS=LOADER_REGS, DEFER_DQ=defers_dq(D, cfg, causal, variant)),
         row_stats_shape=(B * Hq, _pad_rows(Nq + 3 * (variant.seq_q.shape[0] - 1) if seq == SEQ_VARLEN else Nq)),
-        dq_acc_shape=(B, Hq, Nq, D) if cfg.fused_dq else None,
+        dq_acc_shape=(B, Hq, Nq, dq_buffer_width(D_real, D, cfg.split_d)) if cfg.fused_dq else None,
     )
 
 
@@ -1509,7 +1516,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
         from .attention_bwd_gluon_wide import one_pass
         if one_pass(v.shape[3], variant, causal):  # dQ reduce-added in the dK/dV kernel
             cfg = cfg._replace(fused_dq=True)
-    chunks = dq_buffer_chunks(B, Hq, Hkv, Nq, D) if cfg.fused_dq else [(slice(None), slice(None))]
+    chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D, cfg.split_d)) if cfg.fused_dq
+              else [(slice(None), slice(None))])
     if len(chunks) == 1:
         return _backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant)
     # Long calls in chunks of (batch rows, KV heads), each with its own fp32 dQ buffer, into one
@@ -1544,6 +1552,13 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
 DQ_BUFFER_BYTES = 256 * 2 ** 20  # the fused dQ's fp32 buffer of one launch, at most (but for one head's)
 
 
+def dq_buffer_width(head_dim: int, kernel_width: int, split_d: bool) -> int:
+    """The fp32 dQ buffer's columns: the kernel's width (``kernel_head_dim``; at d ≤ 128 its dQ
+    wgmmas cover them all), or in the head dim 256 one pass (``split_d``) the columns it reduce-adds,
+    q's ``qk_width`` (192 at MLA: a quarter of the buffer's bytes, zeroing and conversion saved)."""
+    return qk_width(head_dim) if split_d else kernel_width
+
+
 def dq_buffer_chunks(B: int, Hq: int, Hkv: int, Nq: int, D: int) -> list[tuple[slice, slice]]:
     """(batch rows, KV heads) of each launch of a backward with the fused dQ, so that its fp32
     dQ buffer (rows · heads · Nq · D · 4 bytes) stays within DQ_BUFFER_BYTES: one launch where the
@@ -1566,7 +1581,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     """``attention_backward_gluon``'s work for one launch, checks done; ``out``: (dq, dk, dv) to
     write (views of a chunked call's gradients), else new tensors."""
     B, Hq, Nq, _ = q.shape
-    D = kernel_head_dim(q.shape[3], v.shape[3])  # the fp32 dQ buffer's width: the kernel's, converted to q's below
+    D = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]), cfg.split_d)  # converted to q's below
     row_starts = None
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd_hopper import row_stats
@@ -1623,17 +1638,22 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
 @launcher
 @triton.jit(do_not_specialize=["n_heads", "n_q"])
 def _dq_convert_kernel(acc, dq, n_heads, n_q, stride_b, stride_h, stride_n, HEAD_DIM: tl.constexpr,
-                       SPREAD: tl.constexpr, BLOCK_R: tl.constexpr, D_REAL: tl.constexpr = 0):
+                       SPREAD: tl.constexpr, BLOCK_R: tl.constexpr, D_REAL: tl.constexpr = 0, ACC_W: tl.constexpr = 0):
     """BLOCK_R dq rows of one head (q's strides and dtype; grid: cdiv(Nq, BLOCK_R) tiles of each of
     the B·Hq heads, ``tile_and_slab``) from the fp32 buffer's (B, Hq, Nq, HEAD_DIM) contiguous rows,
     the chunk order of ``_spread_banks`` undone where ``SPREAD``: in each 32-column span, buffer
     chunk 4b + a (16 bytes) is dq chunk 2a + b. ``D_REAL`` > 0: dq has only that many columns (a
-    head dim run padded), the buffer's others are dropped."""
+    head dim run padded), the buffer's others are dropped. ``ACC_W`` > 0: the buffer's rows are that
+    many columns (the one pass's 192, ``dq_buffer_width``), fewer than HEAD_DIM (a power of two)."""
     tile, bh = tile_and_slab(tl.cdiv(n_q, BLOCK_R))
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, HEAD_DIM)
     ok = rows[:, None] < n_q
-    x = tl.load(acc + (bh.to(tl.int64) * n_q + rows[:, None]) * HEAD_DIM + cols[None, :], mask=ok)
+    if ACC_W > 0:
+        x = tl.load(acc + (bh.to(tl.int64) * n_q + rows[:, None]) * ACC_W + cols[None, :],
+                    mask=ok & (cols[None, :] < ACC_W))
+    else:
+        x = tl.load(acc + (bh.to(tl.int64) * n_q + rows[:, None]) * HEAD_DIM + cols[None, :], mask=ok)
     if SPREAD:  # (span, b, a, 4 floats) -> (span, a, b, 4 floats)
         x = tl.permute(tl.reshape(x, [BLOCK_R, HEAD_DIM // 32, 2, 4, 4]), [0, 1, 3, 2, 4])
         x = tl.reshape(x, [BLOCK_R, HEAD_DIM])
@@ -1651,9 +1671,12 @@ def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool, dq: tor
     strided torch copy that undid the order took 0.101 ms against the plain copy's 0.069 at
     16k × 16 heads × 128 (H100)."""
     dq = torch.empty_like(q) if dq is None else dq
-    B, Hq, Nq, D = dq_acc.shape
+    B, Hq, Nq, W = dq_acc.shape
+    D = triton.next_power_of_2(W)
     block_r = 8192 // D
     padded = dict(D_REAL=dq.shape[3]) if dq.shape[3] != D else {}  # a head dim run padded: its own columns
+    if W != D:
+        padded["ACC_W"] = W  # the one pass's buffer, q's ``qk_width`` (``dq_buffer_width``)
     _dq_convert_kernel[(cdiv(Nq, block_r) * B * Hq,)](dq_acc, dq, Hq, Nq, *dq.stride()[:3], HEAD_DIM=D,
                                                       SPREAD=spread, BLOCK_R=block_r, **padded)
     return dq

@@ -30,8 +30,9 @@ causal MLA calls, the dK/dV kernel alone in one pass).
 **One pass** (``one_pass``: plain causal calls over dense batches whose V runs at most 128 wide,
 MLA's 192 / 128): the dK/dV kernel alone, each step's dQ = dS·K computed there too (consumer 1 over
 columns 0–127, consumer 0 over the rest of q's width rounded up to 64, so the two carry equal
-GEMMs) and reduce-added into a float32 buffer through a 16 KB staging buffer a consumer, as the
-D ≤ 128 kernel does; its dQ is then not bit-reproducible. There, at N 2k and 8k on an H200, 1.08–1.09 ×
+GEMMs) and reduce-added into a float32 buffer of q's columns (``dq_buffer_width``: 192, not 256)
+through a 16 KB staging buffer a consumer, as the D ≤ 128 kernel does; its dQ is then not
+bit-reproducible. There, at N 2k and 8k on an H200, 1.08–1.09 ×
 the pair (non-causal 0.97–0.99 ×, so those calls keep the pair; ``benchmarks/NOTES.md``,
 2026-11-30). The reductions walk the head-major causal order, heaviest tiles first.
 
