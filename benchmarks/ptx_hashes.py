@@ -31,7 +31,9 @@ FLOATS = {"qk_scale", "softcap_scale", "softcap2", "drop_scale"}
 
 def compile_ptx(J, ce, types):
     """PTX of @triton.jit ``J`` for sm_90: constexprs from ``ce``, other arguments typed by ``types``
-    (name -> type; pointers are 16-byte aligned), the rest fp32 scalars (FLOATS) or i32."""
+    (name -> type; pointers are 16-byte aligned), the rest fp32 scalars (FLOATS) or i32. A constexpr
+    not in ``ce`` takes its default, as a launch does."""
+    ce = {**{p.name: p.default for p in J.params if p.is_constexpr and p.has_default}, **ce}
     sig, constexprs, attrs = {}, {}, {}
     for i, n in enumerate(J.arg_names):
         if n in ce:
@@ -192,7 +194,7 @@ def gluon_bwd(opts, causal=True, d=128):
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
         if one_pass:
             dkdv, _ = w.launches(q, kv, v, do, None, kv, v, rows, rows, 0.088, causal, cfg._replace(fused_dq=True),
-                                 variant, dq_acc=torch.zeros(B, H, N, kd))
+                                 variant, dq_acc=torch.zeros(B, H, N, g.dq_buffer_width(d, kd, True)))
             return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
         dkdv, dq = w.launches(q, kv, v, do, q, kv, v, rows, rows, 0.088, causal, cfg, variant,
                               torch.zeros(4, dtype=torch.int32))
@@ -215,14 +217,19 @@ def bwd_rows(opts):
     types = {"o": "*bf16", "do": "*bf16", "dq": "*bf16", "lse": "*fp32", "dlse": "*fp32", "delta_pad": "*fp32",
              "lse2_pad": "*fp32", "dq_acc": "*fp32", "delta": "*fp32", "lse2": "*fp32", "acc": "*fp32"}
     block_dv = triton.next_power_of_2(d)
+    acc_w = {}
+    if opts.get("one_pass"):  # the head dim 256 one pass's buffer: q's columns (192), no power of 2
+        dv = opts["dv"]
+        kd, acc_w = g.kernel_head_dim(d, dv), dict(ACC_W=g.dq_buffer_width(d, g.kernel_head_dim(d, dv), True))
+        block_dv = triton.next_power_of_2(dv)
     if kernel == "row stats":
-        return compile_ptx(g._row_stats_kernel.jit, dict(HEAD_DIM=kd, HEAD_DIM_V=d, HAS_DLSE=False, ZERO_DQ=True,
-                                                        BLOCK_M=64, BLOCK_DV=block_dv), types)
+        return compile_ptx(g._row_stats_kernel.jit, dict(HEAD_DIM=kd, HEAD_DIM_V=opts.get("dv", d), HAS_DLSE=False,
+                                                        ZERO_DQ=True, BLOCK_M=64, BLOCK_DV=block_dv, **acc_w), types)
     if kernel == "preprocess":
         return compile_ptx(ab._bwd_preprocess.jit, dict(HEAD_DIM_V=d, BLOCK_DV=block_dv, HAS_DLSE=False,
                                                         BLOCK_M=64), types)
-    return compile_ptx(g._dq_convert_kernel.jit, dict(HEAD_DIM=kd, SPREAD=True, BLOCK_R=8192 // kd,
-                                                      **(dict(D_REAL=d) if kd != d else {})), types)
+    return compile_ptx(g._dq_convert_kernel.jit, dict(HEAD_DIM=kd, SPREAD=not acc_w, BLOCK_R=8192 // kd,
+                                                      **(dict(D_REAL=d) if kd != d else {}), **acc_w), types)
 
 
 def body(ptx):  # the code only: no debug sections, file names or source locations
@@ -371,6 +378,8 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("bwd row stats d96", bwd_rows, dict(d=96, kernel="row stats")),
          ("bwd preprocess d80", bwd_rows, dict(d=80, kernel="preprocess")),
          ("bwd dq convert d96", bwd_rows, dict(d=96, kernel="dq convert")),
+         ("bwd row stats one pass d192 dv128", bwd_rows, dict(d=192, dv=128, one_pass=True, kernel="row stats")),
+         ("bwd dq convert one pass d192", bwd_rows, dict(d=192, dv=128, one_pass=True, kernel="dq convert")),
          ("gluon bwd d192 dv128", gluon_bwd, dict(d=192, dv=128)),
          ("gluon bwd d192 dv128 dq", gluon_bwd, dict(d=192, dv=128, config="dq")),
          ("gluon bwd d192 dv128 one pass", gluon_bwd, dict(d=192, dv=128, one_pass=True)),

@@ -143,6 +143,13 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
                                value_dim=128)["constexprs"]
     assert ce["HEAD_DIM"] == 128 and ce["D_REAL"] == 64 and ce["DV_REAL"] == 128
     assert ce["QK"] == 64  # Sᵀ over q's 64 columns of the kernel's 128 (``_qk``)
+    # The fused dQ's float32 buffer: the d ≤ 128 kernel's width (its dQ wgmmas cover it), and in the
+    # head dim 256 one pass q's columns rounded up to 64 (what its reduce-adds cover: 192 of 256).
+    fused = gluon_bwd.default_config(128, True, 300)
+    assert gluon_bwd.launch_plan(q64, k64, fused, True, value_dim=128)["dq_acc_shape"][3] == 128
+    q192, k192 = torch.zeros(1, 4, 300, 192, dtype=bf), torch.zeros(1, 2, 300, 192, dtype=bf)
+    one_pass = gluon_bwd.CONFIGS[256][0]._replace(fused_dq=True)
+    assert gluon_bwd.launch_plan(q192, k192, one_pass, True, value_dim=128)["dq_acc_shape"][3] == 192
     assert "QK" not in gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True,
                                              value_dim=64)["constexprs"]  # q at the kernel's width
     # A GQA-split launch (float32 dK/dV sums by TMA reduce in 64-column boxes) over dv of 64 columns:
@@ -265,8 +272,15 @@ def test_one_pass_wide_backward_in_chunks_matches_reference(monkeypatch):
     v = torch.randn(B, Hkv, Nk, 128, generator=g).to("cuda", torch.bfloat16)
     do = torch.randn(B, Hq, Nq, 128, generator=g).to("cuda", torch.bfloat16)
     assert len(gluon_bwd.dq_buffer_chunks(B, Hq, Hkv, Nq, 192)) == 3
+    widths, convert = [], gluon_bwd._dq_from_buffer
+
+    def recording(dq_acc, *args):  # each launch's buffer: q's 192 columns, not the kernel's 256
+        widths.append(dq_acc.shape)
+        return convert(dq_acc, *args)
+    monkeypatch.setattr(gluon_bwd, "_dq_from_buffer", recording)
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal)
     ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=192 ** -0.5, causal=causal)
+    assert widths == [(B, Hq // Hkv, Nq, 192)] * 3
     ref = reference_grads(q, k, v, do, causal, torch.float64)
     same = reference_grads(q, k, v, do, causal, torch.bfloat16)
     for name, a, s_, r in zip(("dq", "dk", "dv"), ours, same, ref):

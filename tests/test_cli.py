@@ -246,10 +246,11 @@ def test_theory_counts_o_and_repeated_kv_at_vs_head_dim():
     assert peers.PEERS["sdpa-flash"].theory_bytes(p, "fwd", "repeat_kv") == 1024 + 256 + 3072
 
 
-def test_gluon_dq_buffer_has_the_kernels_width(monkeypatch):
-    # The Gluon backward's float32 dQ buffer, as if on an sm_90 GPU with the Gluon triton: the kernel's
-    # width (kernel_head_dim), not q's head dim; at width 256 only in the one pass (plain causal, v at
-    # most 128 wide), else δ and lse₂ alone. B 1, Hq = Hkv = 16, bf16; δ and lse₂: 2·N·4 bytes a head.
+def test_gluon_dq_buffer_width(monkeypatch):
+    # The Gluon backward's float32 dQ buffer, as if on an sm_90 GPU with the Gluon triton: at d ≤ 128
+    # the kernel's width (kernel_head_dim), not q's head dim; at width 256 only in the one pass (plain
+    # causal, v at most 128 wide), q's head dim rounded up to 64, else δ and lse₂ alone. B 1,
+    # Hq = Hkv = 16, bf16; δ and lse₂: 2·N·4 bytes a head.
     from flashattn_lite.bench import peers
     from flashattn_lite.ops import attention_bwd_gluon as gluon
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))

@@ -1161,12 +1161,12 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
                       stride_dob, stride_doh, stride_dom, stride_dod,
                       n_heads, n_q, n_pad, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                       HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-                      BLOCK_DQ: tl.constexpr = 0):
+                      ACC_W: tl.constexpr = 0):
     """The portable preprocess's row statistics (``attention_bwd.row_stats_tile``) written the way the
     Gluon kernel reads them: δ and lse₂ in (B·Hq, n_pad) rows, the padding rows δ = 0 and lse₂ = +inf, and with
     ``ZERO_DQ`` the fp32 dQ buffer's rows zeroed in the same pass (before, a fill kernel, two fills
-    and two copies: ~0.1 ms a call at B·N 16k). ``BLOCK_DQ`` > 0: the buffer's width is no power of
-    two (the one pass's 192), zeroed as that many columns masked to it."""
+    and two copies: ~0.1 ms a call at B·N 16k), its HEAD_DIM columns a row; ``ACC_W`` > 0: the rows are
+    that many floats, fewer than HEAD_DIM (a power of two; the one pass's 192, ``dq_buffer_width``)."""
     tile, bh = tile_and_slab(tl.cdiv(n_pad, BLOCK_M))
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     d, l2, row, row_ok = row_stats_tile(o, do, lse, dlse, bh, n_heads, offs_m, stride_ob, stride_oh, stride_om,
@@ -1175,14 +1175,13 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
     out = bh.to(tl.int64) * n_pad + offs_m
     tl.store(delta_pad + out, d)  # 0 on the padding rows (zero tiles)
     tl.store(lse2_pad + out, tl.where(row_ok, l2, float("inf")))
-    if ZERO_DQ and BLOCK_DQ > 0:  # dq_acc (B, Hq, Nq, HEAD_DIM) contiguous
-        cols = tl.arange(0, BLOCK_DQ)
-        tl.store(dq_acc + row[:, None] * HEAD_DIM + cols[None, :], tl.zeros([BLOCK_M, BLOCK_DQ], tl.float32),
-                 mask=row_ok[:, None] & (cols[None, :] < HEAD_DIM))
-    elif ZERO_DQ:
+    if ZERO_DQ:  # dq_acc (B, Hq, Nq, ACC_W or HEAD_DIM) contiguous
         cols = tl.arange(0, HEAD_DIM)
-        tl.store(dq_acc + row[:, None] * HEAD_DIM + cols[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
-                 mask=row_ok[:, None])
+        width: tl.constexpr = ACC_W if ACC_W > 0 else HEAD_DIM
+        ok = row_ok[:, None]
+        if ACC_W > 0:
+            ok = ok & (cols[None, :] < ACC_W)
+        tl.store(dq_acc + row[:, None] * width + cols[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=ok)
 
 
 def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None):
@@ -1198,11 +1197,12 @@ def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None)
     lse2_pad = torch.empty((B * Hq, n_pad), device=o.device, dtype=torch.float32)
     block_m = 16 if interpreter_active() else 64
     width = dq_acc.shape[3] if dq_acc is not None else Dv
-    block_dq = dict(BLOCK_DQ=triton.next_power_of_2(width)) if dq_acc is not None and width & (width - 1) else {}
+    block = triton.next_power_of_2(width) if dq_acc is not None else width
+    acc_w = dict(ACC_W=width) if block != width else {}  # the one pass's 192-column buffer
     _row_stats_kernel[(n_pad // block_m * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta_pad, lse2_pad, dq_acc, *o.stride(), *do.stride(),
-        Hq, Nq, n_pad, HEAD_DIM=width, HEAD_DIM_V=Dv, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None,
-        BLOCK_M=block_m, BLOCK_DV=triton.next_power_of_2(Dv), **block_dq)  # (a head dim run padded is no power of 2)
+        Hq, Nq, n_pad, HEAD_DIM=block, HEAD_DIM_V=Dv, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None,
+        BLOCK_M=block_m, BLOCK_DV=triton.next_power_of_2(Dv), **acc_w)  # (a head dim run padded is no power of 2)
     delta, lse2 = (t.view(B, Hq, n_pad)[:, :, :Nq] for t in (delta_pad, lse2_pad))
     return (delta_pad, lse2_pad), (delta, lse2)
 
@@ -1554,8 +1554,9 @@ DQ_BUFFER_BYTES = 256 * 2 ** 20  # the fused dQ's fp32 buffer of one launch, at 
 
 def dq_buffer_width(head_dim: int, kernel_width: int, split_d: bool) -> int:
     """The fp32 dQ buffer's columns: the kernel's width (``kernel_head_dim``; at d ≤ 128 its dQ
-    wgmmas cover them all), or in the head dim 256 one pass (``split_d``) the columns it reduce-adds,
-    q's ``qk_width`` (192 at MLA: a quarter of the buffer's bytes, zeroing and conversion saved)."""
+    wgmmas cover them all), or at head dim 256 (``split_d``, where only the one pass has a buffer)
+    the columns the one pass reduce-adds, q's ``qk_width`` (192 at MLA: a quarter of the buffer's
+    bytes, zeroing and conversion saved)."""
     return qk_width(head_dim) if split_d else kernel_width
 
 
@@ -1581,15 +1582,15 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     """``attention_backward_gluon``'s work for one launch, checks done; ``out``: (dq, dk, dv) to
     write (views of a chunked call's gradients), else new tensors."""
     B, Hq, Nq, _ = q.shape
-    D = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]), cfg.split_d)  # converted to q's below
+    dq_w = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]), cfg.split_d)  # converted to q's below
     row_starts = None
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd_hopper import row_stats
         delta, lse2 = row_stats(do, o, lse, dlse)
         delta_pad, lse2_pad, row_starts = _aligned_rows(delta, lse2, variant)
-        dq_acc = torch.zeros((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
+        dq_acc = torch.zeros((B, Hq, Nq, dq_w), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
     else:  # a dense batch: the dQ buffer zeroed by the row statistics' pass
-        dq_acc = torch.empty((B, Hq, Nq, D), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
+        dq_acc = torch.empty((B, Hq, Nq, dq_w), device=q.device, dtype=torch.float32) if cfg.fused_dq else None
         (delta_pad, lse2_pad), (delta, lse2) = _row_stats(do, o, lse, dlse, _pad_rows(Nq), dq_acc)
     # Rows outside every range of a padded batch are no program's: their gradients are 0 (the
     # fp32 dQ buffer starts at 0 anyway).
@@ -1649,11 +1650,11 @@ def _dq_convert_kernel(acc, dq, n_heads, n_q, stride_b, stride_h, stride_n, HEAD
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, HEAD_DIM)
     ok = rows[:, None] < n_q
+    width: tl.constexpr = ACC_W if ACC_W > 0 else HEAD_DIM
+    in_row = ok
     if ACC_W > 0:
-        x = tl.load(acc + (bh.to(tl.int64) * n_q + rows[:, None]) * ACC_W + cols[None, :],
-                    mask=ok & (cols[None, :] < ACC_W))
-    else:
-        x = tl.load(acc + (bh.to(tl.int64) * n_q + rows[:, None]) * HEAD_DIM + cols[None, :], mask=ok)
+        in_row = ok & (cols[None, :] < ACC_W)
+    x = tl.load(acc + (bh.to(tl.int64) * n_q + rows[:, None]) * width + cols[None, :], mask=in_row)
     if SPREAD:  # (span, b, a, 4 floats) -> (span, a, b, 4 floats)
         x = tl.permute(tl.reshape(x, [BLOCK_R, HEAD_DIM // 32, 2, 4, 4]), [0, 1, 3, 2, 4])
         x = tl.reshape(x, [BLOCK_R, HEAD_DIM])

@@ -117,9 +117,11 @@ DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 
 
+@getattr(triton, "constexpr_function", lambda fn: fn)  # (the wide backward's kernels call it too)
 def qk_width(head_dim: int) -> int:
     """The columns Q·Kᵀ (and the backward's Sᵀ, S) reduce over: q's head dim rounded up to a 64-column
-    swizzle span (192 for MLA's q in 256-wide boxes); the boxes' columns past it are TMA's zeros."""
+    swizzle span (192 for MLA's q in 256-wide boxes); the boxes' columns past it are TMA's zeros. The
+    head dim 256 one pass reduce-adds dQ over as many (``dq_buffer_width`` sizes its buffer so)."""
     return -(-head_dim // 64) * 64
 
 
