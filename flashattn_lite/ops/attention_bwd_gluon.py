@@ -661,6 +661,8 @@ if _HAS_GLUON:
         # DEFER_DQ (``defers_dq``): a step's dQ block is retired and reduce-added in the next step,
         # behind its Sᵀ and dPᵀ (``_dq_start``; ``dq`` is the block in flight, a zero block at first).
         DQ_COL: gl.constexpr = ME * _DQC if SPLIT_COLS else 0
+        # Columns past q's own (``QK``: 64 / 128's consumer 1) are dS times K's zeros: no dQ work here.
+        DQ_HERE: gl.constexpr = not (SPLIT_COLS and QK > 0 and DQ_COL >= QK)
         dq = warpgroup_mma_init(_dq_zeros(BLOCK_M))
         mbarrier.wait(kv_bar, 0)
 
@@ -672,7 +674,7 @@ if _HAS_GLUON:
             do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             if FUSED_DQ and DEFER_DQ:  # the previous step's dQ block, retired before Sᵀ is issued
                 dq_done = warpgroup_mma_wait(0, deps=[dq])
-                if SPLIT_COLS:  # D 128: staged first, so its registers are free for Sᵀ's and dPᵀ's
+                if SPLIT_COLS and DQ_HERE:  # D 128: staged first, so its registers are free for Sᵀ's and dPᵀ's
                     if it > 0:
                         _dq_stage(dq_done, dq_stage, sm_scale, ME, BLOCK_M, DEFER_DQ)
             st = _qk(k_me, q_t, st_zero, QK if QK > 0 else HEAD_DIM)
@@ -681,7 +683,7 @@ if _HAS_GLUON:
                 # ... and reduce-added while Sᵀ and dPᵀ run, so the tensor pipe goes from dQ on to Sᵀ
                 # after only the wait. (Retired first: ptxas serializes every wgmma of the kernel when
                 # other instructions run between a wgmma in flight and its wait, as this would.)
-                if (it > 0) & (SPLIT_COLS or (it - 1) % CONSUMERS == ME):
+                if (it > 0) & ((SPLIT_COLS and DQ_HERE) or (not SPLIT_COLS and (it - 1) % CONSUMERS == ME)):
                     h_prev, m_prev = _query_tile(it - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
                     _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (it - 1) % DS_BUFS, bt, h_prev, m_prev,
                                sm_scale, DQ_COL, ME, BLOCK_M, DEFER_DQ, SPLIT_COLS)
@@ -755,7 +757,9 @@ if _HAS_GLUON:
                 ds_smem.index(ds_buf * CONSUMERS + ME).store(gl.permute(dst, (1, 0)))
                 fence_async_shared()
                 mbarrier.arrive(ds_ready.index(ds_buf))
-                if SPLIT_COLS:  # every step, columns [64·ME, 64·ME + 64)
+                if SPLIT_COLS and not DQ_HERE:
+                    dv, dk = _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty.index(s), FUSED_DQ)
+                elif SPLIT_COLS:  # every step, columns [64·ME, 64·ME + 64)
                     dv, dk, dq_step = _dq_start(dv, dk, pa, dsa, _dq_zeros(BLOCK_M), ds_smem, ds_buf, use, k_smem,
                                                 ds_ready, empty.index(s), DQ_COL, DEFER_DQ, CONSUMERS, HEAD_DIM,
                                                 BLOCK_M)
@@ -782,7 +786,7 @@ if _HAS_GLUON:
             if DEFER_DQ:  # the last step's dQ block
                 if n_steps > 0:
                     dq_done = warpgroup_mma_wait(0, deps=[dq])
-                    if SPLIT_COLS or (n_steps - 1) % CONSUMERS == ME:
+                    if (SPLIT_COLS and DQ_HERE) or (not SPLIT_COLS and (n_steps - 1) % CONSUMERS == ME):
                         h_last, m_last = _query_tile(n_steps - 1, n_tiles, lo, rot, h_kv, GROUP, ROTATE, BLOCK_M)
                         _dq_finish(dq_done, dq_stage, dq_desc, ds_free, (n_steps - 1) % DS_BUFS, bt, h_last, m_last,
                                    sm_scale, DQ_COL, ME, BLOCK_M, DEFER_DQ)
