@@ -37,11 +37,12 @@ The schedule (one program = one key tile of 128 keys of one (batch, KV head)):
 * dQ (``fused_dq``): each consumer writes its dSᵀ block, transposed, to shared memory; once every
   consumer's block is there (an mbarrier, ``ds_ready``) dQ = dS·K is one more wgmma chain per 64
   columns of D, issued behind dV and dK (D 128: consumer c takes columns [64c, 64c + 64) at every
-  step; D 64: the consumers take turns by step), scaled, staged in shared memory and added to an
-  fp32 dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``; Gluon 3.6 has the op in its
-  IR builder but no Python name: ``_tma_reduce_add``). ``ds_bufs`` sets of dS buffers rotate by
-  step, each reused once every consumer's dQ wgmma of its last use retired (``ds_free``); two sets
-  let the consumers drift a step apart. A step's dQ block is retired in the next step, behind its
+  step, but none past q's own, 64 / 128's; D 64: the consumers take turns by step), scaled, staged
+  in shared memory and added to an fp32 dQ buffer by a TMA reduce-add
+  (``cp.reduce.async.bulk.tensor``; Gluon 3.6 has the op in its IR builder but no Python name:
+  ``_tma_reduce_add``). ``ds_bufs`` sets of dS buffers rotate by step, each reused once every
+  consumer's dQ wgmma of its last use retired (``ds_free``); two sets let the consumers drift a
+  step apart. A step's dQ block is retired in the next step, behind its
   Sᵀ and dPᵀ, and reduce-added there, so the tensor pipe goes on from dQ to Sᵀ without the
   reduce-add in between (D 64; D 128 where no step is masked: dense, non-causal, no window). A
   last pass turns the buffer into dq (``Tensor.copy_``).
