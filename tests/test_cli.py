@@ -595,11 +595,12 @@ def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
                                                 ("sustained_clock", ["--seconds", "0"], "--seconds"),
                                                 ("reduce_rate", ["--out", ".", "--n", "1000"], "--n"),
                                                 ("reduce_rate", ["--out", ".", "--width", "0"], "--width"),
-                                                ("reduce_rate", ["--out", ".", "--heads", "0"], "--heads")],
+                                                ("reduce_rate", ["--out", ".", "--heads", "0"], "--heads"),
+                                                ("experiments/cluster_probe", ["--timeout", "0"], "--timeout")],
                          ids=["host-rounds", "host-rounds-word", "host-n", "split-rounds", "split-lengths",
                               "split-no-lengths", "deterministic-rounds", "clock-methods", "clock-modes",
                               "clock-head-dims", "clock-lengths-word", "clock-lengths-divide", "clock-seconds",
-                              "reduce-n", "reduce-width", "reduce-heads"])
+                              "reduce-n", "reduce-width", "reduce-heads", "cluster-probe-timeout"])
 def test_gpu_benchmarks_reject_bad_arguments(name, argv, needle, capsys):
     # GPU benchmarks: a bad argument is a usage error naming it, before any GPU work.
     module = load_benchmark(name)

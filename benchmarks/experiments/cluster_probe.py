@@ -207,13 +207,21 @@ def compile_only():
             print(f"probe {name}: ERROR {type(e).__name__}: {str(e.__cause__ or e).strip()[-600:]}")
 
 
-def main():
+def parse_args(argv=None):
+    """The arguments, checked before any GPU work (a usage error naming the argument otherwise)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".", help="folder for cluster_probe.json")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per probe")
     ap.add_argument("--compile-only", action="store_true", help="no GPU: compile each probe for sm_90")
     ap.add_argument("--probe", choices=list(PROBES), help=argparse.SUPPRESS)  # the child's entry point
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not args.timeout > 0:
+        ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+    return args
+
+
+def main():
+    args = parse_args()
     if args.compile_only:
         return compile_only()
     if args.probe:
