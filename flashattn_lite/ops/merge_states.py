@@ -221,12 +221,16 @@ def merge_pair_into(o: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor, lse_b
 # ------------------------------------------------------------------ autograd
 
 def _merge_backward(o_parts, lse_parts, lse, do, dlse):
-    """Closed-form gradients of the stacked merge. Shapes as in the forward, S first. The merged
-    output is not needed (it is formed again in float32 below), so the forward does not save it."""
+    """Closed-form gradients of the stacked merge. Shapes as in the forward, S first; ``do`` or
+    ``dlse`` None where that output reached no loss (the Functions leave gradients unmaterialized).
+    The merged output is not needed (it is formed again in float32 below), so the forward does not
+    save it."""
     finite = torch.isfinite(lse)
     lse_ref = torch.where(finite, lse, torch.zeros_like(lse))
     w = torch.where(finite & torch.isfinite(lse_parts), torch.exp(lse_parts - lse_ref), torch.zeros_like(lse_parts))
-    do = do.float() if do is not None else torch.zeros(o_parts.shape[1:], dtype=torch.float32, device=o_parts.device)
+    if do is None:  # only the lse was used: d o_s = 0, d lse_s = w_s·dlse, no pass over the parts
+        return torch.zeros_like(o_parts), w * dlse
+    do = do.float()
     parts = _empty_to_zero(o_parts, lse_parts).float()
     # ⟨dO, O_s − O⟩ cancels where one part dominates: against the returned O, rounded to 16 bits, that
     # rounding would be most of it, so O is formed again here in float32 (the forward's sum, unrounded).
@@ -247,6 +251,7 @@ class _MergePairFn(torch.autograd.Function):
         else:
             o, lse = merge_states_torch(_empty_to_zero(o_a, lse_a), lse_a, _empty_to_zero(o_b, lse_b), lse_b)
             o = o.to(o_a.dtype)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None (``_merge_backward``)
         ctx.save_for_backward(o_a, lse_a, o_b, lse_b, lse)
         return o, lse
 
@@ -267,6 +272,7 @@ class _MergeStackedFn(torch.autograd.Function):
         else:
             o, lse = merge_stacked_torch(o_parts, lse_parts)
             o = o.to(o_parts.dtype)
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(o_parts, lse_parts, lse)
         return o, lse
 
