@@ -205,8 +205,12 @@ def test_one_pass_wide_backward_launches_only_the_dkdv_kernel():
     rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))
     cfg = gluon_bwd.default_config(256, True, 333)._replace(fused_dq=True)
     dkdv, dq = wide.launches(q, k, v, q[..., :128], None, k, v, rows, rows, 0.1, True, cfg, PLAIN,
-                             dq_acc=torch.zeros(2, 4, 200, 256))
+                             dq_acc=torch.zeros(2, 4, 200, 192))  # (q's 192 columns: ``dq_buffer_width``)
     assert dq is None and dkdv[2]["FUSED_DQ"] and list(dkdv[1][-1].block_shape) == [1, 1, 64, 64]
+    # a buffer without a fused_dq config, or a fused_dq config without one: refused, never half-run
+    for config, acc in ((cfg._replace(fused_dq=False), torch.zeros(2, 4, 200, 192)), (cfg, None)):
+        with pytest.raises(ValueError, match="dq_acc"):
+            wide.launches(q, k, v, q[..., :128], q, k, v, rows, rows, 0.1, True, config, PLAIN, dq_acc=acc)
     # runtime arguments positional, constexprs by keyword (``Launcher``'s fast path keys the latter)
     assert all(isinstance(c, (bool, int, float, str)) for c in dkdv[2].values())
     constexprs = {n: c for n, c in dkdv[2].items() if n != "num_warps"}

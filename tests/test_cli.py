@@ -244,6 +244,11 @@ def test_theory_counts_o_and_repeated_kv_at_vs_head_dim():
     assert peers._out(wide) == 5120 and peers._repeat_bytes(wide, "repeat_kv") == 7168
     # SDPA flash's forward with repeated K/V: o + lse (2·4·8 float32s, 256 bytes) + the copies
     assert peers.PEERS["sdpa-flash"].theory_bytes(p, "fwd", "repeat_kv") == 1024 + 256 + 3072
+    # the math backend's forward: its float32 buffers a (row, head) of 4 bytes per column, scaled q
+    # and k (16 + 16), o (8), repeated K and V (16 + 8) = 64 columns; the rest as at v's width
+    same = peers.Problem(2, 4, 2, 8, 16, torch.float16, False, "cpu", value_dim=16)
+    assert (peers._math_theory(p, "fwd", "repeat_kv") - peers._math_theory(same, "fwd", "repeat_kv")
+            == 2 * 4 * 8 * (64 - 80) * 4 + (p.kv_bytes - same.kv_bytes) * 2)
 
 
 def test_gluon_dq_buffer_width(monkeypatch):

@@ -289,7 +289,9 @@ def _math_theory(p: Problem, mode: str, way: str) -> int:
     up = (p.q_bytes + p.kv_bytes) * 4 // p.elem if p.elem < 4 else 0
     if mode == "fwd":
         mask = 4 * p.seqlen * p.seqlen if p.causal else 0
-        return 8 * p.scores + mask + up + full32 * (3 + (2 if p.group > 1 else 0))
+        # scaled q and k copies (D wide), the float32 output (Dv), repeated K (D) and V (Dv) with GQA
+        widths = 2 * p.head_dim + p.dv + ((p.head_dim + p.dv) if p.group > 1 else 0)
+        return 8 * p.scores + mask + up + p.batch * p.heads * p.seqlen * widths * 4
     return 12 * p.scores + (p.q_bytes + p.kv_bytes) * 4 // p.elem + full32
 
 

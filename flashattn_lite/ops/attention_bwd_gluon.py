@@ -1189,6 +1189,13 @@ def _row_stats_kernel(o, do, lse, dlse, delta_pad, lse2_pad, dq_acc,
         tl.store(dq_acc + row[:, None] * width + cols[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=ok)
 
 
+def _buffer_block(width: int) -> tuple[int, dict]:
+    """The fp32 dQ buffer's row of ``width`` floats as the row statistics' and the conversion's kernels
+    take it: their power-of-two block (``HEAD_DIM``) and, where the row is shorter, ``ACC_W``."""
+    block = triton.next_power_of_2(width)
+    return block, (dict(ACC_W=width) if block != width else {})
+
+
 def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None):
     """δ = rowsum(dO ∘ O) − dlse and lse₂ = lse·log2 e (+inf where lse = −inf) as (B·Hq, n_pad)
     float32 rows padded with δ = 0 and lse₂ = +inf (P = 0 on the padding rows), in one pass that also
@@ -1201,9 +1208,7 @@ def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None)
     delta_pad = torch.empty((B * Hq, n_pad), device=o.device, dtype=torch.float32)
     lse2_pad = torch.empty((B * Hq, n_pad), device=o.device, dtype=torch.float32)
     block_m = 16 if interpreter_active() else 64
-    width = dq_acc.shape[3] if dq_acc is not None else Dv
-    block = triton.next_power_of_2(width) if dq_acc is not None else width
-    acc_w = dict(ACC_W=width) if block != width else {}  # the one pass's 192-column buffer
+    block, acc_w = _buffer_block(dq_acc.shape[3]) if dq_acc is not None else (Dv, {})
     _row_stats_kernel[(n_pad // block_m * B * Hq,)](
         o, do, lse, dlse if dlse is not None else lse, delta_pad, lse2_pad, dq_acc, *o.stride(), *do.stride(),
         Hq, Nq, n_pad, HEAD_DIM=block, HEAD_DIM_V=Dv, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None,
@@ -1251,8 +1256,9 @@ def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     """The kernel's shared memory, barriers aside (the offline compile's figure less ~0.5 KB): the K
     and V boxes, the ring of Q, dO, lse₂, δ slots and, with ``fused_dq``, the dS sets and one fp32
     dQ staging buffer per consumer. ``split_d``: the dK/dV kernel's (one K and one V box, the ring,
-    the P and dS buffers; its dQ kernel takes less; in one pass, 32 KB of staging more, which fits
-    only where V is at most 128 wide: ``attention_bwd_gluon_wide.one_pass``)."""
+    the P and dS buffers, all at ``head_dim``; its dQ kernel takes less). Not counted there: the one
+    pass's 32 KB of dQ staging (``attention_bwd_gluon_wide.one_pass`` takes it only where V runs at
+    most 128 wide, whose narrower V and dO boxes make the room)."""
     m, d, c = cfg.block_m, head_dim, cfg.consumers
     if cfg.split_d:
         return 2 * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4) + 2 * m * 64 * itemsize
@@ -1400,8 +1406,9 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
         seq_ce["DV_REAL"] = value_dim
     if kv_share > 1:
         seq_ce["KV_SHARE"] = kv_share
-    if qk_width(D_real) < D:  # Sᵀ over q's own columns where v's wider ones set the kernel's (64 / 128)
-        seq_ce["QK"] = qk_width(D_real)
+    qk = qk_width(D_real)
+    if qk < D:  # Sᵀ over q's own columns where v's wider ones set the kernel's (64 / 128)
+        seq_ce["QK"] = qk
     return dict(
         grid=grid,
         order=(launch_order(cdiv(Nk, cfg.block_n), B * Hkv, Hq // Hkv, gpu_sm_count(q.device))
@@ -1614,16 +1621,18 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
         from .attention_bwd_gluon_wide import run
         run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg, PLAIN if variant is None else variant,
             row_starts, dq_acc)
+        spread = False  # (the wide kernels stage dQ in plain order)
     else:
         grid, args, kwargs = _launch(q, k, v, do, dq, dk_out, dv_out, lse2_pad, delta_pad, scale, causal, cfg,
                                      PLAIN if variant is None else variant, dq_acc, row_starts, share)
         _attn_bwd_gluon_launcher[grid](*args, **kwargs)
+        spread = kwargs["DEFER_DQ"]  # dQ staged in ``_spread_banks``' order
     if share > 1:  # the group's float32 sums, rounded once
         dk.copy_(dk_out)
         dv.copy_(dv_out)
 
     if cfg.fused_dq:
-        dq = _dq_from_buffer(dq_acc, q, not cfg.split_d and kwargs["DEFER_DQ"], dq)
+        dq = _dq_from_buffer(dq_acc, q, spread, dq)
     elif not cfg.split_d:  # a one-writer dQ kernel: the TMA one where it reaches, else the portable one
         lse2, delta = lse2.contiguous(), delta.contiguous()
         if _tma_dq_covers(variant, causal, q.shape[3], v.shape[3]):
@@ -1678,13 +1687,11 @@ def _dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, spread: bool, dq: tor
     16k × 16 heads × 128 (H100)."""
     dq = torch.empty_like(q) if dq is None else dq
     B, Hq, Nq, W = dq_acc.shape
-    D = triton.next_power_of_2(W)
+    D, acc_w = _buffer_block(W)  # (the one pass's 192-column buffer: ``dq_buffer_width``)
     block_r = 8192 // D
     padded = dict(D_REAL=dq.shape[3]) if dq.shape[3] != D else {}  # a head dim run padded: its own columns
-    if W != D:
-        padded["ACC_W"] = W  # the one pass's buffer, q's ``qk_width`` (``dq_buffer_width``)
     _dq_convert_kernel[(cdiv(Nq, block_r) * B * Hq,)](dq_acc, dq, Hq, Nq, *dq.stride()[:3], HEAD_DIM=D,
-                                                      SPREAD=spread, BLOCK_R=block_r, **padded)
+                                                      SPREAD=spread, BLOCK_R=block_r, **padded, **acc_w)
     return dq
 
 

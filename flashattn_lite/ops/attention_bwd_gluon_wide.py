@@ -68,7 +68,7 @@ if _HAS_GLUON:
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _to_16bit, banded_key_tile,
                                       query_tiles, seq_key_tile, seq_rows)
-    from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles, qk_width
+    from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles, qk_width_constexpr
 
     @gluon.jit
     def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr,
@@ -119,7 +119,7 @@ if _HAS_GLUON:
                                                             instr_shape=[16, HALF_DV, 16])
         k_all = k_smem.index(0).reshape([64, HEAD_DIM])
         # Sᵀ reduces over q's head dim rounded up to 64 (192 of the 256 columns: ``_qk``), the rest zeros
-        QK: gl.constexpr = qk_width(D_REAL) if D_REAL > 0 else HEAD_DIM
+        QK: gl.constexpr = qk_width_constexpr(D_REAL) if D_REAL > 0 else HEAD_DIM
         v_all = v_smem.index(0).reshape([64, DV])
         keys = start_n + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
         tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
@@ -362,7 +362,7 @@ if _HAS_GLUON:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
         DV: gl.constexpr = v_smem.shape[4]  # V's and dO's width: HEAD_DIM, or v's own (``launches``)
         q_all = q_smem.reshape([BLOCK_M, HEAD_DIM])
-        QK: gl.constexpr = qk_width(D_REAL) if D_REAL > 0 else HEAD_DIM  # S's width (``_wide_consumer``)
+        QK: gl.constexpr = qk_width_constexpr(D_REAL) if D_REAL > 0 else HEAD_DIM  # S's width (``_wide_consumer``)
         do_all = do_smem.reshape([BLOCK_M, DV])
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_zero = gl.zeros([BLOCK_M, 64], gl.float32, layout=s_layout)
@@ -574,6 +574,9 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     def strides(t):  # varlen: batch stride 0 (its programs' b is the sequence; the tensors have one row)
         return (0 if seq == SEQ_VARLEN else t.stride(0), t.stride(1), t.stride(2))
     # one pass (``dq_acc``): the float32 dQ buffer's descriptor, else None (a constexpr: not in the PTX)
+    if (dq_acc is not None) != bool(cfg.fused_dq):
+        raise ValueError(f"dq_acc: a float32 dQ buffer goes with a fused_dq config (the one pass) and only "
+                         f"with one; got {'a buffer' if dq_acc is not None else 'none'} with {cfg.name}")
     dq_desc = None if dq_acc is None else tma_descriptor(dq_acc, [1, 1, m, 64])
     fused = {} if dq_acc is None else dict(FUSED_DQ=True)
     dkdv = (plan["grid"], (*descriptors, dk, dv, *strides(dk), *strides(dv), Hq, k.shape[1], Nq, k.shape[2],
