@@ -196,7 +196,7 @@ def gluon_bwd(opts, causal=True, d=128):
             dkdv, _ = w.launches(q, kv, v, do, None, kv, v, rows, rows, 0.088, causal, cfg._replace(fused_dq=True),
                                  variant, dq_acc=torch.zeros(B, H, N, g.dq_buffer_width(d, kd, True)))
             return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
-        dkdv, dq = w.launches(q, kv, v, do, q, kv, v, rows, rows, 0.088, causal, cfg, variant,
+        dkdv, dq = w.launches(q, kv, v, do, q, kv, v, rows, rows, 0.088, causal, cfg._replace(fused_dq=False), variant,
                               torch.zeros(4, dtype=torch.int32))
         if config == "dq":
             return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, *dq[1:])

@@ -247,12 +247,29 @@ def test_head_dim_256_takes_the_split_head_dim_kernel_only():
         for d in (64, 128):
             assert "split-head-dim" in gluon_bwd.config_reason(d, cfg)
     q256 = torch.zeros(1, 2, 8, 256, dtype=torch.bfloat16)
-    for cfg in (gluon_bwd.CONFIGS[128][0], wide._replace(ds_bufs=2), wide._replace(fused_dq=True)):
+    for cfg in (gluon_bwd.CONFIGS[128][0], wide._replace(ds_bufs=2)):
         assert gluon_bwd.config_reason(256, cfg) is not None
         with pytest.raises(ValueError, match="head dim 256"):  # before anything runs
             gluon_bwd.attention_backward_gluon(q256, q256, q256, q256, q256, torch.zeros(1, 2, 8), scale=0.1,
                                                causal=True, config=cfg)
     assert gluon_bwd.default_config(256, True, 8192, deterministic=True) == wide
+    # The one pass (dQ reduce-added by the dK/dV kernel) is a config of the sweep: the default picks it
+    # exactly where ``one_pass`` takes the call, so passing the default by hand runs the same kernels.
+    one = gluon_bwd.CONFIGS[256][1]
+    assert one.split_d and one.fused_dq and gluon_bwd.config_reason(256, one) is None
+    assert gluon_bwd.default_config(256, True, 8192, value_dim=128) == one
+    assert gluon_bwd.default_config(256, True, 8192, value_dim=128, variant=PLAIN) == one
+    for causal, dv, variant, det in ((False, 128, None, False), (True, 256, None, False), (True, 192, None, False),
+                                     (True, 128, Variant(softcap=30.0), False), (True, 128, None, True)):
+        assert gluon_bwd.default_config(256, causal, 8192, det, dv, variant) == wide, (causal, dv, variant, det)
+        note = gluon_bwd.path_note(variant or PLAIN, 192, det, causal, dv)
+        assert "one pass" not in note, note
+    assert "one pass" in gluon_bwd.path_note(PLAIN, 192, False, True, 128)
+    # and refused for a call the one pass does not take (v 256 wide: its dQ staging would not fit)
+    for causal in (True, False):
+        with pytest.raises(ValueError, match="one pass"):
+            gluon_bwd.attention_backward_gluon(q256, q256, q256, q256, q256, torch.zeros(1, 2, 8), scale=0.1,
+                                               causal=causal, config=one)
     q = torch.zeros(2, 4, 100, 256, dtype=torch.bfloat16)
     k = torch.zeros(2, 2, 100, 256, dtype=torch.bfloat16)
     assert gluon_bwd.group_split(q, k, True, None, wide) == 1

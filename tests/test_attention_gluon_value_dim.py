@@ -203,7 +203,8 @@ def test_one_pass_wide_backward_launches_only_the_dkdv_kernel():
     assert "dQ kernels" in gluon_bwd.path_note(PLAIN, 192, causal=False, value_dim=128)
     assert "dQ kernels" in gluon_bwd.path_note(PLAIN, 192, deterministic=True, causal=True, value_dim=128)
     rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))
-    cfg = gluon_bwd.default_config(256, True, 333)._replace(fused_dq=True)
+    cfg = gluon_bwd.default_config(256, True, 333, value_dim=128)
+    assert cfg.fused_dq
     dkdv, dq = wide.launches(q, k, v, q[..., :128], None, k, v, rows, rows, 0.1, True, cfg, PLAIN,
                              dq_acc=torch.zeros(2, 4, 200, 192))  # (q's 192 columns: ``dq_buffer_width``)
     assert dq is None and dkdv[2]["FUSED_DQ"] and list(dkdv[1][-1].block_shape) == [1, 1, 64, 64]

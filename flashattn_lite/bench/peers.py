@@ -332,12 +332,9 @@ def _gluon_dq_bytes(p: Problem) -> int:
              and p.batch * p.heads * p.seqlen ** 2 * p.head_dim >= hopper.MIN_WORK)
     if not takes:
         return 0
+    fused = gluon.default_config(width, p.causal, p.seqlen, False, p.dv).fused_dq
     if width == 256:
-        from ..ops.attention_bwd_gluon_wide import one_pass
-        fused = one_pass(p.dv, None, p.causal)
         width = gluon.dq_buffer_width(p.head_dim, width, split_d=True)  # q's columns only (192 at MLA)
-    else:
-        fused = True  # (the default configs below 256 all reduce-add dQ: ``default_config``)
     whole = (slice(None), slice(None))
     rows, kv_heads = gluon.dq_buffer_chunks(p.batch, p.heads, p.kv_heads, p.seqlen, width)[0] if fused else whole
     planes = len(range(p.batch)[rows]) * len(range(p.kv_heads)[kv_heads]) * p.group  # (row, query head) pairs

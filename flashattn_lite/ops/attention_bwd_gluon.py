@@ -167,8 +167,9 @@ class Config(NamedTuple):
     loader gets ``LOADER_REGS``). ``split_d``: the head dim 256 kernels
     (``attention_bwd_gluon_wide``), whose consumers share one tile of 64 keys, each computing the
     scores of half the query rows and dK, dV's columns of half the head dim (one P/dS set:
-    ``ds_bufs`` 1), dq by their own dQ kernel (``fused_dq`` False; the default's plain causal calls
-    with v at most 128 wide switch it on: ``attention_bwd_gluon_wide.one_pass``)."""
+    ``ds_bufs`` 1), dq by their own dQ kernel (``fused_dq`` False) or, for the plain causal calls
+    with v at most 128 wide that ``attention_bwd_gluon_wide.one_pass`` takes, reduce-added by the
+    dK/dV kernel (``fused_dq``)."""
     consumers: int
     block_m: int
     stages: int
@@ -214,19 +215,25 @@ class Config(NamedTuple):
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
-    256: [Config(2, 64, 2, False, 1, split_d=True)],
+    # D 256: the dK/dV and dQ kernels, and the dK/dV kernel alone reduce-adding dQ (``one_pass``)
+    256: [Config(2, 64, 2, False, 1, split_d=True), Config(2, 64, 2, True, 1, split_d=True)],
 }
 
 
-def default_config(head_dim: int, causal: bool = False, n: int = 4096, deterministic: bool = False) -> Config:
+def default_config(head_dim: int, causal: bool = False, n: int = 4096, deterministic: bool = False,
+                   value_dim: int | None = None, variant: Variant | None = None) -> Config:
     """The sweep's fastest config (``benchmarks/gluon_bwd.py`` on the H100, 2026-11-24, bf16, N 2k /
     8k / 16k with B·N 16k: ``gluon_bwd-20261124-131528.json``): fused dQ with two dS sets, 2 stages
     at d 128 (418–486 TFLOP/s), 4 at d 64 (286–399; 3 stages with one dS set ties at causal 2k).
     ``deterministic`` (``torch.use_deterministic_algorithms``): dq by a one-writer dQ kernel
     (``_tma_dq_covers``) instead of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64:
-    268–330; 1.08–1.24× the Triton TMA pair)."""
+    268–330; 1.08–1.24× the Triton TMA pair). At head dim 256 the dK/dV and dQ kernels, or where
+    ``attention_bwd_gluon_wide.one_pass`` takes the call (v's head dim ``value_dim``, the
+    ``variant``), the dK/dV kernel alone with dQ fused."""
     if head_dim == 256:
-        return CONFIGS[256][0]
+        from .attention_bwd_gluon_wide import one_pass
+        one = not deterministic and one_pass(value_dim or head_dim, variant, causal)
+        return CONFIGS[256][1] if one else CONFIGS[256][0]
     if deterministic:
         return Config(2, 64, 3, False)
     return Config(2, 64, 2, True, 2) if head_dim == 128 else Config(2, 64, 4, True, 2)
@@ -1053,11 +1060,10 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     run padded to it, its dK/dV and dQ kernels, or the dK/dV kernel alone (``one_pass``); under
     ``deterministic``, its dK/dV with the one-writer dQ kernel ``_tma_dq_covers`` picks); at a head
     dim run padded (``kernel_head_dim``; ``value_dim``: v's where it is not q's), that said too."""
-    from .attention_bwd_gluon_wide import one_pass
     padded = kernel_head_dim(head_dim, value_dim)
     padded_value = wide_value_width(value_dim) if value_dim is not None and padded == 256 else None
     pad = padding_note(head_dim, value_dim, padded, padded_value)
-    one = padded == 256 and not deterministic and one_pass(value_dim or head_dim, variant, causal)
+    one = padded == 256 and default_config(256, causal, 0, deterministic, value_dim or head_dim, variant).fused_dq
     if (variant is None or variant is PLAIN) and not pad and not one:
         return PATH_NOTE
     variant = PLAIN if variant is None else variant
@@ -1279,9 +1285,9 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
         return f"head dim {head_dim} (only {HEAD_DIMS})"
     if cfg.consumers != 2 or cfg.block_m != 64:
         return f"config {cfg.name}: the kernel takes two consumers of 64 keys and 64-row query tiles"
-    if cfg.split_d != (head_dim == 256) or (cfg.split_d and (cfg.ds_bufs != 1 or cfg.fused_dq)):
+    if cfg.split_d != (head_dim == 256) or (cfg.split_d and cfg.ds_bufs != 1):
         return (f"config {cfg.name} at head dim {head_dim}: head dim 256 takes the split-head-dim configs "
-                "(one dS set, dq by their own dQ kernel), and only it")
+                "(one dS set), and only it")
     if cfg.stages < 1 or cfg.ds_bufs not in (1, 2):
         return f"config {cfg.name}: stages ≥ 1 and 1 or 2 dS sets"
     need = shared_memory_bytes(head_dim, cfg, itemsize) + SMEM_SLACK
@@ -1514,7 +1520,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]  # a head dim run padded: the kernel's (``config_reason``)
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
-    cfg = config or default_config(D, causal, max(Nq, Nk), deterministic)
+    cfg = config or default_config(D, causal, max(Nq, Nk), deterministic, v.shape[3], variant)
     if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
         message = (f"attention_backward_gluon: config {cfg.name} adds dq by fp32 reduce-adds in any order, "
                    "which torch.use_deterministic_algorithms(True) forbids; pass a config with fused_dq=False")
@@ -1524,10 +1530,13 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     reason = config_reason(D, cfg, q.element_size())
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: {reason}")
-    if cfg.split_d and config is None and not deterministic:
+    if cfg.split_d and cfg.fused_dq:
         from .attention_bwd_gluon_wide import one_pass
-        if one_pass(v.shape[3], variant, causal):  # dQ reduce-added in the dK/dV kernel
-            cfg = cfg._replace(fused_dq=True)
+        if not one_pass(v.shape[3], variant, causal):  # (its dQ staging fits beside V only up to 128)
+            raise ValueError(f"attention_backward_gluon: config {cfg.name} (dQ fused at head dim 256, one pass) "
+                             "takes plain causal calls over dense batches whose v's head dim pads to at most 128; "
+                             f"this call has v's head dim {v.shape[3]}, causal={causal} and its options: "
+                             f"pass {CONFIGS[256][0].name}")
     chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D, cfg.split_d)) if cfg.fused_dq
               else [(slice(None), slice(None))])
     if len(chunks) == 1:

@@ -527,8 +527,8 @@ def one_pass(value_dim: int, variant, causal: bool) -> bool:
     the float32 staging then fits beside the ring). There it measured 1.08–1.09 × the two kernels,
     non-causal 0.97–0.99 ×, so those keep the pair (H200, ``bench_ab-20261130-0744.json``). Options
     (softcap, ALiBi, windows, sinks) keep the pair too: the one pass has not run with them on a GPU.
-    An explicit ``config`` (``attention_backward_gluon``) takes the pair: the one pass is the
-    default's choice."""
+    Its config is ``attention_bwd_gluon.CONFIGS[256][1]`` (``fused_dq``): ``default_config`` picks it
+    for such calls, and ``attention_backward_gluon`` refuses it for any other."""
     from .attention_bwd_gluon import _is_plain, wide_value_width
     return causal and _is_plain(variant, causal) and wide_value_width(value_dim) <= 128
 
