@@ -194,7 +194,7 @@ def gluon_bwd(opts, causal=True, d=128):
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
         if one_pass:
             dkdv, _ = w.launches(q, kv, v, do, None, kv, v, rows, rows, 0.088, causal, cfg._replace(fused_dq=True),
-                                 variant, dq_acc=torch.zeros(B, H, N, g.dq_buffer_width(d, kd, True)))
+                                 variant, dq_acc=torch.zeros(B, H, N, g.dq_buffer_width(d, kd)))
             return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
         dkdv, dq = w.launches(q, kv, v, do, q, kv, v, rows, rows, 0.088, causal, cfg._replace(fused_dq=False), variant,
                               torch.zeros(4, dtype=torch.int32))
@@ -220,7 +220,7 @@ def bwd_rows(opts):
     acc_w = {}
     if opts.get("one_pass"):  # the head dim 256 one pass's buffer: q's columns (192), no power of 2
         dv = opts["dv"]
-        kd, acc_w = g.kernel_head_dim(d, dv), dict(ACC_W=g.dq_buffer_width(d, g.kernel_head_dim(d, dv), True))
+        kd, acc_w = g.kernel_head_dim(d, dv), dict(ACC_W=g.dq_buffer_width(d, g.kernel_head_dim(d, dv)))
         block_dv = triton.next_power_of_2(dv)
     if kernel == "row stats":
         return compile_ptx(g._row_stats_kernel.jit, dict(HEAD_DIM=kd, HEAD_DIM_V=opts.get("dv", d), HAS_DLSE=False,

@@ -325,8 +325,8 @@ def test_a_dq_buffer_of_q_columns_is_zeroed_and_converted_within_its_rows():
     # The head dim 256 one pass reduce-adds only q's qk_width (192 at MLA) columns: its fp32 buffer
     # is that wide, no power of two. The row statistics' pass zeroes exactly it (the storage's
     # guard floats past it stay NaN), and the conversion reads its 192-float rows into dq.
-    assert [gluon_bwd.dq_buffer_width(d, 256, True) for d in (136, 192, 256)] == [192, 192, 256]
-    assert gluon_bwd.dq_buffer_width(64, 128, False) == 128  # d ≤ 128: the kernel's width
+    assert [gluon_bwd.dq_buffer_width(d, 256) for d in (136, 192, 256)] == [192, 192, 256]
+    assert [gluon_bwd.dq_buffer_width(d, 128) for d in (48, 64, 96, 128)] == [64, 64, 128, 128]
     g = torch.Generator().manual_seed(3)
     o, do = (torch.randn(1, 2, 20, 128, generator=g).half().to(DEVICE) for _ in range(2))
     lse = torch.randn(1, 2, 20, generator=g).to(DEVICE)

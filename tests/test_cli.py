@@ -252,10 +252,10 @@ def test_theory_counts_o_and_repeated_kv_at_vs_head_dim():
 
 
 def test_gluon_dq_buffer_width(monkeypatch):
-    # The Gluon backward's float32 dQ buffer, as if on an sm_90 GPU with the Gluon triton: at d ≤ 128
-    # the kernel's width (kernel_head_dim), not q's head dim; at width 256 only in the one pass (plain
-    # causal, v at most 128 wide), q's head dim rounded up to 64, else δ and lse₂ alone. B 1,
-    # Hq = Hkv = 16, bf16; δ and lse₂: 2·N·4 bytes a head.
+    # The Gluon backward's float32 dQ buffer, as if on an sm_90 GPU with the Gluon triton: q's head dim
+    # rounded up to 64 within the kernel's width (kernel_head_dim); at width 256 only in the one pass
+    # (plain causal, v at most 128 wide), else δ and lse₂ alone. B 1, Hq = Hkv = 16, bf16; δ and lse₂:
+    # 2·N·4 bytes a head.
     from flashattn_lite.bench import peers
     from flashattn_lite.ops import attention_bwd_gluon as gluon
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
@@ -267,8 +267,8 @@ def test_gluon_dq_buffer_width(monkeypatch):
     def dq_bytes(n, d, dv=None, causal=True, dtype=torch.bfloat16):
         return peers._gluon_dq_bytes(peers.Problem(1, 16, 16, n, d, dtype, causal, "cuda", dv))
 
-    # d 64, v 128: the d 128 kernel, 16 heads · 16k rows · 128 columns · 4 bytes (not 64 columns)
-    assert dq_bytes(16384, 64, 128) == 128 * MiB + 2 * MiB
+    # d 64, v 128: the d 128 kernel, its dQ buffer q's 64 columns: 16 heads · 16k rows · 64 · 4 bytes
+    assert dq_bytes(16384, 64, 128) == 64 * MiB + 2 * MiB
     assert dq_bytes(16384, 128) == 128 * MiB + 2 * MiB
     # MLA 192 / 128, causal: the one pass, its buffer q's 192 columns of the kernel's 256; at 32k in
     # launches of 10 heads (24 MiB each, within 256 MiB); 256 / 128 keeps all 256

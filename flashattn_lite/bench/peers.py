@@ -316,10 +316,10 @@ def _gluon_dq_bytes(p: Problem) -> int:
     reduce-adds into (as FlashAttention's backwards keep) and δ, lse₂ padded to 128-row tiles, for
     its largest launch (calls with that buffer run in chunks of rows and KV heads past
     ``DQ_BUFFER_BYTES``: ``dq_buffer_chunks``). It runs every head dim pair that ``kernel_head_dim``
-    maps to a kernel width (v's may differ from q's), and its dQ buffer has that width. At width 256
-    only a one-pass call (``attention_bwd_gluon_wide.one_pass``: plain causal, v padding to at most
-    128) has the buffer, q's columns wide (``dq_buffer_width``); the others run a dK/dV and a dQ
-    kernel, in one launch, and have δ, lse₂ only.
+    maps to a kernel width (v's may differ from q's), its dQ buffer q's columns within that width
+    (``dq_buffer_width``). At width 256 only a one-pass call (``attention_bwd_gluon_wide.one_pass``:
+    plain causal, v padding to at most 128) has the buffer; the others run a dK/dV and a dQ kernel,
+    in one launch, and have δ, lse₂ only.
     Under deterministic algorithms (no buffer: a one-writer dQ kernel) it counts 0."""
     from ..ops import attention_bwd_gluon as gluon
     from ..ops import attention_fwd_hopper as hopper
@@ -333,9 +333,8 @@ def _gluon_dq_bytes(p: Problem) -> int:
     if not takes:
         return 0
     fused = gluon.default_config(width, p.causal, p.seqlen, False, p.dv).fused_dq
-    if width == 256:
-        width = gluon.dq_buffer_width(p.head_dim, width, split_d=True)  # q's columns only (192 at MLA)
     whole = (slice(None), slice(None))
+    width = gluon.dq_buffer_width(p.head_dim, width)  # q's columns only (64 at 64 / 128, 192 at MLA)
     rows, kv_heads = gluon.dq_buffer_chunks(p.batch, p.heads, p.kv_heads, p.seqlen, width)[0] if fused else whole
     planes = len(range(p.batch)[rows]) * len(range(p.kv_heads)[kv_heads]) * p.group  # (row, query head) pairs
     return planes * ((p.seqlen * width * 4 if fused else 0) + 2 * (-(-p.seqlen // 128) * 128) * 4)

@@ -1425,7 +1425,7 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
                         DS_BUFS=cfg.ds_bufs if cfg.fused_dq else 1, CONSUMER_REGS=cfg.consumer_regs,
                         LOADER_REGS=LOADER_REGS, DEFER_DQ=defers_dq(D, cfg, causal, variant)),
         row_stats_shape=(B * Hq, _pad_rows(Nq + 3 * (variant.seq_q.shape[0] - 1) if seq == SEQ_VARLEN else Nq)),
-        dq_acc_shape=(B, Hq, Nq, dq_buffer_width(D_real, D, cfg.split_d)) if cfg.fused_dq else None,
+        dq_acc_shape=(B, Hq, Nq, dq_buffer_width(D_real, D)) if cfg.fused_dq else None,
     )
 
 
@@ -1537,7 +1537,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
                              "takes plain causal calls over dense batches whose v's head dim pads to at most 128; "
                              f"this call has v's head dim {v.shape[3]}, causal={causal} and its options: "
                              f"pass {CONFIGS[256][0].name}")
-    chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D, cfg.split_d)) if cfg.fused_dq
+    chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D)) if cfg.fused_dq
               else [(slice(None), slice(None))])
     if len(chunks) == 1:
         return _backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant)
@@ -1573,12 +1573,11 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
 DQ_BUFFER_BYTES = 256 * 2 ** 20  # the fused dQ's fp32 buffer of one launch, at most (but for one head's)
 
 
-def dq_buffer_width(head_dim: int, kernel_width: int, split_d: bool) -> int:
-    """The fp32 dQ buffer's columns: the kernel's width (``kernel_head_dim``; at d ≤ 128 its dQ
-    wgmmas cover them all), or at head dim 256 (``split_d``, where only the one pass has a buffer)
-    the columns the one pass reduce-adds, q's ``qk_width`` (192 at MLA: a quarter of the buffer's
-    bytes, zeroing and conversion saved)."""
-    return qk_width(head_dim) if split_d else kernel_width
+def dq_buffer_width(head_dim: int, kernel_width: int) -> int:
+    """The fp32 dQ buffer's columns: the ones the kernels reduce-add, q's ``qk_width`` within the
+    kernel's width (``kernel_head_dim``): at d ≤ 128 the consumers' dQ columns stop at q's (64 of
+    128 at 64 / 128: ``DQ_HERE``), the head dim 256 one pass's at q's too (192 at MLA)."""
+    return min(kernel_width, qk_width(head_dim))
 
 
 def dq_buffer_chunks(B: int, Hq: int, Hkv: int, Nq: int, D: int) -> list[tuple[slice, slice]]:
@@ -1603,7 +1602,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     """``attention_backward_gluon``'s work for one launch, checks done; ``out``: (dq, dk, dv) to
     write (views of a chunked call's gradients), else new tensors."""
     B, Hq, Nq, _ = q.shape
-    dq_w = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]), cfg.split_d)  # converted to q's below
+    dq_w = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]))  # converted to q's below
     row_starts = None
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd_hopper import row_stats
