@@ -171,6 +171,7 @@ def gluon_bwd(opts, causal=True, d=128):
     opts = dict(opts)
     seq, config, dv = opts.pop("seq", None), opts.pop("config", None), opts.pop("dv", None)
     one_pass = opts.pop("one_pass", False)  # the wide dK/dV kernel reducing dQ too (``FUSED_DQ``)
+    kv_share = opts.pop("kv_share", 1)  # GQA split: each program one query head, dK and dV float32 sums
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
     rows = torch.zeros(B * H, 1024)
     if seq == "varlen":
@@ -201,8 +202,10 @@ def gluon_bwd(opts, causal=True, d=128):
         if config == "dq":
             return _compile_gluon(w._attn_bwd_gluon_wide_dq_kernel, *dq[1:])
         return _compile_gluon(w._attn_bwd_gluon_wide_kernel, *dkdv[1:])
-    _, args, kwargs = g._launch(q, kv, v, do, None, kv, v, rows, rows, 0.088, causal, cfg, variant,
-                                dq_acc=torch.zeros(B, H, N, kd), row_starts=torch.zeros(4, dtype=torch.int32))
+    dk, dv = (kv, v) if kv_share == 1 else (kv.float(), v.float())
+    share = dict(kv_share=kv_share) if kv_share > 1 else {}
+    _, args, kwargs = g._launch(q, kv, v, do, None, dk, dv, rows, rows, 0.088, causal, cfg, variant,
+                                dq_acc=torch.zeros(B, H, N, kd), row_starts=torch.zeros(4, dtype=torch.int32), **share)
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
 
 def bwd_rows(opts):
@@ -389,6 +392,8 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d128 dv64 varlen", gluon_bwd, dict(dv=64, seq="varlen")),
          ("gluon bwd d128 dv64", gluon_bwd, dict(dv=64)),
          ("gluon bwd d64 dv128", gluon_bwd, dict(d=64, dv=128)),
+         ("gluon bwd d64 dv128 varlen", gluon_bwd, dict(d=64, dv=128, seq="varlen")),
+         ("gluon bwd d64 dv128 gqa split", gluon_bwd, dict(d=64, dv=128, kv_share=2)),
          ("gluon bwd d192", gluon_bwd, dict(d=192)), ("gluon bwd d192 dq", gluon_bwd, dict(d=192, config="dq")),
          ("gluon bwd d192 varlen window+all", gluon_bwd, dict(d=192, seq="varlen", left=300, softcap=30.0,
                                                               alibi=True, sinks=True)),

@@ -173,6 +173,7 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
         constexprs = {n: c for n, c in kwargs.items() if n != "num_warps"}
         inspect.signature(kernel.fn).bind(*args, **constexprs)
         assert constexprs["HEAD_DIM"] == 256 and constexprs["D_REAL"] == 192
+        assert constexprs["QK"] == 192  # S, Sᵀ over q's 192 columns of the kernel's 256 (``_qk``)
         assert [a.block_shape[-1] for a in args[:4]] == [256, 256, 128, 128]
     assert dkdv[2]["DV_REAL"] == 128 and "DV_REAL" not in dq[2]
     # v at 64 (256 / 64): V and dO still 128 wide, so each consumer's dV half of dO is 64 columns.
@@ -334,7 +335,24 @@ def test_attention_dispatch_and_views_of_one_projection(d, dv, deterministic):
 
 
 @needs_gpu
-@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (80, 48)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gqa_split_with_v_wider_than_q_matches_reference(monkeypatch, dtype):
+    # 64 / 128 with the GQA group split (``group_split``: a program a query head, dK at q's 64
+    # columns and dV at v's 128 reduce-added in float32 into the KV head's sums), causal, Nq ≠ Nk.
+    from test_attention_bwd_hopper import reference_grads
+    monkeypatch.setattr(gluon_bwd, "split_min_keys", lambda group, d: 0)
+    q, k, v, do = make((2, 8, 2, 1000, 1037, 64), 128, dtype, seed=4)
+    assert gluon_bwd.group_split(q, k, True, None, gluon_bwd.default_config(128, True, 1037)) == 4
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 0.125, True)
+    ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=0.125, causal=True)
+    ref = reference_grads(q, k, v, do, True, torch.float64)
+    same = reference_grads(q, k, v, do, True, dtype)
+    for name, a, s_, r in zip(("dq", "dk", "dv"), ours, same, ref):
+        assert_close_to_ref(a, s_, r, eps=2 * EPS[dtype], what=name)
+
+
+@needs_gpu
+@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (64, 128), (80, 48)], ids=str)
 def test_varlen_matches_reference(d, dv, monkeypatch):
     # A packed batch (an empty sequence, one of one row, a partial tile): forward (the Gluon kernel,
     # o at v's width) and backward (Gluon, checked: dv's masked stores at a sequence's end keep to
