@@ -16,23 +16,28 @@ in 64-column TMA boxes (``_tma_reduce_add``, as the Gluon backward does). Walks:
   them, one program a unit (a key tile), in unit order (head-major; causal, the heaviest tile of a
   head first), each program holding ~200 KB of shared memory so that one runs an SM at a time.
 
-``--wait`` waits for each step's reduces before the next (one staging buffer, as the kernels
-have); without it the TMA unit queues them. No GPU work but the reduces, so the rates are ceilings.
+Each walk runs twice: with ``wait`` (each step's reduces waited for before the next: one staging
+buffer, as the kernels have) and without (the TMA unit queues them). No GPU work but the reduces,
+so the rates are ceilings. Every case is first run once on a zeroed buffer (compiling it) and its
+sum checked (every block added once); then ``common.time_ms`` times each case (median launch, cold
+L2) in ``--rounds`` rotated rounds; each row's ``ms`` is the median round, ``rounds_ms`` the rounds
+in the order they ran.
 
-    PYTHONPATH=. python benchmarks/reduce_rate.py --out benchmarks/results
+    PYTHONPATH=. python benchmarks/reduce_rate.py --out benchmarks/results [--n 8k] [--batch 4]
+        [--heads 16] [--width 192] [--rounds 3]
 """
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
-import time
 from pathlib import Path
 from statistics import median
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashattn_lite.bench import common  # noqa: E402
 from flashattn_lite.ops.attention_bwd_gluon import _HAS_GLUON  # noqa: E402
 
 WALKS = {"lockstep": 0, "rotated": 1, "causal": 2, "paired": 3, "grid-rotated": 1, "grid-causal": 2}
@@ -110,63 +115,61 @@ def blocks(walk: str, B: int, H: int, n_tiles: int) -> int:
     return B * H * per_head
 
 
+def multiple_of(step: int):
+    """argparse type: a positive multiple of ``step``, written as ``common.parse_size`` reads counts (8192, 8k)."""
+    def parse(text: str) -> int:
+        try:
+            value = common.parse_size(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if value % step:
+            raise argparse.ArgumentTypeError(f"expected a positive multiple of {step}, got {text!r}")
+        return value
+    return parse
+
+
 def parse_args(argv=None):
-    """The arguments, each checked (a usage error naming it) before any GPU work."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for the JSON")
-    ap.add_argument("--n", type=int, default=8192, help="sequence length (a multiple of 128)")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--width", type=int, default=192, help="dQ columns (a multiple of 64)")
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args(argv)
-    if args.n < 128 or args.n % 128:  # (``paired`` takes key tiles two at a time)
-        ap.error(f"--n must be a positive multiple of 128, got {args.n}")
-    if args.width < 64 or args.width % 64:
-        ap.error(f"--width must be a positive multiple of 64, got {args.width}")
-    for name in ("batch", "heads", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    return args
+    """The arguments, each checked (a usage error naming it) before any GPU work; a usage error without CUDA."""
+    def add(ap):
+        ap.set_defaults(rounds=3)
+        ap.add_argument("--n", type=multiple_of(128), default=8192,
+                        help="sequence length (a multiple of 128: paired takes key tiles two at a time)")
+        ap.add_argument("--batch", type=common.round_count, default=4, help="batch (>= 1)")
+        ap.add_argument("--heads", type=common.round_count, default=16, help="heads (>= 1)")
+        ap.add_argument("--width", type=multiple_of(64), default=192, help="dQ columns (a multiple of 64)")
+    return common.gpu_script_args(__doc__, Path(__file__).parent / "results", add, argv)
 
 
-def main():
-    args = parse_args()
-    if not _HAS_GLUON or not torch.cuda.is_available():
-        sys.exit("reduce_rate.py needs a CUDA GPU and a triton with Gluon")
+def main(argv=None):
+    args = parse_args(argv)
+    if not _HAS_GLUON:
+        sys.exit("reduce_rate.py needs a triton with Gluon")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(args.batch, args.heads, args.n, args.width, device="cuda", dtype=torch.float32)
     cases = [(walk, wait) for walk in WALKS for wait in (True, False)]
-    times = {case: [] for case in cases}
-    for case in cases:  # compile, and check that every block was added once
+    launches = {case: functools.partial(run, buf, *case, programs) for case in cases}
+    n_blocks = {walk: blocks(walk, args.batch, args.heads, args.n // 64) for walk in WALKS}
+    for case, launch in launches.items():  # compile, and check that every block was added once
         buf.zero_()
-        run(buf, *case, programs)
-        want = blocks(case[0], args.batch, args.heads, args.n // 64) * 64 * args.width
-        if buf.sum(dtype=torch.float64).item() != want:
-            sys.exit(f"{case}: the buffer sums to {buf.sum(dtype=torch.float64).item():.0f}, not {want}")
-    torch.cuda.synchronize()
-    for _ in range(args.rounds):  # in turn: the clock drifts over a run
-        for case in cases:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run(buf, *case, programs)
-            end.record()
-            torch.cuda.synchronize()
-            times[case].append(start.elapsed_time(end))
+        common.warm_up(launch, f"{case[0]} wait={case[1]}")
+        got, want = buf.sum(dtype=torch.float64).item(), n_blocks[case[0]] * 64 * args.width
+        if got != want:
+            sys.exit(f"{case}: the buffer sums to {got:.0f}, not {want}")
+    times = {case: [] for case in cases}
+    for order in common.rotated_rounds(cases, args.rounds):  # in turn: the clock drifts over a run
+        for case in order:
+            times[case].append(common.time_ms(launches[case]))
     rows = []
-    print(f"B {args.batch} H {args.heads} N {args.n} width {args.width}, {programs} programs")
-    print(f"{'walk':9} {'wait':5} {'ms':>8} {'TB/s':>6}")
     for walk, wait in cases:
         ms = median(times[(walk, wait)])
-        n_bytes = blocks(walk, args.batch, args.heads, args.n // 64) * 64 * args.width * 4
+        n_bytes = n_blocks[walk] * 64 * args.width * 4
         rows.append(dict(walk=walk, wait=wait, ms=ms, rounds_ms=times[(walk, wait)], bytes=n_bytes,
                          tb_per_s=n_bytes / ms / 1e9))
-        print(f"{walk:9} {str(wait):5} {ms:8.3f} {rows[-1]['tb_per_s']:6.2f}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"reduce_rate-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(dict(device=torch.cuda.get_device_name(0), batch=args.batch, heads=args.heads,
-                                    n=args.n, width=args.width, programs=programs, results=rows), indent=1))
+    print(f"B {args.batch} H {args.heads} N {args.n} width {args.width}, {programs} programs")
+    print(common.format_table(rows, ["walk", "wait", "ms", "tb_per_s"]))
+    path = common.write_json(args.out, "reduce_rate", rows, device=torch.cuda.get_device_name(0), batch=args.batch,
+                             heads=args.heads, n=args.n, width=args.width, programs=programs, rounds=args.rounds,
+                             command=common.recorded_command(sys.argv, args.out))
     print(f"wrote {path}")
 
 

@@ -601,17 +601,36 @@ def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
                                                 ("reduce_rate", ["--out", ".", "--n", "1000"], "--n"),
                                                 ("reduce_rate", ["--out", ".", "--width", "0"], "--width"),
                                                 ("reduce_rate", ["--out", ".", "--heads", "0"], "--heads"),
+                                                ("reduce_rate", ["--out", ".", "--batch", "-1"], "--batch"),
+                                                ("reduce_rate", ["--out", ".", "--n", "8q"], "--n"),
+                                                ("reduce_rate", ["--out", ".", "--width", "96"], "--width"),
+                                                ("reduce_rate", ["--out", ".", "--rounds", "0"], "--rounds"),
                                                 ("experiments/cluster_probe", ["--timeout", "0"], "--timeout")],
                          ids=["host-rounds", "host-rounds-word", "host-n", "split-rounds", "split-lengths",
                               "split-no-lengths", "deterministic-rounds", "clock-methods", "clock-modes",
                               "clock-head-dims", "clock-lengths-word", "clock-lengths-divide", "clock-seconds",
-                              "reduce-n", "reduce-width", "reduce-heads", "cluster-probe-timeout"])
+                              "reduce-n", "reduce-width", "reduce-heads", "reduce-batch", "reduce-n-word",
+                              "reduce-width-divide", "reduce-rounds", "cluster-probe-timeout"])
 def test_gpu_benchmarks_reject_bad_arguments(name, argv, needle, capsys):
     # GPU benchmarks: a bad argument is a usage error naming it, before any GPU work.
     module = load_benchmark(name)
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(argv)
     assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_reduce_rate_reads_its_arguments(monkeypatch, capsys):
+    # benchmarks/reduce_rate.py (GPU): without CUDA a usage error before any GPU work; with it, good
+    # arguments as given (--n as a count such as 4k) and --rounds 3 by default.
+    module = load_benchmark("reduce_rate")
+    argv = ["--out", ".", "--n", "4k", "--width", "128", "--batch", "2", "--heads", "3"]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exit_info:
+            module.parse_args(argv)
+        assert exit_info.value.code == 2 and "CUDA" in capsys.readouterr().err
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = module.parse_args(argv)
+    assert (args.out, args.n, args.width, args.batch, args.heads, args.rounds) == (".", 4096, 128, 2, 3, 3)
 
 
 def test_bwd_placement_finds_the_bit_that_splits_the_modes():
