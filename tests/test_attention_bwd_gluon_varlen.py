@@ -281,6 +281,7 @@ def test_head_dim_256_varlen_launches_bind_to_their_kernels(causal):
         constexprs = {n: v for n, v in kwargs.items() if n != "num_warps"}
         bound = inspect.signature(kernel.fn).bind(*args, **constexprs).arguments  # a TypeError if they do not match
         assert constexprs["SEQ"] == SEQ_VARLEN and constexprs["HAS_LEFT"]
+        assert "QK" not in constexprs  # q at the kernel's 256: S over all of it
         assert bound["n_seq"] == n_seq and bound["row_starts"] is row_starts and bound["stride_seq"] == 1
         assert all(bound[name] == 0 for name in bound if name.startswith("stride_d") and name.endswith("b"))
 

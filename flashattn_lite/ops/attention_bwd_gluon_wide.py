@@ -68,7 +68,7 @@ if _HAS_GLUON:
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _to_16bit, banded_key_tile,
                                       query_tiles, seq_key_tile, seq_rows)
-    from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles, qk_width_constexpr
+    from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
     def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr,
@@ -95,7 +95,7 @@ if _HAS_GLUON:
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                        STAGES: gl.constexpr, SEQ: gl.constexpr, D_REAL: gl.constexpr, DV_REAL: gl.constexpr,
-                       dq_desc, dq_stage, FUSED_DQ: gl.constexpr):
+                       dq_desc, dq_stage, FUSED_DQ: gl.constexpr, QK: gl.constexpr = 0):
         """Consumer ``ME`` of a wide-head program, by role: consumer 0 computes Sᵀ (64 keys × the
         step's 64 queries) and Pᵀ, writes P (and under softcap P ∘ (1 − tanh²) to the dS buffer)
         and issues its dV at once; consumer 1 computes dPᵀ, reads P once it is in (``p_ready``) and
@@ -104,9 +104,11 @@ if _HAS_GLUON:
         Both score wgmmas are N = 64 (query halves made them N = 32, bound by their shared-memory
         reads). The scores' options and a ranges or varlen sequence's row bound ``n_q`` (``SEQ`` 1,
         2) as the D ≤ 128 consumer makes them. ``FUSED_DQ`` (dense batches, V at most 128 wide):
-        each step's dQ = dS·K too, consumer 1 over columns 0–127, consumer 0 over the rest of QK
-        (which balances the two: Sᵀ is consumer 0's), reduce-added into ``dq_desc``'s float32
-        buffer through the consumer's staging buffer."""
+        each step's dQ = dS·K too, consumer 1 over columns 0–127, consumer 0 over the rest of Sᵀ's
+        width (which balances the two: Sᵀ is consumer 0's), reduce-added into ``dq_desc``'s float32
+        buffer through the consumer's staging buffer. ``QK`` > 0 (the host's, ``launches``): Sᵀ over
+        q's first QK columns (its head dim rounded up to 64: MLA's 192 of the 256), the rest being
+        TMA's zeros (``_qk``); 0: over all HEAD_DIM."""
         dtype: gl.constexpr = k_smem.dtype
         HALF_D: gl.constexpr = HEAD_DIM // 2
         DV: gl.constexpr = v_smem.shape[4]  # V's and dO's width: HEAD_DIM, or v's own (``launches``)
@@ -118,8 +120,7 @@ if _HAS_GLUON:
         dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HALF_DV, 16])
         k_all = k_smem.index(0).reshape([64, HEAD_DIM])
-        # Sᵀ reduces over q's head dim rounded up to 64 (192 of the 256 columns: ``_qk``), the rest zeros
-        QK: gl.constexpr = qk_width_constexpr(D_REAL) if D_REAL > 0 else HEAD_DIM
+        S_K: gl.constexpr = QK if QK > 0 else HEAD_DIM  # the columns Sᵀ reduces over (``QK``)
         v_all = v_smem.index(0).reshape([64, DV])
         keys = start_n + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
         tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
@@ -130,7 +131,7 @@ if _HAS_GLUON:
         # integers small within a sequence: exact in float32 however far into a packed batch
         keys_f = gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout)).to(gl.float32)
         DQ_COL: gl.constexpr = 0 if ME == 1 else 128  # this consumer's dQ columns (``FUSED_DQ``)
-        DQ_W: gl.constexpr = 128 if ME == 1 else QK - 128
+        DQ_W: gl.constexpr = 128 if ME == 1 else S_K - 128
         gl.static_assert((not FUSED_DQ) or DQ_W > 0, "FUSED_DQ: q's head dim above 128 (``one_pass``)")
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, DQ_W, 16])
@@ -143,7 +144,7 @@ if _HAS_GLUON:
             q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
             do_t = do_smem.index(s).reshape([BLOCK_M, DV])
             if ME == 0:
-                st = _qk(k_all, q_t, st_zero, QK)
+                st = _qk(k_all, q_t, st_zero, S_K)
                 slope = 0.0
                 if ALIBI:  # slope·log2 e of (b, h) over the exp2's factor, read while the wgmma runs
                     slope = alibi_slope2(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2, SOFTCAP)
@@ -220,7 +221,7 @@ if _HAS_GLUON:
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                                     SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0,
-                                    FUSED_DQ: gl.constexpr = False):
+                                    FUSED_DQ: gl.constexpr = False, QK: gl.constexpr = 0):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         q0 = 0
@@ -301,14 +302,14 @@ if _HAS_GLUON:
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 0, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
                               FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL, dq_desc, dq_stage,
-                              FUSED_DQ)),
+                              FUSED_DQ, QK)),
             (_wide_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
                               kv_bar, ready, empty, p_ready, ds_ready, p_free, dk_base, dv_base, stride_dkn,
                               stride_dvn, b, h_kv, start_n, lo, mid_lo, mid_hi, n_tiles, rot, n_k, off, win_left,
                               win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale,
                               softcap2, seq_n_q, 1, GROUP, ROTATE, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI,
                               FAST_TANH, HEAD_DIM, BLOCK_M, STAGES, SEQ, D_REAL, DV_REAL, dq_desc, dq_stage,
-                              FUSED_DQ)),
+                              FUSED_DQ, QK)),
             (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                        b, h_kv, start_n, n_heads, lo, n_tiles, rot, row_shift,
@@ -347,13 +348,13 @@ if _HAS_GLUON:
                      qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h, softcap_scale, softcap2,
                      ME: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, D_REAL: gl.constexpr):
+                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, D_REAL: gl.constexpr, QK: gl.constexpr = 0):
         """Consumer ``ME`` of a dQ program: the key tiles j ≡ ME (mod 2) of the query tile, on its own
         (the two consumers share only the loader's ring, so one's softmax runs while the other's
         wgmmas do): S = Q·Kᵀ and dP = dO·Vᵀ (64 × 64), P and dS as the dK/dV kernel makes them, and
         dQ += dS·K with dS from registers, a 64 × HEAD_DIM float32 partial in registers. At the end
         consumer 1 leaves its partial in the (then idle) K ring and consumer 0 adds it and stores
-        dQ·scale (rows past Nq dropped)."""
+        dQ·scale (rows past Nq dropped). ``QK``: S's columns, as ``_wide_consumer``'s."""
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, 64, 16])
@@ -362,7 +363,7 @@ if _HAS_GLUON:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
         DV: gl.constexpr = v_smem.shape[4]  # V's and dO's width: HEAD_DIM, or v's own (``launches``)
         q_all = q_smem.reshape([BLOCK_M, HEAD_DIM])
-        QK: gl.constexpr = qk_width_constexpr(D_REAL) if D_REAL > 0 else HEAD_DIM  # S's width (``_wide_consumer``)
+        S_K: gl.constexpr = QK if QK > 0 else HEAD_DIM  # the columns S reduces over (``_wide_consumer``)
         do_all = do_smem.reshape([BLOCK_M, DV])
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         s_zero = gl.zeros([BLOCK_M, 64], gl.float32, layout=s_layout)
@@ -384,7 +385,7 @@ if _HAS_GLUON:
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
             k_t = k_smem.index(s).reshape([64, HEAD_DIM])
             v_t = v_smem.index(s).reshape([64, DV])
-            st = _qk(q_all, k_t, s_zero, QK)
+            st = _qk(q_all, k_t, s_zero, S_K)
             st = warpgroup_mma_wait(0, deps=[st])
             x, fold = fold_factor(st, qk_scale, softcap_scale, softcap2, SOFTCAP, FAST_TANH)
             t = x
@@ -432,7 +433,8 @@ if _HAS_GLUON:
                                        HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                                        FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                       LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0):
+                                       LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0,
+                                       QK: gl.constexpr = 0):
         pid = gl.program_id(0)
         if SEQ == 2:
             # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
@@ -501,13 +503,13 @@ if _HAS_GLUON:
                             win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
                             softcap_scale, softcap2,
                             0, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES,
-                            D_REAL)),
+                            D_REAL, QK)),
             (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, q_bar, ready, empty, done,
                             dq_base, stride_dqm, b, h, start_m, lo, n_tiles, mid_lo, mid_hi, n_q, n_k, off,
                             win_left, win_right, qk_scale, sm_scale, alibi, stride_alibi_b, stride_alibi_h,
                             softcap_scale, softcap2,
                             1, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH, HEAD_DIM, BLOCK_M, STAGES,
-                            D_REAL)),
+                            D_REAL, QK)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                           lse_smem, delta_smem, q_bar, ready, empty, tb, h, start_m, n_heads, lo, n_tiles, q0, k0,
                           col, GROUP, STAGES)),
@@ -543,7 +545,7 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     are slots sized from the totals (no sync), as the D ≤ 128 kernel's and the forward's. The PTX
     hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
     from .attention_bwd_gluon import _option_args, _row_descriptor, kernel_head_dim, launch_plan, wide_value_width
-    from .attention_fwd_gluon import tma_descriptor
+    from .attention_fwd_gluon import qk_width, tma_descriptor
     B, Hq, Nq, _ = q.shape
     D = kernel_head_dim(q.shape[3], v.shape[3])  # 256 (a head dim run padded: the boxes read zeros past the columns)
     # V and dO at v's own padded width where it is narrower (MLA's 192 / 128: 128): dPᵀ = V·dOᵀ and
@@ -559,6 +561,9 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
     if D != q.shape[3]:  # every store is a masked one here: kept to the real columns
         constexprs["D_REAL"] = q.shape[3]
+    qk = qk_width(q.shape[3])
+    if qk < D:  # S, Sᵀ over q's columns rounded up to 64 (MLA's 192 of the 256; the rest TMA's zeros: ``_qk``)
+        constexprs["QK"] = qk
     dv_cols = dict(DV_REAL=v.shape[3]) if v.shape[3] != q.shape[3] else {}  # v's head dim not q's: dv's own
     seq = SEQ_DENSE if variant is None else variant.seq
     bounds = (None,) * 7  # the rows' bounds after the options; a dense batch: none (constexprs)

@@ -120,13 +120,10 @@ TESTED_TRITON = ("3.6.",)
 def qk_width(head_dim: int) -> int:
     """The columns Q·Kᵀ (and the backward's Sᵀ, S) reduce over: q's head dim rounded up to a 64-column
     swizzle span (192 for MLA's q in 256-wide boxes); the boxes' columns past it are TMA's zeros. The
-    head dim 256 one pass reduce-adds dQ over as many (``dq_buffer_width`` sizes its buffer so)."""
+    head dim 256 one pass reduce-adds dQ over as many (``dq_buffer_width`` sizes its buffer so). The
+    kernels take it from their hosts as a constexpr: the forward's ``HEAD_DIM``, the backwards' ``QK``
+    (set where it is below the kernel's width)."""
     return -(-head_dim // 64) * 64
-
-
-# The same function for the wide backward's kernels to call (a host call of the wrapped form costs
-# ~1.7 µs against 0.08, so the host keeps the plain one).
-qk_width_constexpr = getattr(triton, "constexpr_function", lambda fn: fn)(qk_width)
 
 
 def padded_head_dim(head_dim: int, value_dim: int | None = None) -> int | None:
