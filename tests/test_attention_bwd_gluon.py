@@ -917,7 +917,14 @@ def test_causal_bands_match_reference(monkeypatch, shape, dtype, band, banded):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_every_config_on_partial_tiles(head_dim, config, causal):
     # Tails on both sides and the bottom-right diagonal (Nq < Nk, neither a tile multiple), GQA 2:1.
-    check_backward((1, 4, 2, 1000, 1037, head_dim), torch.bfloat16, causal, config)
+    # The head dim 256 one pass takes only v at most 128 wide (the value-dim file runs it): at v's
+    # 256 it is refused before anything runs.
+    shape = (1, 4, 2, 1000, 1037, head_dim)
+    if config.split_d and config.fused_dq:
+        with pytest.raises(ValueError, match="one pass"):
+            check_backward(shape, torch.bfloat16, causal, config)
+    else:
+        check_backward(shape, torch.bfloat16, causal, config)
 
 
 @needs_gpu

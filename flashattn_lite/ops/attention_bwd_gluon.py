@@ -575,6 +575,32 @@ if _HAS_GLUON:
         _dq_send(dq_stage, dq_desc, b, h, start_m, COL, ME)
 
     @gluon.jit
+    def _store_dk(k_me, dk, DK_W: gl.constexpr):
+        """dK (64 keys × ``DK_W``, 16-bit) into this warpgroup's K box for its TMA store: over its
+        first DK_W columns where dK runs at q's width (``QK``), the rest past dk's columns."""
+        if DK_W == k_me.shape[1]:
+            k_me.store(dk)
+        else:
+            k_me.slice(0, DK_W, dim=1).store(dk)
+
+    @gluon.jit
+    def _store_rows(x, base, stride_n, first, end, COL: gl.constexpr, layout: gl.constexpr,
+                    D_REAL: gl.constexpr = 0):
+        """x (R × W float32 in ``layout``) in ``base``'s dtype into rows [first, first + R) of
+        ``base`` (one (batch, head) plane, unit column stride) at columns [COL, COL + W); rows from
+        ``end`` on (a row index, not a count) are dropped (dK, dV past Nk or a sequence's end; dQ past
+        Nq), and columns from ``D_REAL`` on where the kernel runs a padded head dim (> 0;
+        ``kernel_head_dim``)."""
+        R: gl.constexpr = x.shape[0]
+        W: gl.constexpr = x.shape[1]
+        END: gl.constexpr = D_REAL if D_REAL > 0 else COL + W
+        rows = first + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        cols = COL + gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+        ok = gl.expand_dims(rows < end, 1) & gl.expand_dims(cols < END, 0)  # (the column test: 2-D)
+        at = base + gl.expand_dims(rows.to(gl.int64) * stride_n, 1) + gl.expand_dims(cols, 0)
+        gl.store(at, x.to(base.dtype.element_ty), mask=ok)
+
+    @gluon.jit
     def _retire_step(dv, dk, pa, dsa, ds_free, ds_buf, empty_s, FUSED_DQ: gl.constexpr):
         """The end of a step without dQ work here: retire dV and dK, free the Q/dO slot (and the dS
         set, which this consumer does not read)."""
@@ -614,7 +640,8 @@ if _HAS_GLUON:
                   QK: gl.constexpr = 0):
         """One consumer warpgroup: keys [start_n + 64·ME, +64) against every streamed query tile.
         ``QK`` > 0: Sᵀ over q's first QK columns (its head dim rounded up to 64, where v's wider one
-        sets the kernel's width: 64 / 128), the rest being TMA's zeros (``_qk``).
+        sets the kernel's width: 64 / 128), the rest being TMA's zeros (``_qk``), and dK (q's width
+        too) accumulated over those columns only.
 
         Options (constexprs; a plain call compiles to the code it compiled to without them): the
         scores are the portable backward's (``score_tile``): softcap c·tanh(s·scale/c)
@@ -641,6 +668,11 @@ if _HAS_GLUON:
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        # dK = dSᵀ·Q over q's own columns (``QK``; Q's columns past them are zeros)
+        DK_W: gl.constexpr = QK if QK > 0 else HEAD_DIM
+        dk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DK_W, 16])
+        dk_a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk_layout, k_width=2)
         # D 128: consumer c computes dQ columns [64c, 64c + 64) at every step; D 64 (one block of
         # columns): the consumers take turns by step.
         SPLIT_COLS: gl.constexpr = HEAD_DIM // _DQC == CONSUMERS
@@ -649,7 +681,7 @@ if _HAS_GLUON:
         v_me = v_smem.index(ME).reshape([64, HEAD_DIM])
         keys = start_n + 64 * ME + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
         tail = start_n + 64 * (ME + 1) > n_k  # this warpgroup holds zero-filled keys past Nk
-        dk = gl.zeros([64, HEAD_DIM], gl.float32, layout=kv_layout)
+        dk = gl.zeros([64, DK_W], gl.float32, layout=dk_layout)
         dv = gl.zeros([64, HEAD_DIM], gl.float32, layout=kv_layout)
         st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
         n_steps = GROUP * n_tiles
@@ -752,8 +784,11 @@ if _HAS_GLUON:
             delta = _row(delta_smem, s, BLOCK_M, st_layout)
             dpt = warpgroup_mma_wait(1, deps=[dpt])  # dPᵀ retired; dV may still run
             dst = _to_16bit(pd16.to(gl.float32) * (dpt - delta), dtype, not SOFTCAP)
-            dsa = gl.convert_layout(dst, a_layout, assert_trivial=True)
-            dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
+            dsa = gl.convert_layout(dst, dk_a_layout, assert_trivial=True)
+            if DK_W == HEAD_DIM:
+                dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
+            else:
+                dk = warpgroup_mma(dsa, q_t.slice(0, DK_W, dim=1), dk, is_async=True)
 
             ds_buf = it % DS_BUFS
             use = it // DS_BUFS
@@ -805,10 +840,10 @@ if _HAS_GLUON:
         # dK·scale and dV through this warpgroup's own K and V boxes (every wgmma reading them has
         # retired) and one TMA store each; rows past Nk fall outside the descriptors.
         if KV_SHARE > 1:  # one query head of the group: dK·scale and dV added into the KV head's fp32 sums
-            _reduce_rows(dk * sm_scale, dq_stage, dk_desc, b, h_kv // KV_SHARE, start_n + 64 * ME, ME, HEAD_DIM)
+            _reduce_rows(dk * sm_scale, dq_stage, dk_desc, b, h_kv // KV_SHARE, start_n + 64 * ME, ME, DK_W)
             _reduce_rows(dv, dq_stage, dv_desc, b, h_kv // KV_SHARE, start_n + 64 * ME, ME, HEAD_DIM)
         elif SEQ == 0:
-            k_me.store((dk * sm_scale).to(dtype))
+            _store_dk(k_me, (dk * sm_scale).to(dtype), DK_W)
             v_me.store(dv.to(dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(dk_desc, [b, h_kv, start_n + 64 * ME, 0], k_smem.index(ME))
@@ -820,27 +855,19 @@ if _HAS_GLUON:
             first = start_n + 64 * ME
             n_rows = n_k - first
             if n_rows >= 64:
-                k_me.store((dk * sm_scale).to(dtype))
+                _store_dk(k_me, (dk * sm_scale).to(dtype), DK_W)
                 v_me.store(dv.to(dtype))
                 fence_async_shared()
                 tma.async_copy_shared_to_global(dk_desc, [bt, h_kv, first, 0], k_smem.index(ME))
                 tma.async_copy_shared_to_global(dv_desc, [bt, h_kv, first, 0], v_smem.index(ME))
                 tma.store_wait(0)
             elif n_rows > 0:
-                rows = gl.arange(0, 64, layout=gl.SliceLayout(1, kv_layout))
-                cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
                 # dk's and dv's own columns where the kernel runs a padded head dim (D_REAL > 0;
                 # DV_REAL > 0: dv's where v's head dim is not q's)
                 COLS: gl.constexpr = D_REAL if D_REAL > 0 else HEAD_DIM
                 COLS_V: gl.constexpr = DV_REAL if DV_REAL > 0 else COLS
-                ok = gl.expand_dims(rows < n_rows, 1) & (cols < COLS)
-                key_rows = gl.expand_dims((first + rows).to(gl.int64), 1)
-                dk_at = dk_base + key_rows * stride_dkn + cols
-                dv_at = dv_base + key_rows * stride_dvn + cols
-                gl.store(dk_at, (dk * sm_scale).to(dtype), mask=ok)
-                if COLS_V != COLS:
-                    ok = gl.expand_dims(rows < n_rows, 1) & (cols < COLS_V)
-                gl.store(dv_at, dv.to(dtype), mask=ok)
+                _store_rows(dk * sm_scale, dk_base, stride_dkn, first, n_k, 0, dk_layout, COLS)
+                _store_rows(dv, dv_base, stride_dvn, first, n_k, 0, kv_layout, COLS_V)
 
     # Lengths and the GQA group's position change from call to call: one binary for all of them.
     # (Ranges and varlen: the sequence bounds and dk, dv as pointers for the masked stores at a

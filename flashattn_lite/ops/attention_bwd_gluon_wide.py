@@ -66,25 +66,9 @@ if _HAS_GLUON:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .._launcher import Launcher
-    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _to_16bit, banded_key_tile,
-                                      query_tiles, seq_key_tile, seq_rows)
+    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _store_rows, _to_16bit,
+                                      banded_key_tile, query_tiles, seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
-
-    @gluon.jit
-    def _store_rows(x, base, stride_n, first, n_rows, COL: gl.constexpr, layout: gl.constexpr,
-                    D_REAL: gl.constexpr = 0):
-        """x (R × W float32 in ``layout``) in ``base``'s dtype into rows [first, first + R) of
-        ``base`` (one (batch, head) plane, unit column stride) at columns [COL, COL + W); rows from
-        ``n_rows`` on are dropped (dK, dV past Nk; dQ past Nq), and columns from ``D_REAL`` on where
-        the kernel runs a padded head dim (> 0; ``kernel_head_dim``)."""
-        R: gl.constexpr = x.shape[0]
-        W: gl.constexpr = x.shape[1]
-        END: gl.constexpr = D_REAL if D_REAL > 0 else COL + W
-        rows = first + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
-        cols = COL + gl.arange(0, W, layout=gl.SliceLayout(0, layout))
-        ok = gl.expand_dims(rows < n_rows, 1) & gl.expand_dims(cols < END, 0)  # (the column test: 2-D)
-        at = base + gl.expand_dims(rows.to(gl.int64) * stride_n, 1) + gl.expand_dims(cols, 0)
-        gl.store(at, x.to(base.dtype.element_ty), mask=ok)
 
     @gluon.jit
     def _wide_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, p_smem, ds_smem,
