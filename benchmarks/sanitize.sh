@@ -168,6 +168,11 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         dense(192, True, dv=128)  # plain causal MLA: the wide backward in one pass (dQ reduce-added)
         packed(128, False, dv=64, alibi_slopes=slopes)
         packed(64, True, dv=128, deterministic=True)
+        dense(64, True, dv=128)  # 64 / 128's fused dQ: one consumer without dQ work, dK over q's 64 columns
+        from flashattn_lite.ops import attention_bwd_gluon
+        split_min_keys, attention_bwd_gluon.split_min_keys = attention_bwd_gluon.split_min_keys, lambda group, d: 0
+        dense(64, True, dv=128)  # the same with the GQA split: dK, dV float32 sums at their own widths
+        attention_bwd_gluon.split_min_keys = split_min_keys
     print("Hopper dispatch launched:", ", ".join(sorted({launch.kernel for launch in launches})))
 torch.cuda.synchronize()
 print("ok")
