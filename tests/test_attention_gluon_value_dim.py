@@ -90,6 +90,36 @@ def test_dispatch_takes_q_above_128_beside_v_at_most_64(sm90, monkeypatch):
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
+    # Kernel width 256 beside V's boxes at most 128 wide: plain non-causal dense calls from 4k take
+    # 128-key tiles with V's own 3-deep ring (its shared memory fits only beside a narrow V); causal
+    # calls, options, shorter ones, a wide V and ranges or varlen batches keep the d 256 default.
+    narrow, wide = gluon_fwd.NARROW_V_CONFIGS[1], gluon_fwd.default_config(256, False, 4096)
+    assert wide not in gluon_fwd.NARROW_V_CONFIGS
+    for cfg in gluon_fwd.NARROW_V_CONFIGS:
+        assert cfg.smem_bytes(256, cfg.q_sets(256, 128), 128) <= gluon_fwd.SMEM_BYTES < cfg.smem_bytes(256, 1, 256)
+    assert gluon_fwd.default_config(256, False, 4096, value_dim=128) == narrow
+    assert gluon_fwd.default_config(256, False, 16384, value_dim=64) == narrow
+    for args, kwargs in (((256, False, 2048), dict(value_dim=128)), ((256, True, 16384), dict(value_dim=128)),
+                         ((256, False, 8192), dict(value_dim=256)), ((256, False, 8192), {}),
+                         ((256, False, 8192, True), dict(value_dim=128)),
+                         ((256, False, 8192, False, True), dict(value_dim=128)),
+                         ((256, False, 8192, False, False, True), dict(value_dim=128))):
+        assert gluon_fwd.default_config(*args, **kwargs) not in gluon_fwd.NARROW_V_CONFIGS, (args, kwargs)
+    taken = []
+
+    def launch(q, k, v, o, lse, scale, causal, cfg, variant=PLAIN):
+        taken.append(cfg)
+        raise RuntimeError("recorded")
+    monkeypatch.setattr(gluon_fwd, "_launch", launch)
+    q, v = torch.zeros(1, 2, 4096, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 4096, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4096], dtype=torch.int32)
+    for variant in (PLAIN, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)):
+        with pytest.raises(RuntimeError, match="recorded"):
+            gluon_fwd.attention_forward_gluon(q, q, v, 0.1, False, variant=variant)
+    assert taken[0] == narrow and taken[1] == gluon_fwd.one_tile_per_program(wide)
+
+
 def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     import inspect
     from flashattn_lite.ops import attention_bwd_gluon_wide as wide
@@ -260,6 +290,22 @@ def test_forward_and_backward_match_reference_and_portable(shape, d, dv, dtype, 
         assert a.shape == x.shape and a.dtype == dtype, name
         assert_close_to_ref(a, s, r, eps=2 * EPS[dtype], what=name)
         assert_close_to_ref(a, p, r, eps=2 * EPS[dtype], what=f"{name} vs the portable backward's error")
+
+
+@needs_gpu
+@pytest.mark.parametrize("config", gluon_fwd.NARROW_V_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d, dv", [(192, 128), (256, 128), (192, 64)], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}:{}-q{}-k{}".format(*s))
+def test_narrow_v_forward_configs_match_reference(shape, d, dv, causal, config):
+    # The kernel width 256 configs for V at most 128 wide (128-key tiles, one K slot, V's own ring),
+    # bf16, against float64 and the same math in bf16.
+    q, k, v, _ = make(shape + (d,), dv, torch.bfloat16)
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal, config=config)
+    o_ref, lse_ref = attention_reference(q, k, v, causal=causal)
+    o_same, _ = attention_reference(q, k, v, causal=causal, dtype=torch.bfloat16)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[torch.bfloat16])
+    check_lse(lse, lse_ref, torch.bfloat16)
 
 
 @needs_gpu

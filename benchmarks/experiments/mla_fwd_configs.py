@@ -22,19 +22,16 @@ from flashattn_lite.bench import common  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 
 Config = gluon_fwd.Config
-CONFIGS = [Config(2, 64, 2, True, persistent=True),  # the default (two Q sets)
-           Config(2, 64, 3, True, persistent=True),  # a 3-deep ring, one Q set
-           Config(2, 64, 2, True, persistent=True, v_stages=3),
-           Config(2, 64, 3, True),  # one tile a program
-           Config(2, 128, 1, True, persistent=True, v_stages=2),  # 128-key tiles, one K slot
-           Config(2, 128, 1, True)]
+CONFIGS = [Config(2, 64, 2, True, persistent=True),  # the d 256 default (two Q sets)
+           *gluon_fwd.NARROW_V_CONFIGS,  # 128-key tiles, one K slot, V's ring 2 or 3 deep
+           Config(2, 64, 3, True)]  # one tile a program, a 3-deep ring
 D, DV, HEADS, TOKENS = 192, 128, 16, 16384
 
 
 def parse_args(argv=None):
     def add(ap):
         ap.set_defaults(rounds=3)
-        ap.add_argument("--lengths", type=common.size_list, default=[2048, 8192], help="comma-separated N")
+        ap.add_argument("--lengths", type=common.size_list, default=[2048, 4096, 8192, 16384], help="comma-separated N")
     return common.gpu_script_args(__doc__, Path(__file__).resolve().parents[1] / "results", add, argv)
 
 

@@ -229,8 +229,18 @@ CONFIGS = {
 }
 
 
+# Kernel width 256 beside V at most 128 wide (MLA's 192 / 128), plain dense calls: V's narrower ring
+# leaves room for 128-key tiles with one K slot and a V ring of its own (197 and 224 KB, one Q set).
+# Measured (H200, 192 / 128, two runs, ``mla_fwd_configs-20261130-114743.json``, ``-114955.json``):
+# with V's ring 3 deep, non-causal +2.7 / +3.7 / +4.2% at 4k / 8k / 16k against the d 256 default,
+# −0.9% at 2k; causal −3.4 / −1.9% at 2k / 4k, +0.6 / +1.5% at 8k / 16k (within the runs' spread).
+NARROW_V_CONFIGS = [Config(2, 128, 1, True, persistent=True, v_stages=2),
+                    Config(2, 128, 1, True, persistent=True, v_stages=3)]
+NARROW_V_MIN_N = 4096
+
+
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False, softcap: bool = False,
-                   left: bool = False) -> Config:
+                   left: bool = False, value_dim: int | None = None) -> Config:
     """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the H100,
     bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major grid). d 64:
     three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with ALiBi (whose bias
@@ -261,9 +271,15 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     ``-091655.json``): two consumers with 64-key tiles and a 2-deep ring, persistent with turns
     (causal 1k–8k +3 to +12% over the same config one tile per program; non-causal within ±3% of
     every other config, 580–669 TFLOP/s), and causal from 12k one tile per program without turns
-    (659–660 against 646–647 persistent at 16k).
+    (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``,
+    v's padded width; MLA's 192 / 128), plain non-causal dense calls from ``NARROW_V_MIN_N`` take
+    128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``; ranges and varlen pass no
+    ``value_dim``: those configs have no one-tile form that fits).
     """
     if head_dim == 256:
+        narrow_v = value_dim is not None and value_dim <= 128 and not (alibi or softcap or left)
+        if narrow_v and not causal and n >= NARROW_V_MIN_N:
+            return NARROW_V_CONFIGS[1]
         if causal and n >= CAUSAL_PERSISTENT_MAX_N:
             return Config(2, 64, 2, False)
         return Config(2, 64, 2, True, persistent=True)
@@ -1592,7 +1608,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     cfg = config
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
-                             variant.left >= 0)
+                             variant.left >= 0, padded_head_dim(v.shape[3]) if variant.seq == SEQ_DENSE else None)
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
     if variant.seq == SEQ_DENSE and v.shape[3] == D:
