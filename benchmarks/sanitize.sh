@@ -125,7 +125,7 @@ if torch.cuda.get_device_capability() == (9, 0):
 # and the deterministic backwards' one-writer dQ kernels. The kernels launched are listed in the log.
 if torch.cuda.get_device_capability() == (9, 0) and GLUON:
     from flashattn_lite import _launcher
-    from flashattn_lite.ops import attention_fwd_hopper
+    from flashattn_lite.ops import attention_fwd_gluon, attention_fwd_hopper
     from flashattn_lite.ops.attention import attention_core
     attention_fwd_hopper.MIN_WORK = 0
     bf = torch.bfloat16
@@ -168,6 +168,10 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         dense(192, True, dv=128)  # plain causal MLA: the wide backward in one pass (dQ reduce-added)
         packed(128, False, dv=64, alibi_slopes=slopes)
         packed(64, True, dv=128, deterministic=True)
+        for cfg in attention_fwd_gluon.NARROW_V_CONFIGS:  # 128-key tiles, one K slot (defaults from 4k keys)
+            for causal in (False, True):
+                attention_fwd_gluon.attention_forward_gluon(r(2, 4, 150, 192, dtype=bf), r(2, 2, 203, 192, dtype=bf),
+                                                            r(2, 2, 203, 128, dtype=bf), 0.1, causal, config=cfg)
         dense(64, True, dv=128)  # 64 / 128's fused dQ: one consumer without dQ work, dK over q's 64 columns
         from flashattn_lite.ops import attention_bwd_gluon
         split_min_keys, attention_bwd_gluon.split_min_keys = attention_bwd_gluon.split_min_keys, lambda group, d: 0
@@ -283,7 +287,8 @@ for config in attention_fwd_gluon.CONFIGS[d] if every else [None]:
     assert (o.double() - ref).abs().max() < 0.05, (d, mode, config)
     print(f"forward {config or 'default config'}: clean", flush=True)
 torch.use_deterministic_algorithms(mode in ("deterministic", "tma-dq"))
-for config in attention_bwd_gluon.CONFIGS[d] if every else [None]:
+# (the head dim 256 one pass, CONFIGS[256][1], takes v at most 128 wide: not these calls)
+for config in [c for c in attention_bwd_gluon.CONFIGS[d] if not (c.split_d and c.fused_dq)] if every else [None]:
     got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
                                                        config=config, variant=variant)
     torch.cuda.synchronize()

@@ -1,12 +1,14 @@
 """The Gluon forward's configs at MLA's head dims (q, k 192; v 128), beside cuDNN: TFLOP/s.
 
 At 192 / 128 the forward runs the head dim 256 kernel with Q and K boxes 256 wide and V's 128
-(``attention_fwd_gluon._launch``), and its default config (64-key tiles, a 2-deep ring, two Q sets:
-224 KB) was chosen at d 256, where V's boxes are 256 wide too. With V at 128 the shared memory also
-holds a 3-deep ring of 64-key tiles (one Q set, 208 KB) or 128-key tiles with one K slot and two V
-slots (192 KB). This times each config of ``CONFIGS`` below at bf16, B·N 16k tokens, 16 heads,
-causal or not, N from ``--lengths``, in rotated rounds with SDPA's cuDNN backend, after checking
-each config's o against cuDNN's (max |Δ| ≤ 2⁻⁵: o is a softmax average of N(0, 1) values).
+(``attention_fwd_gluon._launch``); the d 256 default config (64-key tiles, a 2-deep ring, two Q sets:
+224 KiB) was chosen where V's boxes are 256 wide too. With V at 128 the shared memory also holds
+128-key tiles with one K slot and V's own ring 2 or 3 deep (``NARROW_V_CONFIGS``: 192 and 224 KiB, one
+Q set); one tile a program with a 3-deep ring of 64-key tiles (208 KiB) is timed beside them. (The
+first run, ``mla_fwd_configs-20261130-114743.json``, also had the 3-deep 64-key ring with one Q set
+and K 2 / V 3.) Each config of ``CONFIGS`` below runs at bf16, B·N 16k tokens, 16 heads, causal or
+not, N from ``--lengths``, in rotated rounds with SDPA's cuDNN backend, after checking each config's
+o against cuDNN's (max |Δ| ≤ 2⁻⁵: o is a softmax average of N(0, 1) values).
 
     PYTHONPATH=. python benchmarks/experiments/mla_fwd_configs.py --out benchmarks/results
 """

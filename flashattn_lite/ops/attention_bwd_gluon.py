@@ -119,7 +119,8 @@ from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
                             seq_args)
-from .attention_fwd_gluon import gpu_sm_count, padded_head_dim, padding_note, qk_width, tma_descriptor, window_flags
+from .attention_fwd_gluon import (_is_plain, gpu_sm_count, padded_head_dim, padding_note, qk_width, tma_descriptor,
+                                  window_flags)
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -229,7 +230,8 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     (``_tma_dq_covers``) instead of fp32 reduce-adds in any order, 3 stages (d 128: 323–441, d 64:
     268–330; 1.08–1.24× the Triton TMA pair). At head dim 256 the dK/dV and dQ kernels, or where
     ``attention_bwd_gluon_wide.one_pass`` takes the call (v's head dim ``value_dim``, the
-    ``variant``), the dK/dV kernel alone with dQ fused."""
+    ``variant``), the dK/dV kernel alone with dQ fused: a caller picking the config by hand passes
+    both, as ``attention_backward_gluon`` does (without them: the two kernels)."""
     if head_dim == 256:
         from .attention_bwd_gluon_wide import one_pass
         one = not deterministic and one_pass(value_dim or head_dim, variant, causal)
@@ -1173,14 +1175,6 @@ def _seq_reason(q, k, variant) -> str | None:
     return None
 
 
-def _is_plain(variant, causal: bool = False) -> bool:
-    """No option the kernel's constexprs would switch on (None, ``PLAIN`` or an empty Variant, or
-    one whose window is only a causal call's diagonal: ``window_flags``) over a dense batch."""
-    return variant is None or variant is PLAIN or (not variant.softcap and variant.alibi is None
-                                                   and variant.sinks is None and variant.seq == SEQ_DENSE
-                                                   and window_flags(variant, causal) == (False, False))
-
-
 def _row_descriptor(t: torch.Tensor, block_m: int) -> "TensorDescriptor":
     """lse₂ or δ, (B·Hq, padded Nq) float32, in [1, block_m] boxes: unswizzled (a single row)."""
     return tma_descriptor(t, [1, block_m], _row_layout())
@@ -1560,10 +1554,12 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     if cfg.split_d and cfg.fused_dq:
         from .attention_bwd_gluon_wide import one_pass
         if not one_pass(v.shape[3], variant, causal):  # (its dQ staging fits beside V only up to 128)
-            raise ValueError(f"attention_backward_gluon: config {cfg.name} (dQ fused at head dim 256, one pass) "
-                             "takes plain causal calls over dense batches whose v's head dim pads to at most 128; "
-                             f"this call has v's head dim {v.shape[3]}, causal={causal} and its options: "
-                             f"pass {CONFIGS[256][0].name}")
+            why = ("it is not causal" if not causal else f"v's head dim {v.shape[3]} pads above 128"
+                   if wide_value_width(v.shape[3]) > 128 else "it has options (softcap, ALiBi, sinks, a window) "
+                   "or a ranges or varlen batch")
+            raise ValueError(f"attention_backward_gluon: config {cfg.name} (the head dim 256 one pass, dQ fused) "
+                             "takes plain causal calls over dense batches whose v's head dim pads to at most 128, "
+                             f"and {why}: pass config=CONFIGS[256][0] (the dK/dV and dQ kernels) or None")
     chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D)) if cfg.fused_dq
               else [(slice(None), slice(None))])
     if len(chunks) == 1:

@@ -41,7 +41,8 @@ with dQ fused (the first form, measured in ``benchmarks/NOTES.md``, 2026-11-29),
 reduce-adds 64 KB of dQ a step, half the FLOPs per reduced byte of D 128's 128-key tiles, and the
 L2's reduction rate bound the kernel at 0.7–0.77 × cuDNN; the pair measured 0.99–1.12 × cuDNN. In the
 pair each gradient element has one writer, so the result is bit-reproducible: deterministic mode
-(``torch.use_deterministic_algorithms``) keeps this path (and never takes the one pass).
+(``torch.use_deterministic_algorithms``) keeps this path (its default never picks the one pass; the one
+pass's config passed by hand raises there, or warns in warn-only mode, as any fused-dQ config does).
 
 Covers what ``attention_bwd_gluon.supported`` allows at D 256: causal (bottom-right) or not, GQA
 (a dK/dV program walks its group), sliding windows, softcap, ALiBi, sinks (the saved lse has
@@ -529,7 +530,7 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     are slots sized from the totals (no sync), as the D ≤ 128 kernel's and the forward's. The PTX
     hashes (``benchmarks/ptx_hashes.py``) compile from it without a GPU."""
     from .attention_bwd_gluon import _option_args, _row_descriptor, kernel_head_dim, launch_plan, wide_value_width
-    from .attention_fwd_gluon import qk_width, tma_descriptor
+    from .attention_fwd_gluon import tma_descriptor
     B, Hq, Nq, _ = q.shape
     D = kernel_head_dim(q.shape[3], v.shape[3])  # 256 (a head dim run padded: the boxes read zeros past the columns)
     # V and dO at v's own padded width where it is narrower (MLA's 192 / 128: 128): dPᵀ = V·dOᵀ and
@@ -545,9 +546,8 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
     constexprs = {name: plan["constexprs"][name] for name in _KERNEL_CONSTEXPRS}
     if D != q.shape[3]:  # every store is a masked one here: kept to the real columns
         constexprs["D_REAL"] = q.shape[3]
-    qk = qk_width(q.shape[3])
-    if qk < D:  # S, Sᵀ over q's columns rounded up to 64 (MLA's 192 of the 256; the rest TMA's zeros: ``_qk``)
-        constexprs["QK"] = qk
+    if "QK" in plan["constexprs"]:  # S, Sᵀ over q's columns rounded up to 64 (MLA's 192 of 256: ``_qk``)
+        constexprs["QK"] = plan["constexprs"]["QK"]
     dv_cols = dict(DV_REAL=v.shape[3]) if v.shape[3] != q.shape[3] else {}  # v's head dim not q's: dv's own
     seq = SEQ_DENSE if variant is None else variant.seq
     bounds = (None,) * 7  # the rows' bounds after the options; a dense batch: none (constexprs)

@@ -230,7 +230,7 @@ CONFIGS = {
 
 
 # Kernel width 256 beside V at most 128 wide (MLA's 192 / 128), plain dense calls: V's narrower ring
-# leaves room for 128-key tiles with one K slot and a V ring of its own (197 and 224 KB, one Q set).
+# leaves room for 128-key tiles with one K slot and a V ring of its own (192 and 224 KiB, one Q set).
 # Measured (H200, 192 / 128, two runs, ``mla_fwd_configs-20261130-114743.json``, ``-114955.json``):
 # with V's ring 3 deep, non-causal +2.7 / +3.7 / +4.2% at 4k / 8k / 16k against the d 256 default,
 # −0.9% at 2k; causal −3.4 / −1.9% at 2k / 4k, +0.6 / +1.5% at 8k / 16k (within the runs' spread).
@@ -271,14 +271,13 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     ``-091655.json``): two consumers with 64-key tiles and a 2-deep ring, persistent with turns
     (causal 1k–8k +3 to +12% over the same config one tile per program; non-causal within ±3% of
     every other config, 580–669 TFLOP/s), and causal from 12k one tile per program without turns
-    (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``,
-    v's padded width; MLA's 192 / 128), plain non-causal dense calls from ``NARROW_V_MIN_N`` take
-    128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``; ranges and varlen pass no
-    ``value_dim``: those configs have no one-tile form that fits).
+    (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``:
+    v's head dim, given for plain dense calls only, ``_is_plain``; MLA's 192 / 128), non-causal calls
+    from ``NARROW_V_MIN_N`` take 128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``: measured
+    plain only; ranges and varlen have no one-tile form of them that fits).
     """
     if head_dim == 256:
-        narrow_v = value_dim is not None and value_dim <= 128 and not (alibi or softcap or left)
-        if narrow_v and not causal and n >= NARROW_V_MIN_N:
+        if value_dim is not None and padded_head_dim(value_dim) <= 128 and not causal and n >= NARROW_V_MIN_N:
             return NARROW_V_CONFIGS[1]
         if causal and n >= CAUSAL_PERSISTENT_MAX_N:
             return Config(2, 64, 2, False)
@@ -1492,6 +1491,14 @@ def window_flags(variant: Variant, causal: bool) -> tuple[bool, bool]:
     return has_left, has_right
 
 
+def _is_plain(variant, causal: bool = False) -> bool:
+    """No option the kernels' constexprs would switch on (None, ``PLAIN`` or an empty Variant, or
+    one whose window is only a causal call's diagonal: ``window_flags``) over a dense batch."""
+    return variant is None or variant is PLAIN or (not variant.softcap and variant.alibi is None
+                                                   and variant.sinks is None and variant.seq == SEQ_DENSE
+                                                   and window_flags(variant, causal) == (False, False))
+
+
 def _option_args(variant: Variant, q: torch.Tensor, scale: float, causal: bool = False):
     """(sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2)
     and the option flags of a launch, as the portable kernels take them (``score_args``; the window
@@ -1590,8 +1597,9 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); call only where ``supported`` returned
     None. Returns o (B, Hq, Nq, Dv) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
     (causal with Nq > Nk, a window) has o = 0, lse = −inf (with sinks: the sink's logit). Key tiles
-    outside a window are never loaded (``key_tiles``): O(N·W) work. ``config``: one of ``CONFIGS``
-    (default: ``default_config``, for varlen at the sequences' mean length). ``variant``: as
+    outside a window are never loaded (``key_tiles``): O(N·W) work. ``config``: one of ``CONFIGS``, or
+    beside v at most 128 wide of ``NARROW_V_CONFIGS`` (default: ``default_config``, for varlen at the
+    sequences' mean length). ``variant``: as
     ``attention_forward`` takes it; with per-row ranges o and lse are (B, Hq, Nq) buffers whose rows
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
@@ -1608,7 +1616,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     cfg = config
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
-                             variant.left >= 0, padded_head_dim(v.shape[3]) if variant.seq == SEQ_DENSE else None)
+                             variant.left >= 0, v.shape[3] if _is_plain(variant, causal) else None)
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
     if variant.seq == SEQ_DENSE and v.shape[3] == D:
