@@ -122,6 +122,29 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
     assert not any(cfg in gluon_fwd.NARROW_V_CONFIGS for cfg in taken[2:]), taken
 
 
+def test_every_forward_default_fits_in_shared_memory():
+    # Whatever (q, v) head dims, length, causal setting and options a call brings, the config the
+    # forward's default picks fits in shared memory at the widths its boxes run (Q and K at the wider
+    # padded width, V at v's own), and so does the one-tile form ranges and varlen batches run.
+    dims = (40, 64, 96, 128, 136, 192, 256)
+    for d in dims:
+        for dv in dims:
+            D = gluon_fwd.padded_head_dim(d, dv)
+            if D is None:
+                continue
+            w_v = gluon_fwd.padded_head_dim(dv)
+            for causal in (False, True):
+                for n in (1024, 2048, 4096, 8192, 12288, 16384, 65536):
+                    for alibi, softcap, left, plain in ((False, False, False, True), (False, False, False, False),
+                                                        (True, False, False, False), (False, True, True, False)):
+                        cfg = gluon_fwd.default_config(D, causal, n, alibi, softcap, left, dv if plain else None)
+                        case = (d, dv, causal, n, alibi, softcap, left, plain, cfg.name)
+                        assert cfg.smem_bytes(D, cfg.q_sets(D, w_v), w_v) <= gluon_fwd.SMEM_BYTES, case
+                        if not plain:
+                            flat = gluon_fwd.one_tile_per_program(cfg)
+                            assert flat.smem_bytes(D, 1, w_v) <= gluon_fwd.SMEM_BYTES, case
+
+
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
 def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     import inspect
