@@ -111,7 +111,7 @@ def gluon(opts, causal=True, d=128):
     if dv is not None:  # (the d 256 default for N 8k as a call without v's width gets it)
         cfg = g.default_config(g.padded_head_dim(d, dv), causal, 8192)
         if config is not None:  # or a narrow-V config by name
-            cfg = next(c for c in g.NARROW_V_CONFIGS if c.name == config)
+            cfg = next(c for c in (*g.NARROW_V_CONFIGS, g.NARROW_QK_CONFIG) if c.name == config)
         v = _width(kv, dv)
         _, args, kwargs = g._launch(q, kv, v, _width(q, dv), torch.empty(B, H, N), 0.088, causal, cfg, variant)
         return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
@@ -299,6 +299,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d192 dv128", gluon, dict(d=192, dv=128, causal=False)),
          ("gluon d192 dv128 narrow v", gluon, dict(d=192, dv=128, causal=False, config="g-m128-n128-s1v3-pp-r240-ps")),
          ("gluon d192 dv128 narrow v2 causal", gluon, dict(d=192, dv=128, config="g-m128-n128-s1v2-pp-r240-ps")),
+         ("gluon d192 dv128 narrow qk causal", gluon, dict(d=192, dv=128, config="g-m128-n128-s2-pp-r240-ps")),
          ("gluon d192 dv128 varlen causal", gluon_seq, dict(seq="varlen", d=192, dv=128)),
          ("gluon d128 dv64 causal", gluon, dict(dv=64)),
          ("gluon d64 dv128 causal", gluon, dict(d=64, dv=128)),

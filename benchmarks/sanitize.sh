@@ -168,7 +168,7 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         dense(192, True, dv=128)  # plain causal MLA: the wide backward in one pass (dQ reduce-added)
         packed(128, False, dv=64, alibi_slopes=slopes)
         packed(64, True, dv=128, deterministic=True)
-        for cfg in attention_fwd_gluon.NARROW_V_CONFIGS:  # 128-key tiles, one K slot (defaults from 4k keys)
+        for cfg in (*attention_fwd_gluon.NARROW_V_CONFIGS, attention_fwd_gluon.NARROW_QK_CONFIG):  # 128-key tiles
             for causal in (False, True):
                 attention_fwd_gluon.attention_forward_gluon(r(2, 4, 150, 192, dtype=bf), r(2, 2, 203, 192, dtype=bf),
                                                             r(2, 2, 203, 128, dtype=bf), 0.1, causal, config=cfg)

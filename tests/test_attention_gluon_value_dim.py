@@ -99,6 +99,12 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
         assert cfg.smem_bytes(256, cfg.q_sets(256, 128), 128) <= gluon_fwd.SMEM_BYTES < cfg.smem_bytes(256, 1, 256)
     assert gluon_fwd.default_config(256, False, 4096, value_dim=128) == narrow
     assert gluon_fwd.default_config(256, False, 16384, value_dim=64) == narrow
+    assert gluon_fwd.default_config(256, False, 16384, value_dim=128, qk=256) == narrow  # (256 / 128: K whole)
+    # q's columns below 256 too (MLA's 192): K in chunks, two slots, from 8k, causal or not
+    for causal in (False, True):
+        assert gluon_fwd.default_config(256, causal, 8192, value_dim=128, qk=192) == gluon_fwd.NARROW_QK_CONFIG
+    assert gluon_fwd.default_config(256, False, 4096, value_dim=128, qk=192) == narrow
+    assert gluon_fwd.default_config(256, True, 4096, value_dim=128, qk=192) not in (narrow, gluon_fwd.NARROW_QK_CONFIG)
     for args, kwargs in (((256, False, 2048), dict(value_dim=128)), ((256, True, 16384), dict(value_dim=128)),
                          ((256, False, 8192), dict(value_dim=192)), ((256, False, 8192), {})):
         assert gluon_fwd.default_config(*args, **kwargs) not in gluon_fwd.NARROW_V_CONFIGS, (args, kwargs)
@@ -119,7 +125,14 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
             gluon_fwd.attention_forward_gluon(q, q, v, 0.1, False, variant=variant)
     assert taken[0] == narrow and taken[1] == narrow
     assert taken[2] == gluon_fwd.one_tile_per_program(wide)
-    assert not any(cfg in gluon_fwd.NARROW_V_CONFIGS for cfg in taken[2:]), taken
+    assert not any(cfg in (*gluon_fwd.NARROW_V_CONFIGS, gluon_fwd.NARROW_QK_CONFIG) for cfg in taken[2:]), taken
+    # from 8k the forward passes q's 192 columns on: K in chunks, two slots
+    taken.clear()
+    q, v = torch.zeros(1, 2, 8192, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 8192, 128, dtype=torch.bfloat16)
+    for causal in (False, True):
+        with pytest.raises(RuntimeError, match="recorded"):
+            gluon_fwd.attention_forward_gluon(q, q, v, 0.1, causal)
+    assert taken == [gluon_fwd.NARROW_QK_CONFIG] * 2
 
 
 def test_every_forward_default_fits_in_shared_memory():
@@ -137,12 +150,33 @@ def test_every_forward_default_fits_in_shared_memory():
                 for n in (1024, 2048, 4096, 8192, 12288, 16384, 65536):
                     for alibi, softcap, left, plain in ((False, False, False, True), (False, False, False, False),
                                                         (True, False, False, False), (False, True, True, False)):
-                        cfg = gluon_fwd.default_config(D, causal, n, alibi, softcap, left, dv if plain else None)
+                        qk = gluon_fwd.qk_width(d)
+                        cfg = gluon_fwd.default_config(D, causal, n, alibi, softcap, left, dv if plain else None, qk)
                         case = (d, dv, causal, n, alibi, softcap, left, plain, cfg.name)
-                        assert cfg.smem_bytes(D, cfg.q_sets(D, w_v), w_v) <= gluon_fwd.SMEM_BYTES, case
+                        chunks = gluon_fwd.k_chunks(cfg, D, min(D, qk))
+                        k_w = 64 * chunks if chunks > 1 else None  # K's ring at q's columns (``k_chunks``)
+                        assert cfg.smem_bytes(D, cfg.q_sets(D, w_v, k_w), w_v, k_w) <= gluon_fwd.SMEM_BYTES, case
                         if not plain:
                             flat = gluon_fwd.one_tile_per_program(cfg)
                             assert flat.smem_bytes(D, 1, w_v) <= gluon_fwd.SMEM_BYTES, case
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_128_key_configs_hold_k_in_chunks_of_q_columns():
+    # At kernel width 256 with q's columns fewer (MLA's 192), the 128-key configs load K as three
+    # 64-column boxes a slot (q's columns only); at q's 256, and in the 64-key configs, K is one box.
+    bf = torch.bfloat16
+    q192, v128 = torch.zeros(1, 2, 300, 192, dtype=bf), torch.zeros(1, 2, 300, 128, dtype=bf)
+    q256 = torch.zeros(1, 2, 300, 256, dtype=bf)
+    for cfg in (*gluon_fwd.NARROW_V_CONFIGS, K2V2):
+        _, args, kwargs = gluon_fwd._launch(q192, q192, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, False, cfg)
+        assert kwargs["K_CHUNKS"] == 3 and list(args[1].block_shape) == [1, 1, 128, 64], cfg.name
+        assert kwargs["HEAD_DIM"] == 192 and kwargs["Q_SETS"] == 1
+    for q, cfg in ((q256, gluon_fwd.NARROW_V_CONFIGS[1]), (q192, gluon_fwd.default_config(256, False, 8192))):
+        _, args, kwargs = gluon_fwd._launch(q, q, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, False, cfg)
+        assert "K_CHUNKS" not in kwargs and list(args[1].block_shape)[3] == 256, cfg.name
+    # (K's ring at q's 192 columns: the two-slot config fits beside one Q set only so)
+    assert K2V2.smem_bytes(256, 1, 128, 192) <= gluon_fwd.SMEM_BYTES < K2V2.smem_bytes(256, 1, 128)
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
@@ -318,14 +352,20 @@ def test_forward_and_backward_match_reference_and_portable(shape, d, dv, dtype, 
         assert_close_to_ref(a, p, r, eps=2 * EPS[dtype], what=f"{name} vs the portable backward's error")
 
 
+# K 2 / V 2 with 128-key tiles fits at kernel width 256 only with K in 64-column chunks (q at most 192)
+K2V2 = gluon_fwd.NARROW_QK_CONFIG
+NARROW = [(d, dv, c) for d, dv in ((192, 128), (256, 128), (192, 64)) for c in gluon_fwd.NARROW_V_CONFIGS]
+NARROW += [(192, 128, K2V2), (192, 64, K2V2)]
+
+
 @needs_gpu
-@pytest.mark.parametrize("config", gluon_fwd.NARROW_V_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("d, dv, config", NARROW, ids=lambda x: x.name if isinstance(x, gluon_fwd.Config) else str(x))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d, dv", [(192, 128), (256, 128), (192, 64)], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}:{}-q{}-k{}".format(*s))
 def test_narrow_v_forward_configs_match_reference(shape, d, dv, causal, config):
-    # The kernel width 256 configs for V at most 128 wide (128-key tiles, one K slot, V's own ring),
-    # bf16, against float64 and the same math in bf16.
+    # The kernel width 256 configs for V at most 128 wide (128-key tiles, one or two K slots, V's own
+    # ring; K in 64-column chunks where q's columns are fewer than 256: ``k_chunks``), bf16, against
+    # float64 and the same math in bf16.
     q, k, v, _ = make(shape + (d,), dv, torch.bfloat16)
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal, config=config)
     o_ref, lse_ref = attention_reference(q, k, v, causal=causal)

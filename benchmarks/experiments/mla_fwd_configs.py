@@ -4,7 +4,9 @@ At 192 / 128 the forward runs the head dim 256 kernel with Q and K boxes 256 wid
 (``attention_fwd_gluon._launch``); the d 256 default config (64-key tiles, a 2-deep ring, two Q sets:
 224 KiB) was chosen where V's boxes are 256 wide too. With V at 128 the shared memory also holds
 128-key tiles with one K slot and V's own ring 2 or 3 deep (``NARROW_V_CONFIGS``: 192 and 224 KiB, one
-Q set); one tile a program with a 3-deep ring of 64-key tiles (208 KiB) is timed beside them. (The
+Q set; with K in 64-column chunks of q's 192 columns, ``k_chunks``, 181 and 213 KB) and K 2 / V 2
+(``NARROW_QK_CONFIG``, 230 KB, chunked K only); one tile a program with a 3-deep ring of 64-key tiles
+(208 KiB) is timed beside them. (The
 first run, ``mla_fwd_configs-20261130-114743.json``, also had the 3-deep 64-key ring with one Q set
 and K 2 / V 3.) Each config of ``CONFIGS`` below runs at bf16, B·N 16k tokens, 16 heads, causal or
 not, N from ``--lengths``, in rotated rounds with SDPA's cuDNN backend, after checking each config's
@@ -26,6 +28,7 @@ from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 Config = gluon_fwd.Config
 CONFIGS = [Config(2, 64, 2, True, persistent=True),  # the d 256 default (two Q sets)
            *gluon_fwd.NARROW_V_CONFIGS,  # 128-key tiles, one K slot, V's ring 2 or 3 deep
+           gluon_fwd.NARROW_QK_CONFIG,  # 128-key tiles, K 2 / V 2 (K in 64-column chunks of q's 192)
            Config(2, 64, 3, True)]  # one tile a program, a 3-deep ring
 D, DV, HEADS, TOKENS = 192, 128, 16, 16384
 

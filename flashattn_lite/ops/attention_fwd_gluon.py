@@ -175,17 +175,20 @@ class Config(NamedTuple):
         v = f"v{self.v_stages}" if self.v_stages else ""
         return f"g-m{self.block_m}-n{self.block_n}-s{self.stages}{v}{pp}-r{self.consumer_regs}{ps}"
 
-    def smem_bytes(self, head_dim: int, q_sets: int = 1, value_dim: int | None = None) -> int:
+    def smem_bytes(self, head_dim: int, q_sets: int = 1, value_dim: int | None = None,
+                   key_width: int | None = None) -> int:
         """Shared memory of Q (``q_sets`` sets of BLOCK_M rows, O staged there) and the K and V rings,
-        16-bit (V's rows ``value_dim`` wide where they are not ``head_dim``)."""
+        16-bit (V's rows ``value_dim`` wide where they are not ``head_dim``, K's ``key_width`` where its
+        ring holds q's columns only: ``k_chunks``)."""
         value_dim = head_dim if value_dim is None else value_dim
-        return 2 * (head_dim * (q_sets * self.block_m + self.stages * self.block_n)
+        key_width = head_dim if key_width is None else key_width
+        return 2 * (head_dim * q_sets * self.block_m + key_width * self.stages * self.block_n
                     + value_dim * (self.v_stages or self.stages) * self.block_n)
 
-    def q_sets(self, head_dim: int, value_dim: int | None = None) -> int:
+    def q_sets(self, head_dim: int, value_dim: int | None = None, key_width: int | None = None) -> int:
         """Q buffers of a persistent launch: two where they fit (the next tile's Q loads while this
         tile's O is staged and stored from the other set), else one; 1 when not persistent."""
-        return 2 if self.persistent and self.smem_bytes(head_dim, 2, value_dim) <= SMEM_BYTES else 1
+        return 2 if self.persistent and self.smem_bytes(head_dim, 2, value_dim, key_width) <= SMEM_BYTES else 1
 
 
 LOADER_REGS = 24
@@ -237,10 +240,16 @@ CONFIGS = {
 NARROW_V_CONFIGS = [Config(2, 128, 1, True, persistent=True, v_stages=2),
                     Config(2, 128, 1, True, persistent=True, v_stages=3)]
 NARROW_V_MIN_N = 4096
+# Where q's columns are fewer than the boxes' 256 too (MLA's 192), the 128-key configs hold K in
+# 64-column chunks of q's columns (``k_chunks``: 48 KiB a slot), and K 2 / V 2 fits beside one Q set
+# (230 KB). Measured (H200, 192 / 128, ``mla_fwd_configs-20261130-124729.json``, one run): +15 / +18%
+# non-causal and +13 / +13% causal at 8k / 16k against the d 256 default, 1.06–1.14 × cuDNN.
+NARROW_QK_CONFIG = Config(2, 128, 2, True, persistent=True)
+NARROW_QK_MIN_N = 8192
 
 
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False, softcap: bool = False,
-                   left: bool = False, value_dim: int | None = None) -> Config:
+                   left: bool = False, value_dim: int | None = None, qk: int | None = None) -> Config:
     """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the H100,
     bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major grid). d 64:
     three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with ALiBi (whose bias
@@ -274,11 +283,16 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``:
     v's head dim, given for plain dense calls only, ``_is_plain``; MLA's 192 / 128), non-causal calls
     from ``NARROW_V_MIN_N`` take 128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``: measured
-    plain only; ranges and varlen have no one-tile form of them that fits).
+    plain only; ranges and varlen have no one-tile form of them that fits), and where q's Q·Kᵀ width
+    (``qk``) is below 256 too, calls from ``NARROW_QK_MIN_N``, causal or not, take 128-key tiles with
+    K in chunks of q's columns and two slots for K and V (``NARROW_QK_CONFIG``).
     """
-    if head_dim == 256:
-        if value_dim is not None and padded_head_dim(value_dim) <= 128 and not causal and n >= NARROW_V_MIN_N:
+    if head_dim == 256 and value_dim is not None and padded_head_dim(value_dim) <= 128:
+        if qk is not None and qk < 256 and n >= NARROW_QK_MIN_N:
+            return NARROW_QK_CONFIG
+        if not causal and n >= NARROW_V_MIN_N:
             return NARROW_V_CONFIGS[1]
+    if head_dim == 256:
         if causal and n >= CAUSAL_PERSISTENT_MAX_N:
             return Config(2, 64, 2, False)
         return Config(2, 64, 2, True, persistent=True)
@@ -503,6 +517,24 @@ if _HAS_GLUON:
         return s
 
     @gluon.jit
+    def _qk_slot(q, k_smem, slot, s_zero, n: gl.constexpr, STAGES: gl.constexpr):
+        """S = q·Kᵀ over n columns (``_qk``) with K in slot ``slot`` of its ring, whole or, where the
+        ring holds K in 64-column chunks (``K_CHUNKS``: the chunks of q's ``n`` columns only, MLA's
+        three of 192), one wgmma a chunk, accumulating."""
+        KC: gl.constexpr = k_smem.shape[0] // STAGES
+        BN: gl.constexpr = k_smem.shape[3]
+        if KC == 1:
+            s = _qk(q, k_smem.index(slot).reshape([BN, q.shape[1]]), s_zero, n)
+        else:
+            W: gl.constexpr = k_smem.shape[4]
+            s = warpgroup_mma(q.slice(0, W, dim=1), k_smem.index(slot * KC).reshape([BN, W]).permute((1, 0)),
+                              s_zero, use_acc=False, is_async=True)
+            for part in gl.static_range(1, KC):
+                s = warpgroup_mma(q.slice(part * W, W, dim=1),
+                                  k_smem.index(slot * KC + part).reshape([BN, W]).permute((1, 0)), s, is_async=True)
+        return s
+
+    @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                 b, h, h_kv, start_m, lo, n_tiles,
                 CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
@@ -537,8 +569,14 @@ if _HAS_GLUON:
         # A fresh barrier's "previous" phase counts as complete: the first round never waits.
         free = ((c // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), free)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, 0], k_ready.index(s), k_smem.index(s))
+        KC: gl.constexpr = k_smem.shape[0] // STAGES  # K's 64-column chunks a slot (``K_CHUNKS``), or 1
+        mbarrier.expect(k_ready.index(s), KC * k_desc.block_type.nbytes)
+        if KC == 1:
+            tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, 0], k_ready.index(s), k_smem.index(s))
+        else:
+            for part in gl.static_range(KC):
+                tma.async_copy_global_to_shared(k_desc, [b, h_kv, key, part * k_desc.block_type.shape[3]],
+                                                k_ready.index(s), k_smem.index(s * KC + part))
         if V_STAGES != STAGES:  # (equal depths reuse K's slot and parity: the code before V_STAGES)
             s = c % V_STAGES
             free = ((c // V_STAGES) & 1) ^ 1
@@ -779,7 +817,7 @@ if _HAS_GLUON:
             mbarrier.wait(k_ready.index(kv0 % STAGES), (kv0 // STAGES) & 1)
             if PINGPONG:
                 _wait_turn(turn, kv0, ME, not PV_OVERLAP)
-            s = _qk(q, k_smem.index(kv0 % STAGES).reshape([BLOCK_N, q.shape[1]]), s_zero, HEAD_DIM)
+            s = _qk_slot(q, k_smem, kv0 % STAGES, s_zero, HEAD_DIM, STAGES)
             if PINGPONG:
                 _pass_turn(turn, kv0, OTHER, not PV_OVERLAP)
             s = warpgroup_mma_wait(0, deps=[s])
@@ -803,7 +841,7 @@ if _HAS_GLUON:
             mbarrier.wait(v_ready.index(prev), ((c - 1) // V_STAGES) & 1)
             if PINGPONG:  # my turn to issue GEMMs: the other warpgroup is in its softmax
                 _wait_turn(turn, c, ME, not PV_OVERLAP)
-            s = _qk(q, k_smem.index(cur).reshape([BLOCK_N, q.shape[1]]), s_zero, HEAD_DIM)
+            s = _qk_slot(q, k_smem, cur, s_zero, HEAD_DIM, STAGES)
             acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, DV]), acc, is_async=True)
             if PINGPONG:
                 _pass_turn(turn, c, OTHER, not PV_OVERLAP)
@@ -1052,7 +1090,7 @@ if _HAS_GLUON:
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0,
                                PERSISTENT: gl.constexpr = False, Q_SETS: gl.constexpr = 1,
-                               V_STAGES: gl.constexpr = 0, D_REAL: gl.constexpr = 0):
+                               V_STAGES: gl.constexpr = 0, D_REAL: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 1):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if PERSISTENT:
             # One program per SM (``_launch``), each taking units pid, pid + programs, … of the
@@ -1092,7 +1130,7 @@ if _HAS_GLUON:
             n_bh = q_desc.shape[0] * n_heads
             dtype: gl.constexpr = q_desc.dtype
             q_smem = gl.allocate_shared_memory(dtype, [Q_SETS * CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-            k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+            k_smem = gl.allocate_shared_memory(dtype, [STAGES * K_CHUNKS] + k_desc.block_type.shape, k_desc.layout)
             v_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
             q_ready = gl.allocate_shared_memory(gl.int64, [Q_SETS, 1], mbarrier.MBarrierLayout())
             q_empty = gl.allocate_shared_memory(gl.int64, [Q_SETS, 1], mbarrier.MBarrierLayout())
@@ -1227,7 +1265,7 @@ if _HAS_GLUON:
 
             dtype: gl.constexpr = q_desc.dtype
             q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-            k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+            k_smem = gl.allocate_shared_memory(dtype, [STAGES * K_CHUNKS] + k_desc.block_type.shape, k_desc.layout)
             v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
             q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -1470,6 +1508,13 @@ def default_layout(block: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, _GL_DTYPES[dtype]))
 
 
+def k_chunks(cfg: Config, box_width: int, qk: int) -> int:
+    """K's 64-column chunks a ring slot (``K_CHUNKS``): where the boxes are 256 wide and q's own
+    columns fewer (MLA's 192), the 128-key configs hold K's q columns only, as three 64-column boxes
+    (48 KiB a slot, not 64); 1 (K whole, one box) elsewhere."""
+    return qk // 64 if box_width == 256 and qk < box_width and cfg.block_n == 128 else 1
+
+
 def _descriptor(t: torch.Tensor, rows: int, width: int) -> "TensorDescriptor":
     """A 4-D TMA descriptor over (B, H, N, D) ``t`` moving [rows, width] tiles of one head (width ≥ D:
     the columns past D read as zeros and are not stored)."""
@@ -1562,12 +1607,14 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2))
         if seq == SEQ_VARLEN:
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
-    args = (_descriptor(q, 64, D), _descriptor(k, cfg.block_n, D), _descriptor(v, cfg.block_n, W_v),
+    qk = min(D, qk_width(q.shape[3]))  # Q·Kᵀ's reduction width (a quarter of that GEMM saved at MLA's 192)
+    kc = k_chunks(cfg, D, qk)
+    args = (_descriptor(q, 64, D), _descriptor(k, cfg.block_n, D if kc == 1 else 64), _descriptor(v, cfg.block_n, W_v),
             _descriptor(o, 64, W_v),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
             scale * LOG2E, softcap_scale, softcap2, *seq_args_)
-    # HEAD_DIM: Q·Kᵀ's reduction width (a quarter of that GEMM's work saved at MLA's 192), within the boxes.
-    kwargs = dict(HEAD_DIM=min(D, qk_width(q.shape[3])), CAUSAL=bool(causal), **flags,
+    # HEAD_DIM: Q·Kᵀ's reduction width, within the boxes.
+    kwargs = dict(HEAD_DIM=qk, CAUSAL=bool(causal), **flags,
                   CONSUMERS=cfg.consumers, BLOCK_N=cfg.block_n,
                   STAGES=cfg.stages, PINGPONG=bool(cfg.pingpong and cfg.consumers > 1),
                   CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4)
@@ -1578,7 +1625,10 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     if cfg.persistent:
         # The grid above's tiles, in ``persistent_tile``'s order.
         grid = (min(grid[0], sms or gpu_sm_count(q.device)),)
-        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D, W_v), V_STAGES=cfg.v_stages or cfg.stages)
+        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D, W_v, 64 * kc if kc > 1 else None),
+                      V_STAGES=cfg.v_stages or cfg.stages)
+    if kc > 1:
+        kwargs["K_CHUNKS"] = kc
     return grid, args, kwargs
 
 
@@ -1616,7 +1666,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     cfg = config
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
-                             variant.left >= 0, v.shape[3] if _is_plain(variant, causal) else None)
+                             variant.left >= 0, v.shape[3] if _is_plain(variant, causal) else None, qk_width(D))
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
     if variant.seq == SEQ_DENSE and v.shape[3] == D:
