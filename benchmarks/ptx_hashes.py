@@ -101,7 +101,7 @@ def gluon(opts, causal=True, d=128):
     """The Gluon forward as ``attention_forward_gluon`` launches it (``_launch`` on CPU tensors), at
     its default config for N 8k (window sides as ``left``/``right`` in ``opts``; with ``dv``, the d 256
     default a call without v's width gets), or the sweep's config named ``config`` in ``opts``
-    (with ``dv``: of ``NARROW_V_CONFIGS``)."""
+    (with ``dv``: of ``NARROW_V_CONFIGS`` or ``NARROW_QK_CONFIG``)."""
     import torch
     import flashattn_lite.ops.attention_fwd_gluon as g
     opts = dict(opts)
@@ -120,10 +120,11 @@ def gluon(opts, causal=True, d=128):
         _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg,
                                     variant)
         return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
+    kd = getattr(g, "padded_head_dim", lambda x: x)(d) or d  # the width its config is picked at, as calls do
     try:  # the window's config rule (a checkout from before windows takes three arguments)
-        cfg = g.default_config(d, causal, 8192, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+        cfg = g.default_config(kd, causal, 8192, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
     except TypeError:
-        cfg = g.default_config(d, causal, 8192, variant.alibi is not None)
+        cfg = g.default_config(kd, causal, 8192, variant.alibi is not None)
     _, args, kwargs = g._launch(q, kv, kv, torch.empty_like(q), torch.empty(B, H, N), 0.088, causal, cfg, variant)
     return _compile_gluon(g._attn_fwd_gluon_kernel, args, kwargs)
 

@@ -99,12 +99,16 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
         assert cfg.smem_bytes(256, cfg.q_sets(256, 128), 128) <= gluon_fwd.SMEM_BYTES < cfg.smem_bytes(256, 1, 256)
     assert gluon_fwd.default_config(256, False, 4096, value_dim=128) == narrow
     assert gluon_fwd.default_config(256, False, 16384, value_dim=64) == narrow
-    assert gluon_fwd.default_config(256, False, 16384, value_dim=128, qk=256) == narrow  # (256 / 128: K whole)
-    # q's columns below 256 too (MLA's 192): K in chunks, two slots, from 8k, causal or not
+    assert gluon_fwd.default_config(256, False, 16384, value_dim=128, q_dim=256) == narrow  # (256 / 128: K whole)
+    # q's head dim 192 (MLA's): K in chunks, two slots, from 8k, causal or not; q's 136–184 (K's last
+    # chunk would run past k's columns, never run on the GPU) keep the one-slot rule, K whole
     for causal in (False, True):
-        assert gluon_fwd.default_config(256, causal, 8192, value_dim=128, qk=192) == gluon_fwd.NARROW_QK_CONFIG
-    assert gluon_fwd.default_config(256, False, 4096, value_dim=128, qk=192) == narrow
-    assert gluon_fwd.default_config(256, True, 4096, value_dim=128, qk=192) not in (narrow, gluon_fwd.NARROW_QK_CONFIG)
+        assert gluon_fwd.default_config(256, causal, 8192, value_dim=128, q_dim=192) == gluon_fwd.NARROW_QK_CONFIG
+        assert gluon_fwd.default_config(256, causal, 8192, value_dim=128, q_dim=160) != gluon_fwd.NARROW_QK_CONFIG
+    assert gluon_fwd.default_config(256, False, 4096, value_dim=128, q_dim=192) == narrow
+    assert gluon_fwd.default_config(256, False, 2048, value_dim=128, q_dim=192) not in gluon_fwd.NARROW_V_CONFIGS
+    short_causal = gluon_fwd.default_config(256, True, 4096, value_dim=128, q_dim=192)
+    assert short_causal not in (narrow, gluon_fwd.NARROW_QK_CONFIG)
     for args, kwargs in (((256, False, 2048), dict(value_dim=128)), ((256, True, 16384), dict(value_dim=128)),
                          ((256, False, 8192), dict(value_dim=192)), ((256, False, 8192), {})):
         assert gluon_fwd.default_config(*args, **kwargs) not in gluon_fwd.NARROW_V_CONFIGS, (args, kwargs)
@@ -150,10 +154,9 @@ def test_every_forward_default_fits_in_shared_memory():
                 for n in (1024, 2048, 4096, 8192, 12288, 16384, 65536):
                     for alibi, softcap, left, plain in ((False, False, False, True), (False, False, False, False),
                                                         (True, False, False, False), (False, True, True, False)):
-                        qk = gluon_fwd.qk_width(d)
-                        cfg = gluon_fwd.default_config(D, causal, n, alibi, softcap, left, dv if plain else None, qk)
+                        cfg = gluon_fwd.default_config(D, causal, n, alibi, softcap, left, dv if plain else None, d)
                         case = (d, dv, causal, n, alibi, softcap, left, plain, cfg.name)
-                        chunks = gluon_fwd.k_chunks(cfg, D, min(D, qk))
+                        chunks = gluon_fwd.k_chunks(cfg, D, d)
                         k_w = 64 * chunks if chunks > 1 else None  # K's ring at q's columns (``k_chunks``)
                         assert cfg.smem_bytes(D, cfg.q_sets(D, w_v, k_w), w_v, k_w) <= gluon_fwd.SMEM_BYTES, case
                         if not plain:
@@ -175,8 +178,16 @@ def test_128_key_configs_hold_k_in_chunks_of_q_columns():
     for q, cfg in ((q256, gluon_fwd.NARROW_V_CONFIGS[1]), (q192, gluon_fwd.default_config(256, False, 8192))):
         _, args, kwargs = gluon_fwd._launch(q, q, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, False, cfg)
         assert "K_CHUNKS" not in kwargs and list(args[1].block_shape)[3] == 256, cfg.name
-    # (K's ring at q's 192 columns: the two-slot config fits beside one Q set only so)
+    q160 = torch.zeros(1, 2, 300, 160, dtype=bf)
+    _, args, kwargs = gluon_fwd._launch(q160, q160, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, False,
+                                        gluon_fwd.NARROW_V_CONFIGS[1])
+    assert "K_CHUNKS" not in kwargs and list(args[1].block_shape)[3] == 256  # (q's 160: K whole)
+    # (K's ring at q's 192 columns: the two-slot config fits beside one Q set only so); where it does
+    # not fit (q's 160 or 256, K whole; one tile a program, as ranges and varlen run it): ValueError
     assert K2V2.smem_bytes(256, 1, 128, 192) <= gluon_fwd.SMEM_BYTES < K2V2.smem_bytes(256, 1, 128)
+    for q, cfg in ((q256, K2V2), (q160, K2V2), (q192, gluon_fwd.one_tile_per_program(K2V2))):
+        with pytest.raises(ValueError, match="shared memory"):
+            gluon_fwd._launch(q, q, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, False, cfg)
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
@@ -368,6 +379,21 @@ def test_narrow_v_forward_configs_match_reference(shape, d, dv, causal, config):
     # float64 and the same math in bf16.
     q, k, v, _ = make(shape + (d,), dv, torch.bfloat16)
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, d ** -0.5, causal, config=config)
+    o_ref, lse_ref = attention_reference(q, k, v, causal=causal)
+    o_same, _ = attention_reference(q, k, v, causal=causal, dtype=torch.bfloat16)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[torch.bfloat16])
+    check_lse(lse, lse_ref, torch.bfloat16)
+
+
+@needs_gpu
+@pytest.mark.parametrize("config", [*gluon_fwd.NARROW_V_CONFIGS, K2V2], ids=lambda c: c.name)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_narrow_v_forward_configs_carry_their_rings_across_tiles(monkeypatch, config, causal):
+    # Seven programs for 64 query tiles: each program takes several, its K and V rings (K in chunks of
+    # q's 192 columns) and Q's slot running on across them; GQA 2, Nq ≠ Nk, against float64.
+    monkeypatch.setattr(gluon_fwd, "gpu_sm_count", lambda device: 7)
+    q, k, v, _ = make((2, 4, 2, 1000, 1500, 192), 128, torch.bfloat16, seed=6)
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal, config=config)
     o_ref, lse_ref = attention_reference(q, k, v, causal=causal)
     o_same, _ = attention_reference(q, k, v, causal=causal, dtype=torch.bfloat16)
     assert_close_to_ref(o, o_same, o_ref, eps=EPS[torch.bfloat16])

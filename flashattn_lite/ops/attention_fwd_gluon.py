@@ -233,23 +233,25 @@ CONFIGS = {
 
 
 # Kernel width 256 beside V at most 128 wide (MLA's 192 / 128), plain dense calls: V's narrower ring
-# leaves room for 128-key tiles with one K slot and a V ring of its own (192 and 224 KiB, one Q set).
+# leaves room for 128-key tiles with one K slot and a V ring of its own (192 and 224 KiB, one Q set; at
+# q's 192, K in chunks, ``k_chunks``: 176 and 208 KiB).
 # Measured (H200, 192 / 128, two runs, ``mla_fwd_configs-20261130-114743.json``, ``-114955.json``):
 # with V's ring 3 deep, non-causal +2.7 / +3.7 / +4.2% at 4k / 8k / 16k against the d 256 default,
-# −0.9% at 2k; causal −3.4 / −1.9% at 2k / 4k, +0.6 / +1.5% at 8k / 16k (within the runs' spread).
+# −0.9% at 2k; causal −3.4 / −1.9% at 2k / 4k, +0.6 / +1.5% at 8k / 16k (within the runs' spread). With K
+# chunked (q's 192) it measured +7 / +9% over itself unchunked at 8k / 16k (``-124729.json``; not run at 4k).
 NARROW_V_CONFIGS = [Config(2, 128, 1, True, persistent=True, v_stages=2),
                     Config(2, 128, 1, True, persistent=True, v_stages=3)]
 NARROW_V_MIN_N = 4096
 # Where q's columns are fewer than the boxes' 256 too (MLA's 192), the 128-key configs hold K in
 # 64-column chunks of q's columns (``k_chunks``: 48 KiB a slot), and K 2 / V 2 fits beside one Q set
-# (230 KB). Measured (H200, 192 / 128, ``mla_fwd_configs-20261130-124729.json``, one run): +15 / +18%
+# (224 KiB). Measured (H200, 192 / 128, ``mla_fwd_configs-20261130-124729.json``, one run): +15 / +18%
 # non-causal and +13 / +13% causal at 8k / 16k against the d 256 default, 1.06–1.14 × cuDNN.
 NARROW_QK_CONFIG = Config(2, 128, 2, True, persistent=True)
 NARROW_QK_MIN_N = 8192
 
 
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False, softcap: bool = False,
-                   left: bool = False, value_dim: int | None = None, qk: int | None = None) -> Config:
+                   left: bool = False, value_dim: int | None = None, q_dim: int | None = None) -> Config:
     """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the H100,
     bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major grid). d 64:
     three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with ALiBi (whose bias
@@ -283,12 +285,13 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``:
     v's head dim, given for plain dense calls only, ``_is_plain``; MLA's 192 / 128), non-causal calls
     from ``NARROW_V_MIN_N`` take 128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``: measured
-    plain only; ranges and varlen have no one-tile form of them that fits), and where q's Q·Kᵀ width
-    (``qk``) is below 256 too, calls from ``NARROW_QK_MIN_N``, causal or not, take 128-key tiles with
-    K in chunks of q's columns and two slots for K and V (``NARROW_QK_CONFIG``).
+    plain only; ranges and varlen have no one-tile form of them that fits), and where q's head dim
+    (``q_dim``) lets K's ring hold its columns in 64-column chunks (``k_chunks``: 192), calls from
+    ``NARROW_QK_MIN_N``, causal or not, take 128-key tiles with two slots for K and V
+    (``NARROW_QK_CONFIG``), and from ``NARROW_V_MIN_N`` the 3-deep V ring runs with K chunked.
     """
     if head_dim == 256 and value_dim is not None and padded_head_dim(value_dim) <= 128:
-        if qk is not None and qk < 256 and n >= NARROW_QK_MIN_N:
+        if q_dim is not None and k_chunks(NARROW_QK_CONFIG, 256, q_dim) > 1 and n >= NARROW_QK_MIN_N:
             return NARROW_QK_CONFIG
         if not causal and n >= NARROW_V_MIN_N:
             return NARROW_V_CONFIGS[1]
@@ -527,6 +530,7 @@ if _HAS_GLUON:
             s = _qk(q, k_smem.index(slot).reshape([BN, q.shape[1]]), s_zero, n)
         else:
             W: gl.constexpr = k_smem.shape[4]
+            gl.static_assert(KC * W == n, "K's chunks cover Q·Kᵀ's columns exactly")
             s = warpgroup_mma(q.slice(0, W, dim=1), k_smem.index(slot * KC).reshape([BN, W]).permute((1, 0)),
                               s_zero, use_acc=False, is_async=True)
             for part in gl.static_range(1, KC):
@@ -1508,11 +1512,13 @@ def default_layout(block: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, _GL_DTYPES[dtype]))
 
 
-def k_chunks(cfg: Config, box_width: int, qk: int) -> int:
-    """K's 64-column chunks a ring slot (``K_CHUNKS``): where the boxes are 256 wide and q's own
-    columns fewer (MLA's 192), the 128-key configs hold K's q columns only, as three 64-column boxes
-    (48 KiB a slot, not 64); 1 (K whole, one box) elsewhere."""
-    return qk // 64 if box_width == 256 and qk < box_width and cfg.block_n == 128 else 1
+def k_chunks(cfg: Config, box_width: int, q_dim: int) -> int:
+    """K's 64-column chunks a ring slot (``K_CHUNKS``): where the boxes are 256 wide and q's head dim
+    a smaller multiple of 64 (MLA's 192), the persistent 128-key configs hold K's columns only, as
+    three 64-column boxes (48 KiB a slot, not 64; none of them past k's columns: the GPU-tested
+    form); 1 (K whole, one box) elsewhere."""
+    chunked = box_width == 256 and q_dim < box_width and q_dim % 64 == 0 and cfg.block_n == 128 and cfg.persistent
+    return q_dim // 64 if chunked else 1
 
 
 def _descriptor(t: torch.Tensor, rows: int, width: int) -> "TensorDescriptor":
@@ -1581,8 +1587,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     (``attention_forward_gluon``'s launch; ``benchmarks/ptx_hashes.py`` compiles from it without a
     GPU). A persistent config: min(tiles, ``sms``) programs (default: q's device's SMs,
     ``DEFAULT_SMS`` off the GPU) and ``PERSISTENT``/``Q_SETS`` (``Config.q_sets``)/``V_STAGES``,
-    passed only then; ValueError for ranges or varlen (one tile per program there), and for a
-    ``v_stages`` config one tile per program."""
+    passed only then; ``K_CHUNKS`` where K's ring holds q's columns in 64-column boxes
+    (``k_chunks``). ValueError for ranges or varlen (one tile per program there), for a ``v_stages``
+    config one tile per program, and for a config whose shared memory does not fit at these widths."""
     B, Hq, Nq, _ = q.shape
     Dv = v.shape[3]
     # Q, K boxes at the wider padded width; V, O boxes (P·V) at v's own, narrower or the same: O is
@@ -1608,7 +1615,12 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         if seq == SEQ_VARLEN:
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
     qk = min(D, qk_width(q.shape[3]))  # Q·Kᵀ's reduction width (a quarter of that GEMM saved at MLA's 192)
-    kc = k_chunks(cfg, D, qk)
+    kc = k_chunks(cfg, D, q.shape[3])
+    q_sets = cfg.q_sets(D, W_v, 64 * kc if kc > 1 else None)
+    need = cfg.smem_bytes(D, q_sets, W_v, 64 * kc if kc > 1 else None)
+    if need > SMEM_BYTES:  # (an explicit config at widths it does not fit: say so before Triton's resource error)
+        raise ValueError(f"attention_forward_gluon: config {cfg.name} needs {need} bytes of shared memory at head dims "
+                         f"{q.shape[3]} (q, k) and {Dv} (v) (boxes {D} and {W_v} wide), more than {SMEM_BYTES}")
     args = (_descriptor(q, 64, D), _descriptor(k, cfg.block_n, D if kc == 1 else 64), _descriptor(v, cfg.block_n, W_v),
             _descriptor(o, 64, W_v),
             lse, sinks, alibi, stride_alibi_b, stride_alibi_h, Hq, Hq // Hkv, Nq, Nk, win_left, win_right,
@@ -1625,8 +1637,7 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     if cfg.persistent:
         # The grid above's tiles, in ``persistent_tile``'s order.
         grid = (min(grid[0], sms or gpu_sm_count(q.device)),)
-        kwargs.update(PERSISTENT=True, Q_SETS=cfg.q_sets(D, W_v, 64 * kc if kc > 1 else None),
-                      V_STAGES=cfg.v_stages or cfg.stages)
+        kwargs.update(PERSISTENT=True, Q_SETS=q_sets, V_STAGES=cfg.v_stages or cfg.stages)
     if kc > 1:
         kwargs["K_CHUNKS"] = kc
     return grid, args, kwargs
@@ -1648,8 +1659,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     None. Returns o (B, Hq, Nq, Dv) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
     (causal with Nq > Nk, a window) has o = 0, lse = −inf (with sinks: the sink's logit). Key tiles
     outside a window are never loaded (``key_tiles``): O(N·W) work. ``config``: one of ``CONFIGS``, or
-    beside v at most 128 wide of ``NARROW_V_CONFIGS`` (default: ``default_config``, for varlen at the
-    sequences' mean length). ``variant``: as
+    beside v at most 128 wide ``NARROW_V_CONFIGS`` and (q's head dim 192) ``NARROW_QK_CONFIG``
+    (default: ``default_config``, for varlen at the sequences' mean length). ``variant``: as
     ``attention_forward`` takes it; with per-row ranges o and lse are (B, Hq, Nq) buffers whose rows
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
@@ -1666,7 +1677,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     cfg = config
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
-                             variant.left >= 0, v.shape[3] if _is_plain(variant, causal) else None, qk_width(D))
+                             variant.left >= 0, v.shape[3] if _is_plain(variant, causal) else None, D)
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
     if variant.seq == SEQ_DENSE and v.shape[3] == D:
