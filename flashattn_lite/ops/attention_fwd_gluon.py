@@ -290,12 +290,12 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     ``NARROW_QK_MIN_N``, causal or not, take 128-key tiles with two slots for K and V
     (``NARROW_QK_CONFIG``), and from ``NARROW_V_MIN_N`` the 3-deep V ring runs with K chunked.
     """
-    if head_dim == 256 and value_dim is not None and padded_head_dim(value_dim) <= 128:
-        if q_dim is not None and k_chunks(NARROW_QK_CONFIG, 256, q_dim) > 1 and n >= NARROW_QK_MIN_N:
-            return NARROW_QK_CONFIG
-        if not causal and n >= NARROW_V_MIN_N:
-            return NARROW_V_CONFIGS[1]
     if head_dim == 256:
+        if value_dim is not None and padded_head_dim(value_dim) <= 128:  # V's narrow boxes leave room
+            if q_dim is not None and k_chunks(NARROW_QK_CONFIG, 256, q_dim) > 1 and n >= NARROW_QK_MIN_N:
+                return NARROW_QK_CONFIG
+            if not causal and n >= NARROW_V_MIN_N:
+                return NARROW_V_CONFIGS[1]
         if causal and n >= CAUSAL_PERSISTENT_MAX_N:
             return Config(2, 64, 2, False)
         return Config(2, 64, 2, True, persistent=True)
@@ -1616,8 +1616,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
     qk = min(D, qk_width(q.shape[3]))  # Q·Kᵀ's reduction width (a quarter of that GEMM saved at MLA's 192)
     kc = k_chunks(cfg, D, q.shape[3])
-    q_sets = cfg.q_sets(D, W_v, 64 * kc if kc > 1 else None)
-    need = cfg.smem_bytes(D, q_sets, W_v, 64 * kc if kc > 1 else None)
+    key_width = 64 * kc if kc > 1 else None  # K's ring at q's columns where it holds them in chunks
+    q_sets = cfg.q_sets(D, W_v, key_width)
+    need = cfg.smem_bytes(D, q_sets, W_v, key_width)
     if need > SMEM_BYTES:  # (an explicit config at widths it does not fit: say so before Triton's resource error)
         raise ValueError(f"attention_forward_gluon: config {cfg.name} needs {need} bytes of shared memory at head dims "
                          f"{q.shape[3]} (q, k) and {Dv} (v) (boxes {D} and {W_v} wide), more than {SMEM_BYTES}")
