@@ -100,16 +100,19 @@ if _HAS_GLUON:
         HALF_DV: gl.constexpr = DV // 2
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
-        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, HALF_D, 16])
+        S_K: gl.constexpr = QK if QK > 0 else HEAD_DIM  # the columns Sᵀ reduces over (``QK``)
+        # dK's columns here: this consumer's half, to q's (``QK``) where it ends inside it (MLA's 192:
+        # consumer 1 over 128–191), at least one 64-column block (q's 128 in the 256-wide boxes)
+        DK_W: gl.constexpr = min(HALF_D, max(S_K - ME * HALF_D, 64))
+        dk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DK_W, 16])
         dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HALF_DV, 16])
         k_all = k_smem.index(0).reshape([64, HEAD_DIM])
-        S_K: gl.constexpr = QK if QK > 0 else HEAD_DIM  # the columns Sᵀ reduces over (``QK``)
         v_all = v_smem.index(0).reshape([64, DV])
         keys = start_n + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
         tail = start_n + 64 > n_k  # the tile holds zero-filled keys past Nk
-        dk = gl.zeros([64, HALF_D], gl.float32, layout=kv_layout)
+        dk = gl.zeros([64, DK_W], gl.float32, layout=dk_layout)
         dv = gl.zeros([64, HALF_DV], gl.float32, layout=dv_layout)
         st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
         # ALiBi: |i + off − j| = |(start_m + off − start_n) + c − r| for query column c and key row r,
@@ -176,7 +179,7 @@ if _HAS_GLUON:
                 fence_async_shared()
                 mbarrier.arrive(ds_ready)
                 dv = warpgroup_mma(p_smem.permute((1, 0)), do_t.slice(HALF_DV, HALF_DV, dim=1), dv, is_async=True)
-            dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, HALF_D, dim=1), dk, is_async=True)
+            dk = warpgroup_mma(ds_smem.permute((1, 0)), q_t.slice(ME * HALF_D, DK_W, dim=1), dk, is_async=True)
             if FUSED_DQ:
                 dq = warpgroup_mma(ds_smem, k_all.slice(DQ_COL, DQ_W, dim=1),
                                    gl.zeros([BLOCK_M, DQ_W], gl.float32, layout=dq_layout), use_acc=False,
@@ -190,7 +193,7 @@ if _HAS_GLUON:
                 _reduce_rows(dq * sm_scale, dq_stage, dq_desc, b, h, start_m, ME, DQ_W, DQ_COL, False)
         if FUSED_DQ:
             tma.store_wait(0)
-        _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, kv_layout, D_REAL)
+        _store_rows(dk * sm_scale, dk_base, stride_dkn, start_n, n_k, ME * HALF_D, dk_layout, D_REAL)
         COLS_V: gl.constexpr = DV_REAL if DV_REAL > 0 else D_REAL  # dv's own columns where v's head dim is not q's
         _store_rows(dv, dv_base, stride_dvn, start_n, n_k, ME * HALF_DV, dv_layout, COLS_V)
 
