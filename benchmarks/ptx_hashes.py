@@ -133,11 +133,13 @@ def gluon_seq(opts, causal=True, d=128):
     """The Gluon forward on a packed varlen batch (``seq="varlen"``: (1, H, total, D) views of
     (total, H, D), three sequences) or with per-row ranges (``seq="ranges"``), as
     ``attention_forward_gluon`` launches it, at its default config for the sequences' mean length
-    (varlen) or the tensors' length (ranges). A checkout whose Gluon forward refuses these layouts
+    (varlen) or the tensors' length (ranges) as a call without v's width gets it (``dv``: the d 256
+    default), or ``NARROW_QK_CONFIG`` named ``config``. A checkout whose Gluon forward refuses these layouts
     says "unavailable"."""
     import torch
     opts = dict(opts)
     causal, d, seq, dv = opts.pop("causal", causal), opts.pop("d", d), opts.pop("seq"), opts.pop("dv", None)
+    config = opts.pop("config", None)  # (with ``dv``) ``NARROW_QK_CONFIG`` by name, one tile a program
     import flashattn_lite.ops.attention_fwd_gluon as g
     B, H, N = 2, 4, 1024
     tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(3 if seq == "varlen" else B, H, dtype=torch.float64),
@@ -157,6 +159,8 @@ def gluon_seq(opts, causal=True, d=128):
     n = q.shape[2] // 3 if seq == "varlen" else N
     width = d if dv is None else g.padded_head_dim(d, dv)  # v's head dim ``dv`` (not q's): the wider one's
     cfg = g.default_config(width, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
+    if config is not None:
+        cfg = next(c for c in (g.NARROW_QK_CONFIG,) if c.name == config)
     # as attention_forward_gluon runs ranges and varlen
     cfg = g.one_tile_per_program(cfg) if hasattr(g, "one_tile_per_program") else cfg._replace(persistent=False)
     v = kv if dv is None else _width(kv, dv)
@@ -244,6 +248,7 @@ def body(ptx):  # the code only: no debug sections, file names or source locatio
     return "\n".join(l for l in (x.strip() for x in ptx.splitlines())
                      if not l.startswith(("//", ".file", ".loc", "$L__")) and ".loc" not in l)
 
+QK2 = "g-m128-n128-s2-pp-r240-ps"  # ``NARROW_QK_CONFIG`` by name (MLA's K 2 / V 2)
 cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(SOFTCAP=True, FAST_TANH=True)),
          ("portable softcap window", portable, dict(SOFTCAP=True, FAST_TANH=True, HAS_LEFT=True)),
          ("portable alibi", portable, dict(ALIBI=True, FOLD_SCALE=False)),
@@ -302,6 +307,20 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d192 dv128 narrow v2 causal", gluon, dict(d=192, dv=128, config="g-m128-n128-s1v2-pp-r240-ps")),
          ("gluon d192 dv128 narrow qk causal", gluon, dict(d=192, dv=128, config="g-m128-n128-s2-pp-r240-ps")),
          ("gluon d192 dv128 varlen causal", gluon_seq, dict(seq="varlen", d=192, dv=128)),
+         # MLA's K 2 / V 2 (K in chunks) with the options, and one tile a program on varlen and ranges
+         ("gluon d192 dv128 narrow qk causal window+all", gluon, dict(d=192, dv=128, config=QK2, left=4095,
+                                                                      softcap=30.0, alibi=True, sinks=True)),
+         ("gluon d192 dv128 narrow qk softcap+sinks", gluon, dict(d=192, dv=128, config=QK2, causal=False,
+                                                                  softcap=30.0, sinks=True)),
+         ("gluon d192 dv128 narrow qk alibi", gluon, dict(d=192, dv=128, config=QK2, causal=False, alibi=True)),
+         ("gluon d192 dv128 narrow qk window both", gluon, dict(d=192, dv=128, config=QK2, causal=False, left=300,
+                                                                right=40)),
+         ("gluon d192 dv128 narrow qk varlen causal", gluon_seq, dict(seq="varlen", d=192, dv=128, config=QK2)),
+         ("gluon d192 dv128 narrow qk varlen window+all", gluon_seq, dict(seq="varlen", d=192, dv=128, config=QK2,
+                                                                          left=300, softcap=30.0, alibi_bh=True,
+                                                                          sinks=True)),
+         ("gluon d192 dv128 narrow qk ranges", gluon_seq, dict(seq="ranges", d=192, dv=128, config=QK2,
+                                                               causal=False)),
          ("gluon d128 dv64 causal", gluon, dict(dv=64)),
          ("gluon d64 dv128 causal", gluon, dict(d=64, dv=128)),
          ("gluon ranges causal", gluon_seq, dict(seq="ranges")),

@@ -172,6 +172,19 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
             for causal in (False, True):
                 attention_fwd_gluon.attention_forward_gluon(r(2, 4, 150, 192, dtype=bf), r(2, 2, 203, 192, dtype=bf),
                                                             r(2, 2, 203, 128, dtype=bf), 0.1, causal, config=cfg)
+        # K 2 / V 2 with every option, and one tile a program on ranges and varlen batches
+        from flashattn_lite.ops.attention_fwd import SEQ_RANGES, SEQ_VARLEN, Variant
+        k2v2 = attention_fwd_gluon.NARROW_QK_CONFIG
+        flat = attention_fwd_gluon.one_tile_per_program(k2v2)
+        options = Variant(left=40, softcap=20.0, alibi=slopes, sinks=sinks)
+        mla = r(2, 4, 150, 192, dtype=bf), r(2, 2, 203, 192, dtype=bf), r(2, 2, 203, 128, dtype=bf)
+        attention_fwd_gluon.attention_forward_gluon(*mla, 0.1, True, config=k2v2, variant=options)
+        attention_fwd_gluon.attention_forward_gluon(*mla, 0.1, False, config=flat,
+                                                    variant=Variant(seq=SEQ_RANGES, seq_q=rq, seq_k=rk))
+        mla = (t.transpose(0, 1)[None] for t in (r(187, 4, 192, dtype=bf), r(257, 2, 192, dtype=bf),
+                                                 r(257, 2, 128, dtype=bf)))
+        attention_fwd_gluon.attention_forward_gluon(*mla, 0.1, True, config=flat,
+                                                    variant=options._replace(seq=SEQ_VARLEN, seq_q=cu_q, seq_k=cu_k))
         dense(64, True, dv=128)  # 64 / 128's fused dQ: one consumer without dQ work, dK over q's 64 columns
         from flashattn_lite.ops import attention_bwd_gluon
         split_min_keys, attention_bwd_gluon.split_min_keys = attention_bwd_gluon.split_min_keys, lambda group, d: 0

@@ -11,8 +11,8 @@ from conftest import ON_GPU, assert_close_to_ref
 from flashattn_lite.ops import attention_bwd_gluon as gluon_bwd
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
 from flashattn_lite.ops import attention_fwd_hopper as hopper
-from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_VARLEN, Variant, output_buffers
-from flashattn_lite.reference import attention_reference
+from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant, output_buffers
+from flashattn_lite.reference import attention_reference, attention_varlen_reference
 from test_attention_gluon_variants import faked_device, sm90  # noqa: F401
 from test_attention_hopper import EPS, check_lse
 
@@ -27,6 +27,8 @@ needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 # in those kernels' 256-wide boxes beside a wider v (Q·Kᵀ over 128 of them); 256 / 128's causal
 # backward in one pass with dQ over two 128-column halves (``one_pass``).
 DIMS = [(192, 128), (128, 64), (64, 128), (80, 48), (192, 64), (192, 48), (128, 256), (256, 128)]
+# K 2 / V 2 with 128-key tiles fits at kernel width 256 only with K in 64-column chunks (q at most 192)
+K2V2 = gluon_fwd.NARROW_QK_CONFIG
 
 
 def test_kernel_width_is_the_wider_padded_dim():
@@ -90,27 +92,32 @@ def test_dispatch_takes_q_above_128_beside_v_at_most_64(sm90, monkeypatch):
 
 
 def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
-    # Kernel width 256 beside V's boxes at most 128 wide: plain non-causal dense calls from 4k take
-    # 128-key tiles with V's own 3-deep ring (its shared memory fits only beside a narrow V); causal
-    # calls, options, shorter ones, a wide V and ranges or varlen batches keep the d 256 default.
-    narrow, wide = gluon_fwd.NARROW_V_CONFIGS[1], gluon_fwd.default_config(256, False, 4096)
+    # Kernel width 256 beside V's boxes at most 128 wide. q's head dim 192 (MLA's: K in 64-column
+    # chunks, ``k_chunks``): K 2 / V 2 from 1k keys, causal or not, with any option, ranges and varlen
+    # one tile a program. Where K cannot be chunked (q's 136–184, whose last chunk would run past k's
+    # columns; q's 256): plain non-causal dense calls from 4k take 128-key tiles with V's own 3-deep
+    # ring (its shared memory fits only beside a narrow V); causal calls, options, shorter ones, a wide
+    # V and ranges or varlen batches keep the d 256 default.
+    narrow, wide, k2v2 = gluon_fwd.NARROW_V_CONFIGS[1], gluon_fwd.default_config(256, False, 4096), K2V2
     assert wide not in gluon_fwd.NARROW_V_CONFIGS
     for cfg in gluon_fwd.NARROW_V_CONFIGS:
         assert cfg.smem_bytes(256, cfg.q_sets(256, 128), 128) <= gluon_fwd.SMEM_BYTES < cfg.smem_bytes(256, 1, 256)
-    assert gluon_fwd.default_config(256, False, 4096, value_dim=128) == narrow
-    assert gluon_fwd.default_config(256, False, 16384, value_dim=64) == narrow
-    assert gluon_fwd.default_config(256, False, 16384, value_dim=128, q_dim=256) == narrow  # (256 / 128: K whole)
-    # q's head dim 192 (MLA's): K in chunks, two slots, from 8k, causal or not; q's 136–184 (K's last
-    # chunk would run past k's columns, never run on the GPU) keep the one-slot rule, K whole
+    assert gluon_fwd.default_config(256, False, 4096, value_dim=128, plain=True) == narrow
+    assert gluon_fwd.default_config(256, False, 16384, value_dim=64, plain=True) == narrow
+    for q_dim in (256, 160):  # K whole
+        assert gluon_fwd.default_config(256, False, 16384, value_dim=128, q_dim=q_dim, plain=True) == narrow
+        assert gluon_fwd.default_config(256, False, 16384, value_dim=128, q_dim=q_dim, plain=False) == wide
+        for causal in (False, True):
+            assert gluon_fwd.default_config(256, causal, 8192, value_dim=128, q_dim=q_dim, plain=True) != k2v2
     for causal in (False, True):
-        assert gluon_fwd.default_config(256, causal, 8192, value_dim=128, q_dim=192) == gluon_fwd.NARROW_QK_CONFIG
-        assert gluon_fwd.default_config(256, causal, 8192, value_dim=128, q_dim=160) != gluon_fwd.NARROW_QK_CONFIG
-    assert gluon_fwd.default_config(256, False, 4096, value_dim=128, q_dim=192) == narrow
-    assert gluon_fwd.default_config(256, False, 2048, value_dim=128, q_dim=192) not in gluon_fwd.NARROW_V_CONFIGS
-    short_causal = gluon_fwd.default_config(256, True, 4096, value_dim=128, q_dim=192)
-    assert short_causal not in (narrow, gluon_fwd.NARROW_QK_CONFIG)
-    for args, kwargs in (((256, False, 2048), dict(value_dim=128)), ((256, True, 16384), dict(value_dim=128)),
-                         ((256, False, 8192), dict(value_dim=192)), ((256, False, 8192), {})):
+        for n in (1024, 2048, 4096, 8192, 65536):
+            for plain in (True, False):
+                assert gluon_fwd.default_config(256, causal, n, value_dim=128, q_dim=192, plain=plain) == k2v2
+        assert gluon_fwd.default_config(256, causal, 1000, value_dim=128, q_dim=192, plain=True) not in (narrow, k2v2)
+    for args, kwargs in (((256, False, 2048), dict(value_dim=128, plain=True)),
+                         ((256, True, 16384), dict(value_dim=128, plain=True)),
+                         ((256, False, 8192), dict(value_dim=192, plain=True)), ((256, False, 8192), {}),
+                         ((256, False, 8192), dict(value_dim=128))):  # (not said plain: not taken)
         assert gluon_fwd.default_config(*args, **kwargs) not in gluon_fwd.NARROW_V_CONFIGS, (args, kwargs)
     taken = []
 
@@ -118,25 +125,28 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
         taken.append(cfg)
         raise RuntimeError("recorded")
     monkeypatch.setattr(gluon_fwd, "_launch", launch)
-    q, v = torch.zeros(1, 2, 4096, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 4096, 128, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 4096], dtype=torch.int32)
-    # through the forward: a plain dense call takes it; varlen, sinks, windows (a right side alone
-    # too), softcap and ALiBi do not (measured plain only)
-    others = (Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu), Variant(sinks=torch.zeros(2)), Variant(right=100),
-              Variant(left=100), Variant(softcap=30.0), Variant(alibi=torch.zeros(2)))
-    for variant in (PLAIN, Variant(), *others):
+    bf = torch.bfloat16
+    cu = torch.tensor([0, 1000, 4096], dtype=torch.int32)  # varlen: the rule's length is the mean, 2048
+    layouts = (Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu),
+               Variant(seq=SEQ_RANGES, seq_q=torch.tensor([[0, 4096]], dtype=torch.int32),
+                       seq_k=torch.tensor([[0, 4096]], dtype=torch.int32)))
+    options = (Variant(sinks=torch.zeros(2)), Variant(right=100), Variant(left=100), Variant(softcap=30.0),
+               Variant(alibi=torch.zeros(2)))
+    # through the forward at q's 192: K 2 / V 2 plain and with each option, one tile a program on
+    # ranges and varlen batches
+    q, v = torch.zeros(1, 2, 4096, 192, dtype=bf), torch.zeros(1, 2, 4096, 128, dtype=bf)
+    for variant in (PLAIN, Variant(), *options, *layouts):
         with pytest.raises(RuntimeError, match="recorded"):
             gluon_fwd.attention_forward_gluon(q, q, v, 0.1, False, variant=variant)
-    assert taken[0] == narrow and taken[1] == narrow
-    assert taken[2] == gluon_fwd.one_tile_per_program(wide)
-    assert not any(cfg in (*gluon_fwd.NARROW_V_CONFIGS, gluon_fwd.NARROW_QK_CONFIG) for cfg in taken[2:]), taken
-    # from 8k the forward passes q's 192 columns on: K in chunks, two slots
+    assert taken == [k2v2] * 7 + [gluon_fwd.one_tile_per_program(k2v2)] * 2, taken
+    # at q's 160 (K whole): the 3-deep V ring for the plain call only
     taken.clear()
-    q, v = torch.zeros(1, 2, 8192, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 8192, 128, dtype=torch.bfloat16)
-    for causal in (False, True):
+    q = torch.zeros(1, 2, 4096, 160, dtype=bf)
+    for variant in (PLAIN, *options, *layouts):
         with pytest.raises(RuntimeError, match="recorded"):
-            gluon_fwd.attention_forward_gluon(q, q, v, 0.1, causal)
-    assert taken == [gluon_fwd.NARROW_QK_CONFIG] * 2
+            gluon_fwd.attention_forward_gluon(q, q, v, 0.1, False, variant=variant)
+    assert taken[0] == narrow
+    assert not any(cfg in (*gluon_fwd.NARROW_V_CONFIGS, k2v2) for cfg in taken[1:]), taken
 
 
 def test_every_forward_default_fits_in_shared_memory():
@@ -154,14 +164,14 @@ def test_every_forward_default_fits_in_shared_memory():
                 for n in (1024, 2048, 4096, 8192, 12288, 16384, 65536):
                     for alibi, softcap, left, plain in ((False, False, False, True), (False, False, False, False),
                                                         (True, False, False, False), (False, True, True, False)):
-                        cfg = gluon_fwd.default_config(D, causal, n, alibi, softcap, left, dv if plain else None, d)
+                        cfg = gluon_fwd.default_config(D, causal, n, alibi, softcap, left, dv, d, plain=plain)
                         case = (d, dv, causal, n, alibi, softcap, left, plain, cfg.name)
                         chunks = gluon_fwd.k_chunks(cfg, D, d)
                         k_w = 64 * chunks if chunks > 1 else None  # K's ring at q's columns (``k_chunks``)
                         assert cfg.smem_bytes(D, cfg.q_sets(D, w_v, k_w), w_v, k_w) <= gluon_fwd.SMEM_BYTES, case
                         if not plain:
                             flat = gluon_fwd.one_tile_per_program(cfg)
-                            assert flat.smem_bytes(D, 1, w_v) <= gluon_fwd.SMEM_BYTES, case
+                            assert flat.smem_bytes(D, 1, w_v, k_w) <= gluon_fwd.SMEM_BYTES, case
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
@@ -182,10 +192,13 @@ def test_128_key_configs_hold_k_in_chunks_of_q_columns():
     _, args, kwargs = gluon_fwd._launch(q160, q160, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, False,
                                         gluon_fwd.NARROW_V_CONFIGS[1])
     assert "K_CHUNKS" not in kwargs and list(args[1].block_shape)[3] == 256  # (q's 160: K whole)
-    # (K's ring at q's 192 columns: the two-slot config fits beside one Q set only so); where it does
-    # not fit (q's 160 or 256, K whole; one tile a program, as ranges and varlen run it): ValueError
+    # (K's ring at q's 192 columns: the two-slot config fits beside one Q set only so), one tile a
+    # program too (ranges and varlen); where it does not fit (q's 160 or 256, K whole): ValueError
     assert K2V2.smem_bytes(256, 1, 128, 192) <= gluon_fwd.SMEM_BYTES < K2V2.smem_bytes(256, 1, 128)
-    for q, cfg in ((q256, K2V2), (q160, K2V2), (q192, gluon_fwd.one_tile_per_program(K2V2))):
+    _, args, kwargs = gluon_fwd._launch(q192, q192, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, True,
+                                        gluon_fwd.one_tile_per_program(K2V2))
+    assert kwargs["K_CHUNKS"] == 3 and "PERSISTENT" not in kwargs and kwargs["STAGES"] == 2
+    for q, cfg in ((q256, K2V2), (q160, K2V2), (q160, gluon_fwd.one_tile_per_program(K2V2))):
         with pytest.raises(ValueError, match="shared memory"):
             gluon_fwd._launch(q, q, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, False, cfg)
 
@@ -363,8 +376,6 @@ def test_forward_and_backward_match_reference_and_portable(shape, d, dv, dtype, 
         assert_close_to_ref(a, p, r, eps=2 * EPS[dtype], what=f"{name} vs the portable backward's error")
 
 
-# K 2 / V 2 with 128-key tiles fits at kernel width 256 only with K in 64-column chunks (q at most 192)
-K2V2 = gluon_fwd.NARROW_QK_CONFIG
 NARROW = [(d, dv, c) for d, dv in ((192, 128), (256, 128), (192, 64)) for c in gluon_fwd.NARROW_V_CONFIGS]
 NARROW += [(192, 128, K2V2), (192, 64, K2V2)]
 
@@ -398,6 +409,94 @@ def test_narrow_v_forward_configs_carry_their_rings_across_tiles(monkeypatch, co
     o_same, _ = attention_reference(q, k, v, causal=causal, dtype=torch.bfloat16)
     assert_close_to_ref(o, o_same, o_ref, eps=EPS[torch.bfloat16])
     check_lse(lse, lse_ref, torch.bfloat16)
+
+
+# MLA's forward with options and packed layouts through K 2 / V 2 (K in chunks of q's 192 columns):
+# persistent on dense batches, one tile a program on varlen and ranges ones (as the default runs them).
+# (name, options, v's head dim, dtype); softcap 2.5 and sinks of scale 2 move o past the tolerance.
+K2V2_CASES = [("softcap-sinks", dict(softcap=2.5, sinks=True), 128, torch.bfloat16),
+              ("alibi", dict(alibi="h"), 128, torch.bfloat16),
+              ("window-left", dict(window=(300, None)), 128, torch.bfloat16),
+              ("window-both", dict(window=(300, 40)), 128, torch.bfloat16),
+              ("all", dict(window=(500, None), softcap=2.5, sinks=True, alibi="h"), 128, torch.bfloat16),
+              ("all-v64-fp16", dict(window=(500, None), softcap=2.5, sinks=True, alibi="h"), 64, torch.float16),
+              ("varlen", {}, 128, torch.bfloat16),
+              ("varlen-all", dict(window=(300, None), softcap=2.5, sinks=True, alibi="h"), 128, torch.bfloat16),
+              ("varlen-v48-fp16", dict(softcap=2.5), 48, torch.float16),
+              ("ranges", {}, 128, torch.bfloat16),
+              ("ranges-all-v64", dict(window=(300, None), softcap=2.5, sinks=True, alibi="h"), 64, torch.bfloat16)]
+
+
+def _k2v2_options(opts, hq, g):
+    """attention_reference's keyword arguments for a case: sinks' logits (scale 2) and ALiBi's slopes (Hq,)."""
+    out = {name: value for name, value in opts.items() if name in ("window", "softcap")}
+    if opts.get("sinks"):
+        out["sinks"] = (2 * torch.randn(hq, generator=g)).to("cuda")
+    if opts.get("alibi"):
+        out["alibi_slopes"] = (torch.rand(hq, generator=g) * 0.05).to("cuda")
+    return out
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", K2V2_CASES, ids=lambda c: c[0])
+def test_k2v2_forward_with_options_and_packed_layouts(monkeypatch, case, causal):
+    # Against float64: each option (ALiBi's bias, a window's bounds) and a varlen or ranges batch's
+    # sequence ends in the chunked-K kernel, GQA 2, Nq ≠ Nk (causal with Nq > Nk: rows with no key, o
+    # = 0); dense batches on 7 programs, each taking several tiles (the rings run on across them);
+    # the options change o by more than the tolerance (so an option dropped fails).
+    from test_attention_gluon_varlen import as_4d
+    from test_attention_hopper import as_variant
+    name, opts, dv, dt = case
+    g = torch.Generator().manual_seed(8)
+    hq, hkv = 4, 2
+    options = _k2v2_options(opts, hq, g)
+    flat = gluon_fwd.one_tile_per_program(K2V2)
+    if name.startswith("varlen"):
+        lens_q, lens_k = [17, 1000, 1, 2100], [40, 1000, 5, 2100]
+        cq, ck = (torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+                  for lens in (lens_q, lens_k))
+        q = torch.randn(sum(lens_q), hq, 192, generator=g).to("cuda", dt)
+        k = torch.randn(sum(lens_k), hkv, 192, generator=g).to("cuda", dt)
+        v = torch.randn(sum(lens_k), hkv, dv, generator=g).to("cuda", dt)
+        variant = as_variant(as_4d(q), as_4d(k), options)._replace(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
+        o, lse = gluon_fwd.attention_forward_gluon(as_4d(q), as_4d(k), as_4d(v), 192 ** -0.5, causal, variant=variant,
+                                                   config=flat)
+        o_ref, lse_ref = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=causal, **options)
+        o_same, _ = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=causal, dtype=dt, **options)
+        assert_close_to_ref(o[0].transpose(0, 1), o_same.cuda(), o_ref.cuda(), eps=EPS[dt])
+        check_lse(lse[0], lse_ref.cuda(), dt)
+        if options:
+            plain_ref, _ = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=causal)
+            assert (plain_ref - o_ref).abs().max() > 0.1
+        return
+    q, k, v, _ = make((2, hq, hkv, 1337, 1000, 192), dv, dt, seed=9)
+    if name.startswith("ranges"):
+        qr = torch.tensor([[3, 1000], [0, 129]], dtype=torch.int32, device="cuda")
+        kr = torch.tensor([[9, 1000], [0, 700]], dtype=torch.int32, device="cuda")
+        variant = as_variant(q, k, options)._replace(seq=SEQ_RANGES, seq_q=qr, seq_k=kr)
+        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal, variant=variant, config=flat)
+        for b in range(2):
+            (a0, a1), (b0, b1) = qr[b].tolist(), kr[b].tolist()
+            sl = [t[b:b + 1, :, r0:r1] for t, (r0, r1) in ((q, (a0, a1)), (k, (b0, b1)), (v, (b0, b1)))]
+            o_ref, lse_ref = attention_reference(*sl, causal=causal, **options)
+            o_same, _ = attention_reference(*sl, causal=causal, dtype=dt, **options)
+            assert_close_to_ref(o[b:b + 1, :, a0:a1], o_same, o_ref, eps=EPS[dt])
+            check_lse(lse[b:b + 1, :, a0:a1], lse_ref, dt)
+            outside = torch.ones(q.shape[2], dtype=torch.bool, device="cuda")
+            outside[a0:a1] = False
+            assert (o[b][:, outside] == 0).all() and (lse[b][:, outside] == float("-inf")).all()
+        return
+    monkeypatch.setattr(gluon_fwd, "gpu_sm_count", lambda device: 7)
+    variant = as_variant(q, k, options)
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal, variant=variant, config=K2V2)
+    o_ref, lse_ref = attention_reference(q, k, v, causal=causal, **options)
+    o_same, _ = attention_reference(q, k, v, causal=causal, dtype=dt, **options)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dt])
+    check_lse(lse, lse_ref, dt)
+    if causal:  # bottom-right: query rows 0–336 see no key
+        assert (o[:, :, :337] == 0).all()
+    assert (attention_reference(q, k, v, causal=causal)[0] - o_ref).abs().max() > 0.1
 
 
 @needs_gpu
@@ -504,7 +603,6 @@ def test_varlen_matches_reference(d, dv, monkeypatch):
                         lambda *a, **kw: gluon_calls.append("fwd") or forward(*a, **kw))
     attention_fwd._HOPPER.clear()
     attention_bwd._HOPPER.clear()
-    from flashattn_lite.reference import attention_varlen_reference
     lens_q, lens_k = [1, 0, 1000, 333], [300, 0, 1000, 777]
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")

@@ -608,13 +608,14 @@ def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
                                                 ("experiments/cluster_probe", ["--timeout", "0"], "--timeout"),
                                                 ("experiments/mla_fwd_configs", ["--lengths", "8q"], "--lengths"),
                                                 ("experiments/mla_fwd_configs", ["--lengths", "0"], "--lengths"),
-                                                ("experiments/mla_fwd_configs", ["--rounds", "0"], "--rounds")],
+                                                ("experiments/mla_fwd_configs", ["--rounds", "0"], "--rounds"),
+                                                ("experiments/mla_fwd_configs", ["--variants", "plain,gqa"], "gqa")],
                          ids=["host-rounds", "host-rounds-word", "host-n", "split-rounds", "split-lengths",
                               "split-no-lengths", "deterministic-rounds", "clock-methods", "clock-modes",
                               "clock-head-dims", "clock-lengths-word", "clock-lengths-divide", "clock-seconds",
                               "reduce-n", "reduce-width", "reduce-heads", "reduce-batch", "reduce-n-word",
                               "reduce-width-divide", "reduce-rounds", "cluster-probe-timeout", "mla-configs-lengths",
-                              "mla-configs-lengths-zero", "mla-configs-rounds"])
+                              "mla-configs-lengths-zero", "mla-configs-rounds", "mla-configs-variants"])
 def test_gpu_benchmarks_reject_bad_arguments(name, argv, needle, capsys):
     # GPU benchmarks: a bad argument is a usage error naming it, before any GPU work.
     module = load_benchmark(name)

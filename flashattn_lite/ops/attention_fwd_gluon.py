@@ -232,9 +232,10 @@ CONFIGS = {
 }
 
 
-# Kernel width 256 beside V at most 128 wide (MLA's 192 / 128), plain dense calls: V's narrower ring
-# leaves room for 128-key tiles with one K slot and a V ring of its own (192 and 224 KiB, one Q set; at
-# q's 192, K in chunks, ``k_chunks``: 176 and 208 KiB).
+# Kernel width 256 beside V at most 128 wide, plain dense calls: V's narrower ring leaves room for
+# 128-key tiles with one K slot and a V ring of its own (192 and 224 KiB, one Q set; at q's 192, K in
+# chunks, ``k_chunks``: 176 and 208 KiB). The default for q's 136–184 and 256 (K whole); at MLA's 192
+# / 128, where they were measured, K 2 / V 2 below leads them.
 # Measured (H200, 192 / 128, two runs, ``mla_fwd_configs-20261130-114743.json``, ``-114955.json``):
 # with V's ring 3 deep, non-causal +2.7 / +3.7 / +4.2% at 4k / 8k / 16k against the d 256 default,
 # −0.9% at 2k; causal −3.4 / −1.9% at 2k / 4k, +0.6 / +1.5% at 8k / 16k (within the runs' spread). With K
@@ -244,14 +245,18 @@ NARROW_V_CONFIGS = [Config(2, 128, 1, True, persistent=True, v_stages=2),
 NARROW_V_MIN_N = 4096
 # Where q's columns are fewer than the boxes' 256 too (MLA's 192), the 128-key configs hold K in
 # 64-column chunks of q's columns (``k_chunks``: 48 KiB a slot), and K 2 / V 2 fits beside one Q set
-# (224 KiB). Measured (H200, 192 / 128, ``mla_fwd_configs-20261130-124729.json``, one run): +15 / +18%
-# non-causal and +13 / +13% causal at 8k / 16k against the d 256 default, 1.06–1.14 × cuDNN.
+# (224 KiB), persistent or one tile a program. Measured (H200, 192 / 128, bf16) against the d 256
+# default: plain, +4.5 to +18% from 1k to 16k, causal or not, in two runs at 2k–16k and one at 1k
+# (``mla_fwd_configs-20261130-124729.json``, ``-135201.json``, ``-135948.json``; 1.05–1.14 × cuDNN from
+# 2k); with softcap, sinks, ALiBi or a window +4.3 to +18.7%, on varlen batches one tile a program
+# +11 to +15% (``-140049.json``, ``-142035.json``, 4k / 8k). Below 1k: not measured.
 NARROW_QK_CONFIG = Config(2, 128, 2, True, persistent=True)
-NARROW_QK_MIN_N = 8192
+NARROW_QK_MIN_N = 1024
 
 
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bool = False, softcap: bool = False,
-                   left: bool = False, value_dim: int | None = None, q_dim: int | None = None) -> Config:
+                   left: bool = False, value_dim: int | None = None, q_dim: int | None = None, *,
+                   plain: bool = False) -> Config:
     """The sweep's fastest config at the nearest measured point (``benchmarks/gluon_fwd.py`` on the H100,
     bf16, N 2k / 8k / 16k with B·N 16k: ``gluon_fwd-20261124-235738.json``, the head-major grid). d 64:
     three ping-ponging consumers (192-row tiles; 467–533 TFLOP/s non-causal); with ALiBi (whose bias
@@ -283,18 +288,18 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     (causal 1k–8k +3 to +12% over the same config one tile per program; non-causal within ±3% of
     every other config, 580–669 TFLOP/s), and causal from 12k one tile per program without turns
     (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``:
-    v's head dim, given for plain dense calls only, ``_is_plain``; MLA's 192 / 128), non-causal calls
-    from ``NARROW_V_MIN_N`` take 128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``: measured
-    plain only; ranges and varlen have no one-tile form of them that fits), and where q's head dim
-    (``q_dim``) lets K's ring hold its columns in 64-column chunks (``k_chunks``: 192), calls from
-    ``NARROW_QK_MIN_N``, causal or not, take 128-key tiles with two slots for K and V
-    (``NARROW_QK_CONFIG``), and from ``NARROW_V_MIN_N`` the 3-deep V ring runs with K chunked.
+    v's head dim; MLA's 192 / 128), ``plain`` (``_is_plain``: no option, a dense batch) non-causal
+    calls from ``NARROW_V_MIN_N`` take 128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``:
+    measured plain only; ranges and varlen have no one-tile form of them that fits), and where q's
+    head dim (``q_dim``) lets K's ring hold its columns in 64-column chunks (``k_chunks``: 192), calls
+    from ``NARROW_QK_MIN_N``, causal or not, with any option, take 128-key tiles with two slots for K
+    and V (``NARROW_QK_CONFIG``; ranges and varlen one tile a program).
     """
     if head_dim == 256:
         if value_dim is not None and padded_head_dim(value_dim) <= 128:  # V's narrow boxes leave room
             if q_dim is not None and k_chunks(NARROW_QK_CONFIG, 256, q_dim) > 1 and n >= NARROW_QK_MIN_N:
                 return NARROW_QK_CONFIG
-            if not causal and n >= NARROW_V_MIN_N:
+            if plain and not causal and n >= NARROW_V_MIN_N:
                 return NARROW_V_CONFIGS[1]
         if causal and n >= CAUSAL_PERSISTENT_MAX_N:
             return Config(2, 64, 2, False)
@@ -1514,10 +1519,10 @@ def default_layout(block: tuple, dtype: torch.dtype):
 
 def k_chunks(cfg: Config, box_width: int, q_dim: int) -> int:
     """K's 64-column chunks a ring slot (``K_CHUNKS``): where the boxes are 256 wide and q's head dim
-    a smaller multiple of 64 (MLA's 192), the persistent 128-key configs hold K's columns only, as
-    three 64-column boxes (48 KiB a slot, not 64; none of them past k's columns: the GPU-tested
-    form); 1 (K whole, one box) elsewhere."""
-    chunked = box_width == 256 and q_dim < box_width and q_dim % 64 == 0 and cfg.block_n == 128 and cfg.persistent
+    192 (MLA's; the one multiple of 64 between 128 and 256), the 128-key configs hold K's columns
+    only, as three 64-column boxes (48 KiB a slot, not 64; none of them past k's columns), persistent
+    or one tile a program (ranges, varlen); 1 (K whole, one box) elsewhere."""
+    chunked = box_width == 256 and 128 < q_dim < box_width and q_dim % 64 == 0 and cfg.block_n == 128
     return q_dim // 64 if chunked else 1
 
 
@@ -1678,7 +1683,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     cfg = config
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
-                             variant.left >= 0, v.shape[3] if _is_plain(variant, causal) else None, D)
+                             variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
     if variant.seq == SEQ_DENSE and v.shape[3] == D:
