@@ -216,6 +216,22 @@ def gluon_bwd(opts, causal=True, d=128):
                                 dq_acc=torch.zeros(B, H, N, kd), row_starts=torch.zeros(4, dtype=torch.int32), **share)
     return _compile_gluon(g._attn_bwd_gluon_kernel, args, kwargs)
 
+def decode(opts):
+    """The split-KV decode kernel's stage 1 (bf16 cache, float32 partials; GQA 32:8, Nq 1 unless
+    ``opts`` says otherwise): ``opts`` are its constexprs (head dims, paging, MLA's ``D_TAIL`` and
+    ``V_FROM_K``), over a launch's defaults."""
+    from flashattn_lite.ops import decode as dec
+    d, dv = opts.get("HEAD_DIM", 128), opts.get("HEAD_DIM_V", 128)
+    ce = dict(GROUP=4, HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=max(16, triton.next_power_of_2(d)),
+              BLOCK_DV=max(16, triton.next_power_of_2(dv)), BLOCK_M=16, PAGED=False, PAGE_SIZE=1,
+              PRECISION="tf32", WAIT_PRIOR=True, PREFETCH_TILES=1, K_LINES=2, V_LINES=2, LINE=64,
+              LAUNCH_MERGE=True, BLOCK_N=64)
+    ce.update(opts)
+    types = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*fp32", "lse": "*fp32", "seqlens": "*i32",
+             "block_table": "*i32"}
+    return compile_ptx(dec._decode_split_kernel.jit, ce, types)
+
+
 def bwd_rows(opts):
     """The Triton kernels around the Gluon backward at head dim ``d`` (in ``opts``, with ``kernel``):
     its row statistics (``_row_stats_kernel``), the portable preprocess the ranges and varlen
@@ -307,6 +323,11 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon d192 dv128 narrow v2 causal", gluon, dict(d=192, dv=128, config="g-m128-n128-s1v2-pp-r240-ps")),
          ("gluon d192 dv128 narrow qk causal", gluon, dict(d=192, dv=128, config="g-m128-n128-s2-pp-r240-ps")),
          ("gluon d192 dv128 varlen causal", gluon_seq, dict(seq="varlen", d=192, dv=128)),
+         # Decoding's stage 1: Llama's d 128, d 64 paged, and MLA's latent cache (576 / 512, V read from K)
+         ("decode d128", decode, {}), ("decode d64 paged16", decode, dict(HEAD_DIM=64, HEAD_DIM_V=64, PAGED=True,
+                                                                           PAGE_SIZE=16, BLOCK_N=128)),
+         ("decode mla 576 512", decode, dict(HEAD_DIM=576, HEAD_DIM_V=512, BLOCK_D=512, D_TAIL=64, V_FROM_K=True,
+                                             BLOCK_M=32, BLOCK_N=64)),
          # MLA's K 2 / V 2 (K in chunks) with the options, and one tile a program on varlen and ranges
          ("gluon d192 dv128 narrow qk causal window+all", gluon, dict(d=192, dv=128, config=QK2, left=4095,
                                                                       softcap=30.0, alibi=True, sinks=True)),

@@ -609,13 +609,15 @@ def test_bwd_placement_rejects_bad_arguments(argv, needle, capsys):
                                                 ("experiments/mla_fwd_configs", ["--lengths", "8q"], "--lengths"),
                                                 ("experiments/mla_fwd_configs", ["--lengths", "0"], "--lengths"),
                                                 ("experiments/mla_fwd_configs", ["--rounds", "0"], "--rounds"),
-                                                ("experiments/mla_fwd_configs", ["--variants", "plain,gqa"], "gqa")],
+                                                ("experiments/mla_fwd_configs", ["--variants", "plain,gqa"], "gqa"),
+                                                ("experiments/mla_decode", ["--cases", "0"], "--cases")],
                          ids=["host-rounds", "host-rounds-word", "host-n", "split-rounds", "split-lengths",
                               "split-no-lengths", "deterministic-rounds", "clock-methods", "clock-modes",
                               "clock-head-dims", "clock-lengths-word", "clock-lengths-divide", "clock-seconds",
                               "reduce-n", "reduce-width", "reduce-heads", "reduce-batch", "reduce-n-word",
                               "reduce-width-divide", "reduce-rounds", "cluster-probe-timeout", "mla-configs-lengths",
-                              "mla-configs-lengths-zero", "mla-configs-rounds", "mla-configs-variants"])
+                              "mla-configs-lengths-zero", "mla-configs-rounds", "mla-configs-variants",
+                              "mla-decode-cases"])
 def test_gpu_benchmarks_reject_bad_arguments(name, argv, needle, capsys):
     # GPU benchmarks: a bad argument is a usage error naming it, before any GPU work.
     module = load_benchmark(name)

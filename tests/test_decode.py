@@ -342,6 +342,46 @@ def test_split_heuristic():
     assert choose_num_splits(1, 8, 1, 4096, sms) == 4096 // MIN_SPLIT_LEN
 
 
+# MLA's latent cache (DeepSeek-V2/V3 decoding, projections absorbed): one KV head whose rows are 512
+# latent + 64 rope columns, v the latent 512 (a view of the same cache: read once), 16 or 128 heads.
+MLA_CASES = {  # (B, Hq, Nq, lengths, block_size or None)
+    "contig-h16": (2, 16, 1, [70, 1], None),
+    "paged16-h40-nq2": (2, 40, 2, [45, 17], 16),  # 80 query rows: three 32-row tiles
+    **({"contig-h128": (4, 128, 1, [5000, 300, 1, 4097], None),
+        "paged64-h128-nq2": (3, 128, 2, [9000, 64, 700], 64)} if ON_GPU else {}),
+}
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("shared", [True, False], ids=["v-view-of-k", "v-apart"])
+@pytest.mark.parametrize("name", list(MLA_CASES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16])
+def test_mla_latent_cache(dtype, name, shared, num_splits):
+    B, Hq, Nq, lengths, bs = MLA_CASES[name]
+    q, kc, vc, seqlens, table, dk, dv = make_cache(B, Hq, 1, Nq, 576, 512, lengths, block_size=bs, dtype=dtype)
+    if shared:  # v: the first 512 columns of the one cache tensor
+        vc, dv = kc[..., :512], [k[..., :512] for k in dk]
+    assert decode_module.v_from_k(kc, vc) == shared
+    plan = decode_module._make_plan(q, kc, vc, table, 576 ** -0.5, num_splits, {}, False)
+    assert plan.stage1.constexprs["D_TAIL"] == 64 and plan.stage1.constexprs["BLOCK_D"] == 512
+    o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)
+    check(o, lse, q, dk, dv)
+
+
+def test_head_blocks_and_v_from_k():
+    assert decode_module.head_blocks(128) == (128, 0) and decode_module.head_blocks(40) == (64, 0)
+    assert decode_module.head_blocks(576) == (512, 64) and decode_module.head_blocks(512) == (512, 0)
+    assert decode_module.head_blocks(300) == (256, 64)
+    k = torch.zeros(2, 1, 8, 576)
+    assert decode_module.v_from_k(k, k[..., :512]) and decode_module.v_from_k(k, k[..., :300])
+    # a copy, columns other than the first, or a narrower v whose block is not K's: read apart
+    assert not decode_module.v_from_k(k, k[..., :512].clone())
+    assert not decode_module.v_from_k(k, k[..., 64:])
+    assert not decode_module.v_from_k(k, k[..., :128])
+    k64 = torch.zeros(2, 1, 8, 64)
+    assert decode_module.v_from_k(k64, k64) and not decode_module.v_from_k(k64, k64[..., :32])
+
+
 def test_bad_input_names_the_argument():
     q, kc, vc, seqlens, _, _, _ = make_cache(2, 4, 2, 1, 16, 16, [10, 20], capacity=24, seed=6)
     _, kp, vp, _, table, _, _ = make_cache(2, 4, 2, 1, 16, 16, [10, 20], block_size=8, capacity=24, seed=6)
@@ -369,6 +409,9 @@ def test_bad_input_names_the_argument():
         (TypeError, "q must be a torch.Tensor", dict(q=q.tolist())),
         (ValueError, "at least one column", dict(k_cache=kp, v_cache=vp, block_table=table[:, :0])),
         (ValueError, "v_cache dim 0", dict(v_cache=vc[:1])),
+        (ValueError, r"q/k_cache head dim must be in \[1, 576\], got 592", dict(q=q.repeat(1, 1, 1, 37),
+                                                                              k_cache=kc.repeat(1, 1, 1, 37))),
+        (ValueError, r"v_cache head dim must be in \[1, 512\], got 528", dict(v_cache=vc.repeat(1, 1, 1, 33))),
     ]
     base = dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=seqlens)
     for exc, match, change in cases:

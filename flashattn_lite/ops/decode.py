@@ -56,6 +56,10 @@ MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the
 MAX_SPLITS = 128
 WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep: results/decode-20261123-142935.json)
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
+# Head dims past 256: MLA's latent cache (DeepSeek-V2/V3 decoding with the projections absorbed: q and
+# the cache's rows 512 latent + 64 rope columns, v the latent 512, one KV head). Their float32
+# accumulator of 512 columns holds 32 query rows a program (``_block_m``).
+MAX_HEAD_DIM, MAX_HEAD_DIM_V, WIDE_BLOCK_M = 576, 512, 32
 # Key tiles of its split that stage 1 asks the L2 for while it waits for the previous kernel
 # (H100, B 1 steady state: 1 tile +6.7% at 4k and −0.6 µs at 32k; 2 and 4 tiles lost).
 # The prefetch is PTX inline asm (``_runtime.l2_prefetch``): none on ROCm.
@@ -91,31 +95,45 @@ def _kv_location(bt_row, stride_bt, b, start_n, cols, valid,
 
 
 @triton.jit
-def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, stride_bt, b, start_n, hi, last_key,
-                 offs_n, offs_d, offs_dv, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+def _decode_tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, stride_bt, b, start_n, hi, last_key,
+                 offs_n, offs_d, offs_t, offs_dv, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
                  qk_scale, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, D_TAIL: tl.constexpr,
+                 BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, V_FROM_K: tl.constexpr):
     """Fold one key tile into the group's running state. MASKED: the tile reaches the split's end
-    or the causal band of the new tokens (only the last tile or two of a split)."""
+    or the causal band of the new tokens (only the last tile or two of a split). D_TAIL: q and K
+    columns past the first BLOCK_D (``q_tail``, ``offs_t``: MLA's 64 rope columns past its 512).
+    V_FROM_K: V's rows are the first BLOCK_DV columns of K's (the cache holds one tensor, v a view
+    of k's columns): V is the K tile already loaded, not read again."""
     cols = start_n + offs_n
     valid = cols < hi
     blk, row = _kv_location(bt_row, stride_bt, b, start_n, cols, valid, PAGED, PAGE_SIZE, BLOCK_N, MASKED)
-    k_ptrs = k_base + (blk * stride_kb + row * stride_kn)[None, :] + offs_d[:, None] * stride_kd
+    k_rows = (blk * stride_kb + row * stride_kn)[None, :]
+    k_ptrs = k_base + k_rows + offs_d[:, None] * stride_kd
     v_ptrs = v_base + (blk * stride_vb + row * stride_vn)[:, None] + offs_dv[None, :] * stride_vd
     # Masked tiles may cover stale or uninitialised cache rows: K and V are zero-filled there
     # (0 · NaN would poison the accumulator), scores set to −inf.
     if MASKED:
         k = tl.load(k_ptrs, mask=valid[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-    elif HEAD_DIM == BLOCK_D:
+    elif HEAD_DIM >= BLOCK_D:
         k = tl.load(k_ptrs)
     else:
         k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    s = tl.dot(q, k, input_precision=PRECISION)
+    if D_TAIL > 0:
+        t_ptrs = k_base + k_rows + offs_t[:, None] * stride_kd
+        if MASKED:
+            k_tail = tl.load(t_ptrs, mask=valid[None, :] & (offs_t[:, None] < HEAD_DIM), other=0.0)
+        else:
+            k_tail = tl.load(t_ptrs, mask=offs_t[:, None] < HEAD_DIM, other=0.0)
+        s = tl.dot(q_tail, k_tail, s, input_precision=PRECISION)
+    s = s * qk_scale
     if MASKED:
         s = tl.where(valid[None, :] & (cols[None, :] <= last_key[:, None]), s, float("-inf"))
     m_i, l_i, p, alpha = online_softmax_update(m_i, l_i, s)
-    if MASKED:
+    if V_FROM_K:  # (columns past v's of the tile only reach accumulator columns never stored)
+        v = tl.trans(k)
+    elif MASKED:
         v = tl.load(v_ptrs, mask=valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     elif HEAD_DIM_V == BLOCK_DV:
         v = tl.load(v_ptrs)
@@ -156,9 +174,21 @@ def _configs():
                              (128, 8, 2), (128, 8, 3), (32, 4, 4), (32, 4, 6), (32, 4, 2)]]
 
 
+def _wide_configs(block_m: int):
+    # Head dims past 256 (MLA's 576 / 512): 8 warps share the tile's 512-column float32 accumulator.
+    # No spills (triton 3.6, sm_90, ``benchmarks/ptx_hashes.py``) with V read from K's tile at 32
+    # rows × 16 keys or 16 rows × 32 keys, V apart at 16 keys; wider tiles spill 0.5–3 KB.
+    widths = (16,) if block_m > 16 else (32, 16)
+    return [triton.Config({"BLOCK_N": bn}, num_warps=8, num_stages=s) for bn in widths for s in (2, 3, 4)]
+
+
 def _prune(configs, named_args):
-    # K and V tiles of every pipeline stage must fit in shared memory (~227 KB on H100).
-    per_row = (named_args["HEAD_DIM"] + named_args["HEAD_DIM_V"]) * named_args["k"].element_size()
+    # K and V tiles of every pipeline stage must fit in shared memory (~227 KB on H100); V read from
+    # K's tile (``V_FROM_K``) takes none of its own.
+    if named_args["HEAD_DIM"] > 256 or named_args["HEAD_DIM_V"] > 256:
+        configs = _wide_configs(named_args["BLOCK_M"])
+    v_dim = 0 if named_args.get("V_FROM_K", False) else named_args["HEAD_DIM_V"]
+    per_row = (named_args["HEAD_DIM"] + v_dim) * named_args["k"].element_size()
     kept = [c for c in configs if c.num_stages * c.kwargs["BLOCK_N"] * per_row <= 200 * 1024]
     # A 16-row tile gives 8 warps nothing to share but the syncs: at B 1 32k they lost 2% (2.610
     # against 2.655 TB/s, results/decode_sweep-20261123-165851.json), yet near-ties let the autotuner
@@ -171,7 +201,7 @@ def _prune(configs, named_args):
 # Split counts, chunk floors and the length class vary with batch and cache length: unspecialized,
 # so they never compile a new variant. n_q stays specialized: n_q == 1 (plain decoding) folds the
 # row → (head, token) division away, which is where specializing on a length pays.
-@tuned(_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "PAGED", "PAGE_SIZE", "len_bucket"],
+@tuned(_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "PAGED", "PAGE_SIZE", "V_FROM_K", "len_bucket"],
        interpreter_config=triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1),
        prune=_prune, length="len_bucket")
 @triton.jit(do_not_specialize=["n_splits", "min_chunk", "len_bucket"])
@@ -188,7 +218,7 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
                          PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
                          WAIT_PRIOR: tl.constexpr, PREFETCH_TILES: tl.constexpr, K_LINES: tl.constexpr,
                          V_LINES: tl.constexpr, LINE: tl.constexpr, LAUNCH_MERGE: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
+                         BLOCK_N: tl.constexpr, D_TAIL: tl.constexpr = 0, V_FROM_K: tl.constexpr = False):
     split = tl.program_id(0)
     n_rows = GROUP * n_q
     row_blocks = tl.cdiv(n_rows, BLOCK_M)
@@ -225,9 +255,15 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_ptrs = (q + b.to(tl.int64) * stride_qb + head[:, None].to(tl.int64) * stride_qh
-              + tok[:, None].to(tl.int64) * stride_qn + offs_d[None, :] * stride_qd)
-    q_tile = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q_rows = (q + b.to(tl.int64) * stride_qb + head[:, None].to(tl.int64) * stride_qh
+              + tok[:, None].to(tl.int64) * stride_qn)
+    q_tile = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+                     other=0.0)
+    offs_t = BLOCK_D + tl.arange(0, D_TAIL if D_TAIL > 0 else 16)  # q and K columns past BLOCK_D
+    q_tail = q_tile  # (unused without a tail)
+    if D_TAIL > 0:
+        q_tail = tl.load(q_rows + offs_t[None, :] * stride_qd, mask=row_ok[:, None] & (offs_t[None, :] < HEAD_DIM),
+                         other=0.0)
     k_base = k + h_kv.to(tl.int64) * stride_kh
     v_base = v + h_kv.to(tl.int64) * stride_vh
     bt_row = block_table + b.to(tl.int64) * stride_btb
@@ -239,15 +275,15 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
     # Keys [lo, full) are visible to every row (no causal band, no split end inside a tile).
     full = lo + tl.maximum(tl.minimum(hi, seq_len - n_q + 1) - lo, 0) // BLOCK_N * BLOCK_N
     for start_n in tl.range(lo, full, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q_tile, k_base, v_base, bt_row, stride_bt, b, start_n, hi,
-                                     last_key, offs_n, offs_d, offs_dv, stride_kb, stride_kn, stride_kd,
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q_tile, q_tail, k_base, v_base, bt_row, stride_bt, b, start_n,
+                                     hi, last_key, offs_n, offs_d, offs_t, offs_dv, stride_kb, stride_kn, stride_kd,
                                      stride_vb, stride_vn, stride_vd, qk_scale, False, PAGED, PAGE_SIZE,
-                                     HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, PRECISION)
+                                     HEAD_DIM, HEAD_DIM_V, BLOCK_D, D_TAIL, BLOCK_DV, BLOCK_N, PRECISION, V_FROM_K)
     for start_n in tl.range(full, hi, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q_tile, k_base, v_base, bt_row, stride_bt, b, start_n, hi,
-                                     last_key, offs_n, offs_d, offs_dv, stride_kb, stride_kn, stride_kd,
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q_tile, q_tail, k_base, v_base, bt_row, stride_bt, b, start_n,
+                                     hi, last_key, offs_n, offs_d, offs_t, offs_dv, stride_kb, stride_kn, stride_kd,
                                      stride_vb, stride_vn, stride_vd, qk_scale, True, PAGED, PAGE_SIZE,
-                                     HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, PRECISION)
+                                     HEAD_DIM, HEAD_DIM_V, BLOCK_D, D_TAIL, BLOCK_DV, BLOCK_N, PRECISION, V_FROM_K)
 
     out, lse_row = finalize(acc, m_i, l_i)
     o_ptrs = (o + split.to(tl.int64) * stride_os + b.to(tl.int64) * stride_ob
@@ -290,8 +326,26 @@ def _lines(d: int, itemsize: int) -> int:
     return 1 << (n.bit_length() - 1) if n else 0
 
 
-def _block_m(rows: int) -> int:
-    return max(16, min(MAX_BLOCK_M, next_pow2(rows)))
+def _block_m(rows: int, wide: bool = False) -> int:
+    """Query rows a program: the group's rows (GQA group × Nq) up to 64, 32 for head dims past 256."""
+    return max(16, min(WIDE_BLOCK_M if wide else MAX_BLOCK_M, next_pow2(rows)))
+
+
+def head_blocks(d: int) -> tuple[int, int]:
+    """(BLOCK_D, D_TAIL) of a head dim: one power-of-two block to 256; past it, the largest power of
+    two within d and the rest as a second block (MLA's 576: 512 and 64)."""
+    if d <= 256:
+        return max(16, next_pow2(d)), 0
+    main = 1 << (d.bit_length() - 1)
+    return main, (max(16, next_pow2(d - main)) if d > main else 0)
+
+
+def v_from_k(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether v's rows are the first columns of k's (one cache tensor, v a view of k's columns, as
+    MLA's latent cache): the kernel then reads each key row once for both."""
+    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
+            and v_cache.shape[3] <= k_cache.shape[3]
+            and max(16, next_pow2(v_cache.shape[3])) == head_blocks(k_cache.shape[3])[0])
 
 
 def _check_launch(launch: dict) -> None:
@@ -360,7 +414,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-    block_m = _block_m((Hq // Hkv) * Nq)
+    block_m = _block_m((Hq // Hkv) * Nq, max(D, Dv) > 256)
     row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
     if num_splits is None:
         splits = choose_num_splits(B, Hkv, row_blocks, capacity, device_sm_count(q))
@@ -396,12 +450,14 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
         config = dict(zip(("BLOCK_N", "num_warps", "num_stages"), launch["config"]))
     rest = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part_strides, *lse_part_strides, *bt_strides,
             Nq, splits, min_chunk, scale * LOG2E, len_bucket)
-    constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv,
-                      BLOCK_D=max(16, next_pow2(D)), BLOCK_DV=max(16, next_pow2(Dv)),
+    block_d, d_tail = head_blocks(D)
+    wide = dict(D_TAIL=d_tail) if d_tail else {}  # (past 256 only: the kernels below compile as before)
+    constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d, BLOCK_DV=max(16, next_pow2(Dv)),
                       BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                       PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
                       K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize,
-                      LAUNCH_MERGE=pdl, **config, **({"launch_pdl": True} if wait_prior else {}))
+                      LAUNCH_MERGE=pdl, V_FROM_K=v_from_k(k_cache, v_cache), **wide, **config,
+                      **({"launch_pdl": True} if wait_prior else {}))
     plan.stage1 = _Stage(kernel, (splits, Hkv * row_blocks, B), rest, constexprs, bindable)
     plan.merge = None
     if splits > 1:
@@ -429,7 +485,7 @@ def _signature(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     entries are read by the kernels; ``return_lse`` changes nothing launched)."""
     return (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
             q.device, None if block_table is None else (block_table.shape, block_table.stride()), num_splits,
-            scale, q.dtype == torch.float32 and allow_tf32())
+            scale, q.dtype == torch.float32 and allow_tf32(), v_from_k(k_cache, v_cache))
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None,
@@ -461,7 +517,8 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
     G = Hq // Hkv
     capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
     if num_splits is None:
-        splits = choose_num_splits(B, Hkv, cdiv(G * Nq, _block_m(G * Nq)), capacity, device_sm_count(q))
+        splits = choose_num_splits(B, Hkv, cdiv(G * Nq, _block_m(G * Nq, max(D, Dv) > 256)), capacity,
+                                   device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
     else:
         splits, min_chunk = num_splits, 1
@@ -511,8 +568,8 @@ def _looks_valid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits) ->
         return (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and q.dtype in _checks.FLOAT_DTYPES
                 and k_cache.dtype == q.dtype and v_cache.dtype == q.dtype
                 and k_cache.device == dev and v_cache.device == dev and cache_seqlens.device == dev
-                and min(qs) > 0 and min(ks[:3]) > 0 and ks[:3] == vs[:3] and ks[3] == qs[3] <= 256
-                and 0 < vs[3] <= 256 and qs[1] % ks[1] == 0
+                and min(qs) > 0 and min(ks[:3]) > 0 and ks[:3] == vs[:3] and ks[3] == qs[3] <= MAX_HEAD_DIM
+                and 0 < vs[3] <= MAX_HEAD_DIM_V and qs[1] % ks[1] == 0
                 and cache_seqlens.dim() == 1 and cache_seqlens.dtype == torch.int32 and len(cache_seqlens) == qs[0]
                 and (ks[0] == qs[0] if block_table is None else
                      (block_table.dim() == 2 and block_table.dtype == torch.int32 and block_table.shape[0] == qs[0]
@@ -543,8 +600,8 @@ def _explain_invalid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits
     Hkv = k_cache.shape[1]
     if Hq % Hkv != 0:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k_cache/v_cache heads ({Hkv}) for GQA/MQA")
-    _checks.check_head_dim("q/k_cache", D, 1, 256)
-    _checks.check_head_dim("v_cache", v_cache.shape[3], 1, 256)
+    _checks.check_head_dim("q/k_cache", D, 1, MAX_HEAD_DIM)
+    _checks.check_head_dim("v_cache", v_cache.shape[3], 1, MAX_HEAD_DIM_V)
     _checks.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     _checks.check_dim("cache_seqlens", "length", cache_seqlens.shape[0], B, "q's batch size")
     if cache_seqlens.device != q.device:
@@ -596,7 +653,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
             ``block_table``, paged layout (num_blocks, Hkv, block_size, D) / (…, Dv). q's dtype and
             device; any strides (a (…, N, H, D) cache passed as ``.transpose(1, 2)`` is read in place).
             Hq must be a multiple of Hkv (query head h reads KV head h // (Hq / Hkv)); Dv may differ
-            from D.
+            from D. D up to 576 and Dv up to 512 (MLA's latent cache: 512 + 64 rope columns); v_cache
+            may be a view of k_cache's first Dv columns (``v_from_k``: each key row read once).
         cache_seqlens: (B,) int32 on q's device: L_b = valid positions of sequence b *including* the
             new tokens, whose K/V must already be written at positions L_b − Nq … L_b − 1.
         block_table: (B, max_blocks) int32 on q's device: position j of sequence b lives in block

@@ -1,0 +1,95 @@
+"""Decoding against MLA's latent cache (DeepSeek-V2/V3 with the projections absorbed): KV bandwidth
+of ``decode``'s configs beside PyTorch's absorbed einsum, on the GPU.
+
+One KV head whose rows are 512 latent + 64 rope columns (576), v the first 512 columns of the same
+tensor (``decode.v_from_k``: each key row read once), 128 query heads, one new token, bf16, every
+sequence full. ``decode``'s stage 1 runs each config below (query rows a program, ``WIDE_BLOCK_M``;
+BLOCK_N, warps, stages: ``decode_forward``'s ``launch["config"]``), checked first against a float32
+reference (max |Δo| ≤ 2⁻⁶); the peer is the einsum DeepSeek's reference inference code runs
+(scores = q·cacheᵀ, softmax, · cache[..., :512]). TB/s: cache bytes read (B·L·576·2) over the
+step's time (CUDA graph, cold L2: ``common.time_ms_graph``).
+
+    PYTHONPATH=. python benchmarks/experiments/mla_decode.py --out benchmarks/results
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from flashattn_lite import decode  # noqa: E402
+from flashattn_lite.bench import common  # noqa: E402
+from flashattn_lite.ops import decode as dec  # noqa: E402
+
+HQ, D, DV = 128, 576, 512
+# (query rows a program, (BLOCK_N, warps, stages)); None: as shipped
+CONFIGS = [None, (32, (16, 8, 2)), (32, (16, 8, 3)), (32, (16, 8, 4)), (16, (32, 8, 2)), (16, (32, 8, 3)),
+           (16, (16, 8, 4))]
+
+
+def parse_args(argv=None):
+    def add(ap):
+        ap.set_defaults(rounds=3)
+        ap.add_argument("--cases", type=common.size_list, default=[1, 8, 32],
+                        help="batch sizes (cache length: 32k / B, at least 1k)")
+    return common.gpu_script_args(__doc__, Path(__file__).resolve().parents[1] / "results", add, argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rows = []
+    for b in args.cases:
+        n = max(1024, 32768 // b)
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(b, HQ, 1, D, generator=g).to("cuda", torch.bfloat16)
+        cache = torch.randn(b, 1, n, D, generator=g).to("cuda", torch.bfloat16)
+        lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        scale = D ** -0.5
+        ref = torch.softmax((q.float() @ cache.float().transpose(-1, -2)) * scale, -1) @ cache[..., :DV].float()
+        fns = {"einsum": lambda: torch.softmax((q @ cache.transpose(-1, -2)).float() * scale, -1).to(q.dtype)
+               @ cache[..., :DV]}
+        for cfg in CONFIGS:
+            name = "decode" if cfg is None else f"m{cfg[0]}-bn{cfg[1][0]}-w{cfg[1][1]}-s{cfg[1][2]}"
+
+            def run(cfg=cfg):
+                if cfg is None:
+                    return decode(q, cache, cache[..., :DV], lens, scale=scale)
+                wide, dec.WIDE_BLOCK_M = dec.WIDE_BLOCK_M, cfg[0]
+                try:
+                    return dec.decode_forward(q, cache, cache[..., :DV], lens, None, scale=scale, num_splits=None,
+                                              launch=dict(config=cfg[1]))[0]
+                finally:
+                    dec.WIDE_BLOCK_M = wide
+            try:
+                err = (run().float() - ref).abs().max().item()
+            except Exception as e:  # a config that does not compile or launch: recorded, skipped
+                rows.append(dict(b=b, n=n, impl=name, error=f"{type(e).__name__}: {e}"[:300]))
+                print(f"B {b} L {n} {name}: {rows[-1]['error']}", flush=True)
+                continue
+            if not err <= 2 ** -6:
+                rows.append(dict(b=b, n=n, impl=name, error=f"WRONG: max |o - reference| {err:.3g}"))
+                print(f"B {b} L {n} {name}: {rows[-1]['error']}", flush=True)
+                continue
+            fns[name] = run
+        times = {name: [] for name in fns}
+        for order in common.rotated_rounds(list(fns), args.rounds):
+            for name in order:
+                times[name].append(common.time_ms_graph(fns[name]))
+        for name, ts in times.items():
+            if None in ts:  # not capturable in a CUDA graph
+                rows.append(dict(b=b, n=n, impl=name, error="not timed: no CUDA graph"))
+                continue
+            ms = sorted(ts)[len(ts) // 2]
+            tbps = b * n * D * 2 / ms / 1e9
+            rows.append(dict(b=b, n=n, impl=name, ms=ms, rounds_ms=ts, kv_tbps=tbps))
+            print(f"B {b:3} L {n:6} {name:22} {ms * 1e3:8.1f} us {tbps:6.2f} TB/s", flush=True)
+    path = common.write_json(args.out, "mla_decode", rows, heads=HQ, head_dim=D, value_dim=DV, rounds=args.rounds,
+                             command=common.recorded_command(sys.argv, args.out))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
