@@ -222,7 +222,7 @@ def decode(opts):
     ``V_FROM_K``), over a launch's defaults."""
     from flashattn_lite.ops import decode as dec
     d, dv = opts.get("HEAD_DIM", 128), opts.get("HEAD_DIM_V", 128)
-    ce = dict(GROUP=4, HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=max(16, triton.next_power_of_2(d)),
+    ce = dict(GROUP=4, HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=max(16, triton.next_power_of_2(min(d, 256))),
               BLOCK_DV=max(16, triton.next_power_of_2(dv)), BLOCK_M=16, PAGED=False, PAGE_SIZE=1,
               PRECISION="tf32", WAIT_PRIOR=True, PREFETCH_TILES=1, K_LINES=2, V_LINES=2, LINE=64,
               LAUNCH_MERGE=True, BLOCK_N=64)
@@ -327,7 +327,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("decode d128", decode, {}), ("decode d64 paged16", decode, dict(HEAD_DIM=64, HEAD_DIM_V=64, PAGED=True,
                                                                            PAGE_SIZE=16, BLOCK_N=128)),
          ("decode mla 576 512", decode, dict(HEAD_DIM=576, HEAD_DIM_V=512, BLOCK_D=512, D_TAIL=64, V_FROM_K=True,
-                                             BLOCK_M=32, BLOCK_N=64)),
+                                             BLOCK_M=32, BLOCK_N=16)),  # (the shipped tile: 32 rows × 16 keys)
          # MLA's K 2 / V 2 (K in chunks) with the options, and one tile a program on varlen and ranges
          ("gluon d192 dv128 narrow qk causal window+all", gluon, dict(d=192, dv=128, config=QK2, left=4095,
                                                                       softcap=30.0, alibi=True, sinks=True)),

@@ -361,11 +361,28 @@ def test_mla_latent_cache(dtype, name, shared, num_splits):
     q, kc, vc, seqlens, table, dk, dv = make_cache(B, Hq, 1, Nq, 576, 512, lengths, block_size=bs, dtype=dtype)
     if shared:  # v: the first 512 columns of the one cache tensor
         vc, dv = kc[..., :512], [k[..., :512] for k in dk]
-    assert decode_module.v_from_k(kc, vc) == shared
     plan = decode_module._make_plan(q, kc, vc, table, 576 ** -0.5, num_splits, {}, False)
-    assert plan.stage1.constexprs["D_TAIL"] == 64 and plan.stage1.constexprs["BLOCK_D"] == 512
+    ce = plan.stage1.constexprs
+    assert ce["D_TAIL"] == 64 and ce["BLOCK_D"] == 512 and ce["V_FROM_K"] == shared
+    assert ce["BLOCK_M"] == min(32, max(16, 1 << (Hq * Nq - 1).bit_length()))
     o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)
     check(o, lse, q, dk, dv)
+
+
+def test_wide_head_dims_take_8_warp_configs_that_fit():
+    # Past head dim 256 the prune offers only the 8-warp configs ptxas compiles without spills: 16-key
+    # tiles at 32 query rows, 32 (then 16) at 16 rows; V from K's tile leaves more room in shared memory.
+    k = torch.zeros(1, dtype=torch.bfloat16)
+    for block_m, widths in ((32, {16}), (16, {32, 16})):
+        for shared in (True, False):
+            named = dict(HEAD_DIM=576, HEAD_DIM_V=512, BLOCK_M=block_m, V_FROM_K=shared, k=k)
+            kept = decode_module._prune(decode_module._configs(), named)
+            assert kept and all(c.num_warps == 8 for c in kept), kept
+            assert {c.kwargs["BLOCK_N"] for c in kept} == widths
+            assert kept[0].kwargs["BLOCK_N"] == max(widths)
+    # head dims to 256 keep the tuned list's configs
+    assert decode_module._prune(decode_module._configs(), dict(HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_M=16, k=k))[0] \
+        in decode_module._configs()
 
 
 def test_head_blocks_and_v_from_k():
@@ -409,9 +426,14 @@ def test_bad_input_names_the_argument():
         (TypeError, "q must be a torch.Tensor", dict(q=q.tolist())),
         (ValueError, "at least one column", dict(k_cache=kp, v_cache=vp, block_table=table[:, :0])),
         (ValueError, "v_cache dim 0", dict(v_cache=vc[:1])),
-        (ValueError, r"q/k_cache head dim must be in \[1, 576\], got 592", dict(q=q.repeat(1, 1, 1, 37),
-                                                                              k_cache=kc.repeat(1, 1, 1, 37))),
-        (ValueError, r"v_cache head dim must be in \[1, 512\], got 528", dict(v_cache=vc.repeat(1, 1, 1, 33))),
+        # past 256: MLA's latent cache (576 / 512, 16-bit) only
+        (ValueError, r"past 256 must be MLA's latent cache, 576 and 512; got 592 and 16",
+         dict(q=q.repeat(1, 1, 1, 37), k_cache=kc.repeat(1, 1, 1, 37))),
+        (ValueError, r"past 256 must be MLA's latent cache, 576 and 512; got 16 and 512",
+         dict(v_cache=vc.repeat(1, 1, 1, 32))),
+        (ValueError, r"576 / 512 \(MLA's latent cache\) take float16 or bfloat16, got float32",
+         dict(q=q.repeat(1, 1, 1, 36).float(), k_cache=kc.repeat(1, 1, 1, 36).float(),
+              v_cache=vc.repeat(1, 1, 1, 32).float())),
     ]
     base = dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=seqlens)
     for exc, match, change in cases:

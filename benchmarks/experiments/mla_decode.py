@@ -1,13 +1,14 @@
-"""Decoding against MLA's latent cache (DeepSeek-V2/V3 with the projections absorbed): KV bandwidth
-of ``decode``'s configs beside PyTorch's absorbed einsum, on the GPU.
+"""Decoding against MLA's latent cache (DeepSeek-V2/V3 with the projections absorbed): ``decode``'s
+configs beside PyTorch's absorbed attention, on the GPU.
 
 One KV head whose rows are 512 latent + 64 rope columns (576), v the first 512 columns of the same
-tensor (``decode.v_from_k``: each key row read once), 128 query heads, one new token, bf16, every
-sequence full. ``decode``'s stage 1 runs each config below (query rows a program, ``WIDE_BLOCK_M``;
-BLOCK_N, warps, stages: ``decode_forward``'s ``launch["config"]``), checked first against a float32
-reference (max |Δo| ≤ 2⁻⁶); the peer is the einsum DeepSeek's reference inference code runs
-(scores = q·cacheᵀ, softmax, · cache[..., :512]). TB/s: cache bytes read (B·L·576·2) over the
-step's time (CUDA graph, cold L2: ``common.time_ms_graph``).
+tensor (``decode.v_from_k``: V taken from the K tile a program loaded), 128 query heads, one new
+token, bf16, every sequence full. ``decode``'s stage 1 runs each config below (query rows a program,
+``WIDE_BLOCK_M``; BLOCK_N, warps, stages: ``decode_forward``'s ``launch["config"]``), checked first
+against a float32 reference (max |Δo| ≤ 2⁻⁶). The peer ("einsum") is the absorbed attention
+DeepSeek's reference inference code runs as einsums (scores = q·cacheᵀ, softmax, · cache[..., :512]),
+here as batched matmuls. TB/s: cache bytes (B·L·576·2) over the step's time (CUDA graph, cold L2:
+``common.time_ms_graph``); the work is compute-bound (242 FLOPs a cache byte at 128 heads).
 
     PYTHONPATH=. python benchmarks/experiments/mla_decode.py --out benchmarks/results
 """
@@ -48,8 +49,11 @@ def main(argv=None) -> int:
         lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
         scale = D ** -0.5
         ref = torch.softmax((q.float() @ cache.float().transpose(-1, -2)) * scale, -1) @ cache[..., :DV].float()
-        fns = {"einsum": lambda: torch.softmax((q @ cache.transpose(-1, -2)).float() * scale, -1).to(q.dtype)
-               @ cache[..., :DV]}
+        # the peer: one (128, 576) × (576, L) product a sequence (the head dim squeezed: broadcasting it
+        # would copy the cache 128 times), a float32 softmax, then · the latent 512
+        latent = cache[:, 0]
+        fns = {"einsum": lambda: (torch.softmax((q[:, :, 0] @ latent.transpose(-1, -2)).float() * scale, -1)
+                                  .to(q.dtype) @ latent[..., :DV]).unsqueeze(2)}
         for cfg in CONFIGS:
             name = "decode" if cfg is None else f"m{cfg[0]}-bn{cfg[1][0]}-w{cfg[1][1]}-s{cfg[1][2]}"
 

@@ -25,7 +25,9 @@ The paged cache is addressed through the block table per tile when a page holds 
 tiles (page size a multiple of BLOCK_N), per key row otherwise; the contiguous cache is the same
 code with "page" = sequence.
 
-Cost: reads each valid K/V element once (plus the q tile); stage 2 reads/writes
+Cost: reads each valid K/V element once a row block (one for a GQA group of at most 64 query rows;
+MLA's 128 heads on its one KV head take four of 32 rows, compute-bound: 242 FLOPs a cache byte) plus
+the q tile; stage 2 reads/writes
 B·Hq·Nq·num_splits·(Dv + 1) floats.
 
 Host path. At short caches a step's time is mostly the host's, so everything a call launches that
@@ -56,10 +58,11 @@ MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the
 MAX_SPLITS = 128
 WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep: results/decode-20261123-142935.json)
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
-# Head dims past 256: MLA's latent cache (DeepSeek-V2/V3 decoding with the projections absorbed: q and
-# the cache's rows 512 latent + 64 rope columns, v the latent 512, one KV head). Their float32
-# accumulator of 512 columns holds 32 query rows a program (``_block_m``).
-MAX_HEAD_DIM, MAX_HEAD_DIM_V, WIDE_BLOCK_M = 576, 512, 32
+# Head dims past 256: MLA's latent cache only (DeepSeek-V2/V3 decoding with the projections absorbed:
+# q and the cache's rows 512 latent + 64 rope columns, v the latent 512, one KV head), fp16 / bf16: the
+# widths and dtypes run on the GPU. Their float32 accumulator of 512 columns holds 32 query rows a
+# program (``_block_m``).
+MLA_HEAD_DIMS, WIDE_BLOCK_M = (576, 512), 32
 # Key tiles of its split that stage 1 asks the L2 for while it waits for the previous kernel
 # (H100, B 1 steady state: 1 tile +6.7% at 4k and −0.6 µs at 32k; 2 and 4 tiles lost).
 # The prefetch is PTX inline asm (``_runtime.l2_prefetch``): none on ROCm.
@@ -342,7 +345,8 @@ def head_blocks(d: int) -> tuple[int, int]:
 
 def v_from_k(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether v's rows are the first columns of k's (one cache tensor, v a view of k's columns, as
-    MLA's latent cache): the kernel then reads each key row once for both."""
+    MLA's latent cache) and V's block is K's main one: at head dims past 256 a program then takes V
+    from the K tile it loaded (``V_FROM_K``), not from a second load."""
     return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
             and v_cache.shape[3] <= k_cache.shape[3]
             and max(16, next_pow2(v_cache.shape[3])) == head_blocks(k_cache.shape[3])[0])
@@ -456,7 +460,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
                       BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                       PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
                       K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize,
-                      LAUNCH_MERGE=pdl, V_FROM_K=v_from_k(k_cache, v_cache), **wide, **config,
+                      LAUNCH_MERGE=pdl, V_FROM_K=bool(d_tail) and v_from_k(k_cache, v_cache), **wide, **config,
                       **({"launch_pdl": True} if wait_prior else {}))
     plan.stage1 = _Stage(kernel, (splits, Hkv * row_blocks, B), rest, constexprs, bindable)
     plan.merge = None
@@ -568,8 +572,9 @@ def _looks_valid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits) ->
         return (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and q.dtype in _checks.FLOAT_DTYPES
                 and k_cache.dtype == q.dtype and v_cache.dtype == q.dtype
                 and k_cache.device == dev and v_cache.device == dev and cache_seqlens.device == dev
-                and min(qs) > 0 and min(ks[:3]) > 0 and ks[:3] == vs[:3] and ks[3] == qs[3] <= MAX_HEAD_DIM
-                and 0 < vs[3] <= MAX_HEAD_DIM_V and qs[1] % ks[1] == 0
+                and min(qs) > 0 and min(ks[:3]) > 0 and ks[:3] == vs[:3] and ks[3] == qs[3] and vs[3] > 0
+                and ((qs[3] <= 256 and vs[3] <= 256) or ((qs[3], vs[3]) == MLA_HEAD_DIMS and q.dtype != torch.float32))
+                and qs[1] % ks[1] == 0
                 and cache_seqlens.dim() == 1 and cache_seqlens.dtype == torch.int32 and len(cache_seqlens) == qs[0]
                 and (ks[0] == qs[0] if block_table is None else
                      (block_table.dim() == 2 and block_table.dtype == torch.int32 and block_table.shape[0] == qs[0]
@@ -600,8 +605,15 @@ def _explain_invalid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits
     Hkv = k_cache.shape[1]
     if Hq % Hkv != 0:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k_cache/v_cache heads ({Hkv}) for GQA/MQA")
-    _checks.check_head_dim("q/k_cache", D, 1, MAX_HEAD_DIM)
-    _checks.check_head_dim("v_cache", v_cache.shape[3], 1, MAX_HEAD_DIM_V)
+    Dv = v_cache.shape[3]
+    if max(D, Dv) > 256:  # MLA's latent cache only (``MLA_HEAD_DIMS``), 16-bit
+        if (D, Dv) != MLA_HEAD_DIMS:
+            raise ValueError(f"q/k_cache and v_cache head dims past 256 must be MLA's latent cache, "
+                             f"{MLA_HEAD_DIMS[0]} and {MLA_HEAD_DIMS[1]}; got {D} and {Dv}")
+        if q.dtype == torch.float32:
+            raise ValueError(f"head dims {D} / {Dv} (MLA's latent cache) take float16 or bfloat16, got float32")
+    _checks.check_head_dim("q/k_cache", D, 1, 256 if D != MLA_HEAD_DIMS[0] else D)
+    _checks.check_head_dim("v_cache", Dv, 1, 256 if Dv != MLA_HEAD_DIMS[1] else Dv)
     _checks.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     _checks.check_dim("cache_seqlens", "length", cache_seqlens.shape[0], B, "q's batch size")
     if cache_seqlens.device != q.device:
@@ -653,8 +665,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
             ``block_table``, paged layout (num_blocks, Hkv, block_size, D) / (…, Dv). q's dtype and
             device; any strides (a (…, N, H, D) cache passed as ``.transpose(1, 2)`` is read in place).
             Hq must be a multiple of Hkv (query head h reads KV head h // (Hq / Hkv)); Dv may differ
-            from D. D up to 576 and Dv up to 512 (MLA's latent cache: 512 + 64 rope columns); v_cache
-            may be a view of k_cache's first Dv columns (``v_from_k``: each key row read once).
+            from D. D, Dv at most 256, or MLA's latent cache, 576 and 512 (512 latent + 64 rope
+            columns; fp16 / bf16), where v_cache may be a view of k_cache's first 512 columns
+            (``v_from_k``: a program takes V from the K tile it loaded).
         cache_seqlens: (B,) int32 on q's device: L_b = valid positions of sequence b *including* the
             new tokens, whose K/V must already be written at positions L_b − Nq … L_b − 1.
         block_table: (B, max_blocks) int32 on q's device: position j of sequence b lives in block
@@ -681,7 +694,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     Returns:
         o (B, Hq, Nq, Dv) in q's dtype (and lse). Inference only: no autograd.
 
-    Memory-bound: reads Σ_b L_b·Hkv·(D + Dv) cache elements once; two launches (one if
+    Memory-bound but for MLA's many heads on one KV head: reads Σ_b L_b·Hkv·(D + Dv) cache elements
+    once per block of at most 64 query rows (32 past head dim 256); two launches (one if
     num_splits = 1). CUDA tensors run Triton; CPU tensors run the same algorithm in PyTorch (or the
     Triton kernels under ``TRITON_INTERPRET=1``).
 
