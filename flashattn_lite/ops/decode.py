@@ -460,7 +460,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
                       BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                       PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
                       K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize,
-                      LAUNCH_MERGE=pdl, V_FROM_K=bool(d_tail) and v_from_k(k_cache, v_cache), **wide, **config,
+                      LAUNCH_MERGE=pdl, V_FROM_K=D > 256 and v_from_k(k_cache, v_cache), **wide, **config,
                       **({"launch_pdl": True} if wait_prior else {}))
     plan.stage1 = _Stage(kernel, (splits, Hkv * row_blocks, B), rest, constexprs, bindable)
     plan.merge = None
@@ -489,7 +489,8 @@ def _signature(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     entries are read by the kernels; ``return_lse`` changes nothing launched)."""
     return (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
             q.device, None if block_table is None else (block_table.shape, block_table.stride()), num_splits,
-            scale, q.dtype == torch.float32 and allow_tf32(), v_from_k(k_cache, v_cache))
+            scale, q.dtype == torch.float32 and allow_tf32(),
+            k_cache.shape[3] > 256 and v_from_k(k_cache, v_cache))  # (MLA's only: off every other step's path)
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None,
