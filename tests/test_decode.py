@@ -362,7 +362,12 @@ def test_mla_latent_cache(dtype, name, shared, num_splits):
     if shared:  # v: the first 512 columns of the one cache tensor
         vc, dv = kc[..., :512], [k[..., :512] for k in dk]
     plan = decode_module._make_plan(q, kc, vc, table, 576 ** -0.5, num_splits, {}, False)
-    ce = plan.stage1.constexprs
+    stage = plan.stage1  # (on sm_90 with v a view of k: the Gluon kernel, the portable one its fallback)
+    assert isinstance(stage, decode_module.decode_mla_gluon.MlaStage) == \
+        (decode_module.decode_mla_gluon.reason(q, kc, vc, table) is None)
+    if isinstance(stage, decode_module.decode_mla_gluon.MlaStage):
+        stage = stage.fallback
+    ce = stage.constexprs
     assert ce["D_TAIL"] == 64 and ce["BLOCK_D"] == 512 and ce["V_FROM_K"] == shared
     assert ce["BLOCK_M"] == min(32, max(16, 1 << (Hq * Nq - 1).bit_length()))
     o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)

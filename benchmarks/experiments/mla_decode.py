@@ -1,14 +1,16 @@
-"""Decoding against MLA's latent cache (DeepSeek-V2/V3 with the projections absorbed): ``decode``'s
-configs beside PyTorch's absorbed attention, on the GPU.
+"""Decoding against MLA's latent cache (DeepSeek-V2/V3 with the projections absorbed): ``decode`` (on
+sm_90 the Gluon kernel, ``ops/decode_mla_gluon.py``), on a contiguous and on a paged cache, the
+portable kernel and its configs, beside PyTorch's absorbed attention, on the GPU.
 
 One KV head whose rows are 512 latent + 64 rope columns (576), v the first 512 columns of the same
 tensor (``decode.v_from_k``: V taken from the K tile a program loaded), 128 query heads, one new
-token, bf16, every sequence full. ``decode``'s stage 1 runs each config below (query rows a program,
-``WIDE_BLOCK_M``; BLOCK_N, warps, stages: ``decode_forward``'s ``launch["config"]``), checked first
-against a float32 reference (max |Δo| ≤ 2⁻⁶). The peer ("einsum") is the absorbed attention
+token, bf16, every sequence full. "decode-paged64" is the same cache in 64-row pages, handed out in
+a shuffled order. "portable" is ``decode_forward``'s ``launch["portable"]``; the "m…" rows run the
+portable stage 1 at other configs (query rows a program, ``WIDE_BLOCK_M``; BLOCK_N, warps, stages:
+``launch["config"]``). Each is checked first against a float32 reference (max |Δo| ≤ 2⁻⁶). The peer ("einsum") is the absorbed attention
 DeepSeek's reference inference code runs as einsums (scores = q·cacheᵀ, softmax, · cache[..., :512]),
 here as batched matmuls. TB/s: cache bytes (B·L·576·2) over the step's time (CUDA graph, cold L2:
-``common.time_ms_graph``); the work is compute-bound (242 FLOPs a cache byte at 128 heads).
+``common.time_ms_graph``); TFLOP/s: 2·B·128·L·(576 + 512) FLOPs over it (242 FLOPs a cache byte).
 
     PYTHONPATH=. python benchmarks/experiments/mla_decode.py --out benchmarks/results
 """
@@ -26,8 +28,7 @@ from flashattn_lite.ops import decode as dec  # noqa: E402
 
 HQ, D, DV = 128, 576, 512
 # (query rows a program, (BLOCK_N, warps, stages)); None: as shipped
-CONFIGS = [None, (32, (16, 8, 2)), (32, (16, 8, 3)), (32, (16, 8, 4)), (16, (32, 8, 2)), (16, (32, 8, 3)),
-           (16, (16, 8, 4))]
+CONFIGS = [None, "paged64", "portable", (32, (16, 8, 2)), (16, (32, 8, 2)), (16, (32, 8, 3))]
 
 
 def parse_args(argv=None):
@@ -54,12 +55,24 @@ def main(argv=None) -> int:
         latent = cache[:, 0]
         fns = {"einsum": lambda: (torch.softmax((q[:, :, 0] @ latent.transpose(-1, -2)).float() * scale, -1)
                                   .to(q.dtype) @ latent[..., :DV]).unsqueeze(2)}
+        # the same rows in 64-row pages, in a shuffled order
+        pages = n // 64
+        order = torch.randperm(b * pages, generator=g).to("cuda")
+        paged = torch.empty(b * pages, 1, 64, D, dtype=cache.dtype, device="cuda")
+        paged[order] = cache.reshape(b * pages, 64, D).unsqueeze(1)
+        table = order.view(b, pages).to(torch.int32)
         for cfg in CONFIGS:
-            name = "decode" if cfg is None else f"m{cfg[0]}-bn{cfg[1][0]}-w{cfg[1][1]}-s{cfg[1][2]}"
+            name = {None: "decode", "paged64": "decode-paged64", "portable": "portable"}.get(cfg) or \
+                f"m{cfg[0]}-bn{cfg[1][0]}-w{cfg[1][1]}-s{cfg[1][2]}"
 
             def run(cfg=cfg):
                 if cfg is None:
                     return decode(q, cache, cache[..., :DV], lens, scale=scale)
+                if cfg == "paged64":
+                    return decode(q, paged, paged[..., :DV], lens, block_table=table, scale=scale)
+                if cfg == "portable":
+                    return dec.decode_forward(q, cache, cache[..., :DV], lens, None, scale=scale, num_splits=None,
+                                              launch=dict(portable=True))[0]
                 wide, dec.WIDE_BLOCK_M = dec.WIDE_BLOCK_M, cfg[0]
                 try:
                     return dec.decode_forward(q, cache, cache[..., :DV], lens, None, scale=scale, num_splits=None,
@@ -87,8 +100,9 @@ def main(argv=None) -> int:
                 continue
             ms = sorted(ts)[len(ts) // 2]
             tbps = b * n * D * 2 / ms / 1e9
-            rows.append(dict(b=b, n=n, impl=name, ms=ms, rounds_ms=ts, kv_tbps=tbps))
-            print(f"B {b:3} L {n:6} {name:22} {ms * 1e3:8.1f} us {tbps:6.2f} TB/s", flush=True)
+            tflops = 2 * b * HQ * n * (D + DV) / ms / 1e9
+            rows.append(dict(b=b, n=n, impl=name, ms=ms, rounds_ms=ts, kv_tbps=tbps, tflops=tflops))
+            print(f"B {b:3} L {n:6} {name:22} {ms * 1e3:8.1f} us {tbps:6.2f} TB/s {tflops:6.1f} TFLOP/s", flush=True)
     path = common.write_json(args.out, "mla_decode", rows, heads=HQ, head_dim=D, value_dim=DV, rounds=args.rounds,
                              command=common.recorded_command(sys.argv, args.out))
     print(f"wrote {path}")

@@ -49,6 +49,7 @@ from .. import _checks
 from .._runtime import (allow_tf32, cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton,
                         tuned)
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
+from . import decode_mla_gluon
 from .attention_fwd import precision_for
 from .merge_states import (_merge_stacked_kernel, _tiles, dependent_launch_supported, merge_attention_states,
                            merge_attention_states_stacked, merge_stacked_torch)
@@ -71,8 +72,9 @@ PREFETCH_TILES = 1 if torch.version.hip is None else 0
 # "config": (BLOCK_N, num_warps, num_stages) launches that config instead of the tuned one;
 # "no_pdl": True launches the merge after stage 1 the ordinary way; "no_chain": True launches
 # stage 1 the ordinary way after the stream's previous kernel; "masked_parts": True has the merge
-# read each partial o only after its lse; "prefetch_tiles": n (0 or 2^k) replaces PREFETCH_TILES.
-LAUNCH_SETTINGS = ("config", "no_pdl", "no_chain", "masked_parts", "prefetch_tiles")
+# read each partial o only after its lse; "prefetch_tiles": n (0 or 2^k) replaces PREFETCH_TILES;
+# "portable": True runs MLA's latent cache on the portable kernel where the Gluon one would take it.
+LAUNCH_SETTINGS = ("config", "no_pdl", "no_chain", "masked_parts", "prefetch_tiles", "portable")
 
 
 # ------------------------------------------------------------------ kernel
@@ -420,6 +422,10 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
     block_m = _block_m((Hq // Hkv) * Nq, max(D, Dv) > 256)
     row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
+    mla_gluon = (D > 256 and "config" not in launch and not launch.get("portable", False)
+                 and decode_mla_gluon.reason(q, k_cache, v_cache, block_table) is None)
+    if mla_gluon:  # its programs hold 64 query rows: the split count sees its row blocks
+        row_blocks = cdiv(Hq * Nq, decode_mla_gluon.BLOCK_M)
     if num_splits is None:
         splits = choose_num_splits(B, Hkv, row_blocks, capacity, device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
@@ -462,7 +468,10 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
                       K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize,
                       LAUNCH_MERGE=pdl, V_FROM_K=D > 256 and v_from_k(k_cache, v_cache), **wide, **config,
                       **({"launch_pdl": True} if wait_prior else {}))
-    plan.stage1 = _Stage(kernel, (splits, Hkv * row_blocks, B), rest, constexprs, bindable)
+    plan.stage1 = _Stage(kernel, (splits, Hkv * cdiv((Hq // Hkv) * Nq, block_m), B), rest, constexprs, bindable)
+    if mla_gluon:  # the Gluon kernel, the portable one kept for calls whose tensors it cannot take
+        plan.stage1 = decode_mla_gluon.MlaStage(q, k_cache, block_table, splits, min_chunk, scale, o_part_strides,
+                                                lse_part_strides, plan.stage1)
     plan.merge = None
     if splits > 1:
         # ``merge_stacked_launch``'s launch, kept as a stage. Stage 1 writes every partial, an
