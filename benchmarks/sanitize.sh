@@ -113,6 +113,13 @@ if torch.cuda.get_device_capability() == (9, 0):
     options = Variant(left=40, right=0, softcap=20.0, alibi=torch.rand(4, device=dev),
                       sinks=torch.randn(4, device=dev))
     attention_fwd_hopper.attention_forward_hopper(q, k, v, 0.088, True, variant=options)
+    if GLUON:  # decode against MLA's latent cache (the Gluon decode kernel): contiguous, paged by 64, splits
+        qm, lm = r(2, 40, 2, 576, dtype=torch.bfloat16), torch.tensor([300, 77], dtype=torch.int32, device=dev)
+        cm, pm = r(2, 1, 320, 576, dtype=torch.bfloat16), r(12, 1, 64, 576, dtype=torch.bfloat16)
+        tm = torch.randperm(12, device=dev)[:10].view(2, 5).to(torch.int32)
+        for splits in (None, 1, 3):
+            fl.decode(qm, cm, cm[..., :512], lm, num_splits=splits)
+            fl.decode(qm, pm, pm[..., :512], lm, block_table=tm, num_splits=splits)
     if GLUON:
         o, lse = attention_fwd_gluon.attention_forward_gluon(q, k, v, 0.088, True, variant=options)
         attention_bwd_gluon.attention_backward_gluon(torch.randn_like(o), q, k, v, o, lse, scale=0.088, causal=True,
@@ -212,7 +219,10 @@ small odd GQA shape and checks them against the float64 reference (autograd). MO
   default cases: triton 3.6's ConSan reports a deadlock in that kernel's pipelined loop, a false
   positive of its model of two TMA copies on one mbarrier (docs/trust.md);
 - ``varlen``: a packed batch (an empty sequence among three) with the window's options, through
-  ``attention_varlen`` at MIN_WORK 0, checking that the Gluon kernels were the ones launched.
+  ``attention_varlen`` at MIN_WORK 0, checking that the Gluon kernels were the ones launched;
+- ``mla`` (D 576): ``decode`` against MLA's latent cache on the Gluon decode kernel: 40 heads × 2 new
+  tokens (a partial second row block), a ragged batch whose last tiles hold stale rows, contiguous
+  and paged by 64, splits 1 and 3, against float64.
 
 The other modes call the Gluon entry points, so few other Triton kernels are compiled with
 instrumentation. An instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the
@@ -227,7 +237,7 @@ from flashattn_lite.ops.attention_fwd import PLAIN, Variant
 from flashattn_lite.reference import attention_reference, attention_varlen_reference
 
 faulthandler.enable()
-MODES = ("plain", "causal", "window", "deterministic", "tma-dq", "varlen")
+MODES = ("plain", "causal", "window", "deterministic", "tma-dq", "varlen", "mla")
 d, mode = int(sys.argv[1]), sys.argv[2]
 if mode not in MODES:
     sys.exit(f"ConSan driver: mode {mode!r} is not one of {MODES}")
@@ -248,6 +258,27 @@ if torch.cuda.get_device_capability() != (9, 0) or not attention_fwd_gluon._HAS_
     sys.exit("ConSan: no Gluon kernel runs here (needs sm_90 and the tested triton): nothing checked")
 assert triton.knobs.compilation.instrumentation_mode == "consan", "run with TRITON_INSTRUMENTATION_MODE=consan"
 torch.manual_seed(0)
+if mode == "mla":
+    bf, i32 = torch.bfloat16, dict(dtype=torch.int32, device="cuda")
+    q, lens = torch.randn(2, 40, 2, d, device="cuda", dtype=bf), torch.tensor([300, 77], **i32)
+    cache = torch.randn(2, 1, 320, d, device="cuda", dtype=bf)
+    pages, table = torch.randn(12, 1, 64, d, device="cuda", dtype=bf), torch.randperm(12, **i32)[:10].view(2, 5)
+    dense = [cache[0, :, :300], cache[1, :, :77], pages[table[0]].transpose(0, 1).reshape(1, -1, d)[:, :300],
+             pages[table[1]].transpose(0, 1).reshape(1, -1, d)[:, :77]]
+    refs = [attention_reference(q[b % 2:b % 2 + 1].double(), kb[None].double(), kb[None, ..., :512].double(),
+                                causal=True, scale=0.05)[0] for b, kb in enumerate(dense)]
+    with _launcher.recording() as launches:
+        for splits in (1, 3):
+            for table_, kc in ((None, cache), (table, pages)):
+                o = fl.decode(q, kc, kc[..., :512], lens, block_table=table_, scale=0.05, num_splits=splits)
+                torch.cuda.synchronize()
+                want = torch.cat(refs[:2] if table_ is None else refs[2:])
+                assert (o.double() - want).abs().max() < 0.05, (mode, splits, table_ is None)
+    names = {launch.kernel for launch in launches}
+    assert "_mla_decode_kernel" in names, f"decode did not take the Gluon kernel: {sorted(names)}"
+    print("mla decode: contiguous and paged, splits 1 and 3, clean", flush=True)
+    print("ok")
+    sys.exit(0)
 if mode == "varlen":
     i32 = dict(dtype=torch.int32, device="cuda")
     cu_q, cu_k = torch.tensor([0, 37, 37, 187], **i32), torch.tensor([0, 53, 54, 257], **i32)
@@ -331,7 +362,7 @@ for tool in $TOOLS; do
   if [ "$tool" = consan ]; then  # Triton's own concurrency sanitizer, for the Gluon kernels (see above)
     rc=0
     pids=""
-    read -r -a cases <<< "${CONSAN_CASES:-64-plain 64-causal 64-window 128-plain 128-causal 128-window 128-deterministic 256-plain 256-causal 256-window 64-varlen 128-varlen 256-varlen}"
+    read -r -a cases <<< "${CONSAN_CASES:-64-plain 64-causal 64-window 128-plain 128-causal 128-window 128-deterministic 256-plain 256-causal 256-window 64-varlen 128-varlen 256-varlen 576-mla}"
     for case in "${cases[@]}"; do  # one process each, in parallel
       ( TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "${CONSAN_TIMEOUT:-540}" python "$CONSAN" ${case/-/ }
         s=$?; [ $s -ne 0 ] && echo "exit status $s"; exit $s ) > "$log.$case" 2>&1 &

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import ON_GPU
-from flashattn_lite import decode
+from flashattn_lite import decode, explain
 from flashattn_lite.ops import decode as decode_module
 from flashattn_lite.ops import decode_mla_gluon
 from test_decode import check, make_cache
@@ -55,6 +55,15 @@ def test_matches_float64_and_the_portable_kernel(dtype, name, num_splits):
     finite = torch.isfinite(lse_p)
     assert torch.equal(torch.isfinite(lse), finite)
     torch.testing.assert_close(lse[finite], lse_p[finite], atol=2e-3, rtol=0)
+
+
+@needs_kernel
+def test_explain_names_the_kernel():
+    q, kc, _, seqlens, _, _, _ = make_cache(1, 16, 1, 1, 576, 512, [100], dtype=torch.bfloat16)
+    why = explain.decode(q, kc, kc[..., :512], seqlens)
+    assert why.path == "hopper" and [k.name for k in why.kernels] == ["_mla_decode_kernel"], str(why)
+    why = explain.decode(q, kc, kc[..., :512].clone(), seqlens)  # v apart from k: the portable kernel
+    assert "_mla_decode_kernel" not in [k.name for k in why.kernels], str(why)
 
 
 @needs_kernel

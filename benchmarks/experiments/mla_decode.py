@@ -54,7 +54,15 @@ def main(argv=None) -> int:
         # would copy the cache 128 times), a float32 softmax, then · the latent 512
         latent = cache[:, 0]
         fns = {"einsum": lambda: (torch.softmax((q[:, :, 0] @ latent.transpose(-1, -2)).float() * scale, -1)
-                                  .to(q.dtype) @ latent[..., :DV]).unsqueeze(2)}
+                                  .to(q.dtype) @ latent[..., :DV]).unsqueeze(2),
+               # whichever SDPA backend takes head dims 576 / 512 with one KV head
+               "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, cache, cache[..., :DV], scale=scale,
+                                                                                 enable_gqa=True)}
+        try:
+            fns["sdpa"]()
+        except Exception as e:  # noqa: BLE001 - no backend for these shapes: recorded, not timed
+            rows.append(dict(b=b, n=n, impl="sdpa", error=f"{type(e).__name__}: {e}"[:300]))
+            del fns["sdpa"]
         # the same rows in 64-row pages, in a shuffled order
         pages = n // 64
         order = torch.randperm(b * pages, generator=g).to("cuda")

@@ -23,7 +23,9 @@ any read whose value they use; the merge is in turn a dependent of stage 1
 and reads each partial o beside its lse (stage 1 writes every partial, an empty one as 0).
 The paged cache is addressed through the block table per tile when a page holds whole
 tiles (page size a multiple of BLOCK_N), per key row otherwise; the contiguous cache is the same
-code with "page" = sequence.
+code with "page" = sequence. MLA's latent cache on sm_90 takes a Gluon stage 1 instead
+(``decode_mla_gluon``: 64 query rows a program on wgmma, same splits and partials), where its
+rules allow (``decode_mla_gluon.reason``); the portable one stays its fallback.
 
 Cost: reads each valid K/V element once a row block (one for a GQA group of at most 64 query rows;
 MLA's 128 heads on its one KV head take four of 32 rows, compute-bound: 242 FLOPs a cache byte) plus
@@ -677,7 +679,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
             Hq must be a multiple of Hkv (query head h reads KV head h // (Hq / Hkv)); Dv may differ
             from D. D, Dv at most 256, or MLA's latent cache, 576 and 512 (512 latent + 64 rope
             columns; fp16 / bf16), where v_cache may be a view of k_cache's first 512 columns
-            (``v_from_k``: a program takes V from the K tile it loaded).
+            (``v_from_k``: a program takes V from the K tile it loaded; on sm_90 the Gluon kernel
+            of ``decode_mla_gluon`` runs such calls).
         cache_seqlens: (B,) int32 on q's device: L_b = valid positions of sequence b *including* the
             new tokens, whose K/V must already be written at positions L_b − Nq … L_b − 1.
         block_table: (B, max_blocks) int32 on q's device: position j of sequence b lives in block
@@ -705,8 +708,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
         o (B, Hq, Nq, Dv) in q's dtype (and lse). Inference only: no autograd.
 
     Memory-bound but for MLA's many heads on one KV head: reads Σ_b L_b·Hkv·(D + Dv) cache elements
-    once per block of at most 64 query rows (32 past head dim 256); two launches (one if
-    num_splits = 1). CUDA tensors run Triton; CPU tensors run the same algorithm in PyTorch (or the
+    once per block of at most 64 query rows (32 past head dim 256 on the portable kernel); two
+    launches (one if num_splits = 1). CUDA tensors run Triton; CPU tensors run the same algorithm in PyTorch (or the
     Triton kernels under ``TRITON_INTERPRET=1``).
 
     Two sequences with 5 and 32 cached positions, one new token each, GQA 4:2:

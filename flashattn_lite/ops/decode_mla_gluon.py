@@ -35,6 +35,7 @@ import torch
 import triton
 
 from .._launcher import Launcher
+from .._log import note_path
 from .._runtime import cdiv
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -57,6 +58,8 @@ CHUNKS = HEAD_DIMS[0] // BOX    # 9 boxes a row of q or of the cache
 V_CHUNKS = HEAD_DIMS[1] // BOX  # 8 of them are v's; each warpgroup takes 4
 STAGES = 2
 CONSUMER_REGS, LOADER_REGS = 240, 24
+PATH_NOTE = ("MLA's latent cache on sm_90 (576 / 512, v a view of k): the Gluon decode kernel "
+             "(FLASHATTN_LITE_HOPPER=0 turns it off)")
 
 
 if _HAS_GLUON:
@@ -364,5 +367,6 @@ class MlaStage:
             return self.fallback(q, k_cache, v_cache, o, lse, seqlens, bt)
         self.q_desc.base = q.contiguous() if self.copy_q else q
         self.kv_desc.base = k_cache
+        note_path("hopper", "decode", PATH_NOTE)
         _mla_decode_launcher[self.grid](self.q_desc, self.kv_desc, o, lse, seqlens, bt, *self.rest,
                                         **self.constexprs)
