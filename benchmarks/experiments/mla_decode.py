@@ -36,6 +36,8 @@ def parse_args(argv=None):
         ap.set_defaults(rounds=3)
         ap.add_argument("--cases", type=common.size_list, default=[1, 8, 32],
                         help="batch sizes (cache length: 32k / B, at least 1k)")
+        ap.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        help="comma-separated names to time (e.g. decode,decode-paged64); default: all")
     return common.gpu_script_args(__doc__, Path(__file__).resolve().parents[1] / "results", add, argv)
 
 
@@ -58,8 +60,11 @@ def main(argv=None) -> int:
                # whichever SDPA backend takes head dims 576 / 512 with one KV head
                "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, cache, cache[..., :DV], scale=scale,
                                                                                  enable_gqa=True)}
+        for name in [n for n in fns if args.only is not None and n not in args.only]:
+            del fns[name]
         try:
-            fns["sdpa"]()
+            if "sdpa" in fns:
+                fns["sdpa"]()
         except Exception as e:  # noqa: BLE001 - no backend for these shapes: recorded, not timed
             rows.append(dict(b=b, n=n, impl="sdpa", error=f"{type(e).__name__}: {e}"[:300]))
             del fns["sdpa"]
@@ -72,6 +77,8 @@ def main(argv=None) -> int:
         for cfg in CONFIGS:
             name = {None: "decode", "paged64": "decode-paged64", "portable": "portable"}.get(cfg) or \
                 f"m{cfg[0]}-bn{cfg[1][0]}-w{cfg[1][1]}-s{cfg[1][2]}"
+            if args.only is not None and name not in args.only:
+                continue
 
             def run(cfg=cfg):
                 if cfg is None:
