@@ -6,6 +6,7 @@ import torch
 from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only
 from flashattn_lite import attention, decode
 from flashattn_lite.ops import decode as decode_module
+from flashattn_lite.ops import decode_mla_gluon
 from flashattn_lite.ops.decode import MAX_SPLITS, MIN_SPLIT_LEN, WAVES, choose_num_splits
 from flashattn_lite.reference import attention_reference
 
@@ -363,9 +364,8 @@ def test_mla_latent_cache(dtype, name, shared, num_splits):
         vc, dv = kc[..., :512], [k[..., :512] for k in dk]
     plan = decode_module._make_plan(q, kc, vc, table, 576 ** -0.5, num_splits, {}, False)
     stage = plan.stage1  # (on sm_90 with v a view of k: the Gluon kernel, the portable one its fallback)
-    assert isinstance(stage, decode_module.decode_mla_gluon.MlaStage) == \
-        (decode_module.decode_mla_gluon.reason(q, kc, vc, table) is None)
-    if isinstance(stage, decode_module.decode_mla_gluon.MlaStage):
+    assert isinstance(stage, decode_mla_gluon.MlaStage) == (decode_mla_gluon.reason(q, kc, vc, table, 0.04) is None)
+    if isinstance(stage, decode_mla_gluon.MlaStage):
         stage = stage.fallback
     ce = stage.constexprs
     assert ce["D_TAIL"] == 64 and ce["BLOCK_D"] == 512 and ce["V_FROM_K"] == shared

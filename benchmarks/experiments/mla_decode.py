@@ -7,10 +7,12 @@ tensor (``decode.v_from_k``: V taken from the K tile a program loaded), 128 quer
 token, bf16, every sequence full. "decode-paged64" is the same cache in 64-row pages, handed out in
 a shuffled order. "portable" is ``decode_forward``'s ``launch["portable"]``; the "m…" rows run the
 portable stage 1 at other configs (query rows a program, ``WIDE_BLOCK_M``; BLOCK_N, warps, stages:
-``launch["config"]``). Each is checked first against a float32 reference (max |Δo| ≤ 2⁻⁶). The peer ("einsum") is the absorbed attention
-DeepSeek's reference inference code runs as einsums (scores = q·cacheᵀ, softmax, · cache[..., :512]),
-here as batched matmuls. TB/s: cache bytes (B·L·576·2) over the step's time (CUDA graph, cold L2:
-``common.time_ms_graph``); TFLOP/s: 2·B·128·L·(576 + 512) FLOPs over it (242 FLOPs a cache byte).
+``launch["config"]``). Each is checked first against a float32 reference (max |Δo| ≤ 2⁻⁶). The peers:
+"einsum", the absorbed attention DeepSeek's reference inference code runs as einsums (scores = q·cacheᵀ,
+softmax, · cache[..., :512]), here as batched matmuls; "sdpa", whichever backend
+``scaled_dot_product_attention`` picks for these head dims (math, on torch 2.11). TB/s: cache bytes
+(B·L·576·2) over the step's time (CUDA graph, cold L2: ``common.time_ms_graph``); TFLOP/s:
+2·B·128·L·(576 + 512) FLOPs over it (242 FLOPs a cache byte).
 
     PYTHONPATH=. python benchmarks/experiments/mla_decode.py --out benchmarks/results
 """

@@ -295,13 +295,14 @@ def enabled() -> bool:
 
 @contextlib.contextmanager
 def disabled():
-    """Inside the block, attention calls (forward and backward) take the portable kernels (to
-    compare both paths)."""
-    from . import attention_bwd, attention_fwd
+    """Inside the block, attention calls (forward and backward) and MLA decoding take the portable
+    kernels (to compare both paths)."""
+    from . import attention_bwd, attention_fwd, decode
     saved = os.environ.get("FLASHATTN_LITE_HOPPER")
     os.environ["FLASHATTN_LITE_HOPPER"] = "0"
     attention_fwd._HOPPER.clear()
     attention_bwd._HOPPER.clear()
+    decode._PLANS.clear()
     try:
         yield
     finally:
@@ -311,6 +312,7 @@ def disabled():
             os.environ["FLASHATTN_LITE_HOPPER"] = saved
         attention_fwd._HOPPER.clear()
         attention_bwd._HOPPER.clear()
+        decode._PLANS.clear()
 
 
 def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:

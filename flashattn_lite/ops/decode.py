@@ -51,7 +51,6 @@ from .. import _checks
 from .._runtime import (allow_tf32, cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton,
                         tuned)
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
-from . import decode_mla_gluon
 from .attention_fwd import precision_for
 from .merge_states import (_merge_stacked_kernel, _tiles, dependent_launch_supported, merge_attention_states,
                            merge_attention_states_stacked, merge_stacked_torch)
@@ -151,6 +150,16 @@ def _decode_tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, stride_bt, b,
 
 
 @triton.jit
+def split_bounds(seq_len, split, n_splits, min_chunk, BLOCK_N: tl.constexpr):
+    """Keys [lo, hi) of a sequence's split: ⌈L / n_splits⌉ keys, at least min_chunk, rounded up to
+    whole BLOCK_N tiles (the Gluon MLA stage 1 cuts its splits with it too)."""
+    chunk = tl.maximum(tl.cdiv(seq_len, n_splits), min_chunk)
+    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    return lo, tl.minimum(lo + chunk, seq_len)
+
+
+@triton.jit
 def _prefetch_split_start(k, v, seqlens, block_table, stride_btb, stride_bt, b, h_kv, split, n_splits, min_chunk,
                           stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                           TILES: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -158,9 +167,7 @@ def _prefetch_split_start(k, v, seqlens, block_table, stride_btb, stride_bt, b, 
     """L2 prefetch of the first TILES key tiles of this program's split (K_LINES / V_LINES lines
     of LINE elements a key row), computed as the kernel computes its split."""
     seq_len = tl.load(seqlens + b, volatile=True)
-    chunk = tl.cdiv(tl.maximum(tl.cdiv(seq_len, n_splits), min_chunk), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, seq_len)
+    lo, hi = split_bounds(seq_len, split, n_splits, min_chunk, BLOCK_N)
     cols = lo + tl.arange(0, TILES * BLOCK_N)
     cols = tl.minimum(cols, tl.maximum(hi - 1, 0))
     bt_row = block_table + b.to(tl.int64) * stride_btb
@@ -249,10 +256,7 @@ def _decode_split_kernel(q, k, v, o, lse, seqlens, block_table,
 
     # This sequence's split: a multiple of BLOCK_N, at least min_chunk keys.
     seq_len = tl.load(seqlens + b)
-    chunk = tl.maximum(tl.cdiv(seq_len, n_splits), min_chunk)
-    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, seq_len)
+    lo, hi = split_bounds(seq_len, split, n_splits, min_chunk, BLOCK_N)
 
     # Row r of the tile is query head h_kv·GROUP + r // n_q, new token r % n_q.
     row_ok = rows < n_rows
@@ -433,8 +437,10 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
     block_m = _block_m((Hq // Hkv) * Nq, max(D, Dv) > 256)
     row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
-    mla_gluon = (D > 256 and "config" not in launch and not launch.get("portable", False)
-                 and decode_mla_gluon.reason(q, k_cache, v_cache, block_table) is None)
+    mla_gluon = False
+    if D > 256 and "config" not in launch and not launch.get("portable", False):
+        from . import decode_mla_gluon  # (it builds on this module; plans are made once a signature)
+        mla_gluon = decode_mla_gluon.reason(q, k_cache, v_cache, block_table, scale) is None
     if mla_gluon:  # its programs hold 64 query rows: the split count sees its row blocks
         row_blocks = cdiv(Hq * Nq, decode_mla_gluon.BLOCK_M)
     if num_splits is None:

@@ -14,22 +14,26 @@ is compute-bound, and the portable kernel, whose 512-column float32 accumulator 
 * Warps (``gl.warp_specialize``): a **loader** warp issues every TMA copy, Q once (nine 64-column
   boxes) and each 64-key tile of the cache as nine boxes into a ring of two slots (72 KiB each);
   the **softmax** warpgroup computes S = Q·Kᵀ over the 576 columns (nine wgmma chunks), the online
-  softmax, and O[:, :256] += P·V with P in registers; the **value** warpgroup computes
-  O[:, 256:] += P·V from the P and the rescale factor α the softmax warpgroup hands it through
-  shared memory (``p_ready`` / ``p_empty``). V is the K tile already in shared memory (its first
-  eight boxes): the cache is read once a program. Each warpgroup holds its 256 columns of O as
-  four 64 × 64 float32 accumulators.
+  softmax (the Gluon forward's ``_softmax`` and ``_finish``), and O[:, :256] += P·V with P in registers;
+  the **value** warpgroup computes O[:, 256:] += P·V from the P and the rescale factor α the softmax
+  warpgroup hands it through shared memory (``p_ready`` / ``p_empty``). V is the K tile already in
+  shared memory (its first eight boxes): the cache is read once a program. Each warpgroup holds its 256
+  columns of O as four 64 × 64 float32 accumulators.
 * Masks: only the tiles that need them (the split's end, a new token's causal band) set scores
-  to −inf. The tile reaching the sequence's end also holds rows past it (stale or uninitialised
-  cache rows, or the next page's): P = 0 there, but 0 · NaN is NaN, so each warpgroup zeroes
-  those rows of its V boxes in shared memory before its P·V.
+  to −inf, before the scale is folded into the exp2 (so the scale must be > 0: ``reason``). The
+  tile reaching the sequence's end also holds rows past it (stale or uninitialised cache rows): P = 0
+  there, but 0 · NaN is NaN, so each warpgroup zeroes those rows of its V boxes in shared memory
+  before its P·V.
 * Caches it takes (``reason``): contiguous (B, 1, Nmax, 576) or paged (blocks, 1, page, 576)
   with pages of a multiple of 64 rows (a tile lies in one page), 16-bit, the last dim contiguous,
-  16-byte aligned rows; anything else runs the portable kernel.
+  16-byte aligned rows, no zero strides; anything else runs the portable kernel, as does a call whose
+  q or cache address is not 16-byte aligned (``MlaStage``: checked per call).
 
 Shared memory: Q 72 KiB, the K/V ring 144 KiB, P 8 KiB: 224 KiB of the H100's 227.
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 import triton
@@ -37,6 +41,8 @@ import triton
 from .._launcher import Launcher
 from .._log import note_path
 from .._runtime import cdiv
+from ..merge import LOG2E
+from .decode import MLA_HEAD_DIMS, split_bounds, v_from_k
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton.experimental import gluon
@@ -45,17 +51,18 @@ try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked 
                                                                   warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     _HAS_GLUON = hasattr(gl, "warp_specialize") and hasattr(tma, "async_copy_global_to_shared")
+    if _HAS_GLUON:
+        from .attention_fwd_gluon import _finish, _softmax
 except Exception:  # noqa: BLE001 - any import problem means: no Gluon path here
     _HAS_GLUON = False
 
 TESTED_TRITON = ("3.6.",)
-HEAD_DIMS = (576, 512)  # q / k and v: MLA's latent cache
+HEAD_DIMS = MLA_HEAD_DIMS  # q / k and v: MLA's latent cache
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_M = 64  # query rows a program (one wgmma's M)
 BLOCK_N = 64  # keys a tile
 BOX = 64      # columns a TMA box: 128 bytes, the widest swizzle
-CHUNKS = HEAD_DIMS[0] // BOX    # 9 boxes a row of q or of the cache
-V_CHUNKS = HEAD_DIMS[1] // BOX  # 8 of them are v's; each warpgroup takes 4
+CHUNKS = HEAD_DIMS[0] // BOX  # 9 boxes a row of q or of the cache; v's are the first 8, 4 a warpgroup
 STAGES = 2
 CONSUMER_REGS, LOADER_REGS = 240, 24
 PATH_NOTE = ("MLA's latent cache on sm_90 (576 / 512, v a view of k): the Gluon decode kernel "
@@ -73,12 +80,9 @@ if _HAS_GLUON:
     @gluon.jit
     def _split(seqlens, b, split, n_splits, min_chunk, n_q):
         """(seq_len, lo, hi, n_tiles, full) of this program's split, as the portable stage 1 cuts
-        them but in 64-key tiles: keys [lo, hi), tiles from ``full`` on masked."""
+        them (``decode.split_bounds``) but in 64-key tiles: keys [lo, hi), tiles from ``full`` on masked."""
         seq_len = gl.load(seqlens + b)
-        chunk = gl.maximum(gl.cdiv(seq_len, n_splits), min_chunk)
-        chunk = gl.cdiv(chunk, _BLOCK_N) * _BLOCK_N
-        lo = split * chunk
-        hi = gl.minimum(lo + chunk, seq_len)
+        lo, hi = split_bounds(seq_len, split, n_splits, min_chunk, _BLOCK_N)
         n_tiles = gl.cdiv(gl.maximum(hi - lo, 0), _BLOCK_N)
         full = lo + gl.maximum(gl.minimum(hi, seq_len - n_q + 1) - lo, 0) // _BLOCK_N * _BLOCK_N
         return seq_len, lo, hi, n_tiles, full
@@ -109,7 +113,9 @@ if _HAS_GLUON:
     @gluon.jit
     def _zero_stale_rows(kv_smem, slot, key, seq_len, FIRST: gl.constexpr):
         """Zero rows at or past ``seq_len`` of V boxes FIRST … FIRST + 3 of slot ``slot`` (the tile of
-        keys from ``key``), then make the writes visible to this warpgroup's wgmma."""
+        keys from ``key``), then make the writes visible to this warpgroup's wgmma. S = Q·Kᵀ read these
+        boxes too: the softmax warpgroup zeroes its boxes after S retired, the value warpgroup its
+        own after ``p_ready``, which comes after S retired as well."""
         zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         keep = gl.expand_dims(key + gl.arange(0, _BLOCK_N, layout=gl.SliceLayout(1, zl)) < seq_len, 1)
         for c in gl.static_range(FIRST, FIRST + 4):
@@ -186,28 +192,21 @@ if _HAS_GLUON:
             if key + _BLOCK_N > full:  # the split's end or a new token's causal band crosses this tile
                 cols = gl.expand_dims(key + gl.arange(0, _BLOCK_N, layout=gl.SliceLayout(0, layout)), 0)
                 s = gl.where((cols < hi) & (cols <= last_key), s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-            alpha = gl.exp2(m_i - m_ref)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, 0.0, False)
             p = p.to(dtype)
-            # Hand P and α over once the value warpgroup has taken the previous tile's.
+            # Hand P and α over once the value warpgroup has taken the previous tile's (read with
+            # ordinary shared loads: the mbarrier orders them, no proxy fence).
             mbarrier.wait(p_empty, (j & 1) ^ 1)  # a fresh barrier: no wait
             p_buf.store(p)
             x_smem.store(alpha)
-            fence_async_shared()
             mbarrier.arrive(p_ready)
             if key + _BLOCK_N > seq_len:
                 _zero_stale_rows(kv_smem, slot, key, seq_len, 0)
             a = gl.expand_dims(alpha, 1)
             a0, a1, a2, a3 = _pv(gl.convert_layout(p, p_layout), kv_smem, slot, a0 * a, a1 * a, a2 * a, a3 * a, 0)
             mbarrier.arrive(kv_empty.index(slot))
-        # O = acc / ℓ, lse = ln 2 · (m + log2 ℓ); a row with no visible key gives O = 0, lse = −inf.
-        empty_row = l_i == 0.0
-        inv_l = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
-        lse_row = gl.where(empty_row, float("-inf"), (m_i + gl.log2(gl.where(empty_row, 1.0, l_i))) * 0.6931471805599453)
+        # 1/ℓ and the lse; a row with no visible key gives O = 0, lse = −inf.
+        a0, inv_l, lse_row = _finish(a0, m_i, l_i, None, 0, False, layout, row_layout)
         mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)
         x_smem.store(inv_l)
         mbarrier.arrive(p_ready)
@@ -294,13 +293,12 @@ if _HAS_GLUON:
     _mla_decode_launcher = Launcher(_mla_decode_kernel)
 
 
-def reason(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table) -> str | None:
+def reason(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table, scale: float) -> str | None:
     """None when this kernel takes the decode call (validated: MLA's head dims), else why not, in
-    words: CUDA sm_90 with the Hopper paths on, the triton its Gluon is written for, 16-bit, v a view
-    of k's first 512 columns, one KV head, the cache's last dim contiguous and its rows 16-byte
-    aligned, pages of a multiple of 64 rows. (The addresses' alignment is checked per call.)"""
+    words: CUDA sm_90 with the Hopper paths on, the triton its Gluon is written for, 16-bit, a scale
+    > 0, v a view of k's first 512 columns, one KV head, a cache whose rows TMA can address
+    (``_cache_rows``), pages of a multiple of 64 rows. (The addresses' alignment is checked per call.)"""
     from .attention_fwd_hopper import enabled
-    from .decode import v_from_k
     if not _HAS_GLUON:
         return "this triton has no Gluon Hopper API (triton.experimental.gluon)"
     if not triton.__version__.startswith(TESTED_TRITON):
@@ -311,62 +309,83 @@ def reason(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
         return "FLASHATTN_LITE_HOPPER=0"
     if (q.shape[3], v_cache.shape[3]) != HEAD_DIMS or q.dtype not in DTYPES:
         return f"head dims {q.shape[3]} / {v_cache.shape[3]} in {q.dtype} (MLA's 576 / 512, 16-bit only)"
+    if not scale > 0:
+        return f"scale {scale} is not > 0 (the kernel folds it into the exp2 after masking)"
     if not v_from_k(k_cache, v_cache):
         return "v_cache is not a view of k_cache's first 512 columns"
     if k_cache.shape[1] != 1:
         return f"{k_cache.shape[1]} KV heads (MLA's latent cache has one)"
-    if k_cache.stride(3) != 1 or (k_cache.stride(2) * k_cache.element_size()) % 16 or \
-            (k_cache.stride(0) * k_cache.element_size()) % 16:
-        return "the cache's last dim is not contiguous or its rows are not 16-byte aligned"
+    if _cache_rows(k_cache) is None:
+        return "the cache's last dim is not contiguous, or a stride is 0 or not a multiple of 16 bytes"
     if block_table is not None and k_cache.shape[2] % BLOCK_N:
         return f"pages of {k_cache.shape[2]} rows (the kernel takes multiples of {BLOCK_N})"
     return None
 
 
+def _tma_strides(t: torch.Tensor, shape: list, strides: list) -> tuple[list, list] | None:
+    """(shape, strides) for a TMA descriptor over ``t`` where they qualify: the last stride 1, the others
+    positive multiples of 16 bytes (a dim of size 1 takes any: its index is always 0, so it gets the
+    packed one), else None."""
+    strides = list(strides)
+    for i in range(len(shape) - 2, -1, -1):
+        if shape[i] == 1:
+            strides[i] = shape[i + 1] * strides[i + 1]
+    if strides[-1] != 1 or any(x <= 0 or (x * t.element_size()) % 16 for x in strides[:-1]):
+        return None
+    return shape, strides
+
+
+def _cache_rows(k_cache: torch.Tensor) -> tuple[list, list] | None:
+    """(shape, strides) of the cache as (blocks or B, rows, 576) for TMA (its one KV head dropped)."""
+    return _tma_strides(k_cache, [k_cache.shape[0], k_cache.shape[2], k_cache.shape[3]],
+                        [k_cache.stride(0), k_cache.stride(2), k_cache.stride(3)])
+
+
 def _q_rows(q: torch.Tensor) -> tuple[list, list] | None:
-    """(shape, strides) of q as (B, Hq·Nq, 576) rows, or None where its strides do not allow it."""
+    """(shape, strides) of q as (B, Hq·Nq, 576) rows (row h·Nq + t: head h, new token t), or None where
+    its strides do not allow it."""
     B, Hq, Nq, D = q.shape
     sb, sh, sn, sd = q.stride()
-    if sd != 1 or (Nq > 1 and Hq > 1 and sh != Nq * sn):
+    if Nq > 1 and Hq > 1 and sh != Nq * sn:
         return None
-    row = sn if Nq > 1 else sh
-    if (row * q.element_size()) % 16 or (sb * q.element_size()) % 16:
-        return None
-    return [B, Hq * Nq, D], [sb, row, 1]
+    return _tma_strides(q, [B, Hq * Nq, D], [sb, sn if Nq > 1 else sh, sd])
 
 
 class MlaStage:
     """Stage 1 of a decode plan on this kernel: the launch's grid and scalars fixed by the call's
-    signature, the descriptors built once and re-pointed at each call's tensors. A call whose q or
-    cache is not 16-byte aligned takes ``fallback`` (the portable stage 1, same splits)."""
+    signature; the descriptors built at the first call this kernel takes and re-pointed at each later
+    call's tensors, under a lock (plans are shared between threads). A call whose q or cache is not
+    16-byte aligned takes ``fallback`` (the portable stage 1, same splits)."""
 
     def __init__(self, q, k_cache, block_table, splits: int, min_chunk: int, scale: float, o_part_strides: tuple,
                  lse_part_strides: tuple, fallback):
-        from .attention_fwd_gluon import default_layout
         B, Hq, Nq, D = q.shape
         self.fallback = fallback
-        rows = _q_rows(q)
-        self.copy_q = rows is None
-        if rows is None:
-            rows = [B, Hq * Nq, D], [Hq * Nq * D, D, 1]
-        layout = default_layout((1, BLOCK_M, BOX), q.dtype)
-        self.q_desc = TensorDescriptor(q if not self.copy_q else q.contiguous(), *rows, [1, BLOCK_M, BOX], layout)
-        kv_shape = [k_cache.shape[0], k_cache.shape[2], D]
-        kv_strides = [k_cache.stride(0), k_cache.stride(2), 1]
-        self.kv_desc = TensorDescriptor(k_cache, kv_shape, kv_strides, [1, BLOCK_N, BOX], layout)
+        self.q_rows = _q_rows(q)
+        self.copy_q = self.q_rows is None  # q is copied into rows first
+        if self.copy_q:
+            self.q_rows = [B, Hq * Nq, D], [Hq * Nq * D, D, 1]
+        self.kv_rows = _cache_rows(k_cache)
+        self.q_desc = self.kv_desc = None
+        self.lock = threading.Lock()
         paged = block_table is not None
         bt_strides = block_table.stride() if paged else (0, 0)
         self.grid = (cdiv(Hq * Nq, BLOCK_M), splits, B)
-        self.rest = (*o_part_strides, *lse_part_strides, *bt_strides, Hq * Nq, Nq, splits, min_chunk,
-                     scale * 1.4426950408889634)
+        self.rest = (*o_part_strides, *lse_part_strides, *bt_strides, Hq * Nq, Nq, splits, min_chunk, scale * LOG2E)
         self.constexprs = dict(PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1, CONSUMER_REGS=CONSUMER_REGS,
                                LOADER_REGS=LOADER_REGS, num_warps=4)
 
     def __call__(self, q, k_cache, v_cache, o, lse, seqlens, bt) -> None:
-        if q.data_ptr() % 16 or k_cache.data_ptr() % 16:
+        rows = q.contiguous() if self.copy_q else q
+        if rows.data_ptr() % 16 or k_cache.data_ptr() % 16:
             return self.fallback(q, k_cache, v_cache, o, lse, seqlens, bt)
-        self.q_desc.base = q.contiguous() if self.copy_q else q
-        self.kv_desc.base = k_cache
-        note_path("hopper", "decode", PATH_NOTE)
-        _mla_decode_launcher[self.grid](self.q_desc, self.kv_desc, o, lse, seqlens, bt, *self.rest,
-                                        **self.constexprs)
+        with self.lock:
+            if self.q_desc is None:
+                from .attention_fwd_gluon import default_layout
+                layout = default_layout((1, BLOCK_M, BOX), q.dtype)
+                self.q_desc = TensorDescriptor(rows, *self.q_rows, [1, BLOCK_M, BOX], layout)
+                self.kv_desc = TensorDescriptor(k_cache, *self.kv_rows, [1, BLOCK_N, BOX], layout)
+            self.q_desc.base, self.kv_desc.base = rows, k_cache
+            note_path("hopper", "decode", PATH_NOTE)
+            _mla_decode_launcher[self.grid](self.q_desc, self.kv_desc, o, lse, seqlens, bt, *self.rest,
+                                            **self.constexprs)
