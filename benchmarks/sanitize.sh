@@ -223,7 +223,8 @@ small odd GQA shape and checks them against the float64 reference (autograd). MO
 - ``mla`` (D 576): ``decode`` against MLA's latent cache on the Gluon decode kernel: 40 heads × 2 new
   tokens (a partial second row block), a ragged batch whose last tiles hold stale rows, a contiguous
   cache (paged ones differ only in the loader's table read), splits 1 and 3 (an empty split among
-  them), against float64.
+  them), against float64. Not among the default cases: on triton 3.6 it printed nothing within 500 s
+  (H200, 2026-11-30), its instrumented compile still running or stuck; ``CONSAN_CASES=576-mla``.
 
 The other modes call the Gluon entry points, so few other Triton kernels are compiled with
 instrumentation. An instrumented backward takes minutes to compile (ptxas on ~10 MB of PTX): the
@@ -359,7 +360,7 @@ for tool in $TOOLS; do
   if [ "$tool" = consan ]; then  # Triton's own concurrency sanitizer, for the Gluon kernels (see above)
     rc=0
     pids=""
-    read -r -a cases <<< "${CONSAN_CASES:-64-plain 64-causal 64-window 128-plain 128-causal 128-window 128-deterministic 256-plain 256-causal 256-window 64-varlen 128-varlen 256-varlen 576-mla}"
+    read -r -a cases <<< "${CONSAN_CASES:-64-plain 64-causal 64-window 128-plain 128-causal 128-window 128-deterministic 256-plain 256-causal 256-window 64-varlen 128-varlen 256-varlen}"
     for case in "${cases[@]}"; do  # one process each, in parallel
       ( TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "${CONSAN_TIMEOUT:-540}" python "$CONSAN" ${case/-/ }
         s=$?; [ $s -ne 0 ] && echo "exit status $s"; exit $s ) > "$log.$case" 2>&1 &
