@@ -481,6 +481,20 @@ def test_paged_generation_example_matches_full_recompute(torch_cpu_path):
     mod.main(["--steps", "3", "--block-size", "8", "--device", DEVICE])
 
 
+def test_mla_decoding_example_matches_the_unabsorbed_layer(torch_cpu_path):
+    """examples/mla_decoding.py: DeepSeek's attention decoded with the projections absorbed (q against
+    the 576-wide latent rows of a paged cache, v the latent) against the plain per-head layer in
+    float64, every step (the example asserts). On CPU through the PyTorch twin; on sm_90 through the
+    Gluon MLA kernel."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "mla_decoding.py"
+    spec = importlib.util.spec_from_file_location("mla_decoding", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--steps", "2", "--device", DEVICE])
+
+
 def test_paged_cache_allocator():
     from flashattn_lite.kv_cache import PagedKVCache
     cache = PagedKVCache(1, 1, 16, num_blocks=4, block_size=4, max_seqs=2, max_seq_len=12, device=DEVICE)
