@@ -76,6 +76,11 @@ if _HAS_GLUON:
     _BOX = gl.constexpr(BOX)
     _CHUNKS = gl.constexpr(CHUNKS)
     _STAGES = gl.constexpr(STAGES)
+    # Both warpgroups' layouts: a 64 × 64 wgmma accumulator (S, and each 64-column part of O), P as
+    # the register-A operand of P·V, and the rows of either.
+    _ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]))
+    _P = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_ACC.value, k_width=2))
+    _ROWS = gl.constexpr(gl.SliceLayout(1, _ACC.value))
 
     @gluon.jit
     def _split(seqlens, b, split, n_splits, min_chunk, n_q):
@@ -162,10 +167,8 @@ if _HAS_GLUON:
         """S = Q·Kᵀ, the online softmax (base 2, the scale folded into the exp2), P and α handed to
         the value warpgroup, O[:, :256] += P·V; at the end 1/ℓ handed over, O's half and the lse out."""
         dtype: gl.constexpr = q_smem.dtype
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, _BLOCK_N, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
-        row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        layout: gl.constexpr = _ACC
+        row_layout: gl.constexpr = _ROWS
         rows = row0 + gl.arange(0, _BLOCK_M, layout=row_layout)
         last_key = gl.expand_dims(seq_len - n_q + rows % n_q, 1)  # new token t sees keys ≤ L − Nq + t
         m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
@@ -203,7 +206,7 @@ if _HAS_GLUON:
             if key + _BLOCK_N > seq_len:
                 _zero_stale_rows(kv_smem, slot, key, seq_len, 0)
             a = gl.expand_dims(alpha, 1)
-            a0, a1, a2, a3 = _pv(gl.convert_layout(p, p_layout), kv_smem, slot, a0 * a, a1 * a, a2 * a, a3 * a, 0)
+            a0, a1, a2, a3 = _pv(gl.convert_layout(p, _P), kv_smem, slot, a0 * a, a1 * a, a2 * a, a3 * a, 0)
             mbarrier.arrive(kv_empty.index(slot))
         # 1/ℓ and the lse; a row with no visible key gives O = 0, lse = −inf.
         a0, inv_l, lse_row = _finish(a0, m_i, l_i, None, 0, False, layout, row_layout)
@@ -221,10 +224,7 @@ if _HAS_GLUON:
                          split, b, row0, n_rows, n_q, seq_len, lo, n_tiles,
                          stride_os, stride_ob, stride_oh, stride_on, stride_od):
         """O[:, 256:] += P·V with the softmax warpgroup's P and α; at the end its 1/ℓ, and O's half out."""
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, _BLOCK_N, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
-        row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        layout: gl.constexpr = _ACC
         zero = gl.zeros([_BLOCK_M, _BOX], gl.float32, layout=layout)
         a0 = zero
         a1 = zero
@@ -236,8 +236,8 @@ if _HAS_GLUON:
             key = lo + j * _BLOCK_N
             mbarrier.wait(p_ready, j & 1)
             mbarrier.wait(kv_ready.index(slot), (j // _STAGES) & 1)  # (complete: the softmax waited for it)
-            p = p_buf.load(p_layout)
-            alpha = x_smem.load(row_layout)
+            p = p_buf.load(_P)
+            alpha = x_smem.load(_ROWS)
             mbarrier.arrive(p_empty)
             if key + _BLOCK_N > seq_len:
                 _zero_stale_rows(kv_smem, slot, key, seq_len, 4)
@@ -245,7 +245,7 @@ if _HAS_GLUON:
             a0, a1, a2, a3 = _pv(p, kv_smem, slot, a0 * a, a1 * a, a2 * a, a3 * a, 4)
             mbarrier.arrive(kv_empty.index(slot))
         mbarrier.wait(p_ready, n_tiles & 1)
-        inv_l = x_smem.load(row_layout)
+        inv_l = x_smem.load(_ROWS)
         _store(o, a0, a1, a2, a3, inv_l, split, b, row0, n_rows, n_q, stride_os, stride_ob, stride_oh, stride_on,
                stride_od, 4, layout)
 
