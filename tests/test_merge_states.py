@@ -278,3 +278,31 @@ def test_bad_input_names_the_argument():
         merge_attention_states_stacked([], [])
     with pytest.raises(TypeError, match=r"lse\[1\]"):
         merge_attention_states_stacked([o, o], [lse, lse.double()])
+
+
+def test_stacked_tiles_take_every_split_from_512_columns(monkeypatch):
+    # From 512 columns (MLA's latent) the stacked merge takes every split in one pass (up to 128),
+    # 128 columns and up to 4 rows a program; narrower heads keep the 32-split rule.
+    from flashattn_lite.ops import merge_states
+    monkeypatch.setattr(merge_states, "interpreter_active", lambda: False)
+    t = torch.zeros(1)
+    assert merge_states.stacked_tiles(128, 512, 66, t) == (128, 1, 128)
+    assert merge_states.stacked_tiles(1024, 512, 8, t) == (8, 4, 128)
+    assert merge_states.stacked_tiles(128, 512, 300, t)[0] == 128   # more splits: the kernel loops
+    assert merge_states.stacked_tiles(128, 128, 66, t)[0] == 32
+
+
+def test_stacked_merge_at_512_columns_with_the_wide_tiles(monkeypatch):
+    # The wide tiles (1-row programs over 128 split slots, 70 of them parts, some empty) against the
+    # PyTorch twin.
+    from flashattn_lite.ops import merge_states
+    monkeypatch.setattr(merge_states, "interpreter_active", lambda: False)
+    assert merge_states.stacked_tiles(3, 512, 70, torch.zeros(1)) == (128, 1, 128)
+    g = torch.Generator().manual_seed(0)
+    o_parts = torch.randn(70, 1, 3, 1, 512, generator=g).to(DEVICE)
+    lse_parts = torch.randn(70, 1, 3, 1, generator=g).to(DEVICE)
+    lse_parts[1::3, 0, 0, 0] = float("-inf")
+    o, lse = merge_attention_states_stacked(o_parts, lse_parts)
+    o_ref, lse_ref = merge_states.merge_stacked_torch(o_parts.cpu(), lse_parts.cpu())
+    torch.testing.assert_close(o.float().cpu(), o_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.cpu(), lse_ref, atol=1e-5, rtol=1e-5)

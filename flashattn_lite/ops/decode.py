@@ -53,8 +53,8 @@ from .._runtime import (allow_tf32, cdiv, device_sm_count, interpreter_active, l
                         tuned)
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
 from .attention_fwd import precision_for
-from .merge_states import (_merge_stacked_kernel, _tiles, dependent_launch_supported, merge_attention_states,
-                           merge_attention_states_stacked, merge_stacked_torch)
+from .merge_states import (_merge_stacked_kernel, dependent_launch_supported, merge_attention_states,
+                           merge_attention_states_stacked, merge_stacked_torch, stacked_tiles)
 
 # Split heuristic (see ``choose_num_splits``).
 MIN_SPLIT_LEN = 256     # a split shorter than this spends more on setup and the merge than it saves
@@ -361,15 +361,6 @@ def v_from_k(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
             and max(16, next_pow2(v_cache.shape[3])) == head_blocks(k_cache.shape[3])[0])
 
 
-def _wide_merge_tiles(splits: int) -> tuple[int, int, int]:
-    """(BLOCK_S, BLOCK_R, BLOCK_D) of the merge of MLA's 512-column partials: every split in one pass
-    (up to 128), 128 columns and up to 4 rows a program, ~16k float32 (``_merge_stacked_kernel`` alone,
-    cold L2, H200: at B 1's 66 splits 12.5 µs against 21.0 with the default tiles; at 8 splits ×
-    1024 rows 11.6 against 14.4)."""
-    block_s = min(128, next_pow2(splits))
-    return block_s, max(1, min(4, 16384 // (block_s * 128))), 128
-
-
 def _check_launch(launch: dict) -> None:
     unknown = set(launch) - set(LAUNCH_SETTINGS)
     if unknown:
@@ -495,10 +486,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
         # ``merge_stacked_launch``'s launch, kept as a stage. Stage 1 writes every partial, an
         # empty one as o = 0, lse = −inf: the merge may read o beside lse.
         rows = B * Hq * Nq
-        block_s = min(32, next_pow2(splits))
-        block_r, block_d = _tiles(rows, Dv, block_s, q)
-        if mla_gluon:
-            block_s, block_r, block_d = _wide_merge_tiles(splits)
+        block_s, block_r, block_d = stacked_tiles(rows, Dv, splits, q)
         rest = (*o_part_strides, *lse_part_strides, *plan.o_layout[1], *plan.lse_layout[1], Hq, Nq, rows, splits)
         constexprs = dict(HEAD_DIM=Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
                           PARTS_FINITE=not launch.get("masked_parts", False),
