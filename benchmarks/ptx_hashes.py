@@ -327,7 +327,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("decode d128", decode, {}), ("decode d64 paged16", decode, dict(HEAD_DIM=64, HEAD_DIM_V=64, PAGED=True,
                                                                            PAGE_SIZE=16, BLOCK_N=128)),
          ("decode mla 576 512", decode, dict(HEAD_DIM=576, HEAD_DIM_V=512, BLOCK_D=512, D_TAIL=64, V_FROM_K=True,
-                                             BLOCK_M=32, BLOCK_N=16)),  # (the shipped tile: 32 rows × 16 keys)
+                                             BLOCK_M=16, BLOCK_N=32)),  # (the shipped tile: 16 rows × 32 keys)
          # MLA's K 2 / V 2 (K in chunks) with the options, and one tile a program on varlen and ranges
          ("gluon d192 dv128 narrow qk causal window+all", gluon, dict(d=192, dv=128, config=QK2, left=4095,
                                                                       softcap=30.0, alibi=True, sinks=True)),

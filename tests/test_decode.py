@@ -369,7 +369,7 @@ def test_mla_latent_cache(dtype, name, shared, num_splits):
         stage = stage.fallback
     ce = stage.constexprs
     assert ce["D_TAIL"] == 64 and ce["BLOCK_D"] == 512 and ce["V_FROM_K"] == shared
-    assert ce["BLOCK_M"] == min(32, max(16, 1 << (Hq * Nq - 1).bit_length()))
+    assert ce["BLOCK_M"] == min(decode_module.WIDE_BLOCK_M, max(16, 1 << (Hq * Nq - 1).bit_length()))
     o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)
     check(o, lse, q, dk, dv)
 

@@ -28,7 +28,7 @@ code with "page" = sequence. MLA's latent cache on sm_90 takes a Gluon stage 1 i
 rules allow (``decode_mla_gluon.reason``); the portable one stays its fallback.
 
 Cost: reads each valid K/V element once a row block (one for a GQA group of at most 64 query rows;
-MLA's 128 heads on its one KV head take four of 32 rows here, two of 64 on the Gluon kernel,
+MLA's 128 heads on its one KV head take eight of 16 rows here, two of 64 on the Gluon kernel,
 compute-bound: 242 FLOPs a cache byte) plus
 the q tile; stage 2 reads/writes
 B·Hq·Nq·num_splits·(Dv + 1) floats.
@@ -63,9 +63,10 @@ WAVES = 1               # target programs ≈ WAVES × SMs (H100 sweep: results/
 MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows → more programs
 # Head dims past 256: MLA's latent cache only (DeepSeek-V2/V3 decoding with the projections absorbed:
 # q and the cache's rows 512 latent + 64 rope columns, v the latent 512, one KV head), fp16 / bf16: the
-# widths and dtypes run on the GPU. Their float32 accumulator of 512 columns holds 32 query rows a
-# program (``_block_m``).
-MLA_HEAD_DIMS, WIDE_BLOCK_M = (576, 512), 32
+# widths and dtypes run on the GPU. Their float32 accumulator of 512 columns holds 16 query rows a
+# program (``_block_m``), whose 32-key tiles ran 4–28% faster than 32 rows × 16 keys (H200,
+# ``benchmarks/results/bench_ab-20261130-1649.json``).
+MLA_HEAD_DIMS, WIDE_BLOCK_M = (576, 512), 16
 # Key tiles of its split that stage 1 asks the L2 for while it waits for the previous kernel
 # (H100, B 1 steady state: 1 tile +6.7% at 4k and −0.6 µs at 32k; 2 and 4 tiles lost).
 # The prefetch is PTX inline asm (``_runtime.l2_prefetch``): none on ROCm.
