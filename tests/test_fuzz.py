@@ -523,3 +523,42 @@ def test_decode(c):
         check(o[b:b + 1], o_same, o_ref, EPS[dtype], f"o[{b}]")
         close_lse(lse[b:b + 1], lse_ref, dtype, f"lse[{b}]")
 
+
+
+@st.composite
+def mla_decode_cases(draw):
+    """MLA's latent cache (q and the cache 576 wide, v its first 512 columns: one tensor, one KV head):
+    on sm_90 the Gluon kernel where its rules allow (pages of 64 or 128, a scale > 0), else the portable
+    one (pages of 16, a scale ≤ 0, other devices)."""
+    B, nq = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    cap = draw(st.integers(nq, 2000 if ON_GPU else 70))
+    return dict(B=B, Hkv=1, Hq=draw(st.sampled_from([1, 16, 40, 128] if ON_GPU else [1, 3, 16])), Nq=nq,
+                lens=[draw(st.one_of(st.integers(0, cap), st.just(cap))) for _ in range(B)], capacity=cap,
+                D=576, Dv=None, dtype=draw(st.sampled_from(MLA_DTYPES)),
+                block_size=draw(st.sampled_from([None, 16, 64, 128] if ON_GPU else [None, 16, 64])),
+                num_splits=draw(st.one_of(st.none(), st.integers(1, 6))), strided=draw(st.booleans()),
+                scale=draw(st.one_of(st.none(), st.floats(0.01, 0.2), st.floats(-0.1, -0.01))),
+                seed=draw(st.integers(0, 2 ** 16)))
+
+
+MLA_DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16]  # (bf16's tl.dot: GPU only)
+
+
+@given(mla_decode_cases())
+@fuzz(cpu_examples=6, gpu_examples=24)
+def test_decode_mla_latent_cache(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    dtype = c["dtype"]
+    q, kc, _, seqlens, table, dense_k, _ = build_cache(c, g)
+    o, lse = fl.decode(q, kc, kc[..., :512], seqlens, block_table=table, scale=c["scale"],
+                       num_splits=c["num_splits"], return_lse=True, check_values=True)
+    assert o.dtype == dtype and o.shape == (c["B"], c["Hq"], c["Nq"], 512)
+    for b, L in enumerate(c["lens"]):
+        if L == 0:
+            assert (o[b] == 0).all() and (lse[b] == float("-inf")).all()
+            continue
+        args = (q[b:b + 1], dense_k[b][None], dense_k[b][None, ..., :512])
+        o_ref, lse_ref = attention_reference(*args, causal=True, scale=c["scale"])
+        o_same, _ = attention_reference(*args, causal=True, scale=c["scale"], dtype=dtype)
+        check(o[b:b + 1], o_same, o_ref, EPS[dtype], f"o[{b}]")
+        close_lse(lse[b:b + 1], lse_ref, dtype, f"lse[{b}]")

@@ -220,6 +220,43 @@ def test_decode_paged_cache_past_2_31_elements():
             _decode_reference_check(o, lse, q, k_seq, v_seq, b)
 
 
+@pytest.mark.parametrize("path", ["default", "portable"])
+def test_decode_mla_latent_cache_past_2_31_elements(path):
+    """MLA's latent cache (576 / 512, v a view of k), whose last sequence starts past 2^31 elements, and
+    the last blocks of a paged pool of 2^31+ elements: the default path (on sm_90 with triton 3.6 the
+    Gluon kernel, asserted) and the portable kernel."""
+    from contextlib import nullcontext
+
+    from flashattn_lite import _launcher
+    from flashattn_lite.ops import attention_fwd_hopper, decode_mla_gluon
+    Hq, D, Dv = 128, 576, 512
+    B, Nmax, n_blocks, bs = 3, 2 ** 21, 58600, 64
+    assert 2 * Nmax * D > BIG and n_blocks * bs * D > BIG
+    need((B * Nmax + n_blocks * bs) * D * 2 / 2 ** 30 + 6)
+    cache, pool = randn(B, 1, Nmax, D), randn(n_blocks, 1, bs, D)
+    q = randn(B, Hq, 2, D)
+    lens = [700, 1, 3000]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    width = 47
+    table = torch.full((B, width), -1, dtype=torch.int32)
+    table[0, :11] = torch.arange(n_blocks - 11, n_blocks).flip(0)       # the last blocks of the pool
+    table[1, :1] = n_blocks - 12
+    table[2, :width] = torch.arange(n_blocks - 59, n_blocks - 12)
+    table = table.cuda()
+    scale = D ** -0.5
+    gluon = path == "default" and decode_mla_gluon.reason(q, pool, pool[..., :Dv], table, scale) is None
+    with attention_fwd_hopper.disabled() if path == "portable" else nullcontext(), _launcher.recording() as runs:
+        o, lse = fl.decode(q, cache, cache[..., :Dv], seqlens, return_lse=True)
+        o_p, lse_p = fl.decode(q, pool, pool[..., :Dv], seqlens, block_table=table, return_lse=True)
+    ran = [r.kernel for r in runs]
+    assert ran.count("_mla_decode_kernel") == (2 if gluon else 0), ran
+    for b, L in enumerate(lens):
+        _decode_reference_check(o, lse, q, cache[b:b + 1, :, :L], cache[b:b + 1, :, :L, :Dv], b)
+        blocks = table[b, :-(-L // bs)].long()
+        k_seq = pool[blocks].reshape(1, 1, -1, D)[:, :, :L]
+        _decode_reference_check(o_p, lse_p, q, k_seq, k_seq[..., :Dv], b)
+
+
 def test_merge_stacked_past_2_31_elements():
     S, B, H, N, D = 2, 1, 16400, 512, 128
     assert S * B * H * N * D > BIG
