@@ -269,7 +269,10 @@ if mode == "mla":
                       for b, n in enumerate((300, 77))])
     with _launcher.recording() as launches:
         for splits in (1, 3):
+            # (progress lines tell a slow instrumented compile from a hang in the kernel)
+            print(f"mla decode: splits {splits}: compiling and launching", flush=True)
             o = fl.decode(q, cache, cache[..., :512], lens, scale=0.05, num_splits=splits)
+            print(f"mla decode: splits {splits}: launched, waiting for the kernel", flush=True)
             torch.cuda.synchronize()
             assert (o.double() - want).abs().max() < 0.05, (mode, splits)
     names = {launch.kernel for launch in launches}

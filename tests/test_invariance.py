@@ -248,6 +248,46 @@ def test_decode_does_not_depend_on_batch_position(dtype, splits):
                 same(x[b:b + 1], y, f"{name} (sequence {b} alone)")
 
 
+MLA = dict(B=3, Hq=128, Nq=2, lengths=[3000, 1, 1777]) if ON_GPU else dict(B=3, Hq=3, Nq=2, lengths=[70, 1, 45])
+
+
+def mla_decode(q, cache, lens, table=None, *, num_splits):
+    """(o, lse) of decode against MLA's latent cache (v its first 512 columns). On the GPU as shipped
+    (on sm_90 the Gluon kernel, whose 64-key tile is fixed); on the CPU the portable kernel with its
+    key tile pinned, as ``pinned_tile_decode``."""
+    if ON_GPU:
+        return fl.decode(q, cache, cache[..., :512], lens, block_table=table, num_splits=num_splits, return_lse=True)
+    return decode_module.decode_forward(q, cache, cache[..., :512], lens, table, scale=576 ** -0.5,
+                                        num_splits=num_splits, launch={"config": (16, 8, 1)})
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_mla_decode_does_not_depend_on_batch_position_or_pages(splits):
+    from flashattn_lite.ops import decode_mla_gluon
+    dtype = torch.bfloat16 if ON_GPU else torch.float16
+    c, g = MLA, G(11)
+    q = rand(c["B"], c["Hq"], c["Nq"], 576, dtype=dtype, g=g)
+    cache = rand(c["B"], 1, max(c["lengths"]) + 5, 576, dtype=dtype, g=g)
+    lens = torch.tensor(c["lengths"], dtype=torch.int32, device=DEVICE)
+    base = mla_decode(q, cache, lens, num_splits=splits)
+    rev = torch.arange(c["B"] - 1, -1, -1)
+    for name, a, b in zip(("o", "lse"), base, mla_decode(q[rev], cache[rev], lens[rev], num_splits=splits)):
+        same(a, b[rev], f"{name} (batch reversed)")
+    for b in range(c["B"]):
+        alone = mla_decode(q[b:b + 1], cache[b:b + 1], lens[b:b + 1], num_splits=splits)
+        for name, x, y in zip(("o", "lse"), base, alone):
+            same(x[b:b + 1], y, f"{name} (sequence {b} alone)")
+    # Pages the same kernel takes at the same tile: 64 and 128 rows for the Gluon kernel (smaller ones
+    # run the portable kernel on sm_90), any on the CPU.
+    gluon = ON_GPU and decode_mla_gluon.reason(q, cache, cache[..., :512], None, 576 ** -0.5) is None
+    if ON_GPU and not gluon:
+        return
+    for block_size in (64, 128) if ON_GPU else (16, 64):
+        pool, _, table = paged(cache, cache[..., :1], lens, block_size, G(block_size))
+        for name, a, b in zip(("o", "lse"), base, mla_decode(q, pool, lens, table, num_splits=splits)):
+            same(a, b, f"{name}, page size {block_size}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_split_count_changes_results_only_within_the_bound(dtype):
     q, k, v, lens = decode_inputs(dtype)
