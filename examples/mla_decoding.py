@@ -1,5 +1,6 @@
-"""DeepSeek-V2/V3 attention (MLA) decoding with the projections absorbed, against a paged latent cache,
-checked at every step against the same layer computed the plain way (per-head keys and values).
+"""DeepSeek-V2/V3 attention (MLA) decoding with the projections absorbed, against a paged latent cache
+(``PagedKVCache`` with ``v_from_k=True``), checked at every step against the same layer computed the
+plain way (per-head keys and values).
 
 Each cached token keeps one 576-wide row: its 512-wide compressed KV latent c and its 64-wide rotary
 key part k_r, which every head shares. Head h's query splits into q_c (128 wide, against the keys
@@ -17,7 +18,7 @@ import argparse
 
 import torch
 
-from flashattn_lite import decode
+from flashattn_lite.kv_cache import PagedKVCache
 
 LATENT, ROPE, NOPE, V_HEAD = 512, 64, 128, 128  # DeepSeek-V3's widths
 PAGE = 64  # rows a cache page (the Gluon kernel takes multiples of 64)
@@ -57,12 +58,13 @@ class MLAttention(torch.nn.Module):
         q_c, q_r = q.split([NOPE, ROPE], -1)
         return q_c, rope(q_r.transpose(0, 1), pos).transpose(0, 1)
 
-    def absorbed_step(self, x, pos, cache, seqlens, table):
+    def absorbed_step(self, x, pos, step):
         """One decoding step of B sequences, one new token each (x (B, dim) at positions pos (B,)),
-        whose latent rows are already in the paged cache: the absorbed form, through ``decode``."""
+        whose latent rows are already in the paged cache (``step``, a ``PagedStep``): the absorbed
+        form, through ``decode`` with v the cache's first 512 columns."""
         q_c, q_r = self.queries(x, pos)
         q = torch.cat([torch.einsum("bhn,hnl->bhl", q_c, self.w_uk), q_r], -1)       # (B, H, 576)
-        o = decode(q[:, :, None], cache, cache[..., :LATENT], seqlens, block_table=table, scale=self.scale)
+        o = step.attend(0, q[:, :, None], scale=self.scale)
         o = torch.einsum("bhl,hvl->bhv", o[:, :, 0], self.w_uv)                     # (B, H, 128)
         return self.wo(o.flatten(1))
 
@@ -93,27 +95,24 @@ def main(argv=None):
     prompts = [70, 5, 130]                                  # prompt lengths of three sequences
     B, dim = len(prompts), layer.wo.out_features
     max_blocks = -(-(max(prompts) + args.steps) // PAGE)
-    pool = torch.zeros(B * max_blocks + 2, 1, PAGE, LATENT + ROPE, device=dev, dtype=dtype)
-    table = torch.randperm(pool.shape[0], device=dev)[:B * max_blocks].view(B, max_blocks).to(torch.int32)
+    # One 576-wide row a token, v its first 512 columns (one tensor): one layer, one KV head.
+    cache = PagedKVCache(1, 1, LATENT + ROPE, head_dim_v=LATENT, v_from_k=True, num_blocks=B * max_blocks,
+                         block_size=PAGE, max_seqs=B, max_seq_len=max(prompts) + args.steps, dtype=dtype, device=dev)
     hidden = [torch.randn(n, dim, device=dev, dtype=dtype) for n in prompts]   # each sequence's inputs so far
-
-    def write(b, rows, start):
-        """Cache rows of sequence b from position start on, page by page through its table."""
-        for i in range(rows.shape[0]):
-            pool[table[b, (start + i) // PAGE], 0, (start + i) % PAGE] = rows[i]
 
     with torch.no_grad():
         for b, xs in enumerate(hidden):                     # prefill: the prompts' latent rows
-            write(b, layer.latent_rows(xs, torch.arange(xs.shape[0], device=dev)), 0)
+            rows = layer.latent_rows(xs, torch.arange(xs.shape[0], device=dev))
+            cache.append([b], xs.shape[0]).write(0, rows[None, None])   # (1, 1, n, 576)
         worst = 0.0
         for _ in range(args.steps):
             x = torch.randn(B, dim, device=dev, dtype=dtype)
             pos = torch.tensor([h.shape[0] for h in hidden], device=dev)
+            step = cache.append(list(range(B)), 1)
+            step.write(0, layer.latent_rows(x, pos)[:, None, None])
             for b in range(B):
-                write(b, layer.latent_rows(x[b:b + 1], pos[b:b + 1]), int(pos[b]))
                 hidden[b] = torch.cat([hidden[b], x[b:b + 1]])
-            seqlens = (pos + 1).to(torch.int32)
-            out = layer.absorbed_step(x, pos, pool, seqlens, table)
+            out = layer.absorbed_step(x, pos, step)
             for b in range(B):
                 want = layer.plain_last(hidden[b])
                 err = ((out[b].double() - want).norm() / want.norm()).item()

@@ -16,6 +16,13 @@ One generation step, for a set of sequences each gaining the same number n of ne
 
 The allocator is host-side, so block ids and lengths are valid by construction and ``decode`` does
 not need its (synchronising) value checks.
+
+MLA's latent cache (DeepSeek-V2/V3 decoding with the projections absorbed) stores each token once:
+``v_from_k=True`` keeps one tensor, v the first ``head_dim_v`` columns of k (a view), which ``decode``
+reads once (on sm_90, with blocks of a multiple of 64 rows, its Gluon kernel)::
+
+    cache = PagedKVCache(layers, 1, 576, head_dim_v=512, v_from_k=True, block_size=64, ...)
+    step.write(layer, latent_rows)           # (B, 1, num_new, 576): no v_new
 """
 from __future__ import annotations
 
@@ -39,16 +46,22 @@ class PagedStep:
     slot_block: torch.Tensor      # (B, num_new) int64, block holding each new token
     slot_offset: torch.Tensor     # (B, num_new) int64, row inside that block
 
-    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
-        """Store the new tokens' keys/values: k_new (B, Hkv, num_new, D), v_new (B, Hkv, num_new, Dv)."""
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor | None = None) -> None:
+        """Store the new tokens' keys/values: k_new (B, Hkv, num_new, D), v_new (B, Hkv, num_new, Dv);
+        with ``v_from_k`` k_new alone (its first Dv columns are the values)."""
+        if self.cache.v_from_k != (v_new is None):
+            raise ValueError("v_new must be None for a cache made with v_from_k=True (the values are k's first "
+                             "head_dim_v columns)" if self.cache.v_from_k else "v_new is required (the cache "
+                             "keeps values apart from keys; v_from_k=True makes them k's first columns)")
         want = (len(self.seq_ids), self.cache.num_kv_heads, self.num_new)
         for name, t in (("k_new", k_new), ("v_new", v_new)):
-            if tuple(t.shape[:3]) != want:
+            if t is not None and tuple(t.shape[:3]) != want:
                 raise ValueError(f"{name} must have shape (B, Hkv, num_new, ·) = {want + ('·',)}, "
                                  f"got {tuple(t.shape)}")
         # Advanced indexing on (block, offset) selects (B, num_new, Hkv, D) slots.
         self.cache.k[layer][self.slot_block, :, self.slot_offset] = k_new.transpose(1, 2).to(self.cache.dtype)
-        self.cache.v[layer][self.slot_block, :, self.slot_offset] = v_new.transpose(1, 2).to(self.cache.dtype)
+        if v_new is not None:
+            self.cache.v[layer][self.slot_block, :, self.slot_offset] = v_new.transpose(1, 2).to(self.cache.dtype)
 
     def attend(self, layer: int, q: torch.Tensor, **kwargs):
         """``decode`` of q (B, Hq, num_new, D) against this layer's cache (causal over the new tokens)."""
@@ -65,19 +78,27 @@ class PagedKVCache:
         block_size: tokens per block (16 is vLLM's default; larger blocks mean fewer table lookups).
         max_seqs: sequence slots (ids 0 … max_seqs − 1).
         max_seq_len: longest sequence supported (sets the block-table width).
+        v_from_k: values are the first ``head_dim_v`` columns of the keys, stored once (MLA's latent
+            cache: ``v`` is a view of ``k``); ``PagedStep.write`` then takes no ``v_new``.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, num_blocks: int,
                  block_size: int = 16, max_seqs: int, max_seq_len: int, dtype=torch.float16,
-                 device="cpu", head_dim_v: int | None = None):
+                 device="cpu", head_dim_v: int | None = None, v_from_k: bool = False):
         if min(num_layers, num_kv_heads, head_dim, num_blocks, block_size, max_seqs, max_seq_len) < 1:
             raise ValueError("num_layers, num_kv_heads, head_dim, num_blocks, block_size, max_seqs and "
                              "max_seq_len must all be ≥ 1")
-        self.num_layers, self.num_kv_heads, self.block_size = num_layers, num_kv_heads, block_size
-        self.dtype, self.device = dtype, torch.device(device)
+        if not isinstance(v_from_k, bool):
+            raise TypeError(f"v_from_k must be a bool, got {type(v_from_k).__name__}")
         dv = head_dim if head_dim_v is None else head_dim_v
+        if v_from_k and not 1 <= dv <= head_dim:
+            raise ValueError(f"v_from_k=True takes the values from the keys' first head_dim_v columns: head_dim_v "
+                             f"must be in [1, head_dim={head_dim}], got {dv}")
+        self.num_layers, self.num_kv_heads, self.block_size = num_layers, num_kv_heads, block_size
+        self.dtype, self.device, self.v_from_k = dtype, torch.device(device), v_from_k
         self.k = torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, dv, dtype=dtype, device=device)
+        self.v = self.k[..., :dv] if v_from_k else \
+            torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, dv, dtype=dtype, device=device)
         self.max_blocks = -(-max_seq_len // block_size)
         # Host copies are the truth; the device tables are refreshed with one copy per change.
         self._table_host = torch.full((max_seqs, self.max_blocks), -1, dtype=torch.int32)

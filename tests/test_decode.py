@@ -495,6 +495,32 @@ def test_mla_decoding_example_matches_the_unabsorbed_layer(torch_cpu_path):
     mod.main(["--steps", "2", "--device", DEVICE])
 
 
+def test_paged_cache_with_values_in_the_keys():
+    """``v_from_k=True`` (MLA's latent cache): one tensor, v a view of k's first columns, written
+    through k alone, and decode over it equal to decode over the same rows given apart."""
+    from flashattn_lite.kv_cache import PagedKVCache
+    g = torch.Generator().manual_seed(3)
+    cache = PagedKVCache(2, 1, 24, head_dim_v=16, v_from_k=True, num_blocks=6, block_size=4, max_seqs=2,
+                         max_seq_len=12, device=DEVICE)
+    assert cache.v.data_ptr() == cache.k.data_ptr() and cache.v.shape[-1] == 16
+    rows = torch.randn(2, 1, 7, 24, generator=g).to(DEVICE, torch.float16)
+    step = cache.append([0, 1], 7)
+    step.write(1, rows)
+    q = torch.randn(2, 3, 1, 24, generator=g).to(DEVICE, torch.float16)
+    o = step.attend(1, q)
+    want = decode(q, rows, rows[..., :16].contiguous(), step.seqlens)
+    torch.testing.assert_close(o, want, atol=2e-3, rtol=0)
+    with pytest.raises(ValueError, match="v_new must be None"):
+        step.write(1, rows, rows[..., :16])
+    with pytest.raises(ValueError, match="head_dim_v must be in"):
+        PagedKVCache(1, 1, 16, head_dim_v=32, v_from_k=True, num_blocks=1, max_seqs=1, max_seq_len=4)
+    with pytest.raises(TypeError, match="v_from_k must be a bool"):
+        PagedKVCache(1, 1, 16, v_from_k=1, num_blocks=1, max_seqs=1, max_seq_len=4)
+    apart = PagedKVCache(1, 1, 16, num_blocks=2, block_size=4, max_seqs=1, max_seq_len=8, device=DEVICE)
+    with pytest.raises(ValueError, match="v_new is required"):
+        apart.append([0], 1).write(0, rows[:1, :, :1, :16])
+
+
 def test_paged_cache_allocator():
     from flashattn_lite.kv_cache import PagedKVCache
     cache = PagedKVCache(1, 1, 16, num_blocks=4, block_size=4, max_seqs=2, max_seq_len=12, device=DEVICE)

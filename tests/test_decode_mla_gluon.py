@@ -141,6 +141,28 @@ def test_what_the_kernel_cannot_address_takes_the_portable_kernel():
     check(o, lse, q, [kc[0, :, :L] for L in lengths], [kc[0, :, :L, :512] for L in lengths])
 
 
+@needs_kernel
+def test_paged_kv_cache_with_values_in_the_keys_takes_the_kernel():
+    # PagedKVCache(v_from_k=True) at MLA's widths, pages of 64: its steps run this kernel.
+    from flashattn_lite.kv_cache import PagedKVCache
+    g = torch.Generator().manual_seed(5)
+    cache = PagedKVCache(2, 1, 576, head_dim_v=512, v_from_k=True, num_blocks=40, block_size=64, max_seqs=3,
+                         max_seq_len=1000, dtype=torch.bfloat16, device="cuda")
+    lengths = [700, 1, 333]
+    rows = [torch.randn(1, 1, n, 576, generator=g).to("cuda", torch.bfloat16) for n in lengths]
+    for b, r in enumerate(rows):
+        cache.append([b], r.shape[2]).write(1, r)
+    new = torch.randn(3, 1, 1, 576, generator=g).to("cuda", torch.bfloat16)
+    step = cache.append([0, 1, 2], 1)
+    step.write(1, new)
+    q = torch.randn(3, 128, 1, 576, generator=g).to("cuda", torch.bfloat16)
+    with _launcher.recording() as launches:
+        o, lse = step.attend(1, q, scale=SCALE, return_lse=True)
+    assert KERNEL in [launch.kernel for launch in launches]
+    dk = [torch.cat([r[0], new[b:b + 1, 0]], 1) for b, r in enumerate(rows)]
+    check(o, lse, q, dk, _views(dk), scale=SCALE)
+
+
 def test_reasons():
     # What the kernel refuses, in words (the host rules; no GPU needed).
     q = torch.zeros(1, 16, 1, 576, dtype=torch.bfloat16)
