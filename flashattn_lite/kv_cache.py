@@ -18,8 +18,9 @@ The allocator is host-side, so block ids and lengths are valid by construction a
 not need its (synchronising) value checks.
 
 MLA's latent cache (DeepSeek-V2/V3 decoding with the projections absorbed) stores each token once:
-``v_from_k=True`` keeps one tensor, v the first ``head_dim_v`` columns of k (a view), which ``decode``
-reads once (on sm_90, with blocks of a multiple of 64 rows, its Gluon kernel)::
+``v_from_k=True`` keeps one tensor, v the first ``head_dim_v`` columns of k (a view). At MLA's widths
+(576 / 512) ``decode`` then takes V from the K tile it loaded, and on sm_90 (16-bit, blocks of a
+multiple of 64 rows, a scale > 0; ``decode_mla_gluon.reason``) runs its Gluon kernel::
 
     cache = PagedKVCache(layers, 1, 576, head_dim_v=512, v_from_k=True, block_size=64, ...)
     step.write(layer, latent_rows)           # (B, 1, num_new, 576): no v_new
@@ -54,9 +55,9 @@ class PagedStep:
                              "head_dim_v columns)" if self.cache.v_from_k else "v_new is required (the cache "
                              "keeps values apart from keys; v_from_k=True makes them k's first columns)")
         want = (len(self.seq_ids), self.cache.num_kv_heads, self.num_new)
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
-            if t is not None and tuple(t.shape[:3]) != want:
-                raise ValueError(f"{name} must have shape (B, Hkv, num_new, ·) = {want + ('·',)}, "
+        for name, t, width in (("k_new", k_new, self.cache.k.shape[-1]), ("v_new", v_new, self.cache.v.shape[-1])):
+            if t is not None and tuple(t.shape) != want + (width,):
+                raise ValueError(f"{name} must have shape (B, Hkv, num_new, D) = {want + (width,)}, "
                                  f"got {tuple(t.shape)}")
         # Advanced indexing on (block, offset) selects (B, num_new, Hkv, D) slots.
         self.cache.k[layer][self.slot_block, :, self.slot_offset] = k_new.transpose(1, 2).to(self.cache.dtype)
@@ -90,6 +91,9 @@ class PagedKVCache:
                              "max_seq_len must all be ≥ 1")
         if not isinstance(v_from_k, bool):
             raise TypeError(f"v_from_k must be a bool, got {type(v_from_k).__name__}")
+        if head_dim_v is not None and (not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool)
+                                       or head_dim_v < 1):
+            raise ValueError(f"head_dim_v must be an int ≥ 1 or None, got {head_dim_v!r}")
         dv = head_dim if head_dim_v is None else head_dim_v
         if v_from_k and not 1 <= dv <= head_dim:
             raise ValueError(f"v_from_k=True takes the values from the keys' first head_dim_v columns: head_dim_v "

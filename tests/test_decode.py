@@ -347,7 +347,7 @@ def test_split_heuristic():
 # latent + 64 rope columns, v the latent 512 (a view of the same cache: read once), 16 or 128 heads.
 MLA_CASES = {  # (B, Hq, Nq, lengths, block_size or None)
     "contig-h16": (2, 16, 1, [70, 1], None),
-    "paged16-h40-nq2": (2, 40, 2, [45, 17], 16),  # 80 query rows: three 32-row tiles
+    "paged16-h40-nq2": (2, 40, 2, [45, 17], 16),  # 80 query rows: five 16-row tiles (three of 32, v apart)
     **({"contig-h128": (4, 128, 1, [5000, 300, 1, 4097], None),
         "paged64-h128-nq2": (3, 128, 2, [9000, 64, 700], 64)} if ON_GPU else {}),
 }
@@ -369,7 +369,8 @@ def test_mla_latent_cache(dtype, name, shared, num_splits):
         stage = stage.fallback
     ce = stage.constexprs
     assert ce["D_TAIL"] == 64 and ce["BLOCK_D"] == 512 and ce["V_FROM_K"] == shared
-    assert ce["BLOCK_M"] == min(decode_module.WIDE_BLOCK_M, max(16, 1 << (Hq * Nq - 1).bit_length()))
+    rows = decode_module.WIDE_BLOCK_M if shared else decode_module.WIDE_BLOCK_M_V_APART
+    assert ce["BLOCK_M"] == min(rows, max(16, 1 << (Hq * Nq - 1).bit_length()))
     o, lse = decode(q, kc, vc, seqlens, block_table=table, num_splits=num_splits, return_lse=True)
     check(o, lse, q, dk, dv)
 
@@ -512,6 +513,10 @@ def test_paged_cache_with_values_in_the_keys():
     torch.testing.assert_close(o, want, atol=2e-3, rtol=0)
     with pytest.raises(ValueError, match="v_new must be None"):
         step.write(1, rows, rows[..., :16])
+    with pytest.raises(ValueError, match="k_new must have shape"):
+        step.write(1, rows[..., :16])          # the values alone: the keys' columns are missing
+    with pytest.raises(ValueError, match="head_dim_v must be an int"):
+        PagedKVCache(1, 1, 16, head_dim_v=8.0, v_from_k=True, num_blocks=1, max_seqs=1, max_seq_len=4)
     with pytest.raises(ValueError, match="head_dim_v must be in"):
         PagedKVCache(1, 1, 16, head_dim_v=32, v_from_k=True, num_blocks=1, max_seqs=1, max_seq_len=4)
     with pytest.raises(TypeError, match="v_from_k must be a bool"):

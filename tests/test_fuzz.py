@@ -524,6 +524,8 @@ def test_decode(c):
         close_lse(lse[b:b + 1], lse_ref, dtype, f"lse[{b}]")
 
 
+MLA_DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16]  # (bf16's tl.dot: GPU only)
+
 
 @st.composite
 def mla_decode_cases(draw):
@@ -539,9 +541,6 @@ def mla_decode_cases(draw):
                 num_splits=draw(st.one_of(st.none(), st.integers(1, 6))), strided=draw(st.booleans()),
                 scale=draw(st.one_of(st.none(), st.floats(0.01, 0.2), st.floats(-0.1, -0.01))),
                 seed=draw(st.integers(0, 2 ** 16)))
-
-
-MLA_DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16]  # (bf16's tl.dot: GPU only)
 
 
 @given(mla_decode_cases())

@@ -64,9 +64,10 @@ MAX_BLOCK_M = 64        # query rows (GQA group × Nq) per program; more rows �
 # Head dims past 256: MLA's latent cache only (DeepSeek-V2/V3 decoding with the projections absorbed:
 # q and the cache's rows 512 latent + 64 rope columns, v the latent 512, one KV head), fp16 / bf16: the
 # widths and dtypes run on the GPU. Their float32 accumulator of 512 columns holds 16 query rows a
-# program (``_block_m``), whose 32-key tiles ran 4–28% faster than 32 rows × 16 keys (H200,
-# ``benchmarks/results/bench_ab-20261130-1649.json``).
-MLA_HEAD_DIMS, WIDE_BLOCK_M = (576, 512), 16
+# program where V is read from K's tile (``_block_m``), whose 32-key tiles ran 4.5–28% faster than 32
+# rows × 16 keys (H200, ``benchmarks/results/bench_ab-20261130-1649.json``); 32 rows where V is apart,
+# at 16 keys (16 rows × 32 keys spill 504 bytes there; triton 3.6, sm_90).
+MLA_HEAD_DIMS, WIDE_BLOCK_M, WIDE_BLOCK_M_V_APART = (576, 512), 16, 32
 # Key tiles of its split that stage 1 asks the L2 for while it waits for the previous kernel
 # (H100, B 1 steady state: 1 tile +6.7% at 4k and −0.6 µs at 32k; 2 and 4 tiles lost).
 # The prefetch is PTX inline asm (``_runtime.l2_prefetch``): none on ROCm.
@@ -193,7 +194,8 @@ def _configs():
 def _wide_configs(block_m: int):
     # Head dims past 256 (MLA's 576 / 512): 8 warps share the tile's 512-column float32 accumulator.
     # No spills (triton 3.6, sm_90, ``benchmarks/ptx_hashes.py``) with V read from K's tile at 32
-    # rows × 16 keys or 16 rows × 32 keys, V apart at 16 keys; wider tiles spill 0.5–3 KB.
+    # rows × 16 keys or 16 rows × 32 keys, V apart at 16 rows × 16 keys (4 bytes at 32 × 16, 504 at
+    # 16 × 32); wider tiles spill 0.5–3 KB. ``_block_m`` gives V apart 32 rows, so 16-key tiles.
     widths = (16,) if block_m > 16 else (32, 16)
     return [triton.Config({"BLOCK_N": bn}, num_warps=8, num_stages=s) for bn in widths for s in (2, 3, 4)]
 
@@ -339,9 +341,11 @@ def _lines(d: int, itemsize: int) -> int:
     return 1 << (n.bit_length() - 1) if n else 0
 
 
-def _block_m(rows: int, wide: bool = False) -> int:
-    """Query rows a program: the group's rows (GQA group × Nq) up to 64, 32 for head dims past 256."""
-    return max(16, min(WIDE_BLOCK_M if wide else MAX_BLOCK_M, next_pow2(rows)))
+def _block_m(rows: int, wide: bool = False, v_apart: bool = False) -> int:
+    """Query rows a program: the group's rows (GQA group × Nq) up to 64; for head dims past 256 up to
+    ``WIDE_BLOCK_M`` (V read from K's tile) or ``WIDE_BLOCK_M_V_APART``."""
+    cap = (WIDE_BLOCK_M_V_APART if v_apart else WIDE_BLOCK_M) if wide else MAX_BLOCK_M
+    return max(16, min(cap, next_pow2(rows)))
 
 
 def head_blocks(d: int) -> tuple[int, int]:
@@ -428,7 +432,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-    block_m = _block_m((Hq // Hkv) * Nq, max(D, Dv) > 256)
+    block_m = _block_m((Hq // Hkv) * Nq, max(D, Dv) > 256, not v_from_k(k_cache, v_cache))
     row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
     mla_gluon = False
     if D > 256 and "config" not in launch and not launch.get("portable", False):
@@ -540,8 +544,8 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
     G = Hq // Hkv
     capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
     if num_splits is None:
-        splits = choose_num_splits(B, Hkv, cdiv(G * Nq, _block_m(G * Nq, max(D, Dv) > 256)), capacity,
-                                   device_sm_count(q))
+        rows = _block_m(G * Nq, max(D, Dv) > 256, not v_from_k(k_cache, v_cache))
+        splits = choose_num_splits(B, Hkv, cdiv(G * Nq, rows), capacity, device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
     else:
         splits, min_chunk = num_splits, 1

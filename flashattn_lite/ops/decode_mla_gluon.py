@@ -5,7 +5,7 @@ The call: q (B, Hq, Nq, 576), one cache tensor (…, 1, N, 576) whose rows are 5
 rope columns, v its first 512 columns (a view of k: ``decode.v_from_k``). Every query head reads
 the one KV head, so a key row carries 2·Hq·Nq·1088 FLOPs for its 1152 bytes: at 128 heads the step
 is compute-bound, and the portable kernel, whose 512-column float32 accumulator leaves room for
-16 query rows and mma.sync tiles, runs it at 46–63 TFLOP/s on an H200. This kernel runs it on wgmma.
+16 query rows and mma.sync tiles, runs it at 47–63 TFLOP/s on an H200. This kernel runs it on wgmma.
 
 * One program = 64 query rows (heads × new tokens, ``BLOCK_M``) of one sequence's split of the
   cache (the splits and the partial (o, lse) layout are the portable stage 1's: ``decode`` merges
