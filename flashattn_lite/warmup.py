@@ -76,8 +76,8 @@ LENGTH_CLASSES = (1024, 2048, 4096, 6144, 8192, 12288, 16384)
 
 
 def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,), backward: bool = True,
-           decode: bool = False, softmax: bool = False, length: int = 4096, max_length: int | None = None,
-           device=None, progress: bool = True, **options) -> list[str]:
+           decode: bool = False, softmax: bool = False, mla_decode: bool = False, length: int = 4096,
+           max_length: int | None = None, device=None, progress: bool = True, **options) -> list[str]:
     """Compile the kernels for every combination of the given variants; returns their labels.
 
     The backward compiled is the one calls take under the determinism setting in force: call it
@@ -93,6 +93,9 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         backward: also compile the backward kernels.
         decode: also compile ``decode`` (one new token against a cache of ``length`` positions).
         softmax: also compile ``softmax`` rows of ``length`` elements (forward and backward).
+        mla_decode: also compile ``decode`` against MLA's latent cache (q and the cache 576 wide, v its
+            first 512 columns; 128 heads, one new token), for the 16-bit ``dtypes``: a contiguous cache
+            and one paged by 64 rows, split and not (on sm_90 the Gluon kernel and the merge).
         length: the dummy sequence length of decode and softmax, and the first one of attention.
         max_length: on a GPU, attention is also compiled at each length where its configs change
             (``LENGTH_CLASSES``) up to this one (default: all of them), and on sm_90 at a size that
@@ -123,6 +126,10 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
     for c in causal:
         if not isinstance(c, bool):
             raise TypeError(f"causal must hold bools, got {c!r}")
+    if not isinstance(mla_decode, bool):
+        raise TypeError(f"mla_decode must be a bool, got {mla_decode!r}")
+    if mla_decode and not any(dt in (torch.float16, torch.bfloat16) for dt in dtypes):
+        raise ValueError(f"mla_decode compiles 16-bit kernels: dtypes must hold float16 or bfloat16, got {dtypes}")
     if type(length) is not int or length < 1:
         raise ValueError(f"length must be an int ≥ 1, got {length!r}")
     if max_length is not None and (type(max_length) is not int or max_length < 1):
@@ -146,6 +153,9 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         if decode:
             tasks.append((f"decode {_name(dt)} d{d} gqa{g}",
                           lambda d=d, dv=dv, dt=dt, g=g: _decode(d, dv, dt, g, kv_heads, length, device)))
+    if mla_decode:
+        for dt in (dt for dt in dtypes if dt in (torch.float16, torch.bfloat16)):
+            tasks.append((f"decode {_name(dt)} MLA 576/512", lambda dt=dt: _mla_decode(dt, length, device)))
     if softmax:
         for dt in dtypes:
             tasks.append((f"softmax {_name(dt)} N{length} fwd+bwd", lambda dt=dt: _softmax(dt, length, device)))
@@ -224,6 +234,28 @@ def _decode(d, dv, dtype, group, kv_heads, length, device):
     decode(q, k, v, torch.full((1,), length, device=device, dtype=torch.int32))
 
 
+def _mla_decode(dtype, length, device):
+    """One new token of 128 heads against MLA's latent cache (sequences of min(length, 1000) keys),
+    contiguous and paged by 64 rows, split (one sequence) and not (a batch that fills the GPU), the
+    merge at every power of two of splits: the binaries a serving loop's steps load, the paged ones at
+    table widths of a multiple of 16 and not (Triton specialises that stride)."""
+    from .ops.decode import MLA_HEAD_DIMS, decode
+    d, dv = MLA_HEAD_DIMS
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    for b in (1, 2 * sms):
+        q = torch.randn(b, 128, 1, d, device=device, dtype=dtype)
+        lens = torch.full((b,), min(length, 1000), device=device, dtype=torch.int32)
+        cache = torch.randn(b, 1, 17 * 64, d, device=device, dtype=dtype)
+        decode(q, cache, cache[..., :dv], lens)
+        pool = cache.view(b * 17, 1, 64, d)
+        table = torch.arange(b * 17, device=device, dtype=torch.int32).view(b, 17)
+        for width in (16, 17):
+            decode(q, pool, pool[..., :dv], lens, block_table=table[:, :width].contiguous())
+        if b == 1:  # the merge's binaries: one for each power of two of splits (its BLOCK_S)
+            for splits in (2, 4, 8, 16, 32, 64, 128):
+                decode(q, cache, cache[..., :dv], lens, num_splits=splits)
+
+
 def _softmax(dtype, length, device):
     from .ops.softmax import softmax
     x = torch.randn(4, length, device=device, dtype=dtype, requires_grad=True)
@@ -256,6 +288,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-backward", action="store_true", help="forward kernels only")
     parser.add_argument("--decode", action="store_true", help="also decode")
     parser.add_argument("--softmax", action="store_true", help="also softmax")
+    parser.add_argument("--mla-decode", action="store_true",
+                        help="also decode against MLA's latent cache (576 / 512, 16-bit dtypes)")
     parser.add_argument("--length", type=int, default=4096, help="dummy sequence length (default 4096)")
     parser.add_argument("--max-length", type=int, default=None,
                         help="compile attention's configs for lengths up to this (default: every length class)")
@@ -268,7 +302,8 @@ def run(args) -> list[str]:
     try:
         labels = warmup(args.model, head_dims=args.head_dims, dtypes=args.dtypes, gqa=args.gqa, causal=causal,
                         backward=not args.no_backward, decode=args.decode, softmax=args.softmax,
-                        length=args.length, max_length=args.max_length, progress=not args.no_progress)
+                        mla_decode=args.mla_decode, length=args.length, max_length=args.max_length,
+                        progress=not args.no_progress)
     except (ValueError, TypeError) as e:
         raise BenchArgumentError(str(e)) from None
     print("\n".join(labels) if labels else "nothing to compile: no CUDA device (and TRITON_INTERPRET is not 1)")

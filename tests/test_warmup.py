@@ -23,6 +23,13 @@ def test_warmup_compiles_every_combination():
                       "attention float16 d16/32 gqa2 causal fwd+bwd", "decode float16 d16 gqa2"]
 
 
+@pytest.mark.skipif(ON_GPU, reason="tiny interpreter shapes")
+def test_warmup_compiles_mla_decoding_for_the_16_bit_dtypes():
+    labels = fa.warmup(head_dims=16, dtypes=[torch.float16, torch.float32], backward=False, mla_decode=True,
+                       length=70, progress=False)
+    assert labels[-1] == "decode float16 MLA 576/512" and sum("MLA" in x for x in labels) == 1
+
+
 def test_nothing_to_compile_on_the_cpu_twin(torch_cpu_path):
     assert fa.warmup(head_dims=16, dtypes=[torch.float16], length=16, device="cpu") == []
 
@@ -36,6 +43,8 @@ def test_nothing_to_compile_on_the_cpu_twin(torch_cpu_path):
     (dict(causal=("yes",)), TypeError, "causal"),
     (dict(length=0), ValueError, "length"),
     (dict(max_length=0), ValueError, "max_length"),
+    (dict(mla_decode=1), TypeError, "mla_decode"),
+    (dict(mla_decode=True, dtypes=[torch.float32]), ValueError, "mla_decode"),
     (dict(model=SimpleNamespace(hidden_size=64)), ValueError, "model"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_arguments_name_themselves(kwargs, error, needle):
@@ -141,14 +150,15 @@ def test_length_classes_cover_every_config_switch(monkeypatch):
                 assert chosen(d, causal, n) in warmed, (d, causal, n)
 
 
-def _binaries():
-    """{(kernel, Triton's specialization key)} of every attention kernel binary loaded in this process."""
+def _binaries(modules=None):
+    """{(kernel, Triton's specialization key)} of every kernel binary of ``modules`` (default: the
+    attention ones) loaded in this process."""
     import triton
     from flashattn_lite.ops import (attention_bwd, attention_bwd_gluon, attention_bwd_hopper, attention_fwd,
                                     attention_fwd_gluon, attention_fwd_hopper)
-    jits = {name: getattr(v, "jit", v) for m in (attention_fwd, attention_bwd, attention_fwd_hopper,
-                                                attention_fwd_gluon, attention_bwd_hopper, attention_bwd_gluon)
-            for name, v in vars(m).items()}
+    modules = modules or (attention_fwd, attention_bwd, attention_fwd_hopper, attention_fwd_gluon,
+                          attention_bwd_hopper, attention_bwd_gluon)
+    jits = {name: getattr(v, "jit", v) for m in modules for name, v in vars(m).items()}
     return {(name, str(key)) for name, j in jits.items() if isinstance(j, triton.runtime.JITFunction)
             for cache in j.device_caches.values() for key in cache[0]}
 
@@ -195,6 +205,34 @@ def test_after_model_warmup_padded_batches_compile_nothing():
         new = _binaries() - before
         assert not new, f"N {n}: new binaries:\n" + "\n".join(
             _closest_difference(name, key, before) for name, key in sorted(new))
+
+@pytest.mark.skipif(not ON_GPU, reason="counts the kernels compiled for the GPU")
+def test_after_mla_decode_warmup_serving_steps_compile_nothing():
+    """warmup(mla_decode=True)'s calls (``_mla_decode``) cover a serving loop's steps against MLA's
+    latent cache: any batch, length and table width, contiguous or paged by 64, split or not, load
+    no new decode or merge binary."""
+    from flashattn_lite.ops import decode as dec
+    from flashattn_lite.ops import decode_mla_gluon, merge_states
+    from flashattn_lite.warmup import _mla_decode
+    modules = (dec, decode_mla_gluon, merge_states)
+    _mla_decode(torch.bfloat16, 4096, torch.device("cuda"))
+    before = _binaries(modules)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for b, n, paged in ((1, 30000, False), (1, 65, True), (5, 4000, True), (7, 333, False), (300, 200, True),
+                        (300, 1500, False)):
+        q = torch.randn(b, 128, 1, 576, device="cuda", generator=g).to(torch.bfloat16)
+        width = -(-n // 64)
+        cache = torch.randn(b, 1, width * 64, 576, device="cuda", generator=g).to(torch.bfloat16)
+        lens = torch.full((b,), n, device="cuda", dtype=torch.int32)
+        table = None
+        if paged:
+            cache = cache.view(b * width, 1, 64, 576)
+            table = torch.randperm(b * width, device="cuda", generator=g).to(torch.int32).view(b, width)
+        fa.decode(q, cache, cache[..., :512], lens, block_table=table)
+        new = _binaries(modules) - before
+        assert not new, f"B {b}, N {n}, paged {paged}: new binaries:\n" + "\n".join(
+            _closest_difference(name, key, before) for name, key in sorted(new))
+
 
 def _closest_difference(name, key, known) -> str:
     """A new binary's specialization key against the closest known one of the same kernel: the
