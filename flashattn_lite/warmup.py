@@ -235,24 +235,23 @@ def _decode(d, dv, dtype, group, kv_heads, length, device):
 
 
 def _mla_decode(dtype, length, device):
-    """One new token of 128 heads against MLA's latent cache (sequences of min(length, 1000) keys),
-    contiguous and paged by 64 rows, split (one sequence) and not (a batch that fills the GPU), the
-    merge at every power of two of splits: the binaries a serving loop's steps load, the paged ones at
-    table widths of a multiple of 16 and not (Triton specialises that stride)."""
+    """One new token of 128 heads against MLA's latent cache, as a serving loop's steps run it:
+    contiguous and paged by 64 rows, split (one sequence of 32k keys) and not (a batch that fills the
+    GPU), and the merge at each of its tiles (a power of two of splits, from 2 to 128)."""
     from .ops.decode import MLA_HEAD_DIMS, decode
     d, dv = MLA_HEAD_DIMS
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    for b in (1, 2 * sms):
+    n = 32768 if device.type == "cuda" else min(length, 1000)  # (the interpreter: a short one)
+    for b, rows in ((1, n), (2 * sms, min(n, 1024))):
         q = torch.randn(b, 128, 1, d, device=device, dtype=dtype)
-        lens = torch.full((b,), min(length, 1000), device=device, dtype=torch.int32)
-        cache = torch.randn(b, 1, 17 * 64, d, device=device, dtype=dtype)
+        lens = torch.full((b,), rows, device=device, dtype=torch.int32)
+        cache = torch.randn(b, 1, -(-rows // 64) * 64, d, device=device, dtype=dtype)
+        pool = cache.view(-1, 1, 64, d)
+        table = torch.arange(pool.shape[0], device=device, dtype=torch.int32).view(b, -1)
         decode(q, cache, cache[..., :dv], lens)
-        pool = cache.view(b * 17, 1, 64, d)
-        table = torch.arange(b * 17, device=device, dtype=torch.int32).view(b, 17)
-        for width in (16, 17):
-            decode(q, pool, pool[..., :dv], lens, block_table=table[:, :width].contiguous())
-        if b == 1:  # the merge's binaries: one for each power of two of splits (its BLOCK_S)
-            for splits in (2, 4, 8, 16, 32, 64, 128):
+        decode(q, pool, pool[..., :dv], lens, block_table=table)
+        if b == 1:
+            for splits in (2, 3, 5, 9, 17, 33, 65):
                 decode(q, cache, cache[..., :dv], lens, num_splits=splits)
 
 

@@ -249,7 +249,9 @@ if _HAS_GLUON:
         _store(o, a0, a1, a2, a3, inv_l, split, b, row0, n_rows, n_q, stride_os, stride_ob, stride_oh, stride_on,
                stride_od, 4, layout)
 
-    @gluon.jit
+    # The counts and the table's row stride vary from call to call: one binary for all their values
+    # (Triton would specialise each on = 1 and on divisibility by 16; warmup compiles what remains).
+    @gluon.jit(do_not_specialize=["n_rows", "n_splits", "min_chunk", "stride_btb"])
     def _mla_decode_kernel(q_desc, kv_desc, o, lse, seqlens, block_table,
                            stride_os, stride_ob, stride_oh, stride_on, stride_od,
                            stride_ls, stride_lb, stride_lh, stride_ln, stride_btb, stride_bt,
