@@ -96,7 +96,8 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         mla_decode: also compile ``decode`` against MLA's latent cache (q and the cache 576 wide, v its
             first 512 columns; 128 heads, one new token), for the 16-bit ``dtypes``: a contiguous cache
             and one paged by 64 rows, split and not (on sm_90 the Gluon kernel and the merge).
-        length: the dummy sequence length of decode and softmax, and the first one of attention.
+        length: the dummy sequence length of decode and softmax (``mla_decode`` takes its own: what any
+            length compiles), and the first one of attention.
         max_length: on a GPU, attention is also compiled at each length where its configs change
             (``LENGTH_CLASSES``) up to this one (default: all of them), and on sm_90 at a size that
             takes the Hopper kernels (calls of ≥ ``MIN_WORK``), so no later length compiles. (The
