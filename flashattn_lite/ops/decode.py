@@ -29,9 +29,7 @@ rules allow (``decode_mla_gluon.reason``); the portable one stays its fallback.
 
 Cost: reads each valid K/V element once a row block (one for a GQA group of at most 64 query rows;
 MLA's 128 heads on its one KV head take eight of 16 rows here (four of 32 with v apart), two of 64 on
-the Gluon kernel,
-compute-bound: 242 FLOPs a cache byte) plus
-the q tile; stage 2 reads/writes
+the Gluon kernel, compute-bound: 242 FLOPs a cache byte) plus the q tile; stage 2 reads/writes
 B·Hq·Nq·num_splits·(Dv + 1) floats.
 
 Host path. At short caches a step's time is mostly the host's, so everything a call launches that
