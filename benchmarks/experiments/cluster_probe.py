@@ -1,6 +1,7 @@
 """Do 2-CTA clusters work in Gluon (triton 3.6, sm_90) with inline PTX? ``PYTHONPATH=. python
 benchmarks/experiments/cluster_probe.py [--out DIR] [--timeout S]`` on an H100/H200 runs three self-checking probes,
 each in its own subprocess under a timeout; ``--compile-only`` (no GPU) builds each for sm_90 through ptxas.
+D: B's push in a kernel compiled for one CTA, clustered by the launch alone (no CGA layouts).
 A: CTA 0 alone TMA-loads a 64x64 bf16 box multicast to both CTAs, which each store what they got. B: CTA 1 pushes a
 64x64 fp32 tile into CTA 0's shared memory by st.async, completing on CTA 0's mbarrier; CTA 0 adds its own tile and
 stores the sum. C: B inside gl.warp_specialize (a worker pushes on CTA 1, the default partition receives on CTA 0).
@@ -47,19 +48,19 @@ def _sreg(code: gl.constexpr):  # scalar asm, run by every thread (the dummy ope
 
 
 @gluon.jit
-def _tile(rank):
+def _tile(rank, L: gl.constexpr = RL):
     # idx = 64*row + col; a rank-dependent fp32 tile, exact in fp32 (< 2^24)
-    r = gl.arange(0, 64, gl.SliceLayout(1, RL))
-    c = gl.arange(0, 64, gl.SliceLayout(0, RL))
+    r = gl.arange(0, 64, gl.SliceLayout(1, L))
+    c = gl.arange(0, 64, gl.SliceLayout(0, L))
     idx = r[:, None] * 64 + c[None, :]
     return idx, (idx * (1 + rank) + 7 * rank).to(gl.float32)
 
 
 @gluon.jit
-def _push(rank, BUF: gl.constexpr, BAR: gl.constexpr):
+def _push(rank, BUF: gl.constexpr, BAR: gl.constexpr, L: gl.constexpr = RL):
     # st.async one fp32 per element into CTA 0's buffer (mapa: our shared address -> CTA 0's), each completing
-    # 4 tx bytes on CTA 0's mbarrier; RL replicates no element, so the 16384 bytes are counted exactly once
-    idx, v = _tile(rank)
+    # 4 tx bytes on CTA 0's mbarrier; L replicates no element, so the 16384 bytes are counted exactly once
+    idx, v = _tile(rank, L)
     base = _sreg("mov.u32 $0, global_smem;")
     gl.inline_asm_elementwise(
         "{ .reg .b32 ra, rb; mapa.shared::cluster.u32 ra, $1, 0; mapa.shared::cluster.u32 rb, $2, 0;\n"
@@ -68,12 +69,12 @@ def _push(rank, BUF: gl.constexpr, BAR: gl.constexpr):
 
 
 @gluon.jit
-def _receive(rank, recv, bar, out):
+def _receive(rank, recv, bar, out, L: gl.constexpr = RL):
     # pushes may land before the expect: the tx-count goes negative, the phase still waits for this arrive
     mbarrier.expect(bar, 64 * 64 * 4)
     mbarrier.wait(bar, 0)  # Gluon's plain try_wait (acquire.cta), as the real kernel would use
-    idx, own = _tile(rank)
-    gl.store(out + idx, recv.load(RL) + own)
+    idx, own = _tile(rank, L)
+    gl.store(out + idx, recv.load(L) + own)
 
 
 @gluon.jit
@@ -130,9 +131,35 @@ def probe_c(out, BUF: gl.constexpr, BAR: gl.constexpr):
                         (_handoff, (recv, bar, out, BUF, BAR, True, False))], [4], [128])  # worker: CTA 1 pushes
 
 
+# Probe D: the same push as B in a kernel compiled for ONE CTA (no cga_layout anywhere), launched with
+# clusters of 2 by the launch's num_ctas alone (``build`` sets it in the packed metadata): each CTA keeps
+# its own program id (%ctaid.x), the cluster work is inline PTX. If it passes, a cluster kernel needs no
+# CGA layouts on triton 3.6 (NOTES 2026-11-30 17:40 item 2).
+RL1 = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+BL1 = gl.constexpr(mbarrier.MBarrierLayout())
+FLAT1 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+
+
+@gluon.jit
+def probe_d(out, ids, BUF: gl.constexpr, BAR: gl.constexpr):
+    recv = gl.allocate_shared_memory(gl.float32, [64, 64], FLAT1)
+    bar = gl.allocate_shared_memory(gl.int64, [1], BL1)
+    mbarrier.init(bar, count=1)
+    _sreg(CSYNC)
+    rank = _sreg("mov.u32 $0, %cluster_ctarank;")
+    cluster = _sreg("mov.u32 $0, %clusterid.x;")
+    gl.store(ids + gl.program_id(0), rank * 1000 + cluster)
+    if rank == 1:
+        _push(rank, BUF, BAR, RL1)
+    if rank == 0:
+        _receive(rank, recv, bar, out + cluster * 4096, RL1)
+    _sreg(CSYNC)
+
+
 # name: (kernel, its non-constexpr arguments' types); every kernel takes the offsets BUF and BAR as constexprs
 PROBES = {"A": (probe_a, {"desc": f"tensordesc<bf16[64, 64],{NVMMA!r}>", "out": "*bf16"}),
-          "B": (probe_b, {"out": "*fp32"}), "C": (probe_c, {"out": "*fp32"})}
+          "B": (probe_b, {"out": "*fp32"}), "C": (probe_c, {"out": "*fp32"}),
+          "D": (probe_d, {"out": "*fp32", "ids": "*i32"})}
 
 
 def smem_offsets(ck):
@@ -159,14 +186,18 @@ def build(name):
     """Compile with placeholder offsets, read the real ones, recompile with them and check they held."""
     fn, types = PROBES[name]
     sig = {a: types.get(a, "constexpr") for a in fn.arg_names}  # in argument order: types are read by position
+    ctas = 1 if name == "D" else 2  # D: compiled for one CTA, clustered by the launch alone
     compile_ = lambda buf, bar: triton.compile(  # noqa: E731
-        GluonASTSource(fn, sig, {"BUF": buf, "BAR": bar}), target=TARGET, options=dict(num_ctas=2, num_warps=4))
+        GluonASTSource(fn, sig, {"BUF": buf, "BAR": bar}), target=TARGET, options=dict(num_ctas=ctas, num_warps=4))
     offs = smem_offsets(compile_(0, 0))
     assert len(offs) == 2, f"expected 2 allocations (buffer, barrier), found offsets {offs}"
     ck = compile_(*offs)
     ptx = ck.asm["ptx"]  # host-side consistency checks of what the inline asm assumes:
     assert smem_offsets(ck) == offs, "allocation offsets moved after feeding them back"
-    assert ck.metadata.name == fn.__name__ and ".reqnctapercluster 2" in ptx, "not a 2-CTA cluster kernel"
+    assert ck.metadata.name == fn.__name__, "not the probe's kernel"
+    assert (".reqnctapercluster 2" in ptx) == (ctas == 2), "the cluster is not where the probe expects it"
+    if name == "D":  # the launcher reads (num_warps, num_ctas, shared): gridDim.x × 2 in clusters of 2
+        ck.packed_metadata = (ck.metadata.num_warps, 2, ck.metadata.shared)
     assert name != "A" or ".param .align 64 .b8 probe_a_param_0[128]" in ptx, "the descriptor is not param 0"
     return ck, offs
 
@@ -185,6 +216,16 @@ def run_probe(name):
         want = src[ROW0:ROW0 + 64, COL0:COL0 + 64]
         bad = [r for r in range(2) if not torch.equal(out[r], want)]
         return f"FAIL CTA {bad} slice differs ({int((out[bad[0]] != want).sum())} of 4096)" if bad else "PASS"
+    if name == "D":  # two clusters of 2: each CTA says (rank, cluster), rank 0 adds rank 1's push
+        out = torch.full((2, 64, 64), float("nan"), device="cuda")
+        ids = torch.full((4,), -1, device="cuda", dtype=torch.int32)
+        ck[(2, 1, 1)](out, ids, buf, bar)
+        torch.cuda.synchronize()
+        want = torch.arange(4096, device="cuda", dtype=torch.float32).view(64, 64) * 3 + 7
+        wrong = int(((out != want) | out.isnan()).sum())
+        if ids.tolist() != [0, 1000, 1, 1001]:
+            return f"FAIL (rank·1000 + cluster) by program id: {ids.tolist()}, want [0, 1000, 1, 1001]"
+        return f"FAIL {wrong} of 8192 wrong" if wrong else "PASS"
     out = torch.full((64, 64), float("nan"), device="cuda")
     launch(out, buf, bar)
     torch.cuda.synchronize()
