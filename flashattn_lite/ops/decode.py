@@ -431,7 +431,9 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-    block_m = _block_m((Hq // Hkv) * Nq, max(D, Dv) > 256, not v_from_k(k_cache, v_cache))
+    wide = max(D, Dv) > 256
+    shared = wide and v_from_k(k_cache, v_cache)  # (V taken from K's tile: MLA's one cache tensor)
+    block_m = _block_m((Hq // Hkv) * Nq, wide, not shared)
     row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
     mla_gluon = False
     if D > 256 and "config" not in launch and not launch.get("portable", False):
@@ -474,12 +476,12 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     rest = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_part_strides, *lse_part_strides, *bt_strides,
             Nq, splits, min_chunk, scale * LOG2E, len_bucket)
     block_d, d_tail = head_blocks(D)
-    wide = dict(D_TAIL=d_tail) if d_tail else {}  # (past 256 only: the kernels below compile as before)
+    tail = dict(D_TAIL=d_tail) if d_tail else {}  # (past 256 only: the kernels below compile as before)
     constexprs = dict(GROUP=Hq // Hkv, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=block_d, BLOCK_DV=max(16, next_pow2(Dv)),
                       BLOCK_M=block_m, PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                       PRECISION=precision_for(q.dtype), WAIT_PRIOR=wait_prior, PREFETCH_TILES=prefetch_tiles,
                       K_LINES=_lines(D, itemsize), V_LINES=_lines(Dv, itemsize), LINE=128 // itemsize,
-                      LAUNCH_MERGE=pdl, V_FROM_K=D > 256 and v_from_k(k_cache, v_cache), **wide, **config,
+                      LAUNCH_MERGE=pdl, V_FROM_K=shared, **tail, **config,
                       **({"launch_pdl": True} if wait_prior else {}))
     plan.stage1 = _Stage(kernel, (splits, Hkv * cdiv((Hq // Hkv) * Nq, block_m), B), rest, constexprs, bindable)
     if mla_gluon:  # the Gluon kernel, the portable one kept for calls whose tensors it cannot take
@@ -543,7 +545,8 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
     G = Hq // Hkv
     capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
     if num_splits is None:
-        rows = _block_m(G * Nq, max(D, Dv) > 256, not v_from_k(k_cache, v_cache))
+        wide = max(D, Dv) > 256
+        rows = _block_m(G * Nq, wide, wide and not v_from_k(k_cache, v_cache))
         splits = choose_num_splits(B, Hkv, cdiv(G * Nq, rows), capacity, device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
     else:
@@ -718,7 +721,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
         o (B, Hq, Nq, Dv) in q's dtype (and lse). Inference only: no autograd.
 
     Memory-bound but for MLA's many heads on one KV head: reads Σ_b L_b·Hkv·(D + Dv) cache elements
-    once per block of at most 64 query rows (32 past head dim 256 on the portable kernel); two
+    once per block of at most 64 query rows (past head dim 256 on the portable kernel 16, or 32 with
+    v apart from k); two
     launches (one if num_splits = 1). CUDA tensors run Triton; CPU tensors run the same algorithm in PyTorch (or the
     Triton kernels under ``TRITON_INTERPRET=1``).
 
