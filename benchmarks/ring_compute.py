@@ -64,11 +64,12 @@ def main():
     window = (args.window, 0) if args.window >= 0 else None
     rows = []
     for n in (common.parse_size(t) for t in args.lengths.split(",")):
-        steps = ring_mod.schedule(args.layout, args.rank, args.world, n, True, window or (-1, -1))
+        every, hops = ring_mod.plan(args.layout, args.world, n, True, window or (-1, -1))
+        steps = every[args.rank]
         inputs = _inputs(b, hq, hkv, n, d, dtype, device, seed=1)
         methods = {
             "ring_compute": _fwd_bwd(lambda q, k, v: ring_mod._RingAttentionFn.apply(
-                q, k, v, None, scale, 0.0, _NoTransfer(), steps)[0], inputs),
+                q, k, v, None, scale, 0.0, _NoTransfer(args.rank, args.world), steps, hops)[0], inputs),
             "attention": _fwd_bwd(lambda q, k, v: attention(q, k, v, causal=True, window=window), inputs),
         }
         for fn in methods.values():  # compile, first-call allocations

@@ -113,7 +113,11 @@ def _init(args) -> tuple[torch.device, bool]:
 
 
 class _NoTransfer:
-    """A ring whose shifts keep each rank's own buffer: the compute of the schedule alone."""
+    """A ring whose shifts keep each rank's own buffer: the compute of the schedule alone (rank
+    ``rank`` of ``world``, whose pieces and hops it runs)."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
 
     class _Done:
         def __init__(self, t):
@@ -187,22 +191,27 @@ def _fwd_bwd(call, inputs):
     return step
 
 
-def _comm_only(group: Group, kv_numel: int, dtype, device):
-    """The transfers of one forward + backward, nothing else."""
-    kv = torch.zeros(kv_numel, dtype=dtype, device=device)
-    grads = torch.zeros(kv_numel, dtype=torch.float32, device=device)
-    w = group.world
+def _comm_only(group: Group, hops, row_numel: int, dtype, device):
+    """The transfers of one forward + backward (``plan``'s hops; ``row_numel``: a K and V row's
+    elements), posted and awaited in the ring's order, nothing else."""
+    kv = [torch.zeros(rows * row_numel, dtype=dtype, device=device) for rows, _ in hops.kv]
+    grads = [torch.zeros(rows * row_numel, dtype=torch.float32, device=device) for rows, _ in hops.grads]
 
     def step():
-        block = kv
-        for _ in range(w - 1):
-            block = group.shift(block).wait()
-        g, block = grads, kv
-        for s in range(w):
-            incoming = group.shift(block) if s + 1 < w else None
-            g = group.shift(g, tag=1).wait()
+        for buf in kv:  # forward
+            if buf.numel():
+                group.shift(buf).wait()
+        pending = None  # backward: the accumulator hop of step s goes out after step s's compute
+        for s in range(group.world):
+            incoming = group.shift(kv[s]) if s < len(kv) and kv[s].numel() else None
+            if grads[s].numel():
+                if pending is not None:
+                    pending.wait()
+                pending = group.shift(grads[s], tag=1)
             if incoming is not None:
-                block = incoming.wait()
+                incoming.wait()
+        if pending is not None:
+            pending.wait()
     return step
 
 
@@ -258,15 +267,15 @@ def _point(val, args, group: Group, device, n: int) -> dict:
     inputs = _inputs(b, hq, hkv, n, d, dtype, device, seed=1 + group.rank)
     ring_call = lambda q, k, v: ring_mod.ring_attention(q, k, v, causal=causal, layout=args.layout,  # noqa: E731
                                                         **options)
-    steps = ring_mod.schedule(args.layout, group.rank, w, n, causal, side)
+    every, hops = ring_mod.plan(args.layout, w, n, causal, side)
     scale = d ** -0.5
     local_call = lambda q, k, v: ring_mod._RingAttentionFn.apply(  # noqa: E731
-        q, k, v, options["sinks"], scale, args.softcap or 0.0, _NoTransfer(), steps)[0]
+        q, k, v, options["sinks"], scale, args.softcap or 0.0, _NoTransfer(group.rank, w), every[group.rank], hops)[0]
     one_gpu = lambda q, k, v: attention(q, k, v, causal=causal, **options)  # noqa: E731
     row["ring_ms"] = _time_ms(_fwd_bwd(ring_call, inputs), **timing)
     row["ring_peak_gib"] = _peak_gib(_fwd_bwd(ring_call, inputs), group, device)
     row["compute_ms"] = _time_ms(_fwd_bwd(local_call, inputs), **timing)
-    row["comm_ms"] = _time_ms(_comm_only(group, 2 * b * hkv * n * d, dtype, device), **timing)
+    row["comm_ms"] = _time_ms(_comm_only(group, hops, 2 * b * hkv * d, dtype, device), **timing)
     row["one_gpu_local_ms"] = _time_ms(_fwd_bwd(one_gpu, inputs), **timing)
     del inputs
 

@@ -13,15 +13,23 @@ compute). Everything here is scheduling and communication; the math is the packa
 - backward: FlashAttention-2's recomputation P = exp(S − lse) is exact for one key block when
   given the *global* o and lse (δ = rowsum(dO∘O) − dlse is a property of the query row, not of
   the block), so each piece is the attention backward (``_backward_impl``) with the global o and
-  lse. dQ accumulates locally; each block's dK/dV accumulator travels around the ring with the
-  block, one hop behind it, and after W hops arrives back at its owner.
+  lse. dQ accumulates locally; each block's dK/dV accumulator starts at the next rank, follows
+  the block one hop behind it, and its (W − 1)-th hop brings it back to the owner, which kept its
+  own share.
+
+What travels is planned once per call signature (``plan``): a K/V hop carries only the key rows
+some later rank uses of the block, an accumulator hop only the rows touched so far. Without a
+window that is the whole block; with a window narrower than a shard about its width, so a
+windowed ring moves O(window) rows a step, not O(n).
 
 Memory per rank is O(n): its own q, k, v, o, do, two K/V blocks in flight and two dK/dV
 accumulators, never the whole sequence.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 from typing import NamedTuple
 
 import torch
@@ -182,20 +190,58 @@ def schedule(layout: str, rank: int, world: int, n_local: int, causal: bool,
                  for s in range(world))
 
 
+class Hops(NamedTuple):
+    """What each ring step sends, the same table on every rank (``plan``). ``kv[s]``: the K/V hop
+    posted at step s (for step s + 1); ``grads[s]``: the dK/dV accumulator hop posted at step s. Each
+    is (rows, spans): ``spans[b]`` the rows [lo, hi) of rank b's block it carries (None: none of
+    them), ``rows`` the buffer's row count, the widest span (0: no hop at that step)."""
+    kv: tuple
+    grads: tuple
+
+
+def _hull(spans):
+    """The smallest [lo, hi) holding every span (None entries ignored), or None."""
+    spans = [x for x in spans if x is not None]
+    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+
+
+def _hop(spans) -> tuple:
+    return max((hi - lo for lo, hi in (x for x in spans if x is not None)), default=0), tuple(spans)
+
+
+@functools.lru_cache(maxsize=64)
+def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> tuple:
+    """(every rank's ``schedule``, the ``Hops``). Rank b's block is at rank b + t at step t, which
+    uses its key rows ``used[b][t]`` (the hull of that step's pieces). So a K/V hop carries only the
+    rows some later rank uses, and the dK/dV accumulator of block b, started at rank b + 1 (the owner
+    keeps its own block's gradient), only the rows ranks b + 1 … b + s touched; its last hop (step
+    W − 1) lands at the owner. Without a window every span is the whole block; with one narrower
+    than a shard, about the window's width."""
+    steps = tuple(schedule(layout, r, world, n_local, causal, window) for r in range(world))
+    used = [[_hull([(p.k0, p.k1) for p in steps[(b + t) % world][t]]) for t in range(world)] for b in range(world)]
+    kv = tuple(_hop([_hull(used[b][s + 1:]) for b in range(world)]) for s in range(world - 1))
+    grads = tuple(_hop([_hull(used[b][1:s + 1]) for b in range(world)]) for s in range(world))
+    return steps, Hops(kv, grads)
+
+
 # ------------------------------------------------------------------ forward and backward
 
-def _pack(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """k and v in one contiguous buffer: one transfer per ring step, whatever the inputs' strides."""
-    kv = torch.empty(k.numel() + v.numel(), dtype=k.dtype, device=k.device)
-    k_view, v_view = _unpack(kv, k.shape, v.shape)
-    k_view.copy_(k)
-    v_view.copy_(v)
+def _pack(k: torch.Tensor, v: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """k and v (B, H, r, ·) in one contiguous buffer laid out for ``rows`` ≥ r rows (default r; the
+    rows past r unset): one transfer per ring step, whatever the inputs' strides."""
+    rows = k.shape[2] if rows is None else rows
+    per_row = k.shape[0] * k.shape[1] * k.shape[3] + v.shape[0] * v.shape[1] * v.shape[3]
+    kv = torch.empty(per_row * rows, dtype=k.dtype, device=k.device)
+    k_view, v_view = _unpack(kv, (*k.shape[:2], rows, k.shape[3]), (*v.shape[:2], rows, v.shape[3]))
+    k_view[:, :, :k.shape[2]].copy_(k)
+    v_view[:, :, :v.shape[2]].copy_(v)
     return kv
 
 
 def _unpack(buf: torch.Tensor, k_shape, v_shape):
-    nk = k_shape.numel()
-    return buf[:nk].view(k_shape), buf[nk:].view(v_shape)
+    """Views of ``buf``'s k part (shape ``k_shape``, first) and v part (``v_shape``)."""
+    nk, nv = math.prod(k_shape), math.prod(v_shape)
+    return buf[:nk].view(k_shape), buf[nk:nk + nv].view(v_shape)
 
 
 def _piece_options(p: Piece, softcap: float) -> dict:
@@ -204,74 +250,115 @@ def _piece_options(p: Piece, softcap: float) -> dict:
     return dict(causal=p.causal, causal_offset=p.offset, window=window, softcap=softcap or None)
 
 
-def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps):
+def _post_kv(ring, hops: Hops, step: int, k_blk, v_blk, lo: int):
+    """Post step ``step``'s K/V hop (None where there is none): the rows of the held block (``k_blk``,
+    ``v_blk``: its rows from ``lo``) that later ranks use, in a buffer of the hop's row count."""
+    if step >= len(hops.kv) or hops.kv[step][0] == 0:
+        return None
+    rows, spans = hops.kv[step]
+    a, e = spans[(ring.rank - step) % ring.world] or (lo, lo)
+    return ring.shift(_pack(k_blk[:, :, a - lo:e - lo], v_blk[:, :, a - lo:e - lo], rows))
+
+
+def _take_kv(incoming, ring, hops: Hops, step: int, k_shape, v_shape):
+    """(k, v, lo) of the block held at step ``step`` + 1 (its rows from ``lo``), or Nones where no
+    hop came (then no later step has pieces)."""
+    if incoming is None:
+        return None, None, 0
+    rows, spans = hops.kv[step]
+    k_r, v_r = _unpack(incoming.wait(), (*k_shape[:2], rows, k_shape[3]), (*v_shape[:2], rows, v_shape[3]))
+    span = spans[(ring.rank - step - 1) % ring.world]
+    return k_r, v_r, span[0] if span else 0
+
+
+def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops: Hops):
     """(o, lse) of this rank's queries over the whole sequence (and the sinks). ``ring`` has
-    ``shift(tensor)`` (see ``_group.Group``); ``steps`` is ``schedule(...)``."""
+    ``shift(tensor)``, ``rank`` and ``world`` (see ``_group.Group``); ``steps`` and ``hops`` are
+    ``plan(...)``'s for this rank."""
     B, Hq, n, _ = q.shape
     # float32 partials: W merges in bf16 would round W times (merges take float32 lse, so float64
     # inputs merge in float32 too).
     out = torch.zeros((B, Hq, n, v.shape[3]), dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
-    kv = _pack(k, v)
+    k_blk, v_blk, lo = k, v, 0  # the block held: its rows from ``lo``
     for step, pieces in enumerate(steps):
-        incoming = ring.shift(kv) if step + 1 < len(steps) else None
-        k_blk, v_blk = _unpack(kv, k.shape, v.shape)
+        incoming = _post_kv(ring, hops, step, k_blk, v_blk, lo)
         for p in pieces:
-            o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], k_blk[:, :, p.k0:p.k1], v_blk[:, :, p.k0:p.k1],
+            keys = slice(p.k0 - lo, p.k1 - lo)
+            o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], k_blk[:, :, keys], v_blk[:, :, keys],
                                         scale=scale, return_lse=True, **_piece_options(p, softcap))
             merge_pair_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
-        if incoming is not None:
-            kv = incoming.wait()
+        k_blk, v_blk, lo = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
     if sinks is not None:  # one more term of each row's denominator, with no value
         out, lse = add_sink_torch(out, lse, sinks.view(1, Hq, 1))
     return out.to(q.dtype), lse
 
 
-def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float, ring, steps):
-    """(dq, dk, dv, dsinks) for this rank's shards. At step s the gradient of the block held (that
-    of rank r − s) is added to the accumulator received from rank r − 1 and passed on to rank r + 1;
-    the last hop brings each rank its own block's total. The pieces run without the sinks: the
+def _add_rows(acc, acc_lo: int, k_shape, v_shape, received, hop, block: int):
+    """Add the accumulator ``received`` (a hop of ``hop``'s rows: block ``block``'s span of it) into
+    ``acc`` (packed dK/dV whose rows start at ``acc_lo``)."""
+    rows, spans = hop
+    if spans[block] is None:
+        return
+    a, e = spans[block]
+    dk_acc, dv_acc = _unpack(acc, (*k_shape[:2], acc.numel() // _row_numel(k_shape, v_shape), k_shape[3]),
+                             (*v_shape[:2], acc.numel() // _row_numel(k_shape, v_shape), v_shape[3]))
+    dk_in, dv_in = _unpack(received, (*k_shape[:2], rows, k_shape[3]), (*v_shape[:2], rows, v_shape[3]))
+    dk_acc[:, :, a - acc_lo:e - acc_lo] += dk_in[:, :, :e - a]
+    dv_acc[:, :, a - acc_lo:e - acc_lo] += dv_in[:, :, :e - a]
+
+
+def _row_numel(k_shape, v_shape) -> int:
+    return k_shape[0] * k_shape[1] * k_shape[3] + v_shape[0] * v_shape[1] * v_shape[3]
+
+
+def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float, ring, steps, hops: Hops):
+    """(dq, dk, dv, dsinks) for this rank's shards. This rank keeps its own block's dK/dV (step 0);
+    the block it holds at step s ≥ 1 (rank r − s's) gets the pieces' gradient added to the
+    accumulator received from rank r − 1 (the ranks before it that touched the block), passed on to
+    rank r + 1; the last hop brings each rank the others' share of its own block. Each accumulator
+    carries only the rows touched so far (``Hops.grads``). The pieces run without the sinks: the
     global lse already holds them, and P = exp(S − lse) is all a piece's backward needs. dsinks is
     this rank's rows' share (``sinks_grad``), as for any parameter its queries use."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32  # W sums of per-block gradients
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32  # sums of per-block gradients
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = _pack(k, v)
-    grads_in = None
+    per_row = _row_numel(k.shape, v.shape)
+    own = torch.zeros(per_row * k.shape[2], dtype=acc, device=k.device)  # this rank's block's dK/dV
+    k_blk, v_blk, lo = k, v, 0
+    acc_in = None  # (the posted accumulator hop from rank r − 1, its hop)
     for step, pieces in enumerate(steps):
-        incoming = ring.shift(kv) if step + 1 < len(steps) else None
-        k_blk, v_blk = _unpack(kv, k.shape, v.shape)
-        mine = None
+        incoming = _post_kv(ring, hops, step, k_blk, v_blk, lo)
+        block = (ring.rank - step) % ring.world
+        if step == 0:
+            mine, a = own, 0
+        else:
+            rows, spans = hops.grads[step]
+            mine, a = torch.zeros(per_row * rows, dtype=acc, device=k.device), (spans[block] or (0, 0))[0]
+        dk_acc, dv_acc = _unpack(mine, (*k.shape[:2], mine.numel() // per_row, k.shape[3]),
+                                 (*v.shape[:2], mine.numel() // per_row, v.shape[3]))
         for p in pieces:
-            rows, keys = slice(p.q0, p.q1), slice(p.k0, p.k1)
+            rows_q, keys = slice(p.q0, p.q1), slice(p.k0 - lo, p.k1 - lo)
             # The Triton backward reads lse as a dense (B, H, N) array, hence the copy of a slice.
             # (dq, dk, dv) lead the result (options such as sinks may append their gradients).
-            q_p, k_p = q[:, :, rows], k_blk[:, :, keys]
+            q_p, k_p = q[:, :, rows_q], k_blk[:, :, keys]
             options = _piece_options(p, softcap)
             variant = _variant(q_p, k_p, window=options["window"], softcap=options["softcap"], sinks=None,
                                alibi_slopes=None, offset=p.offset)
             dq_p, dk_p, dv_p = _backward_impl(
-                do[:, :, rows], q_p, k_p, v_blk[:, :, keys], o[:, :, rows],
-                lse[:, :, rows].contiguous(), None if dlse is None else dlse[:, :, rows].contiguous(),
+                do[:, :, rows_q], q_p, k_p, v_blk[:, :, keys], o[:, :, rows_q],
+                lse[:, :, rows_q].contiguous(), None if dlse is None else dlse[:, :, rows_q].contiguous(),
                 None, scale, p.causal, p.offset, 0.0, 0, variant)[:3]
-            dq[:, :, rows] += dq_p
-            if mine is None:
-                mine = torch.zeros(kv.numel(), dtype=acc, device=kv.device)
-            dk_acc, dv_acc = _unpack(mine, k.shape, v.shape)
-            dk_acc[:, :, keys] += dk_p
-            dv_acc[:, :, keys] += dv_p
-        # Step 0 always has a piece (a rank's own block), so ``mine`` or ``grads_in`` is set.
-        if grads_in is None:
-            grads = mine
-        elif mine is None:
-            grads = grads_in.wait()
-        else:
-            grads = mine.add_(grads_in.wait())
-        grads_in = ring.shift(grads, tag=1) if len(steps) > 1 else None
-        if incoming is not None:
-            kv = incoming.wait()
-    if grads_in is not None:
-        grads = grads_in.wait()
-    dk, dv = _unpack(grads, k.shape, v.shape)
+            dq[:, :, rows_q] += dq_p
+            dk_acc[:, :, p.k0 - a:p.k1 - a] += dk_p
+            dv_acc[:, :, p.k0 - a:p.k1 - a] += dv_p
+        if step > 0:
+            if acc_in is not None:
+                _add_rows(mine, a, k.shape, v.shape, acc_in[0].wait(), acc_in[1], block)
+            acc_in = (ring.shift(mine, tag=1), hops.grads[step]) if hops.grads[step][0] > 0 else None
+        k_blk, v_blk, lo = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
+    if acc_in is not None:  # the last hop: the other ranks' share of this rank's own block
+        _add_rows(own, 0, k.shape, v.shape, acc_in[0].wait(), acc_in[1], ring.rank)
+    dk, dv = _unpack(own, k.shape, v.shape)
     dsinks = None
     if sinks is not None:
         delta = (do.float() * o.float()).sum(-1) - (0.0 if dlse is None else dlse.float())
@@ -284,10 +371,10 @@ class _RingAttentionFn(torch.autograd.Function):
     o and lse, and must run the same communication on every rank)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, scale, softcap, ring, steps):
-        o, lse = _forward(q, k, v, sinks, scale=scale, softcap=softcap, ring=ring, steps=steps)
+    def forward(ctx, q, k, v, sinks, scale, softcap, ring, steps, hops):
+        o, lse = _forward(q, k, v, sinks, scale=scale, softcap=softcap, ring=ring, steps=steps, hops=hops)
         ctx.save_for_backward(q, k, v, o, lse, sinks)
-        ctx.args = dict(scale=scale, softcap=softcap, ring=ring, steps=steps)
+        ctx.args = dict(scale=scale, softcap=softcap, ring=ring, steps=steps, hops=hops)
         ctx.set_materialize_grads(False)
         return o, lse
 
@@ -298,7 +385,7 @@ class _RingAttentionFn(torch.autograd.Function):
             do = torch.zeros_like(o)
         wants_dsinks = sinks is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, sinks if wants_dsinks else None, **ctx.args)
-        return dq, dk, dv, dsinks, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None
 
 
 # ------------------------------------------------------------------ validation and public API
@@ -384,7 +471,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     arguments (on any rank, or differing between ranks) raise on every rank, after one small
     all-gather and before any K/V moves. Communication: W − 1 K/V transfers to the next rank in
     the forward, posted before each block's compute so they overlap it; in the backward the same
-    and W transfers of the float32 dK/dV accumulators (a window skips compute, not transfers).
+    and W − 1 transfers of the float32 dK/dV accumulators. Each carries only the rows the ranks
+    after it use or have touched (``plan``): with a window narrower than a shard, about its width.
     Memory per rank O(n·(D + Dv)). Speed on sm_90: each call takes the Hopper kernels where its
     mask's diagonal is the bottom-right one or unused: every call without a window, and a window's
     calls, each cut to the rows and keys it needs, wherever its mask can sit there.
@@ -405,6 +493,6 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                                        "softcap": same("softcap"), "sinks": sinks_text,
                                        "layout": repr(layout), "requires_grad": repr(needs_grad)})
     scale = q.shape[-1] ** -0.5 if checked.scale is None else checked.scale
-    steps = schedule(layout, g.rank, g.world, q.shape[2], causal, checked.window)
-    o, lse = _RingAttentionFn.apply(q, k, v, checked.sinks, scale, checked.softcap, g, steps)
+    every, hops = plan(layout, g.world, q.shape[2], causal, checked.window)
+    o, lse = _RingAttentionFn.apply(q, k, v, checked.sinks, scale, checked.softcap, g, every[g.rank], hops)
     return (o, lse) if return_lse else o
