@@ -30,7 +30,7 @@ class _ThreadRing:
     """``Group.shift`` between threads: one queue per (rank, tag)."""
 
     def __init__(self, rank: int, boxes: list, baton: threading.Lock):
-        self.rank, self.boxes, self.baton = rank, boxes, baton
+        self.rank, self.world, self.boxes, self.baton = rank, len(boxes), boxes, baton
 
     def shift(self, tensor, tag=0):
         self.boxes[(self.rank + 1) % len(self.boxes)][tag].put(tensor.clone())
@@ -69,8 +69,8 @@ def _ring_threads(q, k, v, do, dlse, sinks, *, world, layout, causal, window, so
             local = [t.index_select(2, rows) for t in (q, k, v, do)] + [dlse.index_select(2, rows)]
             q_r, k_r, v_r, do_r, dlse_r = local
             ring = _ThreadRing(rank, boxes, baton)
-            steps = ring_mod.schedule(layout, rank, world, n, causal, window)
-            args = dict(scale=scale, softcap=softcap or 0.0, ring=ring, steps=steps)
+            every, hops = ring_mod.plan(layout, world, n, causal, window)
+            args = dict(scale=scale, softcap=softcap or 0.0, ring=ring, steps=every[rank], hops=hops)
             o, lse = ring_mod._forward(q_r, k_r, v_r, sinks, **args)
             grads = ring_mod._backward(do_r, dlse_r, q_r, k_r, v_r, o, lse, sinks, **args)
             results[rank] = (rows, o, lse) + tuple(grads)

@@ -18,12 +18,14 @@ compute). Everything here is scheduling and communication; the math is the packa
   own share.
 
 What travels is planned once per call signature (``plan``): a K/V hop carries only the key rows
-some later rank uses of the block, an accumulator hop only the rows touched so far. Without a
-window that is the whole block; with a window narrower than a shard about its width, so a
-windowed ring moves O(window) rows a step, not O(n).
+some later rank uses of the block, an accumulator hop only the rows touched so far (one span a
+block: their hull). Without a window that is the whole block. With a causal window narrower than
+a shard it is about the window's width over contiguous shards, and over zigzag ones on two ranks;
+zigzag on more ranks may carry the hull of a block's two chunks' tails (half a block and the
+window), and a two-sided window on three or more ranks up to the whole block.
 
-Memory per rank is O(n): its own q, k, v, o, do, two K/V blocks in flight and two dK/dV
-accumulators, never the whole sequence.
+Memory per rank is O(n): its own q, k, v, o, do, two K/V blocks in flight, its own block's dK/dV
+sums and two accumulators in flight, never the whole sequence.
 """
 from __future__ import annotations
 
@@ -215,8 +217,9 @@ def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int,
     uses its key rows ``used[b][t]`` (the hull of that step's pieces). So a K/V hop carries only the
     rows some later rank uses, and the dK/dV accumulator of block b, started at rank b + 1 (the owner
     keeps its own block's gradient), only the rows ranks b + 1 … b + s touched; its last hop (step
-    W − 1) lands at the owner. Without a window every span is the whole block; with one narrower
-    than a shard, about the window's width."""
+    W − 1) lands at the owner. Without a window every span is the whole block; with a causal one
+    narrower than a shard, about its width where each block's used rows are one run (the module's
+    docstring says where)."""
     steps = tuple(schedule(layout, r, world, n_local, causal, window) for r in range(world))
     used = [[_hull([(p.k0, p.k1) for p in steps[(b + t) % world][t]]) for t in range(world)] for b in range(world)]
     kv = tuple(_hop([_hull(used[b][s + 1:]) for b in range(world)]) for s in range(world - 1))
@@ -228,13 +231,16 @@ def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int,
 
 def _pack(k: torch.Tensor, v: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """k and v (B, H, r, ·) in one contiguous buffer laid out for ``rows`` ≥ r rows (default r; the
-    rows past r unset): one transfer per ring step, whatever the inputs' strides."""
+    rows past r zeros): one transfer per ring step, whatever the inputs' strides."""
     rows = k.shape[2] if rows is None else rows
     per_row = k.shape[0] * k.shape[1] * k.shape[3] + v.shape[0] * v.shape[1] * v.shape[3]
     kv = torch.empty(per_row * rows, dtype=k.dtype, device=k.device)
     k_view, v_view = _unpack(kv, (*k.shape[:2], rows, k.shape[3]), (*v.shape[:2], rows, v.shape[3]))
     k_view[:, :, :k.shape[2]].copy_(k)
     v_view[:, :, :v.shape[2]].copy_(v)
+    if rows > k.shape[2]:  # a hop padded to its widest span: no unset memory goes over the wire
+        k_view[:, :, k.shape[2]:].zero_()
+        v_view[:, :, v.shape[2]:].zero_()
     return kv
 
 
@@ -471,8 +477,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     arguments (on any rank, or differing between ranks) raise on every rank, after one small
     all-gather and before any K/V moves. Communication: W − 1 K/V transfers to the next rank in
     the forward, posted before each block's compute so they overlap it; in the backward the same
-    and W − 1 transfers of the float32 dK/dV accumulators. Each carries only the rows the ranks
-    after it use or have touched (``plan``): with a window narrower than a shard, about its width.
+    and W − 1 transfers of the dK/dV accumulators (float32; float64 for float64 inputs). Each
+    carries only the rows the ranks after it use or have touched (``plan``): with a causal window
+    narrower than a shard, over contiguous shards or zigzag ones on two ranks, about its width.
     Memory per rank O(n·(D + Dv)). Speed on sm_90: each call takes the Hopper kernels where its
     mask's diagonal is the bottom-right one or unused: every call without a window, and a window's
     calls, each cut to the rows and keys it needs, wherever its mask can sit there.
