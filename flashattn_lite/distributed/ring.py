@@ -233,8 +233,7 @@ def _pack(k: torch.Tensor, v: torch.Tensor, rows: int | None = None) -> torch.Te
     """k and v (B, H, r, ·) in one contiguous buffer laid out for ``rows`` ≥ r rows (default r; the
     rows past r zeros): one transfer per ring step, whatever the inputs' strides."""
     rows = k.shape[2] if rows is None else rows
-    per_row = k.shape[0] * k.shape[1] * k.shape[3] + v.shape[0] * v.shape[1] * v.shape[3]
-    kv = torch.empty(per_row * rows, dtype=k.dtype, device=k.device)
+    kv = torch.empty(_row_numel(k.shape, v.shape) * rows, dtype=k.dtype, device=k.device)
     k_view, v_view = _unpack(kv, (*k.shape[:2], rows, k.shape[3]), (*v.shape[:2], rows, v.shape[3]))
     k_view[:, :, :k.shape[2]].copy_(k)
     v_view[:, :, :v.shape[2]].copy_(v)
@@ -242,6 +241,11 @@ def _pack(k: torch.Tensor, v: torch.Tensor, rows: int | None = None) -> torch.Te
         k_view[:, :, k.shape[2]:].zero_()
         v_view[:, :, v.shape[2]:].zero_()
     return kv
+
+
+def _row_numel(k_shape, v_shape) -> int:
+    """Elements of one key row of k and v together (a packed buffer's row)."""
+    return k_shape[0] * k_shape[1] * k_shape[3] + v_shape[0] * v_shape[1] * v_shape[3]
 
 
 def _unpack(buf: torch.Tensor, k_shape, v_shape):
@@ -312,10 +316,6 @@ def _add_rows(acc, acc_lo: int, k_shape, v_shape, received, hop, block: int):
     dk_in, dv_in = _unpack(received, (*k_shape[:2], rows, k_shape[3]), (*v_shape[:2], rows, v_shape[3]))
     dk_acc[:, :, a - acc_lo:e - acc_lo] += dk_in[:, :, :e - a]
     dv_acc[:, :, a - acc_lo:e - acc_lo] += dv_in[:, :, :e - a]
-
-
-def _row_numel(k_shape, v_shape) -> int:
-    return k_shape[0] * k_shape[1] * k_shape[3] + v_shape[0] * v_shape[1] * v_shape[3]
 
 
 def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float, ring, steps, hops: Hops):
