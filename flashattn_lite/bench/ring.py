@@ -8,8 +8,9 @@ For each per-GPU length n (global N = W·n; default B 1, Hq 32, Hkv 8, d 128, bf
 
 - ``ring_ms``: ``ring_attention`` forward + backward, as a user calls it (argument agreement
   included); ``compute_ms``: the same schedule with the transfers left out (each rank reuses its
-  own block); ``comm_ms``: the transfers alone (W − 1 K/V shifts forward, W − 1 K/V and W dK/dV
-  shifts backward). ``exposed_comm_ms`` = ring − compute; ``comm_hidden`` = 1 − exposed / comm.
+  own block); ``comm_ms``: the transfers alone (W − 1 K/V shifts forward, W − 1 K/V and W − 1 dK/dV
+  shifts backward, each of the rows ``distributed.ring.plan`` sends). ``exposed_comm_ms`` = ring −
+  compute; ``comm_hidden`` = 1 − exposed / comm.
 - one GPU: ``attention`` forward + backward at n (``one_gpu_local_ms``) and, up to
   ``--single-max``, at the whole N (``one_gpu_global_ms``).
 - ``efficiency`` = work · one_gpu_local / ring, ``work`` (``work_vs_local``) the mean rank's pairs
