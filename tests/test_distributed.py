@@ -133,6 +133,18 @@ def test_plan_sends_only_the_rows_later_ranks_use(layout):
                         assert all(rows == 0 for rows, _ in hops.kv[1:])
 
 
+@pytest.mark.parametrize("args, error, needle", [
+    (("diagonal", 2, 4, True), ValueError, "layout"), (("zigzag", 0, 4, True), ValueError, "world"),
+    (("zigzag", 2.0, 4, True), ValueError, "world"), (("contiguous", 2, 0, True), ValueError, "n_local"),
+    (("zigzag", 2, 3, True), ValueError, "n_local must be even"), (("zigzag", 2, 4, "yes"), TypeError, "causal"),
+    (("zigzag", 2, 4, True, [2, 0]), ValueError, "window"), (("zigzag", 2, 4, True, (2,)), ValueError, "window"),
+    (("zigzag", 2, 4, True, (-2, 0)), ValueError, "window")])
+def test_plan_rejects_bad_arguments(args, error, needle):
+    from flashattn_lite.distributed.ring import plan
+    with pytest.raises(error, match=needle):
+        plan(*args)
+
+
 @pytest.mark.parametrize("argv, needle", [(["--window", "-1"], "--window"), (["--softcap", "0"], "--softcap"),
                                           (["--lengths", "6", "--layout", "zigzag", "--window", "2"], None)])
 def test_ring_benchmark_checks_its_options(argv, needle):

@@ -211,9 +211,27 @@ def _hop(spans) -> tuple:
     return max((hi - lo for lo, hi in (x for x in spans if x is not None)), default=0), tuple(spans)
 
 
-@functools.lru_cache(maxsize=64)
 def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> tuple:
-    """(every rank's ``schedule``, the ``Hops``). Rank b's block is at rank b + t at step t, which
+    """(every rank's ``schedule``, the ``Hops``) of a ring of ``world`` ranks holding ``n_local``
+    tokens each (``layout``; zigzag: an even count), ``causal`` and ``window`` (left, right; −1
+    unbounded) as ``ring_attention`` takes them. Raises ValueError / TypeError naming a bad argument."""
+    check_layout(layout)
+    for name, value, least in (("world", world, 1), ("n_local", n_local, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    if layout == "zigzag" and n_local % 2:
+        raise ValueError(f"n_local must be even for layout='zigzag', got {n_local}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if (not isinstance(window, tuple) or len(window) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= -1 for x in window)):
+        raise ValueError(f"window must be a (left, right) tuple of ints >= -1 (-1: unbounded), got {window!r}")
+    return _plan(layout, world, n_local, causal, window)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int, int]) -> tuple:
+    """``plan``'s tables, once per call signature. Rank b's block is at rank b + t at step t, which
     uses its key rows ``used[b][t]`` (the hull of that step's pieces). So a K/V hop carries only the
     rows some later rank uses, and the dK/dV accumulator of block b, started at rank b + 1 (the owner
     keeps its own block's gradient), only the rows ranks b + 1 … b + s touched; its last hop (step
@@ -254,31 +272,50 @@ def _unpack(buf: torch.Tensor, k_shape, v_shape):
     return buf[:nk].view(k_shape), buf[nk:nk + nv].view(v_shape)
 
 
+def _rows_view(buf: torch.Tensor, k_shape, v_shape):
+    """``_unpack`` of a packed buffer of k and v rows shaped like ``k_shape`` / ``v_shape`` but for
+    their row count, which is the buffer's."""
+    rows = buf.numel() // _row_numel(k_shape, v_shape)
+    return _unpack(buf, (*k_shape[:2], rows, k_shape[3]), (*v_shape[:2], rows, v_shape[3]))
+
+
 def _piece_options(p: Piece, softcap: float) -> dict:
     """``attention_core``'s keywords for a piece's mask and the call's softcap."""
     window = None if p.left < 0 and p.right < 0 else (p.left, p.right)
     return dict(causal=p.causal, causal_offset=p.offset, window=window, softcap=softcap or None)
 
 
-def _post_kv(ring, hops: Hops, step: int, k_blk, v_blk, lo: int):
-    """Post step ``step``'s K/V hop (None where there is none): the rows of the held block (``k_blk``,
-    ``v_blk``: its rows from ``lo``) that later ranks use, in a buffer of the hop's row count."""
+class _Held(NamedTuple):
+    """The K/V block a rank holds at a step: k, v (its rows from ``lo``) and, when they are views of
+    a received hop, that packed buffer (None for the rank's own k, v)."""
+    k: torch.Tensor | None
+    v: torch.Tensor | None
+    lo: int = 0
+    buf: torch.Tensor | None = None
+
+
+def _post_kv(ring, hops: Hops, step: int, held: _Held):
+    """Post step ``step``'s K/V hop (None where there is none): the rows of the held block that
+    later ranks use, in a buffer of the hop's row count (the received buffer itself where that is
+    all of it: no copy of a whole block at each step)."""
     if step >= len(hops.kv) or hops.kv[step][0] == 0:
         return None
     rows, spans = hops.kv[step]
-    a, e = spans[(ring.rank - step) % ring.world] or (lo, lo)
-    return ring.shift(_pack(k_blk[:, :, a - lo:e - lo], v_blk[:, :, a - lo:e - lo], rows))
+    a, e = spans[(ring.rank - step) % ring.world] or (held.lo, held.lo)
+    if held.buf is not None and a == held.lo and e - a == rows == held.k.shape[2]:
+        return ring.shift(held.buf)
+    rows_held = slice(a - held.lo, e - held.lo)
+    return ring.shift(_pack(held.k[:, :, rows_held], held.v[:, :, rows_held], rows))
 
 
-def _take_kv(incoming, ring, hops: Hops, step: int, k_shape, v_shape):
-    """(k, v, lo) of the block held at step ``step`` + 1 (its rows from ``lo``), or Nones where no
-    hop came (then no later step has pieces)."""
+def _take_kv(incoming, ring, hops: Hops, step: int, k_shape, v_shape) -> _Held:
+    """The block held at step ``step`` + 1, or one of Nones where no hop came (then no later step
+    has pieces)."""
     if incoming is None:
-        return None, None, 0
-    rows, spans = hops.kv[step]
-    k_r, v_r = _unpack(incoming.wait(), (*k_shape[:2], rows, k_shape[3]), (*v_shape[:2], rows, v_shape[3]))
-    span = spans[(ring.rank - step - 1) % ring.world]
-    return k_r, v_r, span[0] if span else 0
+        return _Held(None, None)
+    buf = incoming.wait()
+    span = hops.kv[step][1][(ring.rank - step - 1) % ring.world]
+    return _Held(*_rows_view(buf, k_shape, v_shape), span[0] if span else 0, buf)
 
 
 def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops: Hops):
@@ -290,15 +327,15 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
     # inputs merge in float32 too).
     out = torch.zeros((B, Hq, n, v.shape[3]), dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
-    k_blk, v_blk, lo = k, v, 0  # the block held: its rows from ``lo``
+    held = _Held(k, v)
     for step, pieces in enumerate(steps):
-        incoming = _post_kv(ring, hops, step, k_blk, v_blk, lo)
+        incoming = _post_kv(ring, hops, step, held)
         for p in pieces:
-            keys = slice(p.k0 - lo, p.k1 - lo)
-            o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], k_blk[:, :, keys], v_blk[:, :, keys],
+            keys = slice(p.k0 - held.lo, p.k1 - held.lo)
+            o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], held.k[:, :, keys], held.v[:, :, keys],
                                         scale=scale, return_lse=True, **_piece_options(p, softcap))
             merge_pair_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
-        k_blk, v_blk, lo = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
+        held = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
     if sinks is not None:  # one more term of each row's denominator, with no value
         out, lse = add_sink_torch(out, lse, sinks.view(1, Hq, 1))
     return out.to(q.dtype), lse
@@ -307,13 +344,12 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
 def _add_rows(acc, acc_lo: int, k_shape, v_shape, received, hop, block: int):
     """Add the accumulator ``received`` (a hop of ``hop``'s rows: block ``block``'s span of it) into
     ``acc`` (packed dK/dV whose rows start at ``acc_lo``)."""
-    rows, spans = hop
-    if spans[block] is None:
+    span = hop[1][block]
+    if span is None:
         return
-    a, e = spans[block]
-    dk_acc, dv_acc = _unpack(acc, (*k_shape[:2], acc.numel() // _row_numel(k_shape, v_shape), k_shape[3]),
-                             (*v_shape[:2], acc.numel() // _row_numel(k_shape, v_shape), v_shape[3]))
-    dk_in, dv_in = _unpack(received, (*k_shape[:2], rows, k_shape[3]), (*v_shape[:2], rows, v_shape[3]))
+    a, e = span
+    dk_acc, dv_acc = _rows_view(acc, k_shape, v_shape)
+    dk_in, dv_in = _rows_view(received, k_shape, v_shape)
     dk_acc[:, :, a - acc_lo:e - acc_lo] += dk_in[:, :, :e - a]
     dv_acc[:, :, a - acc_lo:e - acc_lo] += dv_in[:, :, :e - a]
 
@@ -330,28 +366,27 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     per_row = _row_numel(k.shape, v.shape)
     own = torch.zeros(per_row * k.shape[2], dtype=acc, device=k.device)  # this rank's block's dK/dV
-    k_blk, v_blk, lo = k, v, 0
+    held = _Held(k, v)
     acc_in = None  # (the posted accumulator hop from rank r − 1, its hop)
     for step, pieces in enumerate(steps):
-        incoming = _post_kv(ring, hops, step, k_blk, v_blk, lo)
+        incoming = _post_kv(ring, hops, step, held)
         block = (ring.rank - step) % ring.world
         if step == 0:
             mine, a = own, 0
         else:
             rows, spans = hops.grads[step]
             mine, a = torch.zeros(per_row * rows, dtype=acc, device=k.device), (spans[block] or (0, 0))[0]
-        dk_acc, dv_acc = _unpack(mine, (*k.shape[:2], mine.numel() // per_row, k.shape[3]),
-                                 (*v.shape[:2], mine.numel() // per_row, v.shape[3]))
+        dk_acc, dv_acc = _rows_view(mine, k.shape, v.shape)
         for p in pieces:
-            rows_q, keys = slice(p.q0, p.q1), slice(p.k0 - lo, p.k1 - lo)
+            rows_q, keys = slice(p.q0, p.q1), slice(p.k0 - held.lo, p.k1 - held.lo)
             # The Triton backward reads lse as a dense (B, H, N) array, hence the copy of a slice.
             # (dq, dk, dv) lead the result (options such as sinks may append their gradients).
-            q_p, k_p = q[:, :, rows_q], k_blk[:, :, keys]
+            q_p, k_p = q[:, :, rows_q], held.k[:, :, keys]
             options = _piece_options(p, softcap)
             variant = _variant(q_p, k_p, window=options["window"], softcap=options["softcap"], sinks=None,
                                alibi_slopes=None, offset=p.offset)
             dq_p, dk_p, dv_p = _backward_impl(
-                do[:, :, rows_q], q_p, k_p, v_blk[:, :, keys], o[:, :, rows_q],
+                do[:, :, rows_q], q_p, k_p, held.v[:, :, keys], o[:, :, rows_q],
                 lse[:, :, rows_q].contiguous(), None if dlse is None else dlse[:, :, rows_q].contiguous(),
                 None, scale, p.causal, p.offset, 0.0, 0, variant)[:3]
             dq[:, :, rows_q] += dq_p
@@ -361,7 +396,7 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
             if acc_in is not None:
                 _add_rows(mine, a, k.shape, v.shape, acc_in[0].wait(), acc_in[1], block)
             acc_in = (ring.shift(mine, tag=1), hops.grads[step]) if hops.grads[step][0] > 0 else None
-        k_blk, v_blk, lo = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
+        held = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
     if acc_in is not None:  # the last hop: the other ranks' share of this rank's own block
         _add_rows(own, 0, k.shape, v.shape, acc_in[0].wait(), acc_in[1], ring.rank)
     dk, dv = _unpack(own, k.shape, v.shape)
