@@ -182,6 +182,22 @@ def test_visible_pairs_counts_what_the_calls_attend_to():
                 assert visible_pairs(pieces) == sum(int(_piece_mask(p).sum()) for p in pieces)
 
 
+def test_fingerprint_sees_every_byte():
+    """The agreement compares values by two weighted sums of their bytes: equal bytes give equal
+    prints whatever the dtype's view, and changing any one byte changes both."""
+    from flashattn_lite.distributed._group import _fingerprint
+    x = torch.randn(37, generator=torch.Generator().manual_seed(3))
+    base = _fingerprint({"a": x, "b": None}, torch.device("cpu"))
+    assert torch.equal(base, _fingerprint({"a": x.clone()}, torch.device("cpu")))
+    raw = x.view(torch.uint8)
+    for i in range(raw.numel()):
+        changed = raw.clone()
+        changed[i] ^= 1 << (i % 8)
+        print_ = _fingerprint({"a": changed.view(torch.float32)}, torch.device("cpu"))
+        assert (print_ != base).all(), i
+    assert torch.equal(_fingerprint({}, torch.device("cpu")), torch.zeros(2, dtype=torch.int64))
+
+
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_schedule_with_a_window(layout):
     """Sliding windows over global positions, causal or not, one side or two, narrower and wider
@@ -343,7 +359,12 @@ def _case_errors(rank, world):
     _raises(_bad(rank, dict(softcap=2.0)), "softcap must be the same")
     _raises(_bad(rank, dict(window=(4, 0))), "window must be the same")
     _raises(_bad(rank, dict(sinks=torch.ones(2, device=_device)), sinks=torch.zeros(2, device=_device)),
-            "sinks must be the same")
+            "sinks must hold the same values", "rank 1's differ")
+    sinks = _seeded(8, 2, dtype=torch.float32)  # one ulp apart in one value: still caught (compared by a fingerprint on the device)
+    nudged = sinks.clone()
+    nudged[1] = torch.nextafter(nudged[1], torch.tensor(float("inf"), device=_device))
+    _raises(_bad(rank, dict(sinks=nudged), sinks=sinks), "sinks must hold the same values")
+    _raises(_bad(rank, dict(sinks=sinks.double()), sinks=sinks), "sinks must be the same", "float64")
     _raises(lambda: unshard(_randn(2, 3 + rank), 1, layout="contiguous"), "x must be the same on every rank")
     _raises(lambda: unshard(_randn(2, 3), 1), "even")
     _raises(lambda: shard(_randn(2, 6), 1, layout="zigzag"), "multiple of")

@@ -4,15 +4,20 @@ buffer to the next rank and receives the previous rank's).
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 
 import torch
 import torch.distributed as dist
 
-# One rank's record in the agreement exchange: its error message and up to 12 argument descriptions,
-# each cut to a bound, so that even escaped to JSON (≤ 12 bytes a character) the record fits.
+# The agreement's full record (only exchanged when something is wrong): a rank's error message and up
+# to 12 argument descriptions, each cut to a bound, so that even escaped to JSON (≤ 12 bytes a
+# character) the record fits.
 _ERROR_CHARS, _FIELD_CHARS, _MAX_FIELDS = 400, 100, 12
 _RECORD_BYTES = 12 * (_ERROR_CHARS + _MAX_FIELDS * (_FIELD_CHARS + 16)) + 64
+_DIGEST_BYTES = 20  # sha1 of a rank's record
+_PRINT_BYTES = 16   # two int64 fingerprints of the values that must be equal on every rank
 
 
 class Group:
@@ -83,23 +88,63 @@ def describe(t) -> str:
     return f"shape {tuple(t.shape)}, {str(t.dtype).replace('torch.', '')}, {t.device.type}"
 
 
-def agree(group: Group, what: str, error: Exception | None, fields: dict[str, str]) -> None:
-    """Raise on every rank of ``group`` if any rank's arguments were invalid or differ between ranks.
+def _fingerprint(values: dict[str, torch.Tensor | None], device) -> torch.Tensor:
+    """Two weighted sums of the values' bytes (int64; weights below 2^23 from a fixed seed, so no sum
+    of fewer than 2^32 bytes overflows and any order gives the same print), computed where the values
+    live: comparing them never reads the values back on their own. One byte that differs always
+    changes both; more, both unchanged with odds about 2^-46."""
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in values.values() if t is not None]
+    if not parts:
+        return torch.zeros(2, dtype=torch.int64, device=device)
+    data = torch.cat([p.to(device) for p in parts]).to(torch.int64)
+    weights = _weights(data.numel(), device)
+    return (data * weights).sum(dim=1)
 
-    Each rank passes the error its own checks raised (or None) and a description of each argument
-    that must be equal on every rank; one small all-gather carries both, so a bad argument on one
-    rank becomes an exception on all of them instead of a hang in the communication that would
-    follow. The rank whose check failed re-raises its own error; the others raise ValueError
-    quoting it; a mismatch raises the same ValueError on every rank."""
-    assert len(fields) <= _MAX_FIELDS and all(len(name) <= 16 for name in fields)
-    fields = {name: text[:_FIELD_CHARS] for name, text in fields.items()}
-    record = json.dumps({"error": None if error is None else str(error)[:_ERROR_CHARS], "fields": fields}).encode()
-    mine = torch.zeros(_RECORD_BYTES, dtype=torch.uint8)
-    mine[:len(record)] = torch.frombuffer(bytearray(record), dtype=torch.uint8)
-    mine = mine.to(group.collective_device)
+
+@functools.lru_cache(maxsize=16)
+def _weights(n: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0x5EED)
+    return torch.randint(1, 2**23, (2, n), generator=g, dtype=torch.int64).to(device)
+
+
+def _gather(group: Group, mine: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``mine`` (uint8, same size on every rank), as a (world, size) CPU tensor."""
     gathered = [torch.empty_like(mine) for _ in range(group.world)]
     dist.all_gather(gathered, mine, group=group.pg)
-    records = [json.loads(bytes(row).rstrip(b"\0")) for row in torch.stack(gathered).cpu().tolist()]
+    return torch.stack(gathered).cpu()
+
+
+def agree(group: Group, what: str, error: Exception | None, fields: dict[str, str],
+          values: dict[str, torch.Tensor | None] | None = None) -> None:
+    """Raise on every rank of ``group`` if any rank's arguments were invalid or differ between ranks.
+
+    Each rank passes the error its own checks raised (or None), a description of each argument that
+    must be equal on every rank, and ``values``: tensors (on the collective device, or None) whose
+    contents must be equal too. One small all-gather carries an error flag, a digest of the
+    descriptions and a fingerprint of the values computed on the device; only when a rank erred or
+    they differ does a second one carry the full descriptions, so that every rank can say what. A
+    bad argument on one rank so becomes an exception on all of them instead of a hang in the
+    communication that would follow. The rank whose check failed re-raises its own error; the
+    others raise ValueError quoting it; a mismatch raises the same ValueError on every rank.
+
+    Cost: one host read of the gathered entries, which waits for the work queued so far on the
+    device (the values are never read back on their own)."""
+    assert len(fields) <= _MAX_FIELDS and all(len(name) <= 16 for name in fields)
+    values = {} if values is None or error is not None else values
+    fields = {name: text[:_FIELD_CHARS] for name, text in fields.items()}
+    record = json.dumps({"error": None if error is None else str(error)[:_ERROR_CHARS], "fields": fields}).encode()
+    head = bytes([error is not None]) + hashlib.sha1(record).digest()
+    device = group.collective_device
+    head = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    if device.type == "cuda":  # a pinned copy does not wait for the device's queue, as a pageable one does
+        head = head.pin_memory().to(device, non_blocking=True)
+    prints = _fingerprint(values, device).view(torch.uint8)
+    entries = _gather(group, torch.cat([head, prints]))
+    if not entries[:, 0].any() and (entries == entries[0]).all():
+        return
+    mine = torch.zeros(_RECORD_BYTES, dtype=torch.uint8)
+    mine[:len(record)] = torch.frombuffer(bytearray(record), dtype=torch.uint8)
+    records = [json.loads(bytes(row.tolist()).rstrip(b"\0")) for row in _gather(group, mine.to(device))]
     if error is not None:
         raise error
     for r, rec in enumerate(records):
@@ -111,3 +156,6 @@ def agree(group: Group, what: str, error: Exception | None, fields: dict[str, st
             if rec["fields"].get(name) != first:
                 raise ValueError(f"{what}: {name} must be the same on every rank of the group: rank 0 has {first}, "
                                  f"rank {r} has {rec['fields'].get(name)}")
+    r = next(r for r in range(1, group.world) if not (entries[r] == entries[0]).all())
+    raise ValueError(f"{what}: {', '.join(values)} must hold the same values on every rank of the group: "
+                     f"rank {r}'s differ from rank 0's")

@@ -30,7 +30,6 @@ sums and two accumulators in flight, never the whole sequence.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from typing import NamedTuple
 
@@ -471,15 +470,6 @@ def _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, group: 
                     _check_sinks(sinks, q, Hq))
 
 
-def _describe_sinks(sinks) -> str:
-    """What ranks must agree on about the (checked) sinks: a replicated parameter, so its values too
-    (a digest; reading them syncs the device, as the agreement's exchange does anyway)."""
-    if sinks is None:
-        return "None"
-    values = repr(sinks.detach().double().cpu().tolist()).encode()
-    return f"{describe(sinks)}, values {hashlib.sha1(values).hexdigest()[:12]}"
-
-
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    scale: float | None = None, window: tuple | None = None, softcap: float | None = None,
                    sinks: torch.Tensor | None = None, group=None, layout: str = "zigzag", return_lse: bool = False):
@@ -520,10 +510,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     calls, each cut to the rows and keys it needs, wherever its mask can sit there.
     """
     g = Group(group)
-    error, checked, sinks_text = None, None, "not checked"
+    error, checked = None, None
     try:
         checked = _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, g)
-        sinks_text = _describe_sinks(checked.sinks)  # reads the values: after the checks, inside the try
     except (TypeError, ValueError) as e:
         error = e
     # Whether a backward will follow must agree too: a rank without one would leave the others waiting.
@@ -532,8 +521,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     same = lambda name: repr(getattr(checked, name, None))  # noqa: E731 (None on a rank whose checks failed)
     agree(g, "ring_attention", error, {"q": describe(q), "k": describe(k), "v": describe(v), "causal": repr(causal),
                                        "scale": same("scale"), "window": same("window"),
-                                       "softcap": same("softcap"), "sinks": sinks_text,
-                                       "layout": repr(layout), "requires_grad": repr(needs_grad)})
+                                       "softcap": same("softcap"), "sinks": describe(sinks),
+                                       "layout": repr(layout), "requires_grad": repr(needs_grad)},
+          values={"sinks": getattr(checked, "sinks", None)})  # a replicated parameter: its values too
     scale = q.shape[-1] ** -0.5 if checked.scale is None else checked.scale
     every, hops = plan(layout, g.world, q.shape[2], causal, checked.window)
     o, lse = _RingAttentionFn.apply(q, k, v, checked.sinks, scale, checked.softcap, g, every[g.rank], hops)
