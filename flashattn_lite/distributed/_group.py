@@ -16,8 +16,6 @@ import torch.distributed as dist
 # character) the record fits.
 _ERROR_CHARS, _FIELD_CHARS, _MAX_FIELDS = 400, 100, 12
 _RECORD_BYTES = 12 * (_ERROR_CHARS + _MAX_FIELDS * (_FIELD_CHARS + 16)) + 64
-_DIGEST_BYTES = 20  # sha1 of a rank's record
-_PRINT_BYTES = 16   # two int64 fingerprints of the values that must be equal on every rank
 
 
 class Group:
@@ -104,7 +102,7 @@ def _fingerprint(values: dict[str, torch.Tensor | None], device) -> torch.Tensor
 @functools.lru_cache(maxsize=16)
 def _weights(n: int, device) -> torch.Tensor:
     g = torch.Generator().manual_seed(0x5EED)
-    return torch.randint(1, 2**23, (2, n), generator=g, dtype=torch.int64).to(device)
+    return torch.randint(1, 2**23, (2, n), generator=g, dtype=torch.int64, device="cpu").to(device)
 
 
 def _gather(group: Group, mine: torch.Tensor) -> torch.Tensor:

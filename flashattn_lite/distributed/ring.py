@@ -8,8 +8,8 @@ compute). Everything here is scheduling and communication; the math is the packa
 - forward: each (query slice, key slice) piece is ``attention_core(..., return_lse=True)`` with
   the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
   and the softcap, and the partial (o, lse) are merged in place into a float32 accumulator
-  (``merge_pair_into``, the pair merge's in-place form); sinks enter once at the end, as one more
-  term of each row's denominator;
+  (``merge_pair_into``, the pair merge's in-place form); sinks enter once, as one more term of each
+  row's denominator: in the row's step-0 call where those tile the rows, else at the end;
 - backward: FlashAttention-2's recomputation P = exp(S − lse) is exact for one key block when
   given the *global* o and lse (δ = rowsum(dO∘O) − dlse is a property of the query row, not of
   the block), so each piece is the attention backward (``_backward_impl``) with the global o and
@@ -39,7 +39,7 @@ from .. import _checks
 from .._runtime import runs_triton
 from ..merge import add_sink_torch
 from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _variant, attention_core
-from ..ops.attention_bwd import sinks_grad
+from ..ops.attention_bwd import row_stats, sinks_grad
 from ..ops.merge_states import merge_pair_into
 from ._group import Group, agree, describe
 from .sharding import check_layout, runs
@@ -317,6 +317,24 @@ def _take_kv(incoming, ring, hops: Hops, step: int, k_shape, v_shape) -> _Held:
     return _Held(*_rows_view(buf, k_shape, v_shape), span[0] if span else 0, buf)
 
 
+def _tiles(spans, n: int) -> bool:
+    """Whether the [lo, hi) ``spans`` cover [0, n) once each: then step 0's pieces write the ring's
+    sums (no zero fill, no read of zeros) and the later steps add to them."""
+    ends = 0
+    for lo, hi in sorted(spans):
+        if lo != ends:
+            return False
+        ends = hi
+    return ends == n
+
+
+def _write_or_add(into: torch.Tensor, value: torch.Tensor, write: bool) -> None:
+    if write:
+        into.copy_(value)
+    else:
+        into += value
+
+
 def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops: Hops):
     """(o, lse) of this rank's queries over the whole sequence (and the sinks). ``ring`` has
     ``shift(tensor)``, ``rank`` and ``world`` (see ``_group.Group``); ``steps`` and ``hops`` are
@@ -324,18 +342,28 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
     B, Hq, n, _ = q.shape
     # float32 partials: W merges in bf16 would round W times (merges take float32 lse, so float64
     # inputs merge in float32 too).
-    out = torch.zeros((B, Hq, n, v.shape[3]), dtype=torch.float32, device=q.device)
-    lse = torch.full((B, Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
+    written = _tiles([(p.q0, p.q1) for p in steps[0]], n)
+    out = (torch.empty if written else torch.zeros)((B, Hq, n, v.shape[3]), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, Hq, n), dtype=torch.float32, device=q.device)
+    if not written:
+        lse.fill_(float("-inf"))
     held = _Held(k, v)
     for step, pieces in enumerate(steps):
         incoming = _post_kv(ring, hops, step, held)
         for p in pieces:
             keys = slice(p.k0 - held.lo, p.k1 - held.lo)
+            # Where step 0's pieces tile the rows, each row's sink joins its one step-0 call (the
+            # merges carry it on): no pass over the float32 output at the end.
             o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], held.k[:, :, keys], held.v[:, :, keys],
-                                        scale=scale, return_lse=True, **_piece_options(p, softcap))
-            merge_pair_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
+                                        scale=scale, return_lse=True, sinks=sinks if step == 0 and written else None,
+                                        **_piece_options(p, softcap))
+            if step == 0 and written:
+                out[:, :, p.q0:p.q1].copy_(o_p)
+                lse[:, :, p.q0:p.q1].copy_(lse_p)
+            else:
+                merge_pair_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
         held = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
-    if sinks is not None:  # one more term of each row's denominator, with no value
+    if sinks is not None and not written:  # one more term of each row's denominator, with no value
         out, lse = add_sink_torch(out, lse, sinks.view(1, Hq, 1))
     return out.to(q.dtype), lse
 
@@ -362,9 +390,12 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
     global lse already holds them, and P = exp(S − lse) is all a piece's backward needs. dsinks is
     this rank's rows' share (``sinks_grad``), as for any parameter its queries use."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32  # sums of per-block gradients
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    rows_written = _tiles([(p.q0, p.q1) for p in steps[0]], q.shape[2])
+    keys_written = _tiles([(p.k0, p.k1) for p in steps[0]], k.shape[2])
+    dq = (torch.empty if rows_written else torch.zeros)(q.shape, dtype=acc, device=q.device)
     per_row = _row_numel(k.shape, v.shape)
-    own = torch.zeros(per_row * k.shape[2], dtype=acc, device=k.device)  # this rank's block's dK/dV
+    # This rank's block's dK/dV.
+    own = (torch.empty if keys_written else torch.zeros)(per_row * k.shape[2], dtype=acc, device=k.device)
     held = _Held(k, v)
     acc_in = None  # (the posted accumulator hop from rank r − 1, its hop)
     for step, pieces in enumerate(steps):
@@ -388,9 +419,9 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
                 do[:, :, rows_q], q_p, k_p, held.v[:, :, keys], o[:, :, rows_q],
                 lse[:, :, rows_q].contiguous(), None if dlse is None else dlse[:, :, rows_q].contiguous(),
                 None, scale, p.causal, p.offset, 0.0, 0, variant)[:3]
-            dq[:, :, rows_q] += dq_p
-            dk_acc[:, :, p.k0 - a:p.k1 - a] += dk_p
-            dv_acc[:, :, p.k0 - a:p.k1 - a] += dv_p
+            _write_or_add(dq[:, :, rows_q], dq_p, step == 0 and rows_written)
+            _write_or_add(dk_acc[:, :, p.k0 - a:p.k1 - a], dk_p, step == 0 and keys_written)
+            _write_or_add(dv_acc[:, :, p.k0 - a:p.k1 - a], dv_p, step == 0 and keys_written)
         if step > 0:
             if acc_in is not None:
                 _add_rows(mine, a, k.shape, v.shape, acc_in[0].wait(), acc_in[1], block)
@@ -401,7 +432,10 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
     dk, dv = _unpack(own, k.shape, v.shape)
     dsinks = None
     if sinks is not None:
-        delta = (do.float() * o.float()).sum(-1) - (0.0 if dlse is None else dlse.float())
+        if runs_triton(o) and o.dtype != torch.float64:
+            delta = row_stats(do, o, lse, dlse)[0]  # one read of dO and O, as the kernels' own backward
+        else:  # the float64 twin, and CPU tensors without the interpreter
+            delta = (do.to(acc) * o.to(acc)).sum(-1) - (0.0 if dlse is None else dlse.to(acc))
         dsinks = sinks_grad(sinks, lse, delta)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
 

@@ -776,6 +776,23 @@ def attention_dq(do, q, k, v, dq, lse2, delta, *, scale: float, causal: bool, va
     _dq_launch(q, k, v, do, dq, lse2, delta, variant, a)
 
 
+def row_stats(do, o, lse, dlse):
+    """(δ, lse₂), (B, Hq, Nq) float32, by the portable preprocess kernel: δ = rowsum(dO ∘ O) − dlse,
+    lse₂ = lse·log2 e (+inf where lse = −inf). The Hopper and Gluon backwards read
+    them, and the ring's sinks gradient."""
+    B, Hq, Nq, Dv = o.shape
+    lse = lse.contiguous()  # the forward's lse already is: (B, Hq, Nq) rows N apart
+    if dlse is not None:
+        dlse = dlse.float().contiguous()
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
+    pre_m = 16 if interpreter_active() else 64
+    _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
+        o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq,
+        HEAD_DIM_V=Dv, BLOCK_DV=next_pow2(Dv), HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
+    return delta, lse2
+
+
 def sinks_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """∂L/∂sinks (Hq,) in the sinks' dtype from the forward's lse (sink included) and δ (dlse
     included), both in the lse's layout: d lse/d sink = P_sink = exp(sink − lse), so

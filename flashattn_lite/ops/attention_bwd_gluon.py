@@ -1628,7 +1628,7 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     dq_w = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]))  # converted to q's below
     row_starts = None
     if variant is not None and variant.seq != SEQ_DENSE:
-        from .attention_bwd_hopper import row_stats
+        from .attention_bwd import row_stats
         delta, lse2 = row_stats(do, o, lse, dlse)
         delta_pad, lse2_pad, row_starts = _aligned_rows(delta, lse2, variant)
         dq_acc = torch.zeros((B, Hq, Nq, dq_w), device=q.device, dtype=torch.float32) if cfg.fused_dq else None

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from .._runtime import cdiv, interpreter_active, tile_and_slab
 from ..merge import LOG2E
-from .attention_bwd import _bwd_preprocess, query_range
+from .attention_bwd import query_range, row_stats
 from .attention_fwd import key_range, precision_for, query_tile, score_tile
 from .attention_fwd_hopper import (_NOT_SPECIALIZED, DTYPES, HEAD_DIMS, MIN_WORK, TESTED_TRITON, TensorDescriptor,
                                    _load_rows, _reason_for_options, _tensor_reason)
@@ -278,22 +278,6 @@ def attention_backward_hopper(do, q, k, v, o, lse, *, scale: float, causal: bool
         BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages)
     dq_into(dq, do, q, k, v, lse2, delta, scale, causal, cfg.dq)
     return dq, dk, dv
-
-
-def row_stats(do, o, lse, dlse):
-    """(δ, lse₂), (B, Hq, Nq) float32, by the portable preprocess kernel: δ = rowsum(dO ∘ O) − dlse,
-    lse₂ = lse·log2 e (+inf where lse = −inf). The Gluon backward reads them too."""
-    B, Hq, Nq, Dv = o.shape
-    lse = lse.contiguous()  # the forward's lse already is: (B, Hq, Nq) rows N apart
-    if dlse is not None:
-        dlse = dlse.float().contiguous()
-    delta = torch.empty_like(lse)
-    lse2 = torch.empty_like(lse)
-    pre_m = 16 if interpreter_active() else 64
-    _bwd_preprocess[(cdiv(Nq, pre_m) * B * Hq,)](
-        o, do, lse, dlse if dlse is not None else lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq,
-        HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv), HAS_DLSE=dlse is not None, BLOCK_M=pre_m)
-    return delta, lse2
 
 
 def dq_into(dq, do, q, k, v, lse2, delta, scale: float, causal: bool, qc: KernelConfig) -> None:
