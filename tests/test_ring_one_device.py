@@ -11,11 +11,14 @@ same dtype over the whole sequence.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from conftest import DEVICE, ON_GPU, assert_close_to_ref
 import flashattn_lite
@@ -99,7 +102,7 @@ def _ring_threads(q, k, v, do, dlse, sinks, *, world, layout, causal, window, so
     return whole, dsinks
 
 
-def _compare(*, dtype, world, layout, causal, b=1, hq=2, hkv=2, n=8, d=16, window=None, softcap=None,
+def _compare(*, dtype, world, layout, causal, b=1, hq=2, hkv=2, n=8, d=16, dv=None, window=None, softcap=None,
              sinks=False, eps=None):
     gen = torch.Generator().manual_seed(0)
     N = world * n
@@ -107,7 +110,8 @@ def _compare(*, dtype, world, layout, causal, b=1, hq=2, hkv=2, n=8, d=16, windo
     def rand(*shape, dtype=dtype):
         return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=DEVICE, dtype=dtype)
 
-    q, k, v, do = rand(b, hq, N, d), rand(b, hkv, N, d), rand(b, hkv, N, d), rand(b, hq, N, d)
+    dv = d if dv is None else dv
+    q, k, v, do = rand(b, hq, N, d), rand(b, hkv, N, d), rand(b, hkv, N, dv), rand(b, hq, N, dv)
     dlse = rand(b, hq, N, dtype=torch.float32)
     sink = rand(hq, dtype=torch.float32) if sinks else None
     options = dict(causal=causal, window=window, softcap=softcap)
@@ -153,3 +157,31 @@ def test_ring_threads_long_on_gpu(dtype, layout, causal, window, softcap, sinks)
     """Two ranks of 4096 tokens, d 128, GQA: long enough for the Hopper kernels on sm_90."""
     _compare(dtype=dtype, world=2, layout=layout, causal=causal, hq=4, hkv=2, n=4096, d=128, window=window,
              softcap=softcap, sinks=sinks)
+
+
+@st.composite
+def _ring_cases(draw):
+    """A ring's shape and options: W 1–5 ranks of a few tokens, both layouts, any window (one side
+    or two, narrower or wider than a shard), softcap, sinks, GQA, v's head dim apart."""
+    world, layout = draw(st.integers(1, 5)), draw(st.sampled_from(["zigzag", "contiguous"]))
+    n = draw(st.integers(1, 4)) * 2 if layout == "zigzag" else draw(st.integers(1, 7))
+    causal = draw(st.booleans())
+    side = st.one_of(st.just(-1), st.integers(0, world * n))
+    window = draw(st.one_of(st.none(), st.tuples(side, side)))
+    hkv = draw(st.integers(1, 2))
+    return dict(world=world, layout=layout, n=n, causal=causal, window=window,
+                softcap=draw(st.sampled_from([None, 1.5])), sinks=draw(st.booleans()), b=draw(st.integers(1, 2)),
+                hkv=hkv, hq=hkv * draw(st.integers(1, 2)), d=draw(st.sampled_from([4, 16])),
+                dv=draw(st.sampled_from([None, 8])))
+
+
+_EXAMPLES = int(os.environ.get("FLASHATTN_LITE_FUZZ_EXAMPLES", "0")) or (10 if ON_GPU else 150)
+
+
+@settings(max_examples=_EXAMPLES, derandomize=True, deadline=None, database=None, print_blob=True,
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@given(case=_ring_cases())
+def test_ring_threads_fuzz(case, torch_cpu_path):
+    """Drawn rings on the CPU twin (compiled kernels on a GPU) against float64 and one device's
+    attention: every piece, hop, merge, write of step 0 and accumulator sum the plan can make."""
+    _compare(dtype=torch.float32, **case)
