@@ -92,7 +92,7 @@ def test_attention_dq_is_the_portable_backwards_dq(layout, causal):
     # causal), softcap, ALiBi and sinks, over a dense batch (Nq ≠ Nk), a padded (ranges) and a packed
     # (varlen) one; every row it owns written (dq starts as NaN where the caller allocates it empty).
     from flashattn_lite.ops import attention_bwd, attention_fwd
-    from flashattn_lite.ops.attention_bwd_hopper import row_stats
+    from flashattn_lite.ops.attention_bwd import row_stats
     g = torch.Generator(device=DEVICE).manual_seed(11)
     Hq, Hkv, D = 4, 2, 32
     lengths = [37, 70, 5]

@@ -53,8 +53,7 @@ from .attention_fwd_hopper import Config as KernelConfig
 from .attention_fwd_hopper import covered
 
 __all__ = ["CONFIGS", "DTYPES", "HEAD_DIMS", "INTERPRETER_CONFIG", "Config", "KernelConfig",
-           "PATH_NOTE", "attention_backward_hopper", "default_config", "dq_into", "fast_path", "row_stats",
-           "supported"]
+           "PATH_NOTE", "attention_backward_hopper", "default_config", "dq_into", "fast_path", "supported"]
 
 # KernelConfig: the forward's Config, the tiles and launch shape of one backward kernel. For dK/dV:
 # ``block_n`` keys held per program, ``block_m`` queries streamed; for dQ: ``block_m`` queries held,
