@@ -91,43 +91,42 @@ def test_schedule_covers_exactly_the_visible_pairs(layout):
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_plan_sends_only_the_rows_later_ranks_use(layout):
-    """``plan``'s hops: each K/V hop holds every key row that any later step uses of the block it
-    carries, each accumulator hop every row touched so far, and nothing wider than the widest such
-    span; the owner's own block never travels as gradient. Without a window every hop is the whole
-    block (W − 1 K/V hops, W − 1 accumulator hops); a window narrower than a shard's chunks cuts both
-    to about its width (zigzag: the hull of a block's two chunks' tails where both are used), and a
+    """``plan``'s hops: each K/V hop holds exactly the key rows that later steps use of the block it
+    carries, each accumulator hop the rows touched so far, as sorted disjoint runs, in a buffer of
+    the most rows any block needs; the owner's own block never travels as gradient. Without a window
+    every hop is the whole block (W − 1 K/V hops, W − 1 accumulator hops); a window narrower than a
+    shard's chunks cuts both to about its width (zigzag: a strip a chunk, two a block), and a
     contiguous causal one stops after the neighbour."""
     from flashattn_lite.distributed.ring import plan
-    for world in (1, 2, 3, 4):
+
+    def rows_in(runs):
+        return {i for lo, hi in runs for i in range(lo, hi)}
+
+    for world in (1, 2, 3, 4, 5):
         for n in (4, 8, 16):
             for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (2, -1)), (False, (3, 2)),
-                                   (True, (n + 1, 0))):
+                                   (True, (n + 1, 0)), (True, (1, 0))):
                 every, hops = plan(layout, world, n, causal, window)
                 assert len(hops.kv) == world - 1 and len(hops.grads) == world and hops.grads[0][0] == 0
                 for b in range(world):
                     keys = [None] + [[(p.k0, p.k1) for p in every[(b + t) % world][t]] for t in range(1, world)]
-                    for s in range(world - 1):  # the hop posted at step s carries block b to rank b + s + 1
-                        rows, spans = hops.kv[s]
-                        later = [k for t in range(s + 1, world) for k in keys[t]]
-                        if later:
-                            lo, hi = spans[b]
-                            assert all(lo <= k0 and k1 <= hi for k0, k1 in later) and hi - lo <= rows
-                            assert (lo, hi) == (min(k for k, _ in later), max(k for _, k in later))
-                        else:
-                            assert spans[b] is None
-                    for s in range(1, world):
-                        rows, spans = hops.grads[s]
-                        touched = [k for t in range(1, s + 1) for k in keys[t]]
-                        assert (spans[b] is None) == (not touched)
-                        if touched:
-                            lo, hi = spans[b]
-                            assert all(lo <= k0 and k1 <= hi for k0, k1 in touched) and hi - lo <= rows <= n
+                    # The K/V hop posted at step s: the rows steps s + 1 … W − 1 use; the accumulator
+                    # hop posted at step s ≥ 1: the rows steps 1 … s touched.
+                    cases = [(hops.kv[s], range(s + 1, world), "kv") for s in range(world - 1)]
+                    cases += [(hops.grads[s], range(1, s + 1), "grads") for s in range(1, world)]
+                    for (rows, spans), steps, what in cases:
+                        wanted = rows_in(k for t in steps for k in keys[t])
+                        runs = spans[b]
+                        assert rows_in(runs) == wanted, (what, steps, b, runs)
+                        assert list(runs) == sorted(runs) and all(lo < hi for lo, hi in runs)
+                        assert all(runs[i][1] < runs[i + 1][0] for i in range(len(runs) - 1))
+                        assert sum(hi - lo for lo, hi in runs) <= rows <= n
                 if window == (-1, -1):
                     assert all(rows == n for rows, _ in hops.kv) and all(rows == n for rows, _ in hops.grads[1:])
                 elif window[0] < n // 2 and window[1] <= 0 and world > 1:  # causal, narrower than a chunk
                     # contiguous: the left neighbour's tail, no hop past the first; zigzag: a block's
-                    # two chunks' tails at most (their hull), one of them where W = 2
-                    widest = window[0] + 1 if layout == "contiguous" or world == 2 else n // 2 + window[0] + 1
+                    # two chunks' tails at most, one of them where W = 2
+                    widest = window[0] + 1 if layout == "contiguous" or world == 2 else 2 * (window[0] + 1)
                     assert all(rows <= widest for rows, _ in hops.kv + hops.grads)
                     if layout == "contiguous":
                         assert all(rows == 0 for rows, _ in hops.kv[1:])

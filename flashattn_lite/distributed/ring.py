@@ -18,11 +18,11 @@ compute). Everything here is scheduling and communication; the math is the packa
   own share.
 
 What travels is planned once per call signature (``plan``): a K/V hop carries only the key rows
-some later rank uses of the block, an accumulator hop only the rows touched so far (one span a
-block: their hull). Without a window that is the whole block. With a causal window narrower than
-a shard it is about the window's width over contiguous shards, and over zigzag ones on two ranks;
-zigzag on more ranks may carry the hull of a block's two chunks' tails (half a block and the
-window), and a two-sided window on three or more ranks up to the whole block.
+some later rank uses of the block, an accumulator hop only the rows touched so far, each as the
+block's runs of such rows packed one after the other. Without a window that is the whole block.
+With a window narrower than a shard it is the strips at the chunks' edges that the window reaches
+across: its width for a causal window over contiguous shards, up to twice that over zigzag ones
+(a block's two chunks) or for a two-sided window.
 
 Memory per rank is O(n): its own q, k, v, o, do, two K/V blocks in flight, its own block's dK/dV
 sums and two accumulators in flight, never the whole sequence.
@@ -194,20 +194,43 @@ def schedule(layout: str, rank: int, world: int, n_local: int, causal: bool,
 class Hops(NamedTuple):
     """What each ring step sends, the same table on every rank (``plan``). ``kv[s]``: the K/V hop
     posted at step s (for step s + 1); ``grads[s]``: the dK/dV accumulator hop posted at step s. Each
-    is (rows, spans): ``spans[b]`` the rows [lo, hi) of rank b's block it carries (None: none of
-    them), ``rows`` the buffer's row count, the widest span (0: no hop at that step)."""
+    is (rows, spans): ``spans[b]`` the runs of rank b's block it carries, sorted disjoint [lo, hi)
+    row ranges laid one after the other in the buffer (empty: none of them), ``rows`` the buffer's
+    row count, the most any block needs (0: no hop at that step)."""
     kv: tuple
     grads: tuple
 
 
-def _hull(spans):
-    """The smallest [lo, hi) holding every span (None entries ignored), or None."""
-    spans = [x for x in spans if x is not None]
-    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+def _union(ranges) -> tuple:
+    """The sorted, disjoint [lo, hi) runs covering ``ranges`` (ranges that overlap or touch are
+    joined), as a tuple: the rows a hop carries of one block, in buffer order."""
+    out = []
+    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _width(runs) -> int:
+    return sum(hi - lo for lo, hi in runs)
+
+
+def _rows_of(runs, lo: int, hi: int) -> slice:
+    """Where key rows [lo, hi) sit in a buffer laid out as ``runs`` (they lie within one run)."""
+    if hi <= lo:
+        return slice(0, 0)
+    start = 0
+    for a, e in runs:
+        if a <= lo and hi <= e:
+            return slice(start + lo - a, start + hi - a)
+        start += e - a
+    raise AssertionError(f"rows [{lo}, {hi}) are not within one run of {runs}")  # plan's invariant
 
 
 def _hop(spans) -> tuple:
-    return max((hi - lo for lo, hi in (x for x in spans if x is not None)), default=0), tuple(spans)
+    return max(map(_width, spans), default=0), tuple(spans)
 
 
 def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> tuple:
@@ -231,34 +254,21 @@ def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int,
 @functools.lru_cache(maxsize=64)
 def _plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int, int]) -> tuple:
     """``plan``'s tables, once per call signature. Rank b's block is at rank b + t at step t, which
-    uses its key rows ``used[b][t]`` (the hull of that step's pieces). So a K/V hop carries only the
+    uses its key rows ``used[b][t]`` (the runs of that step's pieces). So a K/V hop carries only the
     rows some later rank uses, and the dK/dV accumulator of block b, started at rank b + 1 (the owner
     keeps its own block's gradient), only the rows ranks b + 1 … b + s touched; its last hop (step
-    W − 1) lands at the owner. Without a window every span is the whole block; with a causal one
-    narrower than a shard, about its width where each block's used rows are one run (the module's
-    docstring says where)."""
+    W − 1) lands at the owner. Without a window every hop is the whole block; with a causal one
+    narrower than a shard, about its width (zigzag: twice, one strip a chunk)."""
     steps = tuple(schedule(layout, r, world, n_local, causal, window) for r in range(world))
-    used = [[_hull([(p.k0, p.k1) for p in steps[(b + t) % world][t]]) for t in range(world)] for b in range(world)]
-    kv = tuple(_hop([_hull(used[b][s + 1:]) for b in range(world)]) for s in range(world - 1))
-    grads = tuple(_hop([_hull(used[b][1:s + 1]) for b in range(world)]) for s in range(world))
+    used = [[[(p.k0, p.k1) for p in steps[(b + t) % world][t]] for t in range(world)] for b in range(world)]
+    kv = tuple(_hop([_union(r for t in range(s + 1, world) for r in used[b][t]) for b in range(world)])
+               for s in range(world - 1))
+    grads = tuple(_hop([_union(r for t in range(1, s + 1) for r in used[b][t]) for b in range(world)])
+                  for s in range(world))
     return steps, Hops(kv, grads)
 
 
 # ------------------------------------------------------------------ forward and backward
-
-def _pack(k: torch.Tensor, v: torch.Tensor, rows: int | None = None) -> torch.Tensor:
-    """k and v (B, H, r, ·) in one contiguous buffer laid out for ``rows`` ≥ r rows (default r; the
-    rows past r zeros): one transfer per ring step, whatever the inputs' strides."""
-    rows = k.shape[2] if rows is None else rows
-    kv = torch.empty(_row_numel(k.shape, v.shape) * rows, dtype=k.dtype, device=k.device)
-    k_view, v_view = _unpack(kv, (*k.shape[:2], rows, k.shape[3]), (*v.shape[:2], rows, v.shape[3]))
-    k_view[:, :, :k.shape[2]].copy_(k)
-    v_view[:, :, :v.shape[2]].copy_(v)
-    if rows > k.shape[2]:  # a hop padded to its widest span: no unset memory goes over the wire
-        k_view[:, :, k.shape[2]:].zero_()
-        v_view[:, :, v.shape[2]:].zero_()
-    return kv
-
 
 def _row_numel(k_shape, v_shape) -> int:
     """Elements of one key row of k and v together (a packed buffer's row)."""
@@ -285,26 +295,37 @@ def _piece_options(p: Piece, softcap: float) -> dict:
 
 
 class _Held(NamedTuple):
-    """The K/V block a rank holds at a step: k, v (its rows from ``lo``) and, when they are views of
-    a received hop, that packed buffer (None for the rank's own k, v)."""
+    """The K/V block a rank holds at a step: k, v (its rows ``runs``, one after the other) and, when
+    they are views of a received hop, that packed buffer (None for the rank's own k, v)."""
     k: torch.Tensor | None
     v: torch.Tensor | None
-    lo: int = 0
+    runs: tuple = ()
     buf: torch.Tensor | None = None
 
 
 def _post_kv(ring, hops: Hops, step: int, held: _Held):
-    """Post step ``step``'s K/V hop (None where there is none): the rows of the held block that
-    later ranks use, in a buffer of the hop's row count (the received buffer itself where that is
-    all of it: no copy of a whole block at each step)."""
+    """Post step ``step``'s K/V hop (None where there is none): the runs of the held block that
+    later ranks use, packed in a buffer of the hop's row count (the received buffer itself where
+    that is all of it: no copy of a whole block at each step)."""
     if step >= len(hops.kv) or hops.kv[step][0] == 0:
         return None
     rows, spans = hops.kv[step]
-    a, e = spans[(ring.rank - step) % ring.world] or (held.lo, held.lo)
-    if held.buf is not None and a == held.lo and e - a == rows == held.k.shape[2]:
+    runs = spans[(ring.rank - step) % ring.world]
+    if held.buf is not None and runs == held.runs and rows == held.k.shape[2]:
         return ring.shift(held.buf)
-    rows_held = slice(a - held.lo, e - held.lo)
-    return ring.shift(_pack(held.k[:, :, rows_held], held.v[:, :, rows_held], rows))
+    k_shape, v_shape = held.k.shape, held.v.shape
+    buf = torch.empty(_row_numel(k_shape, v_shape) * rows, dtype=held.k.dtype, device=held.k.device)
+    k_out, v_out = _rows_view(buf, k_shape, v_shape)
+    start = 0
+    for lo, hi in runs:
+        rows_held = _rows_of(held.runs, lo, hi)
+        k_out[:, :, start:start + hi - lo].copy_(held.k[:, :, rows_held])
+        v_out[:, :, start:start + hi - lo].copy_(held.v[:, :, rows_held])
+        start += hi - lo
+    if start < rows:  # a hop padded to the block that needs the most rows: no unset memory goes over the wire
+        k_out[:, :, start:].zero_()
+        v_out[:, :, start:].zero_()
+    return ring.shift(buf)
 
 
 def _take_kv(incoming, ring, hops: Hops, step: int, k_shape, v_shape) -> _Held:
@@ -313,8 +334,8 @@ def _take_kv(incoming, ring, hops: Hops, step: int, k_shape, v_shape) -> _Held:
     if incoming is None:
         return _Held(None, None)
     buf = incoming.wait()
-    span = hops.kv[step][1][(ring.rank - step - 1) % ring.world]
-    return _Held(*_rows_view(buf, k_shape, v_shape), span[0] if span else 0, buf)
+    runs = hops.kv[step][1][(ring.rank - step - 1) % ring.world]
+    return _Held(*_rows_view(buf, k_shape, v_shape), runs, buf)
 
 
 def _tiles(spans, n: int) -> bool:
@@ -347,11 +368,11 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
     lse = torch.empty((B, Hq, n), dtype=torch.float32, device=q.device)
     if not written:
         lse.fill_(float("-inf"))
-    held = _Held(k, v)
+    held = _Held(k, v, ((0, k.shape[2]),))
     for step, pieces in enumerate(steps):
         incoming = _post_kv(ring, hops, step, held)
         for p in pieces:
-            keys = slice(p.k0 - held.lo, p.k1 - held.lo)
+            keys = _rows_of(held.runs, p.k0, p.k1)
             # Where step 0's pieces tile the rows, each row's sink joins its one step-0 call (the
             # merges carry it on): no pass over the float32 output at the end.
             o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], held.k[:, :, keys], held.v[:, :, keys],
@@ -368,17 +389,17 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
     return out.to(q.dtype), lse
 
 
-def _add_rows(acc, acc_lo: int, k_shape, v_shape, received, hop, block: int):
-    """Add the accumulator ``received`` (a hop of ``hop``'s rows: block ``block``'s span of it) into
-    ``acc`` (packed dK/dV whose rows start at ``acc_lo``)."""
-    span = hop[1][block]
-    if span is None:
-        return
-    a, e = span
+def _add_rows(acc, acc_runs, k_shape, v_shape, received, received_runs):
+    """Add the accumulator ``received`` (packed dK/dV of rows ``received_runs``) into ``acc`` (rows
+    ``acc_runs``, each of which holds whole runs of the received: the rows touched only grow)."""
     dk_acc, dv_acc = _rows_view(acc, k_shape, v_shape)
     dk_in, dv_in = _rows_view(received, k_shape, v_shape)
-    dk_acc[:, :, a - acc_lo:e - acc_lo] += dk_in[:, :, :e - a]
-    dv_acc[:, :, a - acc_lo:e - acc_lo] += dv_in[:, :, :e - a]
+    start = 0
+    for lo, hi in received_runs:
+        rows = _rows_of(acc_runs, lo, hi)
+        dk_acc[:, :, rows] += dk_in[:, :, start:start + hi - lo]
+        dv_acc[:, :, rows] += dv_in[:, :, start:start + hi - lo]
+        start += hi - lo
 
 
 def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float, ring, steps, hops: Hops):
@@ -396,19 +417,20 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
     per_row = _row_numel(k.shape, v.shape)
     # This rank's block's dK/dV.
     own = (torch.empty if keys_written else torch.zeros)(per_row * k.shape[2], dtype=acc, device=k.device)
-    held = _Held(k, v)
-    acc_in = None  # (the posted accumulator hop from rank r − 1, its hop)
+    whole = ((0, k.shape[2]),)
+    held = _Held(k, v, whole)
+    acc_in = None  # the accumulator hop from rank r − 1 posted at the step before (its runs: Hops.grads)
     for step, pieces in enumerate(steps):
         incoming = _post_kv(ring, hops, step, held)
         block = (ring.rank - step) % ring.world
         if step == 0:
-            mine, a = own, 0
+            mine, runs = own, whole
         else:
             rows, spans = hops.grads[step]
-            mine, a = torch.zeros(per_row * rows, dtype=acc, device=k.device), (spans[block] or (0, 0))[0]
+            mine, runs = torch.zeros(per_row * rows, dtype=acc, device=k.device), spans[block]
         dk_acc, dv_acc = _rows_view(mine, k.shape, v.shape)
         for p in pieces:
-            rows_q, keys = slice(p.q0, p.q1), slice(p.k0 - held.lo, p.k1 - held.lo)
+            rows_q, keys, sums = slice(p.q0, p.q1), _rows_of(held.runs, p.k0, p.k1), _rows_of(runs, p.k0, p.k1)
             # The Triton backward reads lse as a dense (B, H, N) array, hence the copy of a slice.
             # (dq, dk, dv) lead the result (options such as sinks may append their gradients).
             q_p, k_p = q[:, :, rows_q], held.k[:, :, keys]
@@ -420,15 +442,15 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
                 lse[:, :, rows_q].contiguous(), None if dlse is None else dlse[:, :, rows_q].contiguous(),
                 None, scale, p.causal, p.offset, 0.0, 0, variant)[:3]
             _write_or_add(dq[:, :, rows_q], dq_p, step == 0 and rows_written)
-            _write_or_add(dk_acc[:, :, p.k0 - a:p.k1 - a], dk_p, step == 0 and keys_written)
-            _write_or_add(dv_acc[:, :, p.k0 - a:p.k1 - a], dv_p, step == 0 and keys_written)
+            _write_or_add(dk_acc[:, :, sums], dk_p, step == 0 and keys_written)
+            _write_or_add(dv_acc[:, :, sums], dv_p, step == 0 and keys_written)
         if step > 0:
-            if acc_in is not None:
-                _add_rows(mine, a, k.shape, v.shape, acc_in[0].wait(), acc_in[1], block)
-            acc_in = (ring.shift(mine, tag=1), hops.grads[step]) if hops.grads[step][0] > 0 else None
+            if acc_in is not None:  # this block's sums from the ranks before, posted at step − 1
+                _add_rows(mine, runs, k.shape, v.shape, acc_in.wait(), hops.grads[step - 1][1][block])
+            acc_in = ring.shift(mine, tag=1) if hops.grads[step][0] > 0 else None
         held = _take_kv(incoming, ring, hops, step, k.shape, v.shape)
     if acc_in is not None:  # the last hop: the other ranks' share of this rank's own block
-        _add_rows(own, 0, k.shape, v.shape, acc_in[0].wait(), acc_in[1], ring.rank)
+        _add_rows(own, whole, k.shape, v.shape, acc_in.wait(), hops.grads[len(steps) - 1][1][ring.rank])
     dk, dv = _unpack(own, k.shape, v.shape)
     dsinks = None
     if sinks is not None:
@@ -537,8 +559,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     all-gather and before any K/V moves. Communication: W − 1 K/V transfers to the next rank in
     the forward, posted before each block's compute so they overlap it; in the backward the same
     and W − 1 transfers of the dK/dV accumulators (float32; float64 for float64 inputs). Each
-    carries only the rows the ranks after it use or have touched (``plan``): with a causal window
-    narrower than a shard, over contiguous shards or zigzag ones on two ranks, about its width.
+    carries only the rows the ranks after it use or have touched (``plan``): with a window narrower
+    than a shard, about its width (up to twice: zigzag's two chunks, or a window's two sides).
     Memory per rank O(n·(D + Dv)). Speed on sm_90: each call takes the Hopper kernels where its
     mask's diagonal is the bottom-right one or unused: every call without a window, and a window's
     calls, each cut to the rows and keys it needs, wherever its mask can sit there.
