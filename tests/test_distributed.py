@@ -359,7 +359,8 @@ def _case_errors(rank, world):
     _raises(_bad(rank, dict(window=(4, 0))), "window must be the same")
     _raises(_bad(rank, dict(sinks=torch.ones(2, device=_device)), sinks=torch.zeros(2, device=_device)),
             "sinks must hold the same values", "rank 1's differ")
-    sinks = _seeded(8, 2, dtype=torch.float32)  # one ulp apart in one value: still caught (compared by a fingerprint on the device)
+    # One ulp apart in one value: still caught (compared by a fingerprint on the device).
+    sinks = _seeded(8, 2, dtype=torch.float32)
     nudged = sinks.clone()
     nudged[1] = torch.nextafter(nudged[1], torch.tensor(float("inf"), device=_device))
     _raises(_bad(rank, dict(sinks=nudged), sinks=sinks), "sinks must hold the same values")
