@@ -95,7 +95,7 @@ def test_plan_sends_only_the_rows_later_ranks_use(layout):
     carries, each accumulator hop the rows touched so far, as sorted disjoint runs, in a buffer of
     the most rows any block needs; the owner's own block never travels as gradient. Without a window
     every hop is the whole block (W − 1 K/V hops, W − 1 accumulator hops); a window narrower than a
-    shard's chunks cuts both to about its width (zigzag: a strip a chunk, two a block), and a
+    shard's chunks cuts both to its left + right rows (zigzag: twice, a block's two chunks), and a
     contiguous causal one stops after the neighbour."""
     from flashattn_lite.distributed.ring import plan
 
@@ -121,14 +121,17 @@ def test_plan_sends_only_the_rows_later_ranks_use(layout):
                         assert list(runs) == sorted(runs) and all(lo < hi for lo, hi in runs)
                         assert all(runs[i][1] < runs[i + 1][0] for i in range(len(runs) - 1))
                         assert sum(hi - lo for lo, hi in runs) <= rows <= n
+                for rows, spans in hops.kv + hops.grads:
+                    assert rows == max(sum(hi - lo for lo, hi in runs) for runs in spans)
                 if window == (-1, -1):
                     assert all(rows == n for rows, _ in hops.kv) and all(rows == n for rows, _ in hops.grads[1:])
-                elif window[0] < n // 2 and window[1] <= 0 and world > 1:  # causal, narrower than a chunk
-                    # contiguous: the left neighbour's tail, no hop past the first; zigzag: a block's
-                    # two chunks' tails at most, one of them where W = 2
-                    widest = window[0] + 1 if layout == "contiguous" or world == 2 else 2 * (window[0] + 1)
-                    assert all(rows <= widest for rows, _ in hops.kv + hops.grads)
-                    if layout == "contiguous":
+                elif max(window) < n // 2 and world > 1:  # narrower than a chunk
+                    # Each side reaches its own strip: left + right rows (right capped at 0 by
+                    # causal); zigzag: a block's two chunks, twice that (once where causal on W = 2).
+                    sides = window[0] + (0 if causal else max(window[1], 0))
+                    twice = layout == "zigzag" and not (causal and world == 2)
+                    assert all(rows <= (2 if twice else 1) * sides for rows, _ in hops.kv + hops.grads)
+                    if layout == "contiguous" and causal:
                         assert all(rows == 0 for rows, _ in hops.kv[1:])
 
 

@@ -21,8 +21,8 @@ What travels is planned once per call signature (``plan``): a K/V hop carries on
 some later rank uses of the block, an accumulator hop only the rows touched so far, each as the
 block's runs of such rows packed one after the other. Without a window that is the whole block.
 With a window narrower than a shard it is the strips at the chunks' edges that the window reaches
-across: its width for a causal window over contiguous shards, up to twice that over zigzag ones
-(a block's two chunks) or for a two-sided window.
+across: about the window's width over contiguous shards (left + right rows), up to twice that over
+zigzag ones (a block's two chunks).
 
 Memory per rank is O(n): its own q, k, v, o, do, two K/V blocks in flight, its own block's dK/dV
 sums and two accumulators in flight, never the whole sequence.
@@ -254,7 +254,7 @@ def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int,
 @functools.lru_cache(maxsize=64)
 def _plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int, int]) -> tuple:
     """``plan``'s tables, once per call signature. Rank b's block is at rank b + t at step t, which
-    uses its key rows ``used[b][t]`` (the runs of that step's pieces). So a K/V hop carries only the
+    uses the key rows ``used[b][t]`` (that step's pieces' ranges, joined into runs by ``_union``). So a K/V hop carries only the
     rows some later rank uses, and the dK/dV accumulator of block b, started at rank b + 1 (the owner
     keeps its own block's gradient), only the rows ranks b + 1 … b + s touched; its last hop (step
     W − 1) lands at the owner. Without a window every hop is the whole block; with a causal one
@@ -305,8 +305,8 @@ class _Held(NamedTuple):
 
 def _post_kv(ring, hops: Hops, step: int, held: _Held):
     """Post step ``step``'s K/V hop (None where there is none): the runs of the held block that
-    later ranks use, packed in a buffer of the hop's row count (the received buffer itself where
-    that is all of it: no copy of a whole block at each step)."""
+    later ranks use, packed in a buffer of the hop's row count (the received buffer itself, padding
+    and all, where its runs and row count are the hop's: no copy of a whole block at each step)."""
     if step >= len(hops.kv) or hops.kv[step][0] == 0:
         return None
     rows, spans = hops.kv[step]
@@ -391,7 +391,7 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
 
 def _add_rows(acc, acc_runs, k_shape, v_shape, received, received_runs):
     """Add the accumulator ``received`` (packed dK/dV of rows ``received_runs``) into ``acc`` (rows
-    ``acc_runs``, each of which holds whole runs of the received: the rows touched only grow)."""
+    ``acc_runs``: the rows touched only grow, so each received run lies within one of them)."""
     dk_acc, dv_acc = _rows_view(acc, k_shape, v_shape)
     dk_in, dv_in = _rows_view(received, k_shape, v_shape)
     start = 0
@@ -560,7 +560,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     the forward, posted before each block's compute so they overlap it; in the backward the same
     and W − 1 transfers of the dK/dV accumulators (float32; float64 for float64 inputs). Each
     carries only the rows the ranks after it use or have touched (``plan``): with a window narrower
-    than a shard, about its width (up to twice: zigzag's two chunks, or a window's two sides).
+    than a shard, about its width (left + right rows; up to twice over zigzag's two chunks a block).
     Memory per rank O(n·(D + Dv)). Speed on sm_90: each call takes the Hopper kernels where its
     mask's diagonal is the bottom-right one or unused: every call without a window, and a window's
     calls, each cut to the rows and keys it needs, wherever its mask can sit there.
