@@ -254,11 +254,11 @@ def plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int,
 @functools.lru_cache(maxsize=64)
 def _plan(layout: str, world: int, n_local: int, causal: bool, window: tuple[int, int]) -> tuple:
     """``plan``'s tables, once per call signature. Rank b's block is at rank b + t at step t, which
-    uses the key rows ``used[b][t]`` (that step's pieces' ranges, joined into runs by ``_union``). So a K/V hop carries only the
-    rows some later rank uses, and the dK/dV accumulator of block b, started at rank b + 1 (the owner
-    keeps its own block's gradient), only the rows ranks b + 1 … b + s touched; its last hop (step
-    W − 1) lands at the owner. Without a window every hop is the whole block; with a causal one
-    narrower than a shard, about its width (zigzag: twice, one strip a chunk)."""
+    uses the key rows ``used[b][t]`` (that step's pieces' ranges, joined into runs by ``_union``).
+    So a K/V hop carries only the rows some later rank uses, and the dK/dV accumulator of block b,
+    started at rank b + 1 (the owner keeps its own block's gradient), only the rows ranks b + 1 …
+    b + s touched; its last hop (step W − 1) lands at the owner. Without a window every hop is the
+    whole block; with one narrower than a shard, its left + right rows (zigzag: up to twice)."""
     steps = tuple(schedule(layout, r, world, n_local, causal, window) for r in range(world))
     used = [[[(p.k0, p.k1) for p in steps[(b + t) % world][t]] for t in range(world)] for b in range(world)]
     kv = tuple(_hop([_union(r for t in range(s + 1, world) for r in used[b][t]) for b in range(world)])
