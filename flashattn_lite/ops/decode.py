@@ -340,11 +340,14 @@ def _lines(d: int, itemsize: int) -> int:
     return 1 << (n.bit_length() - 1) if n else 0
 
 
-def _block_m(rows: int, wide: bool = False, v_apart: bool = False) -> int:
-    """Query rows a program: the group's rows (GQA group × Nq) up to 64; for head dims past 256 up to
-    ``WIDE_BLOCK_M`` (V read from K's tile) or ``WIDE_BLOCK_M_V_APART``."""
-    cap = (WIDE_BLOCK_M_V_APART if v_apart else WIDE_BLOCK_M) if wide else MAX_BLOCK_M
-    return max(16, min(cap, next_pow2(rows)))
+def _row_block(rows: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, bool]:
+    """(query rows a program, whether V is read from K's tile): the group's ``rows`` (GQA group × Nq)
+    up to 64; for head dims past 256 up to ``WIDE_BLOCK_M`` where v is a view of k's first columns
+    (MLA's one cache tensor: V from K's tile) or ``WIDE_BLOCK_M_V_APART``."""
+    wide = max(k_cache.shape[3], v_cache.shape[3]) > 256
+    shared = wide and v_from_k(k_cache, v_cache)
+    cap = (WIDE_BLOCK_M if shared else WIDE_BLOCK_M_V_APART) if wide else MAX_BLOCK_M
+    return max(16, min(cap, next_pow2(rows))), shared
 
 
 def head_blocks(d: int) -> tuple[int, int]:
@@ -431,9 +434,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-    wide = max(D, Dv) > 256
-    shared = wide and v_from_k(k_cache, v_cache)  # (V taken from K's tile: MLA's one cache tensor)
-    block_m = _block_m((Hq // Hkv) * Nq, wide, not shared)
+    block_m, shared = _row_block((Hq // Hkv) * Nq, k_cache, v_cache)
     row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
     mla_gluon = False
     if D > 256 and "config" not in launch and not launch.get("portable", False):
@@ -545,8 +546,7 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
     G = Hq // Hkv
     capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
     if num_splits is None:
-        wide = max(D, Dv) > 256
-        rows = _block_m(G * Nq, wide, wide and not v_from_k(k_cache, v_cache))
+        rows = _row_block(G * Nq, k_cache, v_cache)[0]
         splits = choose_num_splits(B, Hkv, cdiv(G * Nq, rows), capacity, device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
     else:
@@ -722,9 +722,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
 
     Memory-bound but for MLA's many heads on one KV head: reads Σ_b L_b·Hkv·(D + Dv) cache elements
     once per block of at most 64 query rows (past head dim 256 on the portable kernel 16, or 32 with
-    v apart from k); two
-    launches (one if num_splits = 1). CUDA tensors run Triton; CPU tensors run the same algorithm in PyTorch (or the
-    Triton kernels under ``TRITON_INTERPRET=1``).
+    v apart from k); two launches (one if num_splits = 1). CUDA tensors run Triton; CPU tensors run
+    the same algorithm in PyTorch (or the Triton kernels under ``TRITON_INTERPRET=1``).
 
     Two sequences with 5 and 32 cached positions, one new token each, GQA 4:2:
 
