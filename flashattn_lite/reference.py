@@ -190,11 +190,11 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     return torch.cat(os_, 0), torch.cat(lses, 1)
 
 
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖a − ref‖ / ‖ref‖, with ‖ref‖ floored at an RMS of 1e-3 so exact zeros (a softmax over one
-    key has no gradient) are compared absolutely instead of dividing by nothing."""
+def rel_err(a: torch.Tensor, ref: torch.Tensor, floor_rms: float = 1e-3) -> float:
+    """‖a − ref‖ / ‖ref‖, with ‖ref‖ floored at an RMS of ``floor_rms`` so exact zeros (a softmax
+    over one key has no gradient) are compared absolutely instead of dividing by nothing."""
     a, ref = a.double(), ref.double()
-    floor = 1e-3 * max(ref.numel(), 1) ** 0.5
+    floor = floor_rms * max(ref.numel(), 1) ** 0.5
     return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 

@@ -39,7 +39,7 @@ GRAD_EPS = {dtype: 3 * eps for dtype, eps in EPS.items()}
 MAX_N = 300 if ON_GPU else 40
 MAX_D = 256 if ON_GPU else 32
 # Every head dim is a compile on the GPU (it is a constexpr): there, a fixed set with odd ones.
-HEAD_DIMS = st.sampled_from([1, 7, 16, 33, 64, 80, 96, 128, 160, 256]) if ON_GPU else st.integers(1, MAX_D)
+HEAD_DIMS = st.sampled_from([1, 7, 16, 33, 64, 80, 96, 128, 160, 192, 256]) if ON_GPU else st.integers(1, MAX_D)
 ATTN_PARAMS = set(inspect.signature(fl.attention).parameters)
 OPTIONS = [name for name in ("window", "softcap", "sinks", "alibi_slopes") if name in ATTN_PARAMS]
 HAS_VARLEN = hasattr(fl, "attention_varlen")
@@ -76,16 +76,22 @@ def laid_out(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x
 
 
-def check(ours, same, ref, eps, what):
+def check(ours, same, ref, eps, what, keys: int | None = None):
     """Non-finite reference entries match exactly (NaN where NaN, ±inf where ±inf); the finite ones
-    within the dtype tolerance."""
+    within the dtype tolerance. ``keys``: the output is an attention output, rows of P·V over at
+    most that many keys. Its values are averages of unit-variance v, of RMS 1/√keys or more, and
+    the fused kernels round P to the input dtype for the tensor cores; an output far below that
+    size (a near-cancelling average: one element of 0.0026 over 489 keys at D 1, found on a GPU)
+    carries that rounding's error, of the terms' size, not its own. So below a quarter of 1/√keys
+    the error is measured absolutely (``rel_err``'s floor), as for exact zeros."""
     assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
     ours64 = ours.double()
     fin = torch.isfinite(ref)
     bad = ~fin & ~((ours64 == ref) | (torch.isnan(ours64) & torch.isnan(ref)))
     assert not bad.any(), f"{what}: {ours64[bad][:4].tolist()} where the reference has {ref[bad][:4].tolist()}"
     if fin.any():
-        assert_close_to_ref(ours[fin], same[fin], ref[fin], eps=eps, what=what)
+        floor = 1e-3 if keys is None else max(1e-3, 0.25 / max(keys, 1) ** 0.5)
+        assert_close_to_ref(ours[fin], same[fin], ref[fin], eps=eps, what=what, floor_rms=floor)
 
 
 def close_lse(lse, lse_ref, dtype, what="lse"):
@@ -172,7 +178,7 @@ def test_attention(c):
 
     o_ref, lse_ref = reference(*inputs, work=torch.float64)
     o_same, _ = reference(*inputs, work=dtype)
-    check(o, o_same, o_ref, EPS[dtype], "o")
+    check(o, o_same, o_ref, EPS[dtype], "o", keys=c["Nk"])
     close_lse(lse, lse_ref, dtype)
 
     do = rand(o.shape, dtype, g)
@@ -226,7 +232,7 @@ def test_flash_attention_module_with_masks(c):
     o = module(q, k, v, attn_mask=mask)
     kw = dict(causal=c["causal"], scale=c["scale"], attn_mask=mask)
     check(o, attention_reference(q, k, v, dtype=dtype, **kw)[0], attention_reference(q, k, v, **kw)[0],
-          EPS[dtype], "o")
+          EPS[dtype], "o", keys=k.shape[-2])
     do = rand(o.shape, dtype, g)
     grads = torch.autograd.grad(o, (q, k, v), do)
     fn = lambda q_, k_, v_, w: attention_reference(q_, k_, v_, dtype=w, **kw)[:1]  # noqa: E731
@@ -258,7 +264,7 @@ def test_scaled_dot_product_attention(c, extra_dims, use_mask):
     def fn(q_, k_, v_, w):
         return (attention_reference(four(q_), four(k_), four(v_), dtype=w, **kw)[0].reshape(o.shape),)
 
-    check(o, fn(q, k, v, dtype)[0], fn(q, k, v, torch.float64)[0], EPS[dtype], "o")
+    check(o, fn(q, k, v, dtype)[0], fn(q, k, v, torch.float64)[0], EPS[dtype], "o", keys=k.shape[-2])
     do = rand(o.shape, dtype, g)
     grads = torch.autograd.grad(o, (q, k, v), do)
     ref, same = ref_grads(fn, (q, k, v), (do,), torch.float64), ref_grads(fn, (q, k, v), (do,), dtype)
@@ -314,7 +320,7 @@ def test_attention_varlen(c):
                                           sinks=rest[0] if rest else None, **ref_kw)
 
     o_ref, lse_ref = fn(*inputs, torch.float64)
-    check(o, fn(*inputs, dtype)[0], o_ref, EPS[dtype], "o")
+    check(o, fn(*inputs, dtype)[0], o_ref, EPS[dtype], "o", keys=max(c["lens_k"]))
     close_lse(lse, lse_ref, dtype)
     do = rand(o.shape, dtype, g)
     grads = torch.autograd.grad(o, inputs, do, allow_unused=True)
@@ -520,7 +526,7 @@ def test_decode(c):
         args = (q[b:b + 1], dense_k[b][None], dense_v[b][None])
         o_ref, lse_ref = attention_reference(*args, causal=True, scale=c["scale"])
         o_same, _ = attention_reference(*args, causal=True, scale=c["scale"], dtype=dtype)
-        check(o[b:b + 1], o_same, o_ref, EPS[dtype], f"o[{b}]")
+        check(o[b:b + 1], o_same, o_ref, EPS[dtype], f"o[{b}]", keys=L)
         close_lse(lse[b:b + 1], lse_ref, dtype, f"lse[{b}]")
 
 
@@ -559,5 +565,5 @@ def test_decode_mla_latent_cache(c):
         args = (q[b:b + 1], dense_k[b][None], dense_k[b][None, ..., :512])
         o_ref, lse_ref = attention_reference(*args, causal=True, scale=c["scale"])
         o_same, _ = attention_reference(*args, causal=True, scale=c["scale"], dtype=dtype)
-        check(o[b:b + 1], o_same, o_ref, EPS[dtype], f"o[{b}]")
+        check(o[b:b + 1], o_same, o_ref, EPS[dtype], f"o[{b}]", keys=L)
         close_lse(lse[b:b + 1], lse_ref, dtype, f"lse[{b}]")
