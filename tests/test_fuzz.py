@@ -76,21 +76,31 @@ def laid_out(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x
 
 
-def check(ours, same, ref, eps, what, keys: int | None = None):
+def grads_rms(grads) -> float:
+    """The largest RMS among a call's reference gradients (finite entries): their common scale."""
+    return max((g[torch.isfinite(g)].pow(2).mean().sqrt().item() for g in grads
+                if g is not None and torch.isfinite(g).any()), default=0.0)
+
+
+def check(ours, same, ref, eps, what, keys: int | None = None, scale: float = 0.0):
     """Non-finite reference entries match exactly (NaN where NaN, ±inf where ±inf); the finite ones
     within the dtype tolerance. ``keys``: the output is an attention output, rows of P·V over at
     most that many keys. Its values are averages of unit-variance v, of RMS 1/√keys or more, and
     the fused kernels round P to the input dtype for the tensor cores; an output far below that
     size (a near-cancelling average: one element of 0.0026 over 489 keys at D 1, found on a GPU)
     carries that rounding's error, of the terms' size, not its own. So below a quarter of 1/√keys
-    the error is measured absolutely (``rel_err``'s floor), as for exact zeros."""
+    the error is measured absolutely (``rel_err``'s floor), as for exact zeros. ``scale``: a
+    gradient's, the call's gradients' common size (``grads_rms``): one exactly 0 by the math (dq and
+    dk over a single key) comes out of a kernel as the roundoff of terms of that size (float32:
+    dk's RMS 1.2e-6 from dP − δ at 23 queries, D 33, found on a GPU), so below 1% of it the error
+    is measured absolutely too."""
     assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
     ours64 = ours.double()
     fin = torch.isfinite(ref)
     bad = ~fin & ~((ours64 == ref) | (torch.isnan(ours64) & torch.isnan(ref)))
     assert not bad.any(), f"{what}: {ours64[bad][:4].tolist()} where the reference has {ref[bad][:4].tolist()}"
     if fin.any():
-        floor = 1e-3 if keys is None else max(1e-3, 0.25 / max(keys, 1) ** 0.5)
+        floor = max(1e-3, 1e-2 * scale, 0.0 if keys is None else 0.25 / max(keys, 1) ** 0.5)
         assert_close_to_ref(ours[fin], same[fin], ref[fin], eps=eps, what=what, floor_rms=floor)
 
 
@@ -190,7 +200,7 @@ def test_attention(c):
     same = ref_grads(fn, inputs, (do, dlse), dtype)
     for name, ours, s, r in zip(("dq", "dk", "dv", "dsinks"), grads, same, ref):
         assert ours.dtype == (torch.float32 if name == "dsinks" else dtype)
-        check(ours, s, r, GRAD_EPS[dtype], name)
+        check(ours, s, r, GRAD_EPS[dtype], name, scale=0.0 if name == "dsinks" else grads_rms(ref[:3]))
 
 
 def unbounded_as_none(window):
@@ -238,7 +248,7 @@ def test_flash_attention_module_with_masks(c):
     fn = lambda q_, k_, v_, w: attention_reference(q_, k_, v_, dtype=w, **kw)[:1]  # noqa: E731
     ref, same = ref_grads(fn, (q, k, v), (do,), torch.float64), ref_grads(fn, (q, k, v), (do,), dtype)
     for name, ours, s, r in zip(("dq", "dk", "dv"), grads, same, ref):
-        check(ours, s, r, GRAD_EPS[dtype], name)
+        check(ours, s, r, GRAD_EPS[dtype], name, scale=0.0 if name == "dsinks" else grads_rms(ref[:3]))
 
 
 @given(mask_cases(), st.integers(0, 2), st.booleans())
@@ -269,7 +279,7 @@ def test_scaled_dot_product_attention(c, extra_dims, use_mask):
     grads = torch.autograd.grad(o, (q, k, v), do)
     ref, same = ref_grads(fn, (q, k, v), (do,), torch.float64), ref_grads(fn, (q, k, v), (do,), dtype)
     for name, ours, s, r in zip(("dq", "dk", "dv"), grads, same, ref):
-        check(ours, s, r, GRAD_EPS[dtype], name)
+        check(ours, s, r, GRAD_EPS[dtype], name, scale=0.0 if name == "dsinks" else grads_rms(ref[:3]))
 
 
 # ------------------------------------------------------------------ attention_varlen
@@ -300,7 +310,8 @@ def test_attention_varlen(c):
     from flashattn_lite.reference import attention_varlen_reference
     g = torch.Generator().manual_seed(c["seed"])
     dtype = c["dtype"]
-    cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEVICE)  # noqa: E731
+    def cu(lens):
+        return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEVICE)
     cu_q, cu_k = cu(c["lens_q"]), cu(c["lens_k"])
     q = rand((sum(c["lens_q"]), c["Hq"], c["D"]), dtype, g).requires_grad_()
     k = rand((sum(c["lens_k"]), c["Hkv"], c["D"]), dtype, g).requires_grad_()
@@ -329,7 +340,7 @@ def test_attention_varlen(c):
     for name, ours, s, r in zip(("dq", "dk", "dv", "dsinks"), grads, same, ref):
         if r is None:  # no keys at all: nothing to differentiate
             continue
-        check(ours, s, r, GRAD_EPS[dtype], name)
+        check(ours, s, r, GRAD_EPS[dtype], name, scale=0.0 if name == "dsinks" else grads_rms(ref[:3]))
 
 
 # ------------------------------------------------------------------ softmax, log_softmax, logsumexp
