@@ -5,7 +5,7 @@
 The non-causal Gluon backward runs one program per 128-key tile, one program an SM (132 on an
 H100 / H200). Where the programs do not fill the last wave, its few programs would run alone if
 the waves ran in lockstep, and splitting those tiles' query loops over more programs would win
-the idle SMs back. This times the backward (``attention_backward_gluon``: row statistics, the
+the idle SMs back (``experiments/bwd-tail-pieces.patch`` is that split). This times the backward (``attention_backward_gluon``: row statistics, the
 kernel, dq's conversion) at N 2k, bf16, over B·H just below and just above a whole number of
 waves (d 64: 3952 → 3968 programs crosses 30 waves, 4080 → 4096 crosses 31; d 128: 1968 → 1984
 crosses 15, and 2048 is 15.5), each shape in turn for ``--rounds`` rounds (``common.time_ms``:
