@@ -63,18 +63,20 @@ def log_once(key, message: str, _seen: set = set()) -> None:
     logger.info(message)
 
 
-def note_fallback(where: str, reason: str, *, warn: bool = True) -> None:
+def note_fallback(where: str, reason: str, *, warn: bool = True, detail: str = "") -> None:
     """Count one fallback at ``where`` (e.g. "hf", "replace_sdpa") for ``reason``; the first of each
-    (where, reason) pair warns (``warn=True``) and is logged."""
+    (where, reason) pair warns (``warn=True``) and is logged, with ``detail`` (that call's
+    particulars, not part of the key) after the reason."""
     with _lock:
         _fallbacks[(where, reason)] += 1
         first = _fallbacks[(where, reason)] == 1
         if _notes.items is not None:
             _notes.items.append(("torch fallback", where, reason))
     if first:
+        text = f"{reason} ({detail})" if detail else reason
         if warn:
-            warnings.warn(f"flashattn_lite ({where}): falling back: {reason}", stacklevel=3)
-        log_once(("fallback", where, reason), f"{where}: falling back: {reason}")
+            warnings.warn(f"flashattn_lite ({where}): falling back: {text}", stacklevel=3)
+        log_once(("fallback", where, reason), f"{where}: falling back: {text}")
 
 
 def note_path(path: str, where: str, reason: str) -> None:

@@ -1,4 +1,5 @@
 """scaled_dot_product_attention and replace_sdpa against torch's SDPA (math backend), every argument."""
+import collections
 import sys
 import types
 import warnings
@@ -296,7 +297,7 @@ def test_replace_sdpa_scoped_to_a_model(monkeypatch):
 
 
 def test_replace_sdpa_falls_back_once_per_case(monkeypatch):
-    monkeypatch.setattr("flashattn_lite.integrations.sdpa._State.warned", set())
+    monkeypatch.setattr("flashattn_lite._log._fallbacks", collections.Counter())
     x = torch.randn(1, 2, 5, 16, device=DEVICE, dtype=torch.float64)
     with replace_sdpa():
         with pytest.warns(UserWarning, match="dtype"):
@@ -307,11 +308,14 @@ def test_replace_sdpa_falls_back_once_per_case(monkeypatch):
         with pytest.raises(RuntimeError):  # invalid calls still raise
             F.scaled_dot_product_attention(x.float(), x, x)
     torch.testing.assert_close(out, torch_math(x, x, x))
+    counts = {reason: n for (where, reason), n in flashattn_lite._log.fallback_counts().items()
+              if where == "replace_sdpa"}
+    assert len(counts) == 1 and "float64" in next(iter(counts)) and next(iter(counts.values())) == 2, counts
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU fallback")
 def test_replace_sdpa_sends_cpu_tensors_to_torch_without_interpreter(torch_cpu_path, monkeypatch):
-    monkeypatch.setattr("flashattn_lite.integrations.sdpa._State.warned", set())
+    monkeypatch.setattr("flashattn_lite._log._fallbacks", collections.Counter())
     calls = _count_calls(monkeypatch)
     x = torch.randn(1, 2, 5, 16)
     with replace_sdpa(), pytest.warns(UserWarning, match="CPU"):

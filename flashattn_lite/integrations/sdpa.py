@@ -2,19 +2,19 @@
 
 ``scaled_dot_product_attention`` takes torch's arguments with torch's meaning and runs our kernel.
 ``replace_sdpa`` routes existing calls of torch's function to it, falling back to torch (with a
-one-time warning naming the case) where we do not apply.
+one-time warning naming the case, and a count in ``fallback_counts()``) where we do not apply.
 """
 from __future__ import annotations
 
 import math
 import sys
-import warnings
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from .. import _checks
+from .._log import note_fallback
 from .._runtime import interpreter_active
 from ..ops.attention import _as_4d, _run
 
@@ -198,7 +198,6 @@ class _State:
     global_on = 0         # live global handles
     depth = 0             # model forwards in progress (model-scoped handles)
     patched: list = []    # (namespace dict, name) holding the router
-    warned: set = set()
 
 
 def _router(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -214,9 +213,7 @@ def _router(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
                                                 enable_gqa)
         except SDPAUnsupportedError as e:
             case = e
-    if case.case not in _State.warned:
-        _State.warned.add(case.case)
-        warnings.warn(f"replace_sdpa: falling back to torch's scaled_dot_product_attention: {case}", stacklevel=2)
+    note_fallback("replace_sdpa", f"to torch's scaled_dot_product_attention: {case.case}", detail=str(case))
     return _TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
@@ -313,7 +310,8 @@ def replace_sdpa(model: Optional[torch.nn.Module] = None) -> SDPAReplacement:
     Use it as a call (``h = replace_sdpa(model)`` … ``h.restore()``) or as a context manager
     (``with replace_sdpa(model): …``). Handles nest; torch's function is back once all are restored.
 
-    Calls we do not apply to go to torch's SDPA, with one warning per kind of case: CPU tensors
+    Calls we do not apply to go to torch's SDPA, with one warning per kind of case (each counted in
+    ``flashattn_lite._log.fallback_counts()`` under "replace_sdpa"): CPU tensors
     (unless ``TRITON_INTERPRET=1``), dtypes other than fp16/bf16/fp32, head dims above 256, a mask
     that requires grad, empty inputs, nested tensors, key/value head counts that differ under
     ``enable_gqa``. Invalid calls raise as torch would.
