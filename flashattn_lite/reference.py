@@ -193,6 +193,8 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
 def rel_err(a: torch.Tensor, ref: torch.Tensor, floor_rms: float = 1e-3) -> float:
     """‖a − ref‖ / ‖ref‖, with ‖ref‖ floored at an RMS of ``floor_rms`` so exact zeros (a softmax
     over one key has no gradient) are compared absolutely instead of dividing by nothing."""
+    if isinstance(floor_rms, bool) or not isinstance(floor_rms, (int, float)) or not 0 < floor_rms < float("inf"):
+        raise ValueError(f"rel_err: floor_rms must be a finite number > 0, got {floor_rms!r}")
     a, ref = a.double(), ref.double()
     floor = floor_rms * max(ref.numel(), 1) ** 0.5
     return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()

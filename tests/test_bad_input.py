@@ -480,3 +480,12 @@ def test_cli_unknown_subcommand_and_option(capsys, tmp_path):
     for argv in (["bogus"], ["memory", "--no-such-option"]):
         status, _, err = _run_bad(argv, capsys, tmp_path)
         assert status == 2 and ("bogus" in err or "--no-such-option" in err)
+
+
+@pytest.mark.parametrize("floor", [0.0, -1e-3, float("inf"), float("nan"), "1e-3", True])
+def test_rel_err_floor_must_be_a_positive_number(floor):
+    from flashattn_lite.reference import rel_err
+    x = torch.ones(3)
+    with pytest.raises(ValueError, match="floor_rms"):
+        rel_err(x, x, floor)
+    assert rel_err(x, x, 1e-3) == 0.0
