@@ -185,3 +185,36 @@ def test_ring_threads_fuzz(case, torch_cpu_path):
     """Drawn rings on the CPU twin (compiled kernels on a GPU) against float64 and one device's
     attention: every piece, hop, merge, write of step 0 and accumulator sum the plan can make."""
     _compare(dtype=torch.float32, **case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []))
+@pytest.mark.parametrize("world,layout,causal,window", [
+    (2, "zigzag", True, (3, 0)),       # the windowed ring: own block, then a neighbour's strip
+    (2, "contiguous", True, None),     # step 0 one call over every row: the sum is its output
+    (3, "zigzag", True, (5, 0)),
+])
+def test_ring_sums_in_the_inputs_dtype_are_the_float32_sums(dtype, world, layout, causal, window, torch_cpu_path,
+                                                            monkeypatch):
+    """Where every row has at most two terms the ring sums o and dq in the inputs' dtype (and its
+    own dK/dV where step 0 tiles the keys): bit for bit what float32 sums rounded once give."""
+    n = 8
+    steps = ring_mod.plan(layout, world, n, causal, window if window else (-1, -1))[0]
+    assert any(ring_mod._sum_dtype(s, n, True, dtype, torch.float32) == dtype for s in steps), "the case is narrow"
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(1, 2, world * n, 16, generator=gen).to(DEVICE, dtype) for _ in range(4))
+    dlse = torch.randn(1, 2, world * n, generator=gen).to(DEVICE)
+    args = dict(world=world, layout=layout, causal=causal, window=window, softcap=None)
+    narrow, _ = _ring_threads(q, k, v, do, dlse, None, **args)
+    monkeypatch.setattr(ring_mod, "_sum_dtype", lambda steps, n, rows, dtype, wide: wide)
+    wide, _ = _ring_threads(q, k, v, do, dlse, None, **args)
+    for what, a, b in zip(("o", "lse", "dq", "dk", "dv"), narrow, wide):
+        assert a.dtype == b.dtype and torch.equal(a, b), what
+
+
+def test_ring_sums_more_than_two_terms_stay_float32():
+    """A row with three terms (three ranks, no window) keeps float32 sums; keys that step 0 does
+    not tile too."""
+    steps = ring_mod.plan("zigzag", 3, 8, False)[0]
+    assert all(ring_mod._sum_dtype(s, 8, True, torch.bfloat16, torch.float32) == torch.float32 for s in steps)
+    untiled = [[ring_mod.Piece(0, 8, 0, 4, False, 0)], []]
+    assert ring_mod._sum_dtype(untiled, 8, False, torch.bfloat16, torch.float32) == torch.float32

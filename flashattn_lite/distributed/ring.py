@@ -8,7 +8,8 @@ compute). Everything here is scheduling and communication; the math is the packa
 - forward: each (query slice, key slice) piece is ``attention_core(..., return_lse=True)`` with
   the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
   and the softcap, and the partial (o, lse) are merged in place into a float32 accumulator
-  (``merge_pair_into``, the pair merge's in-place form); sinks enter once, as one more term of each
+  (``merge_pair_into``, the pair merge's in-place form; into o's dtype where a row has at most two
+  terms, the same result: ``_sum_dtype``); sinks enter once, as one more term of each
   row's denominator: in the row's step-0 call where those tile the rows, else at the end;
 - backward: FlashAttention-2's recomputation P = exp(S − lse) is exact for one key block when
   given the *global* o and lse (δ = rowsum(dO∘O) − dlse is a property of the query row, not of
@@ -349,6 +350,33 @@ def _tiles(spans, n: int) -> bool:
     return ends == n
 
 
+def _one_more_term(spans) -> bool:
+    """Whether the [lo, hi) ``spans`` (the later steps' pieces' rows) overlap nowhere: then, after
+    step 0's pieces wrote them, each row of a sum takes at most one more term."""
+    ends = 0
+    for lo, hi in sorted(spans):
+        if lo < ends:
+            return False
+        ends = max(ends, hi)
+    return True
+
+
+def _sum_dtype(steps, n: int, rows: bool, dtype: torch.dtype, wide: torch.dtype) -> torch.dtype:
+    """The dtype a rank sums its pieces' rows (``rows``; else keys) of length ``n`` in: the inputs'
+    ``dtype`` where step 0's pieces tile them and (rows) no later piece overlaps another, else
+    ``wide`` (float32; float64 for float64 inputs). A float32 sum of two 16-bit terms rounded once
+    to 16 bits is what the 16-bit tensor's in-place add gives (torch adds in float32 and rounds
+    once), so the results are the same, without the float32 passes: step 0's writes move 4 bytes an
+    element, not 6, and no cast at the end. With more terms each 16-bit add would round again.
+    Keys take one more term at most by construction: the accumulator hop's float32 sum."""
+    side = (lambda p: (p.q0, p.q1)) if rows else (lambda p: (p.k0, p.k1))
+    if not _tiles([side(p) for p in steps[0]], n):
+        return wide
+    if rows and not _one_more_term([side(p) for pieces in steps[1:] for p in pieces]):
+        return wide
+    return dtype
+
+
 def _write_or_add(into: torch.Tensor, value: torch.Tensor, write: bool) -> None:
     if write:
         into.copy_(value)
@@ -361,10 +389,11 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
     ``shift(tensor)``, ``rank`` and ``world`` (see ``_group.Group``); ``steps`` and ``hops`` are
     ``plan(...)``'s for this rank."""
     B, Hq, n, _ = q.shape
-    # float32 partials: W merges in bf16 would round W times (merges take float32 lse, so float64
-    # inputs merge in float32 too).
+    # float32 partials where a row has more than two terms: W merges in bf16 would round W times
+    # (merges take float32 lse, so float64 inputs merge in float32 too).
     written = _tiles([(p.q0, p.q1) for p in steps[0]], n)
-    out = (torch.empty if written else torch.zeros)((B, Hq, n, v.shape[3]), dtype=torch.float32, device=q.device)
+    dtype = _sum_dtype(steps, n, True, q.dtype, torch.float32)
+    out = (torch.empty if written else torch.zeros)((B, Hq, n, v.shape[3]), dtype=dtype, device=q.device)
     lse = torch.empty((B, Hq, n), dtype=torch.float32, device=q.device)
     if not written:
         lse.fill_(float("-inf"))
@@ -378,7 +407,9 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
             o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], held.k[:, :, keys], held.v[:, :, keys],
                                         scale=scale, return_lse=True, sinks=sinks if step == 0 and written else None,
                                         **_piece_options(p, softcap))
-            if step == 0 and written:
+            if step == 0 and written and (p.q0, p.q1) == (0, n) and o_p.dtype == dtype:
+                out, lse = o_p, lse_p.float()  # the one call of step 0 is the sum so far: no copy
+            elif step == 0 and written:
                 out[:, :, p.q0:p.q1].copy_(o_p)
                 lse[:, :, p.q0:p.q1].copy_(lse_p)
             else:
@@ -413,10 +444,12 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32  # sums of per-block gradients
     rows_written = _tiles([(p.q0, p.q1) for p in steps[0]], q.shape[2])
     keys_written = _tiles([(p.k0, p.k1) for p in steps[0]], k.shape[2])
-    dq = (torch.empty if rows_written else torch.zeros)(q.shape, dtype=acc, device=q.device)
+    dq_dtype = _sum_dtype(steps, q.shape[2], True, q.dtype, acc)
+    dq = (torch.empty if rows_written else torch.zeros)(q.shape, dtype=dq_dtype, device=q.device)
     per_row = _row_numel(k.shape, v.shape)
     # This rank's block's dK/dV.
-    own = (torch.empty if keys_written else torch.zeros)(per_row * k.shape[2], dtype=acc, device=k.device)
+    own = (torch.empty if keys_written else torch.zeros)(per_row * k.shape[2], device=k.device,
+                                                         dtype=_sum_dtype(steps, k.shape[2], False, k.dtype, acc))
     whole = ((0, k.shape[2]),)
     held = _Held(k, v, whole)
     acc_in = None  # the accumulator hop from rank r − 1 posted at the step before (its runs: Hops.grads)
@@ -441,7 +474,10 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
                 do[:, :, rows_q], q_p, k_p, held.v[:, :, keys], o[:, :, rows_q],
                 lse[:, :, rows_q].contiguous(), None if dlse is None else dlse[:, :, rows_q].contiguous(),
                 None, scale, p.causal, p.offset, 0.0, 0, variant)[:3]
-            _write_or_add(dq[:, :, rows_q], dq_p, step == 0 and rows_written)
+            if step == 0 and rows_written and (p.q0, p.q1) == (0, q.shape[2]) and dq_p.dtype == dq.dtype:
+                dq = dq_p  # the one call of step 0 is the sum so far: no copy
+            else:
+                _write_or_add(dq[:, :, rows_q], dq_p, step == 0 and rows_written)
             _write_or_add(dk_acc[:, :, sums], dk_p, step == 0 and keys_written)
             _write_or_add(dv_acc[:, :, sums], dv_p, step == 0 and keys_written)
         if step > 0:
