@@ -5,8 +5,8 @@ around the ring: at step s rank r holds the block of rank (r − s) mod W, and w
 queries to that block the next block is already on its way (the exchange is posted before the
 compute). Everything here is scheduling and communication; the math is the package's:
 
-- forward: each (query slice, key slice) piece is ``attention_core(..., return_lse=True)`` with
-  the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
+- forward: each (query slice, key slice) piece is one attention call returning its lse
+  (``_forward_impl``), the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
   and the softcap, and the partial (o, lse) are merged in place into a float32 accumulator
   (``merge_pair_into``, the pair merge's in-place form; into o's dtype where a row has at most two
   terms, the same result: ``_sum_dtype``); sinks enter once, as one more term of each
@@ -39,7 +39,7 @@ import torch
 from .. import _checks
 from .._runtime import runs_triton
 from ..merge import add_sink_torch
-from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _variant, attention_core
+from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _forward_impl, _variant
 from ..ops.attention_bwd import row_stats, sinks_grad
 from ..ops.merge_states import merge_pair_into
 from ._group import Group, agree, describe
@@ -289,10 +289,11 @@ def _rows_view(buf: torch.Tensor, k_shape, v_shape):
     return _unpack(buf, (*k_shape[:2], rows, k_shape[3]), (*v_shape[:2], rows, v_shape[3]))
 
 
-def _piece_options(p: Piece, softcap: float) -> dict:
-    """``attention_core``'s keywords for a piece's mask and the call's softcap."""
+def _piece_variant(q_p, k_p, p: Piece, softcap: float, sinks):
+    """The kernels' ``Variant`` of a piece's call: its window (with its causal and offset), the
+    call's softcap, and ``sinks`` where the piece takes them."""
     window = None if p.left < 0 and p.right < 0 else (p.left, p.right)
-    return dict(causal=p.causal, causal_offset=p.offset, window=window, softcap=softcap or None)
+    return _variant(q_p, k_p, window=window, softcap=softcap or None, sinks=sinks, alibi_slopes=None, offset=p.offset)
 
 
 class _Held(NamedTuple):
@@ -404,13 +405,16 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
             keys = _rows_of(held.runs, p.k0, p.k1)
             # Where step 0's pieces tile the rows, each row's sink joins its one step-0 call (the
             # merges carry it on): no pass over the float32 output at the end.
-            o_p, lse_p = attention_core(q[:, :, p.q0:p.q1], held.k[:, :, keys], held.v[:, :, keys],
-                                        scale=scale, return_lse=True, sinks=sinks if step == 0 and written else None,
-                                        **_piece_options(p, softcap))
-            if step == 0 and written and (p.q0, p.q1) == (0, n) and o_p.dtype == dtype:
-                out, lse = o_p, lse_p.float()  # the one call of step 0 is the sum so far: no copy
-            elif step == 0 and written:
-                out[:, :, p.q0:p.q1].copy_(o_p)
+            q_p, k_p, v_p = q[:, :, p.q0:p.q1], held.k[:, :, keys], held.v[:, :, keys]
+            first = step == 0 and written
+            variant = _piece_variant(q_p, k_p, p, softcap, sinks if first else None)
+            # Step 0's pieces write their rows of the sums (where those are in q's dtype the kernel
+            # writes them there: ``_forward_impl``'s ``out``), the later ones are merged in.
+            o_p, lse_p = _forward_impl(q_p, k_p, v_p, None, scale, p.causal, p.offset, 0.0, 0, True, variant,
+                                       out=out[:, :, p.q0:p.q1] if first and dtype == q.dtype else None)
+            if first:
+                if dtype != q.dtype:
+                    out[:, :, p.q0:p.q1].copy_(o_p)
                 lse[:, :, p.q0:p.q1].copy_(lse_p)
             else:
                 merge_pair_into(out[:, :, p.q0:p.q1], lse[:, :, p.q0:p.q1], o_p, lse_p.float())
@@ -467,19 +471,19 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
             # The Triton backward reads lse as a dense (B, H, N) array, hence the copy of a slice.
             # (dq, dk, dv) lead the result (options such as sinks may append their gradients).
             q_p, k_p = q[:, :, rows_q], held.k[:, :, keys]
-            options = _piece_options(p, softcap)
-            variant = _variant(q_p, k_p, window=options["window"], softcap=options["softcap"], sinks=None,
-                               alibi_slopes=None, offset=p.offset)
+            # Step 0's pieces write the sums' rows; where all three are in the inputs' dtypes the
+            # kernels write them there (``_backward_impl``'s ``out``).
+            into = None
+            if step == 0 and rows_written and keys_written and dq.dtype == q.dtype and own.dtype == k.dtype:
+                into = (dq[:, :, rows_q], dk_acc[:, :, sums], dv_acc[:, :, sums])
             dq_p, dk_p, dv_p = _backward_impl(
                 do[:, :, rows_q], q_p, k_p, held.v[:, :, keys], o[:, :, rows_q],
                 lse[:, :, rows_q].contiguous(), None if dlse is None else dlse[:, :, rows_q].contiguous(),
-                None, scale, p.causal, p.offset, 0.0, 0, variant)[:3]
-            if step == 0 and rows_written and (p.q0, p.q1) == (0, q.shape[2]) and dq_p.dtype == dq.dtype:
-                dq = dq_p  # the one call of step 0 is the sum so far: no copy
-            else:
+                None, scale, p.causal, p.offset, 0.0, 0, _piece_variant(q_p, k_p, p, softcap, None), out=into)[:3]
+            if into is None:
                 _write_or_add(dq[:, :, rows_q], dq_p, step == 0 and rows_written)
-            _write_or_add(dk_acc[:, :, sums], dk_p, step == 0 and keys_written)
-            _write_or_add(dv_acc[:, :, sums], dv_p, step == 0 and keys_written)
+                _write_or_add(dk_acc[:, :, sums], dk_p, step == 0 and keys_written)
+                _write_or_add(dv_acc[:, :, sums], dv_p, step == 0 and keys_written)
         if step > 0:
             if acc_in is not None:  # this block's sums from the ranks before, posted at step − 1
                 _add_rows(mine, runs, k.shape, v.shape, acc_in.wait(), hops.grads[step - 1][1][block])

@@ -321,25 +321,33 @@ def _packed_as_4d(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(0, 1).unsqueeze(0)
 
 
-def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse=True, variant=PLAIN):
-    """(o, lse); lse is None when ``need_lse`` is False. Varlen: o (total, Hq, Dv), lse (Hq, total)."""
+def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse=True, variant=PLAIN, out=None):
+    """(o, lse); lse is None when ``need_lse`` is False. Varlen: o (total, Hq, Dv), lse (Hq, total).
+    ``out``: a tensor of o's shape and dtype (a dense batch) that receives o, which is then it: the
+    Gluon forward writes it there, other paths' o is copied in."""
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     varlen = variant.seq >= SEQ_VARLEN
     if varlen:
         q, k, v = _packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v)
     fwd = attention_forward if runs_triton(q) else cpu_forward
+    writes = dict(out=out) if out is not None and runs_triton(q) and not varlen else {}
     o, lse = fwd(q, k, v, scale=scale, causal=causal, causal_offset=offset, mask=mask,
-                 dropout_p=dropout_p, seed=seed, need_lse=need_lse, variant=variant)
+                 dropout_p=dropout_p, seed=seed, need_lse=need_lse, variant=variant, **writes)
     if varlen:  # contiguous (total, Hq, Dv), as the kernels write it (the CPU twin needs the copy)
         o = o[0].transpose(0, 1).contiguous()
         lse = None if lse is None else lse[0]
+    if out is not None and o is not out:
+        o = out.copy_(o)
     return o, lse
 
 
-def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropout_p, seed, variant=PLAIN):
+def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropout_p, seed, variant=PLAIN,
+                   out=None):
     """(dq, dk, dv, dsinks), each gradient laid out as ``torch.empty_like`` of its input (dsinks
-    None without sinks)."""
+    None without sinks). ``out``: (dq, dk, dv) tensors of the gradients' shapes and dtypes (a dense
+    batch) that receive them, which are then they: the Gluon backward writes them there, other
+    paths' gradients are copied in."""
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     shapes = (q, k, v)
@@ -350,11 +358,14 @@ def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropo
     kwargs = dict(scale=scale, causal=causal, causal_offset=offset, mask=mask, dropout_p=dropout_p, seed=seed,
                   variant=variant)
     if runs_triton(q):
-        dq, dk, dv, dsinks = attention_backward(do, q, k, v, o, lse, dlse, **kwargs)
+        writes = dict(out=out) if out is not None and variant.seq < SEQ_VARLEN else {}
+        dq, dk, dv, dsinks = attention_backward(do, q, k, v, o, lse, dlse, **kwargs, **writes)
     else:
         dq, dk, dv, dsinks = cpu_backward(do, q, k, v, o, lse, dlse, **kwargs)
     if variant.seq >= SEQ_VARLEN:
         dq, dk, dv = (g[0].transpose(0, 1) for g in (dq, dk, dv))
+    if out is not None:
+        return (*(dest if dest is g else dest.copy_(g) for dest, g in zip(out, (dq, dk, dv))), dsinks)
     # Same strides as the inputs (and the fake kernel): empty_like of each input.
     grads = tuple(g if g.stride() == x.stride() else torch.empty_like(x).copy_(g) for x, g in zip(shapes, (dq, dk, dv)))
     return (*grads, dsinks)

@@ -639,9 +639,13 @@ def _remember(key, bound):
 
 
 def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool, causal_offset: int,
-                       mask: torch.Tensor | None, dropout_p: float, seed: int, variant: Variant = PLAIN):
+                       mask: torch.Tensor | None, dropout_p: float, seed: int, variant: Variant = PLAIN,
+                       out: tuple | None = None):
     """Gradients (dq, dk, dv, dsinks) in the inputs' dtypes; dk, dv summed over each GQA group;
-    dsinks (Hq,) float32, or None without sinks. Tensors laid out as for ``attention_forward``."""
+    dsinks (Hq,) float32, or None without sinks. Tensors laid out as for ``attention_forward``.
+    ``out``: (dq, dk, dv) to write; where the Gluon backward runs the call and can
+    (``attention_bwd_gluon.writes_into``), the gradients are written there and returned; elsewhere
+    they are new tensors (the caller copies them: ``_backward_impl``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     signature = None
@@ -657,6 +661,12 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
         if hopper and dense_do.data_ptr() % 16 == 0:
             run, note = hopper
             note_path("hopper", "attention backward", note)
+            if out is not None:  # (ring attention's rows of its sums: no per-call import otherwise)
+                from . import attention_bwd_gluon as gluon
+                if run is gluon.attention_backward_gluon and gluon.writes_into(out, q, k, v, causal, variant):
+                    grads = run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse,
+                                variant=None if variant is PLAIN else variant, out=out)
+                    return (*grads, None) if variant is PLAIN else grads
             if variant is PLAIN:
                 return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
             # The Gluon backward with the options: (dq, dk, dv, dsinks), as below.

@@ -1513,8 +1513,29 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     return plan["grid"], args, dict(**plan["constexprs"], num_warps=4)
 
 
+def writes_into(out: tuple, q, k, v, causal: bool, variant: Variant | None = None) -> bool:
+    """Whether ``attention_backward_gluon`` writes (dq, dk, dv) into ``out`` at its default config:
+    ``_takes_out`` with a config that fuses dQ (whose launches write views of a chunked call's
+    gradients: ``dq_buffer_chunks``)."""
+    D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]
+    cfg = default_config(D, causal, max(q.shape[2], k.shape[2]), torch.are_deterministic_algorithms_enabled(),
+                         v.shape[3], variant)
+    return _takes_out(out, q, k, v, cfg, variant)
+
+
+def _takes_out(out: tuple, q, k, v, cfg: Config, variant: Variant | None) -> bool:
+    """A dense batch, a config that fuses dQ, and (dq, dk, dv) tensors of q's, k's, v's shapes and
+    dtype on their device, unit last stride, base and strides 16-byte multiples (TMA's rule)."""
+    if not cfg.fused_dq or (variant is not None and variant.seq != SEQ_DENSE):
+        return False
+    return all(t.shape == like.shape and t.dtype == like.dtype and t.device == like.device and t.stride(3) == 1
+               and t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
+               for t, like in zip(out, (q, k, v)))
+
+
 def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool, config: Config | None = None,
-                             dlse: torch.Tensor | None = None, variant: Variant | None = None):
+                             dlse: torch.Tensor | None = None, variant: Variant | None = None,
+                             out: tuple | None = None):
     """(dq, dk, dv) of o = softmax(scale·q·kᵀ [causal, bottom-right, a window]) · v, given the
     forward's o and natural-log lse (B, Hq, Nq) float32 (−inf on rows with no visible key).
 
@@ -1532,8 +1553,10 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     a window of W keys costs O(N·W). A config without ``fused_dq`` takes dq from a dQ kernel, one
     writer per element (``_tma_dq_covers``). A dense call whose fused dQ buffer (float32, twice q's bytes
     in 16 bits) would pass ``DQ_BUFFER_BYTES`` runs in launches over chunks of rows and KV heads
-    (``dq_buffer_chunks``; a varlen batch, one row, over KV heads). A config or variant the kernel
-    does not take raises ValueError before anything runs."""
+    (``dq_buffer_chunks``; a varlen batch, one row, over KV heads). ``out``: (dq, dk, dv) to write
+    and return, views such as rows of larger gradients (ring attention's sums), where ``writes_into``
+    says so and the config fuses dQ. A config or variant the kernel does not take raises ValueError
+    before anything runs."""
     reason = _variant_reason(variant)
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: variant: {reason}")
@@ -1560,17 +1583,20 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
             raise ValueError(f"attention_backward_gluon: config {cfg.name} (the head dim 256 one pass, dQ fused) "
                              "takes plain causal calls over dense batches whose v's head dim pads to at most 128, "
                              f"and {why}: pass config=CONFIGS[256][0] (the dK/dV and dQ kernels) or None")
+    if out is not None and not _takes_out(out, q, k, v, cfg, variant):
+        raise ValueError("attention_backward_gluon: out must be (dq, dk, dv) of q's, k's, v's shapes and dtype, "
+                         "16-byte aligned with unit last stride, for a dense batch and a config that fuses dQ")
     chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D)) if cfg.fused_dq
               else [(slice(None), slice(None))])
     if len(chunks) == 1:
-        return _backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant)
+        return _backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant, out=out)
     # Long calls in chunks of (batch rows, KV heads), each with its own fp32 dQ buffer, into one
     # set of gradients: the buffer (twice q's bytes whole) stays within DQ_BUFFER_BYTES. A varlen
     # batch (B = 1) splits its heads only; a ranges batch takes its rows' ranges, and its dk, dv
     # start at 0 (rows outside every range are no program's).
     ranges = variant is not None and variant.seq == SEQ_RANGES
     alloc = torch.zeros_like if ranges else torch.empty_like
-    dq, dk, dv = torch.empty_like(q), alloc(k), alloc(v)
+    dq, dk, dv = (torch.empty_like(q), alloc(k), alloc(v)) if out is None else out
     sinks = None if variant is None else variant.sinks
     dsinks = None if sinks is None else torch.zeros(Hq, device=q.device, dtype=torch.float32)
     group = Hq // Hkv

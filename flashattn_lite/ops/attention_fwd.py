@@ -575,11 +575,13 @@ def _variant_signature(variant: Variant):
 
 def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int,
                       mask: torch.Tensor | None, dropout_p: float, seed: int, need_lse: bool = True,
-                      variant: Variant = PLAIN):
+                      variant: Variant = PLAIN, out: torch.Tensor | None = None):
     """Launch the forward kernel. Inputs already validated; mask is (B, Hq, Nq, Nk)-shaped
     (broadcast dims with stride 0). ``causal`` caps the window's right side at 0. Returns o
     (B, Hq, Nq, Dv) in q's dtype and lse (B, Hq, Nq) fp32, or None for lse with ``need_lse=False``
-    (nothing allocated or stored: no-grad inference).
+    (nothing allocated or stored: no-grad inference). ``out``: where the Gluon kernel runs the call
+    and can (``attention_fwd_gluon.writes_into``), o is written into it and returned; elsewhere o is
+    a new tensor (the caller copies it: ``_forward_impl``).
 
     This runs on every call: at small shapes its host time is the call's time, so it stays lean
     (no per-call imports, and a bound launch for repeated plain calls)."""
@@ -595,6 +597,10 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         if hopper and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
             run, note = hopper
             note_path("hopper", "attention forward", note)
+            if out is not None:  # (ring attention's rows of its sums: no per-call import otherwise)
+                from . import attention_fwd_gluon as gluon
+                if run is gluon.attention_forward_gluon and gluon.writes_into(out, q, v, variant):
+                    return run(q, k, v, scale, causal, variant=variant, out=out)
             o, lse = run(q, k, v, scale, causal, variant=variant)
             return o, lse if need_lse else None
     o, lse = output_buffers(q, Dv, variant, need_lse)

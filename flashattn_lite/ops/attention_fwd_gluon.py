@@ -1649,6 +1649,16 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     return grid, args, kwargs
 
 
+def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Variant = PLAIN) -> bool:
+    """Whether ``attention_forward_gluon`` can write o into ``out``: a dense batch with v's head dim
+    q's, ``out`` of o's shape and dtype on q's device, unit last stride, the base and the other
+    strides 16-byte multiples (TMA's rule; its box stops at the view's rows)."""
+    B, Hq, Nq, _ = q.shape
+    return (variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and out.shape == (B, Hq, Nq, v.shape[3])
+            and out.dtype == q.dtype and out.device == q.device and out.stride(3) == 1
+            and out.data_ptr() % 16 == 0 and all(s * out.element_size() % 16 == 0 for s in out.stride()[:3]))
+
+
 def one_tile_per_program(cfg: Config) -> Config:
     """``cfg`` as ranges and varlen batches run it (the persistent schedule takes dense ones only):
     one tile per program, one ring depth for K and V (the deeper of the two)."""
@@ -1656,7 +1666,7 @@ def one_tile_per_program(cfg: Config) -> Config:
 
 
 def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Config | None = None,
-                            variant: Variant = PLAIN):
+                            variant: Variant = PLAIN, out: torch.Tensor | None = None):
     """o, lse = softmax(scores) · v and its natural-log lse, the scores scale·q·kᵀ with
     ``variant``'s options (sliding window, softcap, ALiBi; sinks in the denominator), causal
     bottom-right (``causal`` caps the window's right side at 0).
@@ -1671,7 +1681,9 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
     ``output_buffers``, as the portable kernel writes them. ValueError for what ``_variant_reason``
-    refuses, and for a persistent ``config`` with ranges or varlen (``_launch``)."""
+    refuses, and for a persistent ``config`` with ranges or varlen (``_launch``). ``out``: where
+    given (a dense batch, v's head dim q's; ``writes_into``), o is written into it and returned: a
+    (B, Hq, Nq, Dv) view in q's dtype, such as rows of a larger output (ring attention's sums)."""
     if variant is not PLAIN:
         reason = _variant_reason(variant)
         if reason is not None:
@@ -1686,7 +1698,13 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
                              variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
         if cfg.persistent and variant.seq != SEQ_DENSE:
             cfg = one_tile_per_program(cfg)
-    if variant.seq == SEQ_DENSE and v.shape[3] == D:
+    if out is not None:
+        if not writes_into(out, q, v, variant):
+            raise ValueError(f"attention_forward_gluon: out must be a 16-byte aligned (B, Hq, Nq, Dv) tensor in q's "
+                             f"dtype with unit last stride, for a dense batch with v's head dim q's; got {out.shape}")
+        o = out
+        lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    elif variant.seq == SEQ_DENSE and v.shape[3] == D:
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     else:  # the portable kernel's buffers: varlen o over (total, Hq, Dv), ranges' padding rows 0 / −inf
