@@ -961,6 +961,32 @@ def test_strided_heads_read_and_written_in_place(causal):
 
 
 @needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dispatch_reads_a_strided_do_in_place(monkeypatch, causal):
+    # A model's dO is often a transposed view ((B, N, H, D) storage: the output's transpose): the
+    # dispatch hands it to the Gluon backward as it is (TMA reads its strides), not a contiguous
+    # copy, and the gradients are the contiguous dO's (dk, dv bit for bit; dq up to its adds' order).
+    import flashattn_lite
+    from flashattn_lite.ops import attention_bwd
+    seen = []
+    real = gluon_bwd.attention_backward_gluon
+    monkeypatch.setattr(gluon_bwd, "attention_backward_gluon",
+                        lambda do, *a, **kw: seen.append(do) or real(do, *a, **kw))
+    monkeypatch.setattr(attention_bwd, "_HOPPER", {})
+    shape = (2, 8, 2, 1000, 1000, 128)
+    q, k, v, do, _, _ = _saved(shape, torch.bfloat16, causal, layout="bnhd")
+    grads = []
+    for d_o in (do, do.contiguous()):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        flashattn_lite.attention(*leaves, causal=causal).backward(d_o)
+        grads.append([t.grad for t in leaves])
+    assert not do.is_contiguous() and len(seen) == 2
+    assert seen[0].data_ptr() == do.data_ptr() and seen[0].stride() == do.stride()
+    assert_same_dk_dv(grads[0], grads[1], shape, causal)
+    assert (grads[0][0].float() - grads[1][0].float()).abs().max() <= 1e-2 * grads[1][0].float().abs().max()
+
+
+@needs_gpu
 @pytest.mark.parametrize("cap_heads, opts", [(2, {}), (2, dict(softcap=4.0, alibi="bh", sinks=True)),
                                              (0.5, dict(alibi="h", sinks=True)), (1, dict(left=300))],
                          ids=["kv-heads", "kv-heads-options", "rows", "window"])

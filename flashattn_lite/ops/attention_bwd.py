@@ -652,12 +652,12 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     if mask is None and dropout_p == 0.0:
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, True)
         hopper = _hopper_backward(q, k, v, causal, causal_offset, scale, variant, signature)
-        # autograd may hand over an expanded dO (e.g. of o.sum()): TMA takes it contiguous. A packed
-        # varlen dO, (1, H, total, D) over (total, H, D), is taken as it is when TMA can read it.
+        # dO is read as it is wherever TMA can (a (B, N, H, D) layout's transposed view, rows of a
+        # larger tensor, a packed varlen batch): autograd may hand over an expanded one (e.g. of
+        # o.sum()), which TMA takes contiguous.
         dense_do = None
         if hopper:
-            packed = variant is not PLAIN and variant.seq == SEQ_VARLEN and _tma_strides(do)
-            dense_do = do if packed else do.contiguous()
+            dense_do = do if _tma_strides(do) else do.contiguous()
         if hopper and dense_do.data_ptr() % 16 == 0:
             run, note = hopper
             note_path("hopper", "attention backward", note)
