@@ -70,18 +70,34 @@ def _equal(a, b, what):
     assert torch.equal(a, b), what
 
 
+@pytest.mark.parametrize("twin", [False, True], ids=["kernels", "cpu-twin"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("causal,window,sinks", [(False, None, False), (True, (5, 0), True)])
-def test_out_on_the_portable_kernels_and_the_cpu_twin(dtype, causal, window, sinks):
-    """Where the kernels cannot write into the views, the results are copied in: the same bits."""
+def test_out_where_the_results_are_copied_in(dtype, causal, window, sinks, twin, monkeypatch):
+    """The portable kernels (interpreted on the CPU) and the CPU twin return new tensors, copied
+    into the views: the same bits."""
+    if twin:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
     _check(dtype, 1, 4, 2, 17, 16, causal, window, sinks, _equal)
 
 
 def _spy(monkeypatch, module, name: str) -> list:
-    """The ``out`` keyword of each call of ``module.name`` (still run), as a list."""
+    """(the ``out`` keyword, the result) of each call of ``module.name`` (still run), as a list."""
     seen, real = [], getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *a, **kw: seen.append(kw.get("out")) or real(*a, **kw))
+
+    def spy(*a, **kw):
+        result = real(*a, **kw)
+        seen.append((kw.get("out"), result))
+        return result
+    monkeypatch.setattr(module, name, spy)
     return seen
+
+
+def _wrote_into(out, result) -> bool:
+    """Whether a call given ``out`` returned those very tensors (it wrote them, nothing was copied in)."""
+    if isinstance(out, torch.Tensor):
+        return result[0] is out
+    return all(g is t for g, t in zip(result[:3], out))
 
 
 @pytest.mark.skipif(GLUON is not None, reason=str(GLUON))
@@ -102,9 +118,21 @@ def test_gluon_kernels_write_into_views(dtype, D, causal, window, sinks, chunked
     tol = dict(rtol=2e-2, atol=2e-3) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-4)
     _check(dtype, 2, 8, 2, 2100, D, causal, window, sinks,
            lambda a, b, what: torch.testing.assert_close(a, b, **tol, msg=lambda m: f"{what}: {m}"))
-    assert [out is not None for out in forward_outs] == [False, True], "the Gluon forward took out"
-    assert [out is not None for out in backward_outs] == [False, True], "the Gluon backward took out"
+    assert [out is not None for out, _ in forward_outs] == [False, True], "the Gluon forward took out"
+    assert _wrote_into(*forward_outs[1]), "the Gluon forward wrote o into out"
+    assert [out is not None for out, _ in backward_outs] == [False, True], "the Gluon backward took out"
+    assert _wrote_into(*backward_outs[1]), "the Gluon backward wrote the gradients into out"
     assert len(launches) == (2 * 2 * 2 if chunked else 2)  # two calls, each of B · Hkv launches when chunked
+
+
+@pytest.mark.skipif(GLUON is not None, reason=str(GLUON))
+def test_gluon_forward_into_a_view_without_lse():
+    """``need_lse=False`` with ``out``: o in the view, no lse."""
+    q, k, v, _, variant = _inputs(torch.bfloat16, 2, 8, 2, 2100, 128, True, None, False)
+    o_ref, _ = _forward_impl(q, k, v, None, 128 ** -0.5, True, 0, 0.0, 0, True, variant)
+    big, view = _rows_of_larger(o_ref)
+    o, lse = _forward_impl(q, k, v, None, 128 ** -0.5, True, 0, 0.0, 0, False, variant, out=view)
+    assert lse is None and o.data_ptr() == view.data_ptr() and torch.equal(view, o_ref) and _untouched(big, 2100)
 
 
 def test_writes_into_refuses_what_tma_cannot_store():
@@ -119,7 +147,10 @@ def test_writes_into_refuses_what_tma_cannot_store():
     assert not attention_fwd_gluon.writes_into(torch.zeros(1, 2, 8, 68, dtype=torch.float16)[..., :64], q, v)
     assert not attention_fwd_gluon.writes_into(fine.float(), q, v)
     assert not attention_fwd_gluon.writes_into(fine[:, :, 1:], q, v)
+    broadcast = torch.zeros(1, 1, 8, 64, dtype=torch.float16).expand(1, 2, 8, 64)  # its heads share memory
+    assert not attention_fwd_gluon.writes_into(broadcast, q, v)
     cfg = attention_bwd_gluon.default_config(64)
     assert attention_bwd_gluon._takes_out((fine, fine, fine), q, q, q, cfg, None)
     assert not attention_bwd_gluon._takes_out((fine, odd_base, fine), q, q, q, cfg, None)
+    assert not attention_bwd_gluon._takes_out((fine, fine, broadcast), q, q, q, cfg, None)
     assert not attention_bwd_gluon._takes_out((fine, fine, fine), q, q, q, cfg._replace(fused_dq=False), None)

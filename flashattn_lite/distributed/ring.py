@@ -5,8 +5,8 @@ around the ring: at step s rank r holds the block of rank (r − s) mod W, and w
 queries to that block the next block is already on its way (the exchange is posted before the
 compute). Everything here is scheduling and communication; the math is the package's:
 
-- forward: each (query slice, key slice) piece is one attention call returning its lse
-  (``_forward_impl``), the causal diagonal and the window placed by ``causal_offset`` (``schedule`` chooses the pieces)
+- forward: each (query slice, key slice) piece is one attention call (``_forward_impl``, with its
+  lse), its causal diagonal and window placed by ``causal_offset`` (``schedule`` chooses the pieces)
   and the softcap, and the partial (o, lse) are merged in place into a float32 accumulator
   (``merge_pair_into``, the pair merge's in-place form; into o's dtype where a row has at most two
   terms, the same result: ``_sum_dtype``); sinks enter once, as one more term of each
@@ -362,14 +362,18 @@ def _one_more_term(spans) -> bool:
     return True
 
 
-def _sum_dtype(steps, n: int, rows: bool, dtype: torch.dtype, wide: torch.dtype) -> torch.dtype:
+def _sum_dtype(steps, n: int, dtype: torch.dtype, wide: torch.dtype, *, rows: bool) -> torch.dtype:
     """The dtype a rank sums its pieces' rows (``rows``; else keys) of length ``n`` in: the inputs'
-    ``dtype`` where step 0's pieces tile them and (rows) no later piece overlaps another, else
-    ``wide`` (float32; float64 for float64 inputs). A float32 sum of two 16-bit terms rounded once
-    to 16 bits is what the 16-bit tensor's in-place add gives (torch adds in float32 and rounds
-    once), so the results are the same, without the float32 passes: step 0's writes move 4 bytes an
-    element, not 6, and no cast at the end. With more terms each 16-bit add would round again.
-    Keys take one more term at most by construction: the accumulator hop's float32 sum."""
+    16-bit ``dtype`` where step 0's pieces tile them and (rows) no later piece overlaps another,
+    else ``wide`` (float32, or float64 for the float64 twin's backward). A float32 sum of two 16-bit
+    terms rounded once to 16 bits is what the 16-bit tensor's in-place add gives (torch adds in
+    float32 and rounds once), so the results are the same, without the float32 passes: step 0's
+    writes move 4 bytes an element, not 6, and no cast at the end. With more terms each 16-bit add
+    would round again. Keys take one more term at most by construction: the accumulator hop's
+    float32 sum. A ``dtype`` as wide as ``wide`` or wider keeps ``wide`` (float64 inputs merge in
+    float32, as before)."""
+    if dtype.itemsize >= wide.itemsize:
+        return wide
     side = (lambda p: (p.q0, p.q1)) if rows else (lambda p: (p.k0, p.k1))
     if not _tiles([side(p) for p in steps[0]], n):
         return wide
@@ -388,12 +392,13 @@ def _write_or_add(into: torch.Tensor, value: torch.Tensor, write: bool) -> None:
 def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops: Hops):
     """(o, lse) of this rank's queries over the whole sequence (and the sinks). ``ring`` has
     ``shift(tensor)``, ``rank`` and ``world`` (see ``_group.Group``); ``steps`` and ``hops`` are
-    ``plan(...)``'s for this rank."""
+    ``plan(...)``'s for this rank. The pieces call the kernels' entry (``_forward_impl``), as the
+    backward does: ``ring_attention`` checked the arguments, and the ring is not traced."""
     B, Hq, n, _ = q.shape
     # float32 partials where a row has more than two terms: W merges in bf16 would round W times
     # (merges take float32 lse, so float64 inputs merge in float32 too).
     written = _tiles([(p.q0, p.q1) for p in steps[0]], n)
-    dtype = _sum_dtype(steps, n, True, q.dtype, torch.float32)
+    dtype = _sum_dtype(steps, n, q.dtype, torch.float32, rows=True)
     out = (torch.empty if written else torch.zeros)((B, Hq, n, v.shape[3]), dtype=dtype, device=q.device)
     lse = torch.empty((B, Hq, n), dtype=torch.float32, device=q.device)
     if not written:
@@ -404,7 +409,7 @@ def _forward(q, k, v, sinks, *, scale: float, softcap: float, ring, steps, hops:
         for p in pieces:
             keys = _rows_of(held.runs, p.k0, p.k1)
             # Where step 0's pieces tile the rows, each row's sink joins its one step-0 call (the
-            # merges carry it on): no pass over the float32 output at the end.
+            # merges carry it on): no pass over the output at the end.
             q_p, k_p, v_p = q[:, :, p.q0:p.q1], held.k[:, :, keys], held.v[:, :, keys]
             first = step == 0 and written
             variant = _piece_variant(q_p, k_p, p, softcap, sinks if first else None)
@@ -448,12 +453,12 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32  # sums of per-block gradients
     rows_written = _tiles([(p.q0, p.q1) for p in steps[0]], q.shape[2])
     keys_written = _tiles([(p.k0, p.k1) for p in steps[0]], k.shape[2])
-    dq_dtype = _sum_dtype(steps, q.shape[2], True, q.dtype, acc)
+    dq_dtype = _sum_dtype(steps, q.shape[2], q.dtype, acc, rows=True)
     dq = (torch.empty if rows_written else torch.zeros)(q.shape, dtype=dq_dtype, device=q.device)
     per_row = _row_numel(k.shape, v.shape)
     # This rank's block's dK/dV.
-    own = (torch.empty if keys_written else torch.zeros)(per_row * k.shape[2], device=k.device,
-                                                         dtype=_sum_dtype(steps, k.shape[2], False, k.dtype, acc))
+    own_dtype = _sum_dtype(steps, k.shape[2], k.dtype, acc, rows=False)
+    own = (torch.empty if keys_written else torch.zeros)(per_row * k.shape[2], dtype=own_dtype, device=k.device)
     whole = ((0, k.shape[2]),)
     held = _Held(k, v, whole)
     acc_in = None  # the accumulator hop from rank r − 1 posted at the step before (its runs: Hops.grads)
@@ -471,8 +476,9 @@ def _backward(do, dlse, q, k, v, o, lse, sinks, *, scale: float, softcap: float,
             # The Triton backward reads lse as a dense (B, H, N) array, hence the copy of a slice.
             # (dq, dk, dv) lead the result (options such as sinks may append their gradients).
             q_p, k_p = q[:, :, rows_q], held.k[:, :, keys]
-            # Step 0's pieces write the sums' rows; where all three are in the inputs' dtypes the
-            # kernels write them there (``_backward_impl``'s ``out``).
+            # Step 0's pieces write the sums' rows; where all three are in the inputs' dtypes they
+            # go there directly (``_backward_impl``'s ``out``: the Gluon kernels write into the
+            # views, other paths copy in).
             into = None
             if step == 0 and rows_written and keys_written and dq.dtype == q.dtype and own.dtype == k.dtype:
                 into = (dq[:, :, rows_q], dk_acc[:, :, sums], dv_acc[:, :, sums])

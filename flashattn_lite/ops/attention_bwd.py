@@ -44,6 +44,7 @@ from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_R
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
                             query_tile, score_args, score_tile, seq_args, sequence, varlen_tile, _plain_signature,
                             _variant_signature, SEQ_DENSE)
+from .attention_fwd_hopper import _tensor_reason
 
 
 @triton.jit
@@ -563,11 +564,6 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
     return hopper
 
 
-def _tma_strides(t: torch.Tensor) -> bool:
-    """Unit last stride, the others positive and 16-byte multiples (no broadcast dim)."""
-    return t.stride(-1) == 1 and all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
-
-
 def _short_config(variant: Variant, mask, dropout_p: float, Nq: int, Nk: int, block_d: int, block_dv: int,
                   itemsize: int):
     """(BLOCK_N, num_warps) of the one-launch backward where it takes the call, else None: no mask,
@@ -644,7 +640,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     """Gradients (dq, dk, dv, dsinks) in the inputs' dtypes; dk, dv summed over each GQA group;
     dsinks (Hq,) float32, or None without sinks. Tensors laid out as for ``attention_forward``.
     ``out``: (dq, dk, dv) to write; where the Gluon backward runs the call and can
-    (``attention_bwd_gluon.writes_into``), the gradients are written there and returned; elsewhere
+    (``attention_bwd_gluon.writes_grads_into``), the gradients are written there and returned; elsewhere
     they are new tensors (the caller copies them: ``_backward_impl``)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -657,13 +653,13 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
         # o.sum()), which TMA takes contiguous.
         dense_do = None
         if hopper:
-            dense_do = do if _tma_strides(do) else do.contiguous()
+            dense_do = do if _tensor_reason("do", do) is None else do.contiguous()
         if hopper and dense_do.data_ptr() % 16 == 0:
             run, note = hopper
             note_path("hopper", "attention backward", note)
             if out is not None:  # (ring attention's rows of its sums: no per-call import otherwise)
                 from . import attention_bwd_gluon as gluon
-                if run is gluon.attention_backward_gluon and gluon.writes_into(out, q, k, v, causal, variant):
+                if run is gluon.attention_backward_gluon and gluon.writes_grads_into(out, q, k, v, causal, variant):
                     grads = run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse,
                                 variant=None if variant is PLAIN else variant, out=out)
                     return (*grads, None) if variant is PLAIN else grads

@@ -121,6 +121,7 @@ from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, f
                             seq_args)
 from .attention_fwd_gluon import (_is_plain, gpu_sm_count, padded_head_dim, padding_note, qk_width, tma_descriptor,
                                   window_flags)
+from .attention_fwd_hopper import _tensor_reason
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -1513,10 +1514,9 @@ def _launch(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: 
     return plan["grid"], args, dict(**plan["constexprs"], num_warps=4)
 
 
-def writes_into(out: tuple, q, k, v, causal: bool, variant: Variant | None = None) -> bool:
-    """Whether ``attention_backward_gluon`` writes (dq, dk, dv) into ``out`` at its default config:
-    ``_takes_out`` with a config that fuses dQ (whose launches write views of a chunked call's
-    gradients: ``dq_buffer_chunks``)."""
+def writes_grads_into(out: tuple, q, k, v, causal: bool, variant: Variant | None = None) -> bool:
+    """Whether ``attention_backward_gluon`` at its default config writes (dq, dk, dv) into ``out``
+    (``_takes_out``)."""
     D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]
     cfg = default_config(D, causal, max(q.shape[2], k.shape[2]), torch.are_deterministic_algorithms_enabled(),
                          v.shape[3], variant)
@@ -1524,13 +1524,13 @@ def writes_into(out: tuple, q, k, v, causal: bool, variant: Variant | None = Non
 
 
 def _takes_out(out: tuple, q, k, v, cfg: Config, variant: Variant | None) -> bool:
-    """A dense batch, a config that fuses dQ, and (dq, dk, dv) tensors of q's, k's, v's shapes and
-    dtype on their device, unit last stride, base and strides 16-byte multiples (TMA's rule)."""
+    """A dense batch, a config that fuses dQ (whose launches write views of a chunked call's
+    gradients: ``dq_buffer_chunks``), and (dq, dk, dv) of q's, k's, v's shapes and dtype on their
+    device that TMA descriptors can store into (``attention_fwd_hopper._tensor_reason``)."""
     if not cfg.fused_dq or (variant is not None and variant.seq != SEQ_DENSE):
         return False
-    return all(t.shape == like.shape and t.dtype == like.dtype and t.device == like.device and t.stride(3) == 1
-               and t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
-               for t, like in zip(out, (q, k, v)))
+    return all(t.shape == like.shape and t.dtype == like.dtype and t.device == like.device
+               and _tensor_reason(name, t) is None for name, t, like in zip(("dq", "dk", "dv"), out, (q, k, v)))
 
 
 def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool, config: Config | None = None,
@@ -1554,9 +1554,9 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     writer per element (``_tma_dq_covers``). A dense call whose fused dQ buffer (float32, twice q's bytes
     in 16 bits) would pass ``DQ_BUFFER_BYTES`` runs in launches over chunks of rows and KV heads
     (``dq_buffer_chunks``; a varlen batch, one row, over KV heads). ``out``: (dq, dk, dv) to write
-    and return, views such as rows of larger gradients (ring attention's sums), where ``writes_into``
-    says so and the config fuses dQ. A config or variant the kernel does not take raises ValueError
-    before anything runs."""
+    and return, views such as rows of larger gradients (ring attention's sums): ValueError where
+    ``_takes_out`` refuses them with this config (``writes_grads_into`` asks first, at the default
+    one). A config or variant the kernel does not take raises ValueError before anything runs."""
     reason = _variant_reason(variant)
     if reason is not None:
         raise ValueError(f"attention_backward_gluon: variant: {reason}")

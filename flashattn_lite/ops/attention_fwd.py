@@ -600,7 +600,8 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
             if out is not None:  # (ring attention's rows of its sums: no per-call import otherwise)
                 from . import attention_fwd_gluon as gluon
                 if run is gluon.attention_forward_gluon and gluon.writes_into(out, q, v, variant):
-                    return run(q, k, v, scale, causal, variant=variant, out=out)
+                    o, lse = run(q, k, v, scale, causal, variant=variant, out=out)
+                    return o, lse if need_lse else None
             o, lse = run(q, k, v, scale, causal, variant=variant)
             return o, lse if need_lse else None
     o, lse = output_buffers(q, Dv, variant, need_lse)

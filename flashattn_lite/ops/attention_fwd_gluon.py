@@ -99,6 +99,7 @@ from ..merge import LOG2E, add_sink
 
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
                            key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
+from .attention_fwd_hopper import _tensor_reason
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton.experimental import gluon
@@ -1651,12 +1652,11 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
 
 def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Variant = PLAIN) -> bool:
     """Whether ``attention_forward_gluon`` can write o into ``out``: a dense batch with v's head dim
-    q's, ``out`` of o's shape and dtype on q's device, unit last stride, the base and the other
-    strides 16-byte multiples (TMA's rule; its box stops at the view's rows)."""
+    q's, ``out`` of o's shape and dtype on q's device that a TMA descriptor can store into
+    (``attention_fwd_hopper._tensor_reason``; its box stops at the view's rows)."""
     B, Hq, Nq, _ = q.shape
     return (variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and out.shape == (B, Hq, Nq, v.shape[3])
-            and out.dtype == q.dtype and out.device == q.device and out.stride(3) == 1
-            and out.data_ptr() % 16 == 0 and all(s * out.element_size() % 16 == 0 for s in out.stride()[:3]))
+            and out.dtype == q.dtype and out.device == q.device and _tensor_reason("out", out) is None)
 
 
 def one_tile_per_program(cfg: Config) -> Config:
