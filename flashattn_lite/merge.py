@@ -143,7 +143,9 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     empty = total == 0.0
     lse = tl.where(empty, float("-inf"), ref + tl.log(tl.where(empty, 1.0, total)))
     inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, total))
-    o = o_a * (w_a * inv)[:, None] + o_b * (w_b * inv)[:, None]
+    # One fma in a fixed form: left to contraction, which product is fused may differ between two
+    # compilations (o_a loaded as bf16 or as float32), and so the last bit of the float32 sum.
+    o = tl.fma(o_b, (w_b * inv)[:, None], o_a * (w_a * inv)[:, None])
     return o, lse
 
 
