@@ -323,8 +323,8 @@ def _packed_as_4d(t: torch.Tensor) -> torch.Tensor:
 
 def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_lse=True, variant=PLAIN, out=None):
     """(o, lse); lse is None when ``need_lse`` is False. Varlen: o (total, Hq, Dv), lse (Hq, total).
-    ``out``: a tensor of o's shape and dtype (a dense batch) that receives o, which is then it: the
-    Gluon forward writes it there, other paths' o is copied in."""
+    ``out``: a tensor of o's shape and dtype that receives o, which is then it: the Gluon forward
+    writes it there (a dense batch), other paths' o is copied in."""
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     varlen = variant.seq >= SEQ_VARLEN
@@ -345,8 +345,8 @@ def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_ls
 def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropout_p, seed, variant=PLAIN,
                    out=None):
     """(dq, dk, dv, dsinks), each gradient laid out as ``torch.empty_like`` of its input (dsinks
-    None without sinks). ``out``: (dq, dk, dv) tensors of the gradients' shapes and dtypes (a dense
-    batch) that receive them, which are then they: the Gluon backward writes them there, other
+    None without sinks). ``out``: (dq, dk, dv) tensors of the gradients' shapes and dtypes that
+    receive them, which are then they: the Gluon backward writes them there (a dense batch), other
     paths' gradients are copied in."""
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])

@@ -1584,8 +1584,9 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
                              "takes plain causal calls over dense batches whose v's head dim pads to at most 128, "
                              f"and {why}: pass config=CONFIGS[256][0] (the dK/dV and dQ kernels) or None")
     if out is not None and not _takes_out(out, q, k, v, cfg, variant):
-        raise ValueError("attention_backward_gluon: out must be (dq, dk, dv) of q's, k's, v's shapes and dtype, "
-                         "16-byte aligned with unit last stride, for a dense batch and a config that fuses dQ")
+        raise ValueError("attention_backward_gluon: out must be (dq, dk, dv) of q's, k's, v's shapes and dtype that "
+                         "TMA can store into (16-byte aligned base and strides, unit last stride, no broadcast dim), "
+                         "for a dense batch and a config that fuses dQ")
     chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D)) if cfg.fused_dq
               else [(slice(None), slice(None))])
     if len(chunks) == 1:

@@ -1700,8 +1700,9 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
             cfg = one_tile_per_program(cfg)
     if out is not None:
         if not writes_into(out, q, v, variant):
-            raise ValueError(f"attention_forward_gluon: out must be a 16-byte aligned (B, Hq, Nq, Dv) tensor in q's "
-                             f"dtype with unit last stride, for a dense batch with v's head dim q's; got {out.shape}")
+            raise ValueError(f"attention_forward_gluon: out must be a (B, Hq, Nq, Dv) tensor in q's dtype that TMA can "
+                             f"store into (16-byte aligned base and strides, unit last stride, no broadcast dim), for "
+                             f"a dense batch with v's head dim q's; got {tuple(out.shape)}, strides {out.stride()}")
         o = out
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     elif variant.seq == SEQ_DENSE and v.shape[3] == D:
