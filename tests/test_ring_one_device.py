@@ -214,6 +214,29 @@ def test_ring_sums_in_the_inputs_dtype_are_the_float32_sums(dtype, sinks, world,
         assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b)), what
 
 
+@settings(max_examples=max(_EXAMPLES // 3, 10), derandomize=True, deadline=None, database=None, print_blob=True,
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@given(case=_ring_cases(), dtype=st.sampled_from([torch.float16, torch.bfloat16]))
+def test_ring_sums_fuzz_narrow_is_float32_bit_for_bit(case, dtype, torch_cpu_path):
+    """Drawn rings in 16 bits on the CPU twin (compiled kernels on a GPU): wherever the plan lets a
+    rank sum in the inputs' dtype, its o, lse, dq, dk, dv and dsinks are the float32 sums' bits."""
+    world, n, dv = case["world"], case["n"], case["dv"] or case["d"]
+    gen = torch.Generator().manual_seed(world * 100 + n)
+    B, hq, hkv, d = case["b"], case["hq"], case["hkv"], case["d"]
+    N = world * n
+    q, do = (torch.randn(B, hq, N, x, generator=gen).to(DEVICE, dtype) for x in (d, dv))
+    k, v = (torch.randn(B, hkv, N, x, generator=gen).to(DEVICE, dtype) for x in (d, dv))
+    dlse = torch.randn(B, hq, N, generator=gen).to(DEVICE)
+    sink = torch.randn(hq, generator=gen).to(DEVICE) if case["sinks"] else None
+    args = {key: case[key] for key in ("world", "layout", "causal", "window", "softcap")}
+    narrow = _ring_threads(q, k, v, do, dlse, sink, **args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ring_mod, "_sum_dtype", lambda steps, n, dtype, wide, rows: wide)
+        wide = _ring_threads(q, k, v, do, dlse, sink, **args)
+    for what, a, b in zip(("o", "lse", "dq", "dk", "dv", "dsinks"), [*narrow[0], narrow[1]], [*wide[0], wide[1]]):
+        assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b)), what
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the Gluon kernels' lengths: compiled kernels only")
 def test_ring_sums_written_by_the_kernels_match_float32_sums(monkeypatch):
     """Two ranks of 8192 tokens, a causal window: step 0's pieces take the Gluon kernels, which write
