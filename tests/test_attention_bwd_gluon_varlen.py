@@ -663,13 +663,16 @@ def test_long_varlen_and_ranges_calls_run_in_chunks(monkeypatch, layout):
 
 
 def test_packed_do_is_taken_without_a_copy():
-    # attention_backward hands a packed varlen dO, (1, H, total, D) over (total, H, D), to the Gluon
-    # backward as it is; an expanded one (of o.sum()) is made contiguous first.
-    from flashattn_lite.ops.attention_bwd import _tma_strides
+    # attention_backward hands dO to the Hopper backwards as it is wherever TMA can read it (the rule
+    # it asks: ``_tensor_reason``), a packed varlen dO, (1, H, total, D) over (total, H, D), among
+    # them; an expanded one (of o.sum()) or one whose rows are not 16-byte multiples is made
+    # contiguous first.
+    from flashattn_lite.ops.attention_bwd import _tensor_reason
     packed = torch.zeros(300, 4, 64, dtype=torch.float16).transpose(0, 1).unsqueeze(0)
-    assert _tma_strides(packed)
-    assert not _tma_strides(torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 4, 300, 64))
-    assert not _tma_strides(torch.zeros(300, 4, 66, dtype=torch.float16)[..., :64].transpose(0, 1).unsqueeze(0))
+    assert _tensor_reason("do", packed) is None
+    assert _tensor_reason("do", torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 4, 300, 64)) is not None
+    odd_rows = torch.zeros(300, 4, 66, dtype=torch.float16)[..., :64].transpose(0, 1).unsqueeze(0)
+    assert _tensor_reason("do", odd_rows) is not None
 
 
 @pytest.mark.parametrize("seq", ["varlen", "ranges"])
