@@ -1,14 +1,16 @@
-"""The backward on a model's head layout: q, k, v and dO as (B, N, H, D) storage seen as (B, H, N, D)
+"""Attention on a model's head layout: q, k, v and dO as (B, N, H, D) storage seen as (B, H, N, D)
 (what attention layers of HF-style models hand over: the projections' views and the output's
-transposed gradient) against the same call on contiguous (B, H, N, D) tensors.
+transposed gradient) against the same calls on contiguous (B, H, N, D) tensors.
 
     python benchmarks/head_layouts.py [--out benchmarks/results] [--rounds 5]
 
-Times the backward alone (``torch.autograd.grad`` of ``flashattn_lite.attention``'s output with dO,
-the forward's graph kept), bf16, d 128, causal, B·N = 16k tokens at hidden 2048 (16 heads, GQA
-none), each layout and length in turn for ``--rounds`` rounds (``common.time_ms``: device events,
-cold L2, median). The kernels read every layout through TMA descriptors with its strides; what can
-differ is a copy of a tensor the path takes contiguous.
+Times, bf16, d 128, causal, B·N = 16k tokens at hidden 2048 (16 heads, GQA none), each layout and
+length in turn for ``--rounds`` rounds (``common.time_ms``: device events, cold L2, median):
+``fwd``, ``flashattn_lite.attention`` and the output made (B, N, H·D) as a model's next projection
+takes it (``o.transpose(1, 2).reshape(B, N, H·D)``: a copy unless o already lies that way); ``bwd``,
+``torch.autograd.grad`` of the output with dO (the forward's graph kept). The kernels read every
+layout through TMA descriptors with its strides; what can differ is a copy of a tensor some step
+takes contiguous.
 """
 from __future__ import annotations
 
@@ -49,28 +51,32 @@ def main():
     add_run_arguments(ap)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "head_layouts measures GPU time"
-    points = [(n, layout) for n in LENGTHS for layout in ("bhnd", "bnhd")]
+    points = [(mode, n, layout) for mode in ("fwd", "bwd") for n in LENGTHS for layout in ("bhnd", "bnhd")]
     calls = {}
-    for n, layout in points:
+    for mode, n, layout in points:
         leaves, do = _inputs(n, layout)
-        o = flashattn_lite.attention(*leaves, causal=True)
-        calls[n, layout] = (lambda o=o, leaves=leaves, do=do:
-                            torch.autograd.grad(o, leaves, do, retain_graph=True))
-        calls[n, layout]()
+        if mode == "fwd":
+            calls[mode, n, layout] = (lambda leaves=leaves: flashattn_lite.attention(*leaves, causal=True)
+                                      .transpose(1, 2).reshape(leaves[0].shape[0], -1, HEADS * D))
+        else:
+            o = flashattn_lite.attention(*leaves, causal=True)
+            calls[mode, n, layout] = (lambda o=o, leaves=leaves, do=do:
+                                      torch.autograd.grad(o, leaves, do, retain_graph=True))
+        calls[mode, n, layout]()
     times = {p: [] for p in points}
     for _ in range(args.rounds):  # each point in turn, so drift falls on all alike
         for p in points:
             times[p].append(time_ms(calls[p], rep_ms=150))
     rows = []
-    for (n, layout), ms in times.items():
+    for (mode, n, layout), ms in times.items():
         ms = sorted(ms)
-        rows.append(dict(N=n, batch=TOKENS // n, heads=HEADS, d=D, layout=layout, ms=ms[len(ms) // 2],
+        rows.append(dict(mode=mode, N=n, batch=TOKENS // n, heads=HEADS, d=D, layout=layout, ms=ms[len(ms) // 2],
                          rounds_ms=ms))
-    base = {r["N"]: r["ms"] for r in rows if r["layout"] == "bhnd"}
+    base = {(r["mode"], r["N"]): r["ms"] for r in rows if r["layout"] == "bhnd"}
     for r in rows:
-        r["vs_contiguous"] = r["ms"] / base[r["N"]]
-    path = write_json(args.out, "head_layouts", rows, dtype="bfloat16", causal=True, mode="bwd")
-    print(format_table(rows, ["N", "batch", "heads", "d", "layout", "ms", "vs_contiguous"]))
+        r["vs_contiguous"] = r["ms"] / base[r["mode"], r["N"]]
+    path = write_json(args.out, "head_layouts", rows, dtype="bfloat16", causal=True)
+    print(format_table(rows, ["mode", "N", "batch", "heads", "d", "layout", "ms", "vs_contiguous"]))
     print(f"wrote {path}")
 
 
