@@ -154,3 +154,15 @@ def test_writes_into_refuses_what_tma_cannot_store():
     assert not attention_bwd_gluon._takes_out((fine, odd_base, fine), q, q, q, cfg, None)
     assert not attention_bwd_gluon._takes_out((fine, fine, broadcast), q, q, q, cfg, None)
     assert not attention_bwd_gluon._takes_out((fine, fine, fine), q, q, q, cfg._replace(fused_dq=False), None)
+
+
+def test_gluon_entries_refuse_an_out_they_cannot_write():
+    """Given an ``out`` TMA cannot store into, the Gluon entry points raise ValueError naming out
+    (before anything launches), rather than write elsewhere."""
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    odd_rows = torch.zeros(1, 2, 8, 66, dtype=torch.float16)[..., :64]  # 132-byte rows
+    with pytest.raises(ValueError, match="out must be"):
+        attention_fwd_gluon.attention_forward_gluon(q, q, q, 0.125, False, out=odd_rows)
+    with pytest.raises(ValueError, match="out must be"):
+        attention_bwd_gluon.attention_backward_gluon(q, q, q, q, q, torch.zeros(1, 2, 8), scale=0.125, causal=False,
+                                                     out=(q.clone(), odd_rows, q.clone()))

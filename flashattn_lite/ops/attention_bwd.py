@@ -657,16 +657,15 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
         if hopper and dense_do.data_ptr() % 16 == 0:
             run, note = hopper
             note_path("hopper", "attention backward", note)
+            into = {}
             if out is not None:  # (ring attention's rows of its sums: no per-call import otherwise)
                 from . import attention_bwd_gluon as gluon
                 if run is gluon.attention_backward_gluon and gluon.writes_grads_into(out, q, k, v, causal, variant):
-                    grads = run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse,
-                                variant=None if variant is PLAIN else variant, out=out)
-                    return (*grads, None) if variant is PLAIN else grads
+                    into = dict(out=out)
             if variant is PLAIN:
-                return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse), None)
+                return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, **into), None)
             # The Gluon backward with the options: (dq, dk, dv, dsinks), as below.
-            return run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, variant=variant)
+            return run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, variant=variant, **into)
     # A repeated plain call (no dlse): its launches bound to its arguments (``Launcher.bind``).
     bound_key = None
     if variant is PLAIN and signature is not None and dlse is None and _bwd_dq_kernel.enabled:

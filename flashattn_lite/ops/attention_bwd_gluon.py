@@ -121,7 +121,7 @@ from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, f
                             seq_args)
 from .attention_fwd_gluon import (_is_plain, gpu_sm_count, padded_head_dim, padding_note, qk_width, tma_descriptor,
                                   window_flags)
-from .attention_fwd_hopper import _tensor_reason
+from .attention_fwd_hopper import storable_like
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton._C.libtriton import ir as _ir
@@ -1526,11 +1526,10 @@ def writes_grads_into(out: tuple, q, k, v, causal: bool, variant: Variant | None
 def _takes_out(out: tuple, q, k, v, cfg: Config, variant: Variant | None) -> bool:
     """A dense batch, a config that fuses dQ (whose launches write views of a chunked call's
     gradients: ``dq_buffer_chunks``), and (dq, dk, dv) of q's, k's, v's shapes and dtype on their
-    device that TMA descriptors can store into (``attention_fwd_hopper._tensor_reason``)."""
+    device that TMA descriptors can store into (``attention_fwd_hopper.storable_like``)."""
     if not cfg.fused_dq or (variant is not None and variant.seq != SEQ_DENSE):
         return False
-    return all(t.shape == like.shape and t.dtype == like.dtype and t.device == like.device
-               and _tensor_reason(name, t) is None for name, t, like in zip(("dq", "dk", "dv"), out, (q, k, v)))
+    return all(storable_like(t, like) for t, like in zip(out, (q, k, v)))
 
 
 def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool, config: Config | None = None,

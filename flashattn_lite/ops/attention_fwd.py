@@ -597,12 +597,12 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         if hopper and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
             run, note = hopper
             note_path("hopper", "attention forward", note)
+            into = {}
             if out is not None:  # (ring attention's rows of its sums: no per-call import otherwise)
                 from . import attention_fwd_gluon as gluon
                 if run is gluon.attention_forward_gluon and gluon.writes_into(out, q, v, variant):
-                    o, lse = run(q, k, v, scale, causal, variant=variant, out=out)
-                    return o, lse if need_lse else None
-            o, lse = run(q, k, v, scale, causal, variant=variant)
+                    into = dict(out=out)
+            o, lse = run(q, k, v, scale, causal, variant=variant, **into)
             return o, lse if need_lse else None
     o, lse = output_buffers(q, Dv, variant, need_lse)
     lse_arg = q if lse is None else lse  # never written without need_lse: STORE_LSE is False

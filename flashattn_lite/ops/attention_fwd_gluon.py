@@ -99,7 +99,7 @@ from ..merge import LOG2E, add_sink
 
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
                            key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
-from .attention_fwd_hopper import _tensor_reason
+from .attention_fwd_hopper import storable_like
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton.experimental import gluon
@@ -1653,10 +1653,8 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
 def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Variant = PLAIN) -> bool:
     """Whether ``attention_forward_gluon`` can write o into ``out``: a dense batch with v's head dim
     q's, ``out`` of o's shape and dtype on q's device that a TMA descriptor can store into
-    (``attention_fwd_hopper._tensor_reason``; its box stops at the view's rows)."""
-    B, Hq, Nq, _ = q.shape
-    return (variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and out.shape == (B, Hq, Nq, v.shape[3])
-            and out.dtype == q.dtype and out.device == q.device and _tensor_reason("out", out) is None)
+    (``attention_fwd_hopper.storable_like``; its box stops at the view's rows)."""
+    return variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and storable_like(out, q)
 
 
 def one_tile_per_program(cfg: Config) -> Config:

@@ -198,6 +198,13 @@ def _tensor_reason(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
+def storable_like(t: torch.Tensor, like: torch.Tensor) -> bool:
+    """Whether ``t`` has ``like``'s shape, dtype and device and a TMA descriptor can store into it
+    (``_tensor_reason``): an ``out`` the Gluon kernels write themselves."""
+    return (t.shape == like.shape and t.dtype == like.dtype and t.device == like.device
+            and _tensor_reason("out", t) is None)
+
+
 def _reason_for_variant(q, variant) -> str | None:
     """Why the forward kernel cannot take ``variant``, or None: a dense batch, window sides in
     [−1, 2³⁰) (−1 unbounded), a finite softcap ≥ 0, ALiBi slopes float32/float64 (Hq,) or (B, Hq)
