@@ -1,6 +1,7 @@
 """Attention on a model's head layout: q, k, v and dO as (B, N, H, D) storage seen as (B, H, N, D)
 (what attention layers of HF-style models hand over: the projections' views and the output's
-transposed gradient) against the same calls on contiguous (B, H, N, D) tensors.
+transposed gradient) against the same calls on contiguous (B, H, N, D) tensors, beside torch's SDPA
+on its cuDNN backend on the same tensors (the peer: how much its calls pay for the layout).
 
     python benchmarks/head_layouts.py [--out benchmarks/results] [--rounds 5]
 
@@ -22,6 +23,8 @@ from pathlib import Path
 os.environ.setdefault("FLASHATTN_LITE_AUTOTUNE", "0")
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flashattn_lite  # noqa: E402
@@ -44,6 +47,14 @@ def _inputs(n: int, layout: str):
     return [t.requires_grad_() for t in (q, k, v)], do
 
 
+def _cudnn(q, k, v):
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+IMPLS = {"lite": lambda q, k, v: flashattn_lite.attention(q, k, v, causal=True), "cudnn": _cudnn}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -51,32 +62,35 @@ def main():
     add_run_arguments(ap)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "head_layouts measures GPU time"
-    points = [(mode, n, layout) for mode in ("fwd", "bwd") for n in LENGTHS for layout in ("bhnd", "bnhd")]
+    points = [(mode, n, impl, layout) for mode in ("fwd", "bwd") for n in LENGTHS for impl in IMPLS
+              for layout in ("bhnd", "bnhd")]
     calls = {}
-    for mode, n, layout in points:
+    for mode, n, impl, layout in points:
         leaves, do = _inputs(n, layout)
+        attn = IMPLS[impl]
         if mode == "fwd":
-            calls[mode, n, layout] = (lambda leaves=leaves: flashattn_lite.attention(*leaves, causal=True)
-                                      .transpose(1, 2).reshape(leaves[0].shape[0], -1, HEADS * D))
+            calls[mode, n, impl, layout] = (lambda leaves=leaves, attn=attn: attn(*leaves)
+                                            .transpose(1, 2).reshape(leaves[0].shape[0], -1, HEADS * D))
         else:
-            o = flashattn_lite.attention(*leaves, causal=True)
-            calls[mode, n, layout] = (lambda o=o, leaves=leaves, do=do:
-                                      torch.autograd.grad(o, leaves, do, retain_graph=True))
-        calls[mode, n, layout]()
+            o = attn(*leaves)
+            calls[mode, n, impl, layout] = (lambda o=o, leaves=leaves, do=do:
+                                            torch.autograd.grad(o, leaves, do, retain_graph=True))
+        calls[mode, n, impl, layout]()
     times = {p: [] for p in points}
     for _ in range(args.rounds):  # each point in turn, so drift falls on all alike
         for p in points:
             times[p].append(time_ms(calls[p], rep_ms=150))
     rows = []
-    for (mode, n, layout), ms in times.items():
+    for (mode, n, impl, layout), ms in times.items():
         ms = sorted(ms)
-        rows.append(dict(mode=mode, N=n, batch=TOKENS // n, heads=HEADS, d=D, layout=layout, ms=ms[len(ms) // 2],
-                         rounds_ms=ms))
-    base = {(r["mode"], r["N"]): r["ms"] for r in rows if r["layout"] == "bhnd"}
+        rows.append(dict(mode=mode, N=n, batch=TOKENS // n, heads=HEADS, d=D, impl=impl, layout=layout,
+                         ms=ms[len(ms) // 2], rounds_ms=ms))
+    ms_of = {(r["mode"], r["N"], r["impl"], r["layout"]): r["ms"] for r in rows}
     for r in rows:
-        r["vs_contiguous"] = r["ms"] / base[r["mode"], r["N"]]
+        r["vs_contiguous"] = r["ms"] / ms_of[r["mode"], r["N"], r["impl"], "bhnd"]
+        r["cudnn_over_this"] = ms_of[r["mode"], r["N"], "cudnn", r["layout"]] / r["ms"]
     path = write_json(args.out, "head_layouts", rows, dtype="bfloat16", causal=True)
-    print(format_table(rows, ["mode", "N", "batch", "heads", "d", "layout", "ms", "vs_contiguous"]))
+    print(format_table(rows, ["mode", "N", "batch", "impl", "layout", "ms", "vs_contiguous", "cudnn_over_this"]))
     print(f"wrote {path}")
 
 
