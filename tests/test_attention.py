@@ -117,6 +117,18 @@ def test_strided_inputs_are_read_in_place(dtype):
         assert torch.equal(a, b)
 
 
+def test_output_takes_q_layout():
+    # A model's (B, N, H, D) projection seen as (B, H, N, D): o comes back in (B, N, H, D) storage, as
+    # torch's flash SDPA returns it, so the model's o.transpose(1, 2) is contiguous (no copy); a
+    # contiguous q gives a contiguous o, and v's head dim apart from q's a contiguous o too.
+    q, k, v = make_qkv((2, 4, 2, 17, 33, 32, 32), torch.float16, layout="bnhd")
+    o = attention(q, k, v, causal=True)
+    assert o.stride() == q.stride() and o.transpose(1, 2).is_contiguous()
+    assert attention(q.contiguous(), k, v, causal=True).is_contiguous()
+    q, k, v = make_qkv((2, 4, 2, 17, 33, 32, 16), torch.float16, layout="bnhd")
+    assert attention(q, k, v).is_contiguous()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fully_masked_rows_give_zero_not_nan(dtype):
     # causal with Nq > Nk, bottom-right: the first Nq − Nk query rows see no key at all.

@@ -144,3 +144,15 @@ def test_reduce_overhead_mode_replays_the_kernels_from_a_cuda_graph():
             x = torch.randn(2, 9, 32, device=DEVICE)
             out = compiled(x).clone()
             torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4, msg=f"step {step}")
+
+
+def test_compiled_output_strides_are_the_kernels():
+    # The custom op's fake allocates o by the kernels' rule (``dense_output``: q's layout), so a
+    # compiled graph's view of o's strides is the real one: a model's (B, N, H, D) layout stays so.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 17, 4, 32, generator=g).to(DEVICE, torch.float16).transpose(1, 2) for _ in range(3))
+    eager = flashattn_lite.attention(q, k, v, causal=True)
+    compiled = torch.compile(lambda q, k, v: flashattn_lite.attention(q, k, v, causal=True), fullgraph=True,
+                             backend=BACKEND)(q, k, v)
+    assert eager.stride() == compiled.stride() == q.stride()
+    assert torch.equal(eager, compiled)

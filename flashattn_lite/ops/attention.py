@@ -25,7 +25,7 @@ from .._runtime import runs_triton
 from .attention_bwd import attention_backward
 from .attention_cpu import cpu_backward, cpu_forward, work_dtype
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant,
-                            attention_forward)
+                            attention_forward, dense_output)
 
 _SEED_BOUND = 2 ** 62
 
@@ -337,6 +337,8 @@ def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_ls
     if varlen:  # contiguous (total, Hq, Dv), as the kernels write it (the CPU twin needs the copy)
         o = o[0].transpose(0, 1).contiguous()
         lse = None if lse is None else lse[0]
+    elif variant.seq == SEQ_DENSE and not runs_triton(q) and out is None:  # the kernels' layout (and the fake's)
+        o = dense_output(q, v.shape[3]).copy_(o)
     if out is not None and o is not out:
         o = out.copy_(o)
     return o, lse
@@ -383,9 +385,9 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: O
                       seq_k: Optional[torch.Tensor], scale: float, causal: bool, causal_offset: int,
                       left: int, right: int, softcap: float, seq: int, dropout_p: float,
                       seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse): o (B, Hq, Nq, Dv) contiguous in q's dtype, lse (B, Hq, Nq) float32; packed varlen
-    (``seq`` ≥ SEQ_VARLEN): o (total, Hq, Dv), lse (Hq, total). ``seed``: CPU int64 scalar tensor
-    (None without dropout)."""
+    """(o, lse): o (B, Hq, Nq, Dv) in q's dtype (``dense_output``'s layout; ranges: contiguous), lse
+    (B, Hq, Nq) float32; packed varlen (``seq`` ≥ SEQ_VARLEN): o (total, Hq, Dv), lse (Hq, total).
+    ``seed``: CPU int64 scalar tensor (None without dropout)."""
     variant = _from_op(sinks, alibi, seq_q, seq_k, left, right, softcap, seq)
     return _forward_impl(q, k, v, mask, scale, causal, causal_offset, dropout_p, _seed_int(seed), True, variant)
 
@@ -397,7 +399,8 @@ def _(q, k, v, mask, sinks, alibi, seq_q, seq_k, scale, causal, causal_offset, l
         total, Hq, _ = q.shape
         return q.new_empty((total, Hq, v.shape[2])), q.new_empty((Hq, total), dtype=work_dtype(q))
     B, Hq, Nq, _ = q.shape
-    return q.new_empty((B, Hq, Nq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=work_dtype(q))
+    o = q.new_empty((B, Hq, Nq, v.shape[3])) if seq == SEQ_RANGES else dense_output(q, v.shape[3])
+    return o, q.new_empty((B, Hq, Nq), dtype=work_dtype(q))
 
 
 @torch.library.custom_op("flashattn_lite::attention_bwd", mutates_args=())
@@ -493,8 +496,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     float64 inputs are accepted on the CPU twin only (``gradcheck``, references).
 
     Returns:
-        o (B, Hq, Nq, Dv) in the input dtype (and lse). A query row whose keys are all masked
-        gives o = 0 and lse = −inf.
+        o (B, Hq, Nq, Dv) in the input dtype (and lse), laid out as q where Dv is q's head dim (a
+        ``q.transpose(1, 2)`` of (B, N, H, D) storage gives o in (B, N, H, D) storage, as torch's
+        flash SDPA does), contiguous otherwise. A query row whose keys are all masked gives o = 0
+        and lse = −inf.
 
     Arithmetic is float32 (fp32 inputs use TF32 only where torch's CUDA matmuls may:
     ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``); the softcap's

@@ -97,8 +97,8 @@ from .._launcher import Launcher
 from .._runtime import cdiv, sm_count
 from ..merge import LOG2E, add_sink
 
-from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
-                           key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, dense_output,
+                           fold_factor, key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
 from .attention_fwd_hopper import storable_like
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -1670,7 +1670,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     bottom-right (``causal`` caps the window's right side at 0).
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); call only where ``supported`` returned
-    None. Returns o (B, Hq, Nq, Dv) contiguous in q's dtype and lse (B, Hq, Nq) float32; a row with no visible key
+    None. Returns o (B, Hq, Nq, Dv) in q's dtype (``dense_output``: q's layout) and lse (B, Hq, Nq)
+    float32; a row with no visible key
     (causal with Nq > Nk, a window) has o = 0, lse = −inf (with sinks: the sink's logit). Key tiles
     outside a window are never loaded (``key_tiles``): O(N·W) work. ``config``: one of ``CONFIGS``, or
     beside v at most 128 wide ``NARROW_V_CONFIGS`` and (q's head dim 192) ``NARROW_QK_CONFIG``
@@ -1704,7 +1705,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
         o = out
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     elif variant.seq == SEQ_DENSE and v.shape[3] == D:
-        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        o = dense_output(q, D)
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     else:  # the portable kernel's buffers: varlen o over (total, Hq, Dv), ranges' padding rows 0 / −inf
         o, lse = output_buffers(q, v.shape[3], variant, True)
