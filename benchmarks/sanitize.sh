@@ -197,6 +197,23 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         split_min_keys, attention_bwd_gluon.split_min_keys = attention_bwd_gluon.split_min_keys, lambda group, d: 0
         dense(64, True, dv=128)  # the same with the GQA split: dK, dV float32 sums at their own widths
         attention_bwd_gluon.split_min_keys = split_min_keys
+        # A model's (B, N, H, D) projections seen as (B, H, N, D): o stored in q's layout, dO the
+        # output's transposed gradient read in place; 64 / 128 / 192-with-128, causal and not
+        for d, dv, causal in ((64, 64, True), (128, 128, False), (192, 128, True)):
+            qt, kt, vt, dot = (r(2, n, h, w, dtype=bf).transpose(1, 2).requires_grad_()
+                               for n, h, w in ((150, 4, d), (203, 2, d), (203, 2, dv), (150, 4, dv)))
+            torch.autograd.backward(fl.attention(qt, kt, vt, causal=causal), dot.detach())
+        # results written into rows of larger tensors (out=, as the ring's step 0 does): o, dq, dk, dv
+        from flashattn_lite.ops.attention import PLAIN, _backward_impl, _forward_impl
+        for d, causal in ((64, True), (128, False), (192, True)):
+            q, k, v = r(2, 4, 150, d, dtype=bf), r(2, 2, 203, d, dtype=bf), r(2, 2, 203, d, dtype=bf)
+            bufs = [torch.full((2, h, n + 20, d), 7.0, device=dev, dtype=bf)
+                    for h, n in ((4, 150), (4, 150), (2, 203), (2, 203))]
+            o_view, *grad_views = (b[:, :, 10:-10] for b in bufs)
+            o, lse = _forward_impl(q, k, v, None, 0.1, causal, 53, 0.0, 0, True, PLAIN, out=o_view)
+            _backward_impl(torch.randn_like(o), q, k, v, o, lse, None, None, 0.1, causal, 53, 0.0, 0, PLAIN,
+                           out=tuple(grad_views))
+            assert all(bool((b[:, :, :10] == 7).all() and (b[:, :, -10:] == 7).all()) for b in bufs)
     print("Hopper dispatch launched:", ", ".join(sorted({launch.kernel for launch in launches})))
 torch.cuda.synchronize()
 print("ok")
