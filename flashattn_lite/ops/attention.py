@@ -337,8 +337,8 @@ def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_ls
     if varlen:  # contiguous (total, Hq, Dv), as the kernels write it (the CPU twin needs the copy)
         o = o[0].transpose(0, 1).contiguous()
         lse = None if lse is None else lse[0]
-    elif variant.seq == SEQ_DENSE and not runs_triton(q) and out is None:  # the kernels' layout (and the fake's)
-        o = dense_output(q, v.shape[3]).copy_(o)
+    elif variant.seq == SEQ_DENSE and not runs_triton(q) and out is None and not q.is_contiguous():
+        o = dense_output(q, v.shape[3]).copy_(o)  # the kernels' layout (and the fake's); the twin's is contiguous
     if out is not None and o is not out:
         o = out.copy_(o)
     return o, lse
