@@ -344,3 +344,17 @@ def test_gpu_large_against_torch(dtype, mask):
     do = torch.randn_like(ours)
     for name, a, b in zip("qkv", torch.autograd.grad(ours, (q, k, v), do), torch.autograd.grad(same, (q, k, v), do)):
         assert (a.float() - b.float()).norm() / b.float().norm() < 3 * EPS[dtype], f"d{name}"
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(is_causal=True), "mask"], ids=["plain", "causal", "bool-mask"])
+def test_output_takes_q_layout_as_torch_flash_does(kwargs):
+    # A model's (B, N, H, D) projections seen as (B, H, N, D): o comes back in that storage (torch's
+    # flash and cuDNN backends do the same), so the model's o.transpose(1, 2).reshape(...) copies nothing.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 9, 3, 16, generator=g).to(DEVICE, torch.float16).transpose(1, 2) for _ in range(3))
+    if kwargs == "mask":
+        kwargs = dict(attn_mask=_mask("bool", (9, 9), torch.float16, g))
+    o = scaled_dot_product_attention(q, k, v, **kwargs)
+    assert o.stride() == torch.empty_like(q).stride() and o.transpose(1, 2).is_contiguous()
+    want = torch_math(q.float(), k.float(), v.float(), **kwargs)
+    assert (o.float() - want).abs().max() <= 5e-3
