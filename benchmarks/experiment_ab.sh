@@ -36,9 +36,10 @@ for entry in ${PATCHES:?name the patch files}; do
   names+=("$name")
   if [ -n "${TESTS:-}" ]; then
     (cd "$work/$name" && PYTHONPATH=. FLASHATTN_LITE_AUTOTUNE=0 timeout "${TEST_TIMEOUT:-180}" \
-      python -m pytest -q -n "${WORKERS:-8}" ${TESTS} > "$OUT/tests-${name//+/__}.log" 2>&1)
+      python -m pytest -v --tb=line -n "${WORKERS:-8}" ${TESTS} > "$OUT/tests-${name//+/__}.log" 2>&1)
     echo "$name tests (rc $?): $(tail -1 "$OUT/tests-${name//+/__}.log")"
-    grep -E "^(FAILED|ERROR) " "$OUT/tests-${name//+/__}.log" | head -10
+    # -v names each failure as it happens, so a run cut off by TEST_TIMEOUT still says which failed
+    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/tests-${name//+/__}.log" | sort -u | head -10
   fi
 done
 dirs=()  # relative to $work: the JSON records the copies' names, not temporary paths
