@@ -97,8 +97,8 @@ from .._launcher import Launcher
 from .._runtime import cdiv, sm_count
 from ..merge import LOG2E, add_sink
 
-from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, dense_output,
-                           fold_factor, key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
+                            key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
 from .attention_fwd_hopper import storable_like
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -1704,10 +1704,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
                              f"a dense batch with v's head dim q's; got {tuple(out.shape)}, strides {out.stride()}")
         o = out
         lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    elif variant.seq == SEQ_DENSE and v.shape[3] == D:
-        o = dense_output(q, D)
-        lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    else:  # the portable kernel's buffers: varlen o over (total, Hq, Dv), ranges' padding rows 0 / −inf
+    else:  # the portable kernel's buffers: dense o in q's layout, varlen o over (total, Hq, Dv), ranges' 0 / −inf
         o, lse = output_buffers(q, v.shape[3], variant, True)
     grid, args, kwargs = _launch(q, k, v, o, lse, scale, causal, cfg, variant)
     _attn_fwd_gluon_launcher[grid](*args, **kwargs)

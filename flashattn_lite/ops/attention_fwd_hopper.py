@@ -42,8 +42,8 @@ import triton.language as tl
 
 from .._runtime import cdiv, interpreter_active
 from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
-from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, dense_output,
-                            fold_factor, key_range, mask_scores, query_tile, score_args, score_tile)
+from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
+                            key_range, mask_scores, output_buffers, query_tile, score_args, score_tile)
 
 try:  # triton ≥ 3.4: TMA descriptors in the language and on the host
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -411,15 +411,14 @@ def attention_forward_hopper(q, k, v, scale: float, causal: bool, *, variant: Va
     q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D); call only where ``supported`` returned None (the CPU
     interpreter runs it too, for tests). ``variant``: as ``attention_forward`` takes it (a dense
     batch; ``causal`` caps its right side at 0 here). Returns o (B, Hq, Nq, D) in q's dtype and
-    layout (``dense_output``) and lse (B, Hq, Nq) float32; a row with no visible key (causal with Nq > Nk, a window)
+    layout (``output_buffers``) and lse (B, Hq, Nq) float32; a row with no visible key (causal with Nq > Nk, a window)
     has o = 0, lse = −inf (with sinks: the sink's logit). ``config``: one of ``CONFIGS`` (default:
     ``default_config``). Cost: like the portable kernel, one pass over the visible K/V tiles per
     query tile, O(N·D) memory."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = config or default_config(D, causal, max(Nq, Nk))
-    o = dense_output(q, v.shape[3])
-    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    o, lse = output_buffers(q, v.shape[3], variant, True)  # a dense batch: o in q's layout
     q_block, kv_block = [1, 1, cfg.block_m, D], [1, 1, cfg.block_n, D]
     descriptors = (TensorDescriptor(q, list(q.shape), list(q.stride()), q_block),
                    TensorDescriptor(k, list(k.shape), list(k.stride()), kv_block),
