@@ -180,7 +180,16 @@ def gluon_bwd(opts, causal=True, d=128):
     seq, config, dv = opts.pop("seq", None), opts.pop("config", None), opts.pop("dv", None)
     one_pass = opts.pop("one_pass", False)  # the wide dK/dV kernel reducing dQ too (``FUSED_DQ``)
     kv_share = opts.pop("kv_share", 1)  # GQA split: each program one query head, dK and dV float32 sums
+    mla, mha = opts.pop("mla", False), opts.pop("mha", False)  # MLA's 128-key programs (``mla_pairs``); GQA 1
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
+    if mla:
+        import flashattn_lite.ops.attention_bwd_gluon_wide as w
+        kv = torch.zeros_like(q) if mha else kv
+        cfg = next(c for c in g.CONFIGS[256] if getattr(c, "mla", False))
+        v, rows = _width(kv, dv), torch.zeros(B * H, 1024)
+        _, args, kwargs = w.mla_launch(q, kv, v, _width(q, dv), kv, v, rows, rows, 0.088, cfg,
+                                       torch.zeros(B, H, N, 192))
+        return _compile_gluon(w._attn_bwd_gluon_mla_kernel, args, kwargs)
     rows = torch.zeros(B * H, 1024)
     if seq == "varlen":
         B, N = 1, 4 * 1024
@@ -433,6 +442,8 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d192 dv128", gluon_bwd, dict(d=192, dv=128)),
          ("gluon bwd d192 dv128 dq", gluon_bwd, dict(d=192, dv=128, config="dq")),
          ("gluon bwd d192 dv128 one pass", gluon_bwd, dict(d=192, dv=128, one_pass=True)),
+         ("gluon bwd d192 dv128 mla", gluon_bwd, dict(d=192, dv=128, mla=True)),
+         ("gluon bwd d192 dv128 mla mha", gluon_bwd, dict(d=192, dv=128, mla=True, mha=True)),
          ("gluon bwd d192 dv64", gluon_bwd, dict(d=192, dv=64)),
          ("gluon bwd d192 dv128 varlen window+all", gluon_bwd, dict(d=192, dv=128, seq="varlen", left=300,
                                                                     softcap=30.0, alibi=True, sinks=True)),

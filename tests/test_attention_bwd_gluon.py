@@ -169,6 +169,11 @@ def test_path_note_names_the_options():
     diagonal = Variant(right=0, sinks=torch.zeros(4))
     assert "TMA one-writer dQ" in gluon_bwd.path_note(diagonal, 128, True, causal=True)
     assert "portable" in gluon_bwd.path_note(diagonal, 128, True, causal=False)
+    # Every head dim the dispatch may ask about, q's and v's apart: below 256 no wide config is consulted.
+    for d, dv, causal in [(16, None, True), (40, 24, True), (64, 16, True), (128, None, True), (100, 64, False)]:
+        assert gluon_bwd.path_note(PLAIN, d, False, causal, dv) == gluon_bwd.PATH_NOTE
+    assert "128-key programs" in gluon_bwd.path_note(PLAIN, 192, False, True, 128)
+    assert "128-key programs" not in gluon_bwd.path_note(PLAIN, 192, False, False, 128)
 
 
 def test_configs_fit_and_default_is_swept():
@@ -180,7 +185,7 @@ def test_configs_fit_and_default_is_swept():
                 assert gluon_bwd.default_config(d, causal, n) in configs
         for cfg in configs:
             assert gluon_bwd.config_reason(d, cfg) is None, cfg.name
-            assert cfg.block_n == (64 if cfg.split_d else 128)
+            assert cfg.block_n == (64 if cfg.split_d and not cfg.mla else 128)  # (MLA's 128-key programs)
             # (the head dim 256 one pass's 32 KB of dQ staging is not in the model: it fits beside V's
             # narrower boxes only, ``one_pass``, as its offline compile showed)
             assert gluon_bwd.shared_memory_bytes(d, cfg) + gluon_bwd.SMEM_SLACK <= gluon_bwd.SMEM_LIMIT
@@ -190,7 +195,8 @@ def test_shared_memory_model():
     # The offline sm_90 compile (triton 3.6) allotted these bytes; the model is within the slack.
     compiled = {(64, gluon_bwd.Config(2, 64, 3, True, 2)): 149504, (64, gluon_bwd.Config(2, 64, 3, False)): 83840,
                 (128, gluon_bwd.Config(2, 64, 2, True, 2)): 198112, (128, gluon_bwd.Config(2, 64, 2, False)): 132448,
-                (256, gluon_bwd.Config(2, 64, 2, False, 1, split_d=True)): 214464}
+                (256, gluon_bwd.Config(2, 64, 2, False, 1, split_d=True)): 214464,
+                (256, gluon_bwd.CONFIGS[256][2]): 230880}  # (MLA's 128-key programs)
     for (d, cfg), smem in compiled.items():
         model = gluon_bwd.shared_memory_bytes(d, cfg)
         assert model <= smem <= model + gluon_bwd.SMEM_SLACK, cfg.name

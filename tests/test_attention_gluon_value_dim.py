@@ -334,6 +334,80 @@ def test_one_pass_wide_backward_launches_only_the_dkdv_kernel():
     # (no GQA split there: the wide kernels write dK and dV themselves)
     assert gluon_bwd.group_split(torch.zeros(1, 8, 65536, 192), torch.zeros(1, 1, 65536, 192), True, None, cfg) == 1
 
+def test_mla_128_key_programs_are_picked_for_plain_causal_192_128_only():
+    # The one pass's calls at q, k 192 and v 128 exactly (``mla_pairs``) take the 128-key programs;
+    # every other head dim 256 call keeps what it took (a caller not naming q's head dim too).
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    mla, one, pair = gluon_bwd.CONFIGS[256][2], gluon_bwd.CONFIGS[256][1], gluon_bwd.CONFIGS[256][0]
+    assert mla.mla and mla.split_d and mla.fused_dq and mla.block_n == 128 and mla.name.endswith("-sd-mla")
+    assert gluon_bwd.config_reason(256, mla) is None and not one.mla and not pair.mla
+    for n in (2048, 8192):
+        assert gluon_bwd.default_config(256, True, n, value_dim=128, qk_dim=192) == mla
+        assert gluon_bwd.default_config(256, True, n, value_dim=128, variant=PLAIN, qk_dim=192) == mla
+    for qk, dv in ((256, 128), (160, 128), (192, 64), (192, 96)):
+        assert gluon_bwd.default_config(256, True, 8192, value_dim=dv, qk_dim=qk) == one, (qk, dv)
+    assert gluon_bwd.default_config(256, True, 8192, value_dim=128) == one  # q's head dim not said
+    cu = torch.tensor([0, 100, 333], dtype=torch.int32)
+    for causal, det, variant in ((False, False, None), (True, True, None), (True, False, Variant(softcap=30.0)),
+                                 (True, False, Variant(left=100)), (True, False, Variant(sinks=torch.zeros(4))),
+                                 (True, False, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))):
+        assert not gluon_bwd.default_config(256, causal, 8192, det, 128, variant, 192).mla, (causal, det, variant)
+    assert wide.mla_pairs(192, 128, None, True) and wide.mla_pairs(192, 128, PLAIN, True)
+    assert not wide.mla_pairs(192, 128, None, False) and not wide.mla_pairs(256, 128, None, True)
+    assert "128-key programs" in gluon_bwd.path_note(PLAIN, 192, False, True, 128)
+    assert "128-key programs" not in gluon_bwd.path_note(PLAIN, 256, False, True, 128)
+    assert "one pass" in gluon_bwd.path_note(PLAIN, 256, False, True, 128)
+    # its shared memory: Q, K at 192 columns, V, dO at 128, two dS sets, two float32 staging buffers
+    want = 2 * 64 * 320 * 2 + 2 * (64 * 320 * 2 + 2 * 64 * 4) + 2 * 2 * 64 * 64 * 2 + 2 * 64 * 64 * 4
+    assert gluon_bwd.shared_memory_bytes(256, mla) == want
+    assert want + gluon_bwd.SMEM_SLACK <= gluon_bwd.SMEM_LIMIT
+
+
+def test_mla_config_is_refused_for_other_widths_before_launch():
+    mla = gluon_bwd.CONFIGS[256][2]
+    q, v = torch.zeros(1, 2, 8, 256, dtype=torch.bfloat16), torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="128-key programs"):
+        gluon_bwd.attention_backward_gluon(v, q, q, v, v, torch.zeros(1, 2, 8), scale=0.1, causal=True, config=mla)
+    q = q[..., :192].contiguous()
+    with pytest.raises(ValueError, match="not causal"):
+        gluon_bwd.attention_backward_gluon(v, q, q, v, v, torch.zeros(1, 2, 8), scale=0.1, causal=False, config=mla)
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_mla_launch_binds_to_its_kernel_and_run_takes_it(monkeypatch):
+    # One program per 128-key tile of each (batch, KV head); Q and K in 64-column boxes, V and dO at
+    # 128, dQ reduce-added in 64-column boxes of the 192-column buffer; ``run`` launches it alone.
+    import inspect
+    import math
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    bf = torch.bfloat16
+    q, k = torch.zeros(2, 4, 200, 192, dtype=bf), torch.zeros(2, 2, 333, 192, dtype=bf)
+    v, do = torch.zeros(2, 2, 333, 128, dtype=bf), torch.zeros(2, 4, 200, 128, dtype=bf)
+    rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))
+    mla, acc = gluon_bwd.CONFIGS[256][2], torch.zeros(2, 4, 200, 192)
+    grid, args, kwargs = wide.mla_launch(q, k, v, do, k, v, rows, rows, 0.1, mla, acc)
+    assert grid == (math.ceil(333 / 128) * 2 * 2,)
+    constexprs = {n: c for n, c in kwargs.items() if n != "num_warps"}
+    inspect.signature(wide._attn_bwd_gluon_mla_kernel.fn).bind(*args, **constexprs)
+    assert [a.block_shape[-1] for a in args[:4]] == [64, 64, 128, 128] and list(args[6].block_shape) == [1, 1, 64, 64]
+    assert constexprs["GROUP"] == 2 and constexprs["DS_BUFS"] == mla.ds_bufs and constexprs["STAGES"] == mla.stages
+    for cfg, buf in ((gluon_bwd.CONFIGS[256][1], acc), (mla, None)):
+        with pytest.raises(ValueError, match="mla config"):
+            wide.mla_launch(q, k, v, do, k, v, rows, rows, 0.1, cfg, buf)
+    launched = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launched.append((self.name, grid))
+    for name in ("_attn_bwd_gluon_mla_launcher", "_attn_bwd_gluon_wide_launcher", "_attn_bwd_gluon_wide_dq_launcher"):
+        monkeypatch.setattr(wide, name, Recorder(name))
+    wide.run(q, k, v, do, None, k, v, rows, rows, 0.1, True, mla, PLAIN, None, acc)
+    assert launched == [("_attn_bwd_gluon_mla_launcher", grid)]
+
+
 def make(shape, dv, dtype, seed=0):
     """q, k (B, H, N, D), v (B, Hkv, Nk, Dv) and dO (B, Hq, Nq, Dv), random."""
     b, hq, hkv, nq, nk, d = shape
@@ -626,3 +700,29 @@ def test_varlen_matches_reference(d, dv, monkeypatch):
     assert (o.double() - o_ref).abs().max() <= 2e-2
     for name, a, w in zip(("dq", "dk", "dv"), grads, ref):
         assert (a.double() - w).norm() <= 1e-2 * w.norm(), name
+
+
+@needs_gpu
+@pytest.mark.parametrize("shape", [(1, 4, 4, 1000, 1000), (1, 4, 2, 2047, 2047), (2, 2, 1, 4097, 4097),
+                                   (1, 4, 2, 1000, 1337), (1, 2, 2, 64, 64), (1, 2, 2, 129, 129)],
+                         ids=lambda s: "b{}-h{}:{}-q{}-k{}".format(*s))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_mla_128_key_programs_match_reference_and_the_64_key_one_pass(shape, dtype):
+    # MLA's 192 / 128 causal as 128-key programs (the default there): against float64, and within
+    # rounding of the 64-key one pass (dK, dV: the same sums in the same order but P through shared
+    # memory; dQ: float32 adds in another order), MHA and GQA, odd lengths, Nq < Nk.
+    from test_attention_bwd_hopper import reference_grads
+    q, k, v, do = make(shape + (192,), 128, dtype, seed=7)
+    scale = 192 ** -0.5
+    assert gluon_bwd.default_config(256, True, max(shape[3:]), False, 128, None, 192).mla
+    o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, True)
+    ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True)
+    old = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True,
+                                             config=gluon_bwd.CONFIGS[256][1])
+    ref = reference_grads(q, k, v, do, True, torch.float64)
+    same = reference_grads(q, k, v, do, True, dtype)
+    for name, a, b, s_, r in zip(("dq", "dk", "dv"), ours, old, same, ref):
+        assert a.shape == b.shape and a.dtype == dtype, name
+        assert_close_to_ref(a, s_, r, eps=2 * EPS[dtype], what=name)
+        diff = (a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-12)
+        assert diff < 4 * EPS[dtype], f"{name}: {diff:.2e} from the 64-key one pass"

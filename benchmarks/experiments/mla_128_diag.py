@@ -1,4 +1,4 @@
-"""GPU diagnostic for the 128-key MLA backward (``bwd-mla-128-key-programs.patch``; not yet run).
+"""GPU diagnostic for the 128-key MLA backward (``_attn_bwd_gluon_mla_kernel``).
 
 For each suspect call of tests/test_attention_gluon_value_dim.py (192 / 128, causal), run the default
 backward (the 128-key programs) REPEATS times and report:

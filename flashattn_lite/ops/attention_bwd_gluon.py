@@ -171,7 +171,9 @@ class Config(NamedTuple):
     scores of half the query rows and dK, dV's columns of half the head dim (one P/dS set:
     ``ds_bufs`` 1), dq by their own dQ kernel (``fused_dq`` False) or, for the plain causal calls
     with v at most 128 wide that ``attention_bwd_gluon_wide.one_pass`` takes, reduce-added by the
-    dK/dV kernel (``fused_dq``)."""
+    dK/dV kernel (``fused_dq``). ``mla`` (with ``split_d`` and ``fused_dq``): that one pass for MLA's
+    192 / 128 as 128-key programs (``attention_bwd_gluon_wide.mla_pairs``), each consumer owning 64
+    keys' dK and dV whole, ``ds_bufs`` dS sets as at d ≤ 128."""
     consumers: int
     block_m: int
     stages: int
@@ -179,16 +181,17 @@ class Config(NamedTuple):
     ds_bufs: int = 2
     consumer_regs: int = 240
     split_d: bool = False
+    mla: bool = False
 
     @property
     def block_n(self) -> int:
-        return 64 if self.split_d else 64 * self.consumers
+        return 64 if self.split_d and not self.mla else 64 * self.consumers
 
     @property
     def name(self) -> str:
         dq = f"fdq{self.ds_bufs}" if self.fused_dq else "wdq" if self.split_d else "tdq"  # wide: its dQ kernel
         return f"gb-n{self.block_n}-m{self.block_m}-s{self.stages}-{dq}-r{self.consumer_regs}" + (
-            "-sd" if self.split_d else "")
+            "-sd" if self.split_d else "") + ("-mla" if self.mla else "")
 
 
 # The sweep, per head dim. Compiled offline for sm_90a with triton 3.6 (fp16 and bf16, causal or
@@ -214,16 +217,18 @@ class Config(NamedTuple):
 # 20 / 36 (16 / 0); ranges causal bf16 GQA 2 64, fp16 GQA 2 24; varlen causal window with every
 # option 496 (328). (The one value the loop gains is the sequence's query end; moving the rest out
 # of the partitions, or the edge test's form, changed the counts by ±10–40 bytes either way.)
+DS_BUFS_MLA = 2  # the 128-key programs' dS sets (``Config.mla``; with two, 225 KB of shared memory)
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
     # D 256: the dK/dV and dQ kernels, and the dK/dV kernel alone reduce-adding dQ (``one_pass``)
-    256: [Config(2, 64, 2, False, 1, split_d=True), Config(2, 64, 2, True, 1, split_d=True)],
+    256: [Config(2, 64, 2, False, 1, split_d=True), Config(2, 64, 2, True, 1, split_d=True),
+          Config(2, 64, 2, True, DS_BUFS_MLA, split_d=True, mla=True)],  # MLA's 128-key programs
 }
 
 
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, deterministic: bool = False,
-                   value_dim: int | None = None, variant: Variant | None = None) -> Config:
+                   value_dim: int | None = None, variant: Variant | None = None, qk_dim: int | None = None) -> Config:
     """The sweep's fastest config (``benchmarks/gluon_bwd.py`` on the H100, 2026-11-24, bf16, N 2k /
     8k / 16k with B·N 16k: ``gluon_bwd-20261124-131528.json``): fused dQ with two dS sets, 2 stages
     at d 128 (418–486 TFLOP/s), 4 at d 64 (286–399; 3 stages with one dS set ties at causal 2k).
@@ -232,10 +237,13 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     268–330; 1.08–1.24× the Triton TMA pair). At head dim 256 the dK/dV and dQ kernels, or where
     ``attention_bwd_gluon_wide.one_pass`` takes the call (v's head dim ``value_dim``, the
     ``variant``), the dK/dV kernel alone with dQ fused: a caller picking the config by hand passes
-    both, as ``attention_backward_gluon`` does (without them: the two kernels)."""
+    both, as ``attention_backward_gluon`` does (without them: the two kernels); with q's head dim
+    ``qk_dim`` too, MLA's 192 / 128 takes the 128-key programs (``mla_pairs``)."""
     if head_dim == 256:
-        from .attention_bwd_gluon_wide import one_pass
+        from .attention_bwd_gluon_wide import mla_pairs, one_pass
         one = not deterministic and one_pass(value_dim or head_dim, variant, causal)
+        if one and qk_dim is not None and mla_pairs(qk_dim, value_dim or head_dim, variant, causal):
+            return CONFIGS[256][2]
         return CONFIGS[256][1] if one else CONFIGS[256][0]
     if deterministic:
         return Config(2, 64, 3, False)
@@ -1093,12 +1101,16 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     padded = kernel_head_dim(head_dim, value_dim)
     padded_value = wide_value_width(value_dim) if value_dim is not None and padded == 256 else None
     pad = padding_note(head_dim, value_dim, padded, padded_value)
-    one = padded == 256 and default_config(256, causal, 0, deterministic, value_dim or head_dim, variant).fused_dq
+    cfg = default_config(256, causal, 0, deterministic, value_dim or head_dim, variant, head_dim) if padded == 256 else None
+    one = cfg is not None and cfg.fused_dq
     if (variant is None or variant is PLAIN) and not pad and not one:
         return PATH_NOTE
     variant = PLAIN if variant is None else variant
     from .attention_fwd_hopper import path_note as hopper_note
-    if one:
+    if one and cfg.mla:
+        name = ("the Gluon warp-specialized backward's head dim 256 dK/dV kernel (dQ by TMA reduce-add, one pass, "
+                "128-key programs)")
+    elif one:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV kernel (dQ by TMA reduce-add, one pass)"
     elif padded == 256:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV and dQ kernels"
@@ -1288,6 +1300,10 @@ def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     pass's 32 KB of dQ staging (``attention_bwd_gluon_wide.one_pass`` takes it only where V runs at
     most 128 wide, whose narrower V and dO boxes make the room)."""
     m, d, c = cfg.block_m, head_dim, cfg.consumers
+    if cfg.mla:  # q and k at 192 columns, v and dO at 128, both consumers' dS halves, a staging buffer each
+        qk, dv = 192, 128
+        return (c * 64 * (qk + dv) * itemsize + cfg.stages * (m * (qk + dv) * itemsize + 2 * m * 4)
+                + cfg.ds_bufs * c * m * 64 * itemsize + c * m * DQ_COLS * 4)
     if cfg.split_d:
         return 2 * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4) + 2 * m * 64 * itemsize
     total = 2 * c * 64 * d * itemsize + cfg.stages * (2 * m * d * itemsize + 2 * m * 4)
@@ -1307,7 +1323,7 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
         return f"head dim {head_dim} (only {HEAD_DIMS})"
     if cfg.consumers != 2 or cfg.block_m != 64:
         return f"config {cfg.name}: the kernel takes two consumers of 64 keys and 64-row query tiles"
-    if cfg.split_d != (head_dim == 256) or (cfg.split_d and cfg.ds_bufs != 1):
+    if cfg.split_d != (head_dim == 256) or (cfg.split_d and cfg.ds_bufs != 1 and not cfg.mla):
         return (f"config {cfg.name} at head dim {head_dim}: head dim 256 takes the split-head-dim configs "
                 "(one dS set), and only it")
     if cfg.stages < 1 or cfg.ds_bufs not in (1, 2):
@@ -1519,7 +1535,7 @@ def writes_grads_into(out: tuple, q, k, v, causal: bool, variant: Variant | None
     (``_takes_out``)."""
     D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]
     cfg = default_config(D, causal, max(q.shape[2], k.shape[2]), torch.are_deterministic_algorithms_enabled(),
-                         v.shape[3], variant)
+                         v.shape[3], variant, q.shape[3])
     return _takes_out(out, q, k, v, cfg, variant)
 
 
@@ -1563,7 +1579,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]  # a head dim run padded: the kernel's (``config_reason``)
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
-    cfg = config or default_config(D, causal, max(Nq, Nk), deterministic, v.shape[3], variant)
+    cfg = config or default_config(D, causal, max(Nq, Nk), deterministic, v.shape[3], variant, q.shape[3])
     if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
         message = (f"attention_backward_gluon: config {cfg.name} adds dq by fp32 reduce-adds in any order, "
                    "which torch.use_deterministic_algorithms(True) forbids; pass a config with fused_dq=False")
@@ -1582,6 +1598,12 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
             raise ValueError(f"attention_backward_gluon: config {cfg.name} (the head dim 256 one pass, dQ fused) "
                              "takes plain causal calls over dense batches whose v's head dim pads to at most 128, "
                              f"and {why}: pass config=CONFIGS[256][0] (the dK/dV and dQ kernels) or None")
+    if cfg.mla:
+        from .attention_bwd_gluon_wide import mla_pairs
+        if not mla_pairs(q.shape[3], v.shape[3], variant, causal):
+            raise ValueError(f"attention_backward_gluon: config {cfg.name} (128-key programs) takes the one pass's "
+                             f"calls at q, k 192 and v 128 only; got {q.shape[3]} / {v.shape[3]}: pass "
+                             "config=CONFIGS[256][1] or None")
     if out is not None and not _takes_out(out, q, k, v, cfg, variant):
         raise ValueError("attention_backward_gluon: out must be (dq, dk, dv) of q's, k's, v's shapes and dtype that "
                          "TMA can store into (16-byte aligned base and strides, unit last stride, no broadcast dim), "

@@ -36,6 +36,12 @@ bit-reproducible. There, at N 2k and 8k on an H200, 1.08–1.09 ×
 the pair (non-causal 0.97–0.99 ×, so those calls keep the pair; ``benchmarks/NOTES.md``,
 2026-11-30). The reductions walk the head-major causal order, heaviest tiles first.
 
+**128-key programs** (``mla_pairs``: the one pass's calls at MLA's 192 / 128 exactly; the config with
+``mla``): ``_attn_bwd_gluon_mla_kernel``, one program per 128-key tile as cuDNN runs it, each
+consumer owning 64 keys' dK (64 × 192) and dV (64 × 128) in registers, Q and K in 64-column chunks.
+Each step's Q, dO loads and its dQ reduce-adds (dS over the 128 keys times K, three 64-column blocks
+dealt alternately to the consumers) serve 128 keys, half the L2 bytes of the 64-key one pass.
+
 Seven GEMMs a (key tile, query tile) pair instead of the fused five, and no float32 reduce-adds:
 with dQ fused (the first form, measured in ``benchmarks/NOTES.md``, 2026-11-29), a 64-key tile
 reduce-adds 64 KB of dQ a step, half the FLOPs per reduced byte of D 128's 128-key tiles, and the
@@ -67,8 +73,8 @@ if _HAS_GLUON:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .._launcher import Launcher
-    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _store_rows, _to_16bit,
-                                      banded_key_tile, query_tiles, seq_key_tile, seq_rows)
+    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _store_rows, _tma_reduce_add,
+                                      _to_16bit, banded_key_tile, query_tiles, seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
@@ -506,6 +512,214 @@ if _HAS_GLUON:
     _attn_bwd_gluon_wide_dq_launcher = Launcher(_attn_bwd_gluon_wide_dq_kernel)
 
 
+    # ----------------------------------------------------------------------------- MLA's 128-key programs
+
+    @gluon.jit
+    def _mla_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                    lse_smem, delta_smem, kv_bar, ready, empty, b, h_kv, start_n, n_heads, lo, n_tiles,
+                    GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KC: gl.constexpr):
+        """``_mla_kernel``'s loader warp: each consumer's 64 keys of K (``KC`` 64-column chunks) and V
+        once, then each step's Q (in chunks), dO, lse₂ and δ once for both consumers."""
+        CH: gl.constexpr = k_desc.block_type.shape[3]
+        mbarrier.expect(kv_bar, 2 * (KC * k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for c in gl.static_range(2):
+            for j in gl.static_range(KC):
+                tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n + 64 * c, CH * j], kv_bar,
+                                                k_smem.index(c * KC + j))
+            tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n + 64 * c, 0], kv_bar, v_smem.index(c))
+        step_bytes: gl.constexpr = (KC * q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        for it in range(GROUP * n_tiles):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh barrier passes
+            h, start_m = _query_tile(it, n_tiles, lo, 0, h_kv, GROUP, False, BLOCK_M)
+            bar = ready.index(s)
+            mbarrier.expect(bar, step_bytes)
+            for j in gl.static_range(KC):
+                tma.async_copy_global_to_shared(q_desc, [b, h, start_m, CH * j], bar, q_smem.index(s * KC + j))
+            tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], bar, do_smem.index(s))
+            tma.async_copy_global_to_shared(lse_desc, [b * n_heads + h, start_m], bar, lse_smem.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [b * n_heads + h, start_m], bar, delta_smem.index(s))
+
+    @gluon.jit
+    def _mla_dq_block(ds_smem, ds_buf, k_smem, j, dq_zero, dq_stage, dq_desc, b, h, start_m, sm_scale,
+                      ME: gl.constexpr, KC: gl.constexpr):
+        """dQ's 64-column block ``j`` of the step, dS (both consumers' halves of set ``ds_buf``) times
+        K's chunk j over all 128 keys, reduce-added (·scale) through this consumer's staging buffer."""
+        CH: gl.constexpr = k_smem.shape[4]
+        dq = warpgroup_mma(ds_smem.index(ds_buf * 2), k_smem.index(j).reshape([64, CH]), dq_zero, use_acc=False,
+                           is_async=True)
+        dq = warpgroup_mma(ds_smem.index(ds_buf * 2 + 1), k_smem.index(KC + j).reshape([64, CH]), dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq])
+        # (``_reduce_rows`` wants the column as a constexpr; here it follows the step)
+        tma.store_wait(0)  # the buffer is free once the previous reduce read it
+        gl.thread_barrier()
+        dq_stage.index(ME).reshape([64, CH]).store(dq * sm_scale)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [b, h, start_m, CH * j], dq_stage.index(ME))
+
+    @gluon.jit
+    def _mla_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage, kv_bar, ready,
+                      empty, ds_ready, ds_free, dq_desc, dk_base, dv_base, stride_dkn, stride_dvn, b, h_kv, start_n,
+                      lo, mid_lo, n_tiles, n_k, off, qk_scale, sm_scale, ME: gl.constexpr, GROUP: gl.constexpr,
+                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DS_BUFS: gl.constexpr, KC: gl.constexpr):
+        """Consumer ``ME`` of a 128-key program: keys [start_n + 64·ME, +64) against every query tile,
+        dK (64 × 192, three 64-column accumulators: register tensors have power-of-two sides) and dV
+        (64 × 128) in registers, 160 a thread. A step: Sᵀ over q's three chunks, Pᵀ; dPᵀ − δ (its
+        accumulator starts at −δ, so δ holds no registers across the wgmma) and dV += Pᵀ·dO with Pᵀ
+        from registers; dSᵀ, dK += dSᵀ·Q; dS out to this consumer's half of the step's dS set. Then
+        dQ = dS·K over all 128 keys, by 64-column blocks, the three a step dealt alternately (block j
+        of step it is consumer (it + j) mod 2's: 2 and 1 blocks, 1 and 2 the next step), each block
+        reduce-added through the consumer's staging buffer as soon as it retired."""
+        dtype: gl.constexpr = k_smem.dtype
+        CH: gl.constexpr = k_smem.shape[4]  # a chunk's columns (64)
+        DV: gl.constexpr = v_smem.shape[4]
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        c_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, CH, 16])
+        dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DV, 16])
+        dsa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=c_layout, k_width=2)
+        gl.static_assert(KC == 3, "q's and k's 192 columns as three chunks")
+        v_me = v_smem.index(ME).reshape([64, DV])
+        keys = start_n + 64 * ME + gl.arange(0, 64, layout=gl.SliceLayout(1, st_layout))
+        tail = start_n + 64 * (ME + 1) > n_k  # this consumer holds zero-filled keys past Nk
+        dk0 = gl.zeros([64, CH], gl.float32, layout=c_layout)
+        dk1 = gl.zeros([64, CH], gl.float32, layout=c_layout)
+        dk2 = gl.zeros([64, CH], gl.float32, layout=c_layout)
+        dv = gl.zeros([64, DV], gl.float32, layout=dv_layout)
+        st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
+        dq_zero = gl.zeros([BLOCK_M, CH], gl.float32, layout=c_layout)
+        mbarrier.wait(kv_bar, 0)
+
+        for it in range(GROUP * n_tiles):
+            s = it % STAGES
+            h, start_m = _query_tile(it, n_tiles, lo, 0, h_kv, GROUP, False, BLOCK_M)
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            q0 = q_smem.index(s * KC).reshape([BLOCK_M, CH])
+            q1 = q_smem.index(s * KC + 1).reshape([BLOCK_M, CH])
+            q2 = q_smem.index(s * KC + 2).reshape([BLOCK_M, CH])
+            do_t = do_smem.index(s).reshape([BLOCK_M, DV])
+            st = warpgroup_mma(k_smem.index(ME * KC).reshape([64, CH]), q0.permute((1, 0)), st_zero, use_acc=False,
+                               is_async=True)
+            st = warpgroup_mma(k_smem.index(ME * KC + 1).reshape([64, CH]), q1.permute((1, 0)), st, is_async=True)
+            st = warpgroup_mma(k_smem.index(ME * KC + 2).reshape([64, CH]), q2.permute((1, 0)), st, is_async=True)
+            lse2 = _row(lse_smem, s, BLOCK_M, st_layout)
+            st = warpgroup_mma_wait(0, deps=[st])
+            pt = gl.exp2(st * qk_scale - lse2)
+            # Masked: the diagonal's tiles (a consumer whose keys all lie past a tile's rows gets zeros)
+            # and a consumer holding keys past Nk.
+            if (start_m < mid_lo) | tail:
+                pt = _masked(pt, keys, start_m, n_k, off, 0, 0, True, False, False, BLOCK_M, st_layout)
+            # Pᵀ leaves the registers: as P (queries × keys) into this consumer's half of dS set
+            # ds_buf (free once both consumers' dQ wgmmas of its previous use retired), which dV reads
+            # and dS then overwrites. Held in registers across dPᵀ, it spilled beside dK and dV.
+            ds_buf = it % DS_BUFS
+            use = it // DS_BUFS
+            ds_me = ds_smem.index(ds_buf * 2 + ME)
+            mbarrier.wait(ds_free.index(ds_buf), (use & 1) ^ 1)
+            ds_me.store(gl.permute(_to_16bit(pt, dtype, True), (1, 0)))
+            fence_async_shared()
+            # dPᵀ − δ (its accumulator starts at −δ: δ holds no registers across the wgmma), then dV.
+            dpt = warpgroup_mma(v_me, do_t.permute((1, 0)), st_zero - _row(delta_smem, s, BLOCK_M, st_layout),
+                                is_async=True)
+            dv = warpgroup_mma(ds_me.permute((1, 0)), do_t, dv, is_async=True)
+            dpt = warpgroup_mma_wait(1, deps=[dpt])  # dPᵀ − δ retired; dV may still run
+            dst = _to_16bit(ds_me.permute((1, 0)).load(st_layout).to(gl.float32) * dpt, dtype, True)
+            dsa = gl.convert_layout(dst, dsa_layout, assert_trivial=True)
+            dk0 = warpgroup_mma(dsa, q0, dk0, is_async=True)
+            dk1 = warpgroup_mma(dsa, q1, dk1, is_async=True)
+            dk2 = warpgroup_mma(dsa, q2, dk2, is_async=True)
+            # dS over P once dV (the oldest group) read it; both consumers' halves in, dQ may start.
+            dv = warpgroup_mma_wait(3, deps=[dv])
+            ds_me.store(gl.permute(dst, (1, 0)))
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(ds_buf))
+            dk0, dk1, dk2, dsa = warpgroup_mma_wait(0, deps=[dk0, dk1, dk2, dsa])
+            mbarrier.arrive(empty.index(s))  # dQ reads no Q or dO
+            mbarrier.wait(ds_ready.index(ds_buf), use & 1)
+            # Block j of the step is consumer (it + j) mod 2's: here block j1 (0 or 1) and, with
+            # block 0, block 2. The K chunks' index follows the step, so their wgmma descriptors
+            # are made per step, not held (and spilled) across the loop.
+            j1 = (it + ME) % 2
+            _mla_dq_block(ds_smem, ds_buf, k_smem, j1, dq_zero, dq_stage, dq_desc, b, h, start_m, sm_scale, ME, KC)
+            if j1 == 0:
+                _mla_dq_block(ds_smem, ds_buf, k_smem, j1 + 2, dq_zero, dq_stage, dq_desc, b, h, start_m, sm_scale, ME,
+                              KC)
+            mbarrier.arrive(ds_free.index(ds_buf))
+        tma.store_wait(0)
+        first = start_n + 64 * ME
+        _store_rows(dk0 * sm_scale, dk_base, stride_dkn, first, n_k, 0, c_layout)
+        _store_rows(dk1 * sm_scale, dk_base, stride_dkn, first, n_k, CH, c_layout)
+        _store_rows(dk2 * sm_scale, dk_base, stride_dkn, first, n_k, 2 * CH, c_layout)
+        _store_rows(dv, dv_base, stride_dvn, first, n_k, 0, dv_layout)
+
+    @gluon.jit(do_not_specialize=["n_heads", "n_kv_heads", "n_q", "n_k", "band", "banded_heads"])
+    def _attn_bwd_gluon_mla_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv,
+                                   stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                   n_heads, n_kv_heads, n_q, n_k, band, banded_heads, qk_scale, sm_scale,
+                                   GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                                   DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """Plain causal MLA (q, k 192; v 128) over a dense batch in one pass, one program per 128-key
+        tile of one (batch, KV head), as cuDNN runs it (``mla_pairs``): two consumers of 64 keys each
+        (``_mla_consumer``) share each step's Q and dO loads and its dQ reduce-adds, half the L2
+        bytes of the 64-key one pass a (key, query) pair. The order is the causal one pass's
+        (``banded_key_tile``, ``query_tiles`` over 128 keys)."""
+        KC: gl.constexpr = 3
+        pid = gl.program_id(0)
+        n_key_tiles = gl.cdiv(n_k, 128)
+        bh_kv, tile = banded_key_tile(pid, gl.num_programs(0), n_key_tiles, band, banded_heads)
+        b = bh_kv // n_kv_heads
+        h_kv = bh_kv % n_kv_heads
+        start_n = tile * 128
+        off = n_k - n_q
+        lo, n_tiles, mid_lo, mid_hi = query_tiles(start_n, n_q, off, 0, 0, True, False, False, BLOCK_M, 128)
+        dk_base = dk + b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh
+        dv_base = dv + b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES * KC] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2 * KC] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                               delta_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS * 2, BLOCK_M, 64], ds_layout)
+        dq_stage = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=2)
+        for i in gl.static_range(DS_BUFS):
+            mbarrier.init(ds_ready.index(i), count=2)
+            mbarrier.init(ds_free.index(i), count=2)
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_mla_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage, kv_bar,
+                             ready, empty, ds_ready, ds_free, dq_desc, dk_base, dv_base, stride_dkn, stride_dvn, b,
+                             h_kv, start_n, lo, mid_lo, n_tiles, n_k, off, qk_scale, sm_scale,
+                             0, GROUP, BLOCK_M, STAGES, DS_BUFS, KC)),
+            (_mla_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage, kv_bar,
+                             ready, empty, ds_ready, ds_free, dq_desc, dk_base, dv_base, stride_dkn, stride_dvn, b,
+                             h_kv, start_n, lo, mid_lo, n_tiles, n_k, off, qk_scale, sm_scale,
+                             1, GROUP, BLOCK_M, STAGES, DS_BUFS, KC)),
+            (_mla_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                           lse_smem, delta_smem, kv_bar, ready, empty, b, h_kv, start_n, n_heads, lo, n_tiles,
+                           GROUP, BLOCK_M, STAGES, KC)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+    _attn_bwd_gluon_mla_launcher = Launcher(_attn_bwd_gluon_mla_kernel)
+
+
 _KERNEL_CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "ALIBI", "FAST_TANH", "GROUP",
                       "BLOCK_M", "STAGES", "CONSUMER_REGS", "LOADER_REGS")
 DQ_STAGES = 2  # K/V slots of the dQ kernel (one a consumer): Q and dO 64 KB, two slots 128 KB (at v's 256)
@@ -521,6 +735,39 @@ def one_pass(value_dim: int, variant, causal: bool) -> bool:
     for such calls, and ``attention_backward_gluon`` refuses it for any other."""
     from .attention_bwd_gluon import _is_plain, wide_value_width
     return causal and _is_plain(variant, causal) and wide_value_width(value_dim) <= 128
+
+
+MLA_QK, MLA_V = 192, 128  # the 128-key programs' widths (``mla_pairs``)
+
+
+def mla_pairs(head_dim: int, value_dim: int, variant, causal: bool) -> bool:
+    """Whether the call can run as 128-key programs (``_attn_bwd_gluon_mla_kernel``, the config with
+    ``mla``): the one pass's calls (``one_pass``) at MLA's widths exactly, q and k 192, v 128. There a
+    program shares each step's Q and dO loads and dQ reduce-adds over 128 keys, where the 64-key one
+    pass moves twice cuDNN's L2 bytes (``benchmarks/NOTES.md``, 2026-11-30 09:26)."""
+    return head_dim == MLA_QK and value_dim == MLA_V and one_pass(value_dim, variant, causal)
+
+
+def mla_launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale: float, cfg, dq_acc):
+    """(grid, args, keyword args) of the 128-key programs' launch (``mla_pairs``): one program per
+    128-key tile of each (batch, KV head) in the causal one pass's order (``launch_plan``), Q and K
+    in 64-column boxes (three a row: Gluon's shared tiles have power-of-two sides), V and dO at 128,
+    dQ·scale reduce-added into ``dq_acc`` (float32, q's 192 columns) in 64-column boxes."""
+    from .attention_bwd_gluon import _row_descriptor, launch_plan
+    from .attention_fwd_gluon import tma_descriptor
+    if not cfg.mla or dq_acc is None:
+        raise ValueError(f"mla_launch: an mla config and a float32 dQ buffer; got {cfg.name}")
+    B, Hq, Nq, _ = q.shape
+    plan = launch_plan(q, k, cfg, True, None, value_dim=v.shape[3])
+    m = cfg.block_m
+    args = (tma_descriptor(q, [1, 1, m, 64]), tma_descriptor(k, [1, 1, 64, 64]), tma_descriptor(v, [1, 1, 64, MLA_V]),
+            tma_descriptor(do, [1, 1, m, MLA_V]), _row_descriptor(lse2_pad, m), _row_descriptor(delta_pad, m),
+            tma_descriptor(dq_acc, [1, 1, m, 64]), dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0),
+            dv.stride(1), dv.stride(2), Hq, k.shape[1], Nq, k.shape[2], *plan["order"], scale * LOG2E, scale)
+    ce = plan["constexprs"]
+    constexprs = dict(GROUP=ce["GROUP"], BLOCK_M=m, STAGES=cfg.stages, DS_BUFS=cfg.ds_bufs,
+                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=ce["LOADER_REGS"], num_warps=4)
+    return plan["grid"], args, constexprs
 
 
 def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool, cfg, variant,
@@ -584,7 +831,12 @@ def run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool
         dq_acc=None):
     """The d 256 backward's two launches (``attention_bwd_gluon._backward`` prepared the row
     statistics and the gradients' tensors), or with ``dq_acc`` (``one_pass``) the dK/dV kernel's
-    alone, reduce-adding dQ·scale into that zeroed float32 buffer."""
+    alone, reduce-adding dQ·scale into that zeroed float32 buffer; with an ``mla`` config, the
+    128-key programs (``mla_launch``) instead."""
+    if cfg.mla:
+        grid, args, kwargs = mla_launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale, cfg, dq_acc)
+        _attn_bwd_gluon_mla_launcher[grid](*args, **kwargs)
+        return
     (grid, args, kwargs), dq_launch = launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
                                                variant, row_starts, dq_acc)
     _attn_bwd_gluon_wide_launcher[grid](*args, **kwargs)
