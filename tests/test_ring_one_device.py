@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 
 import pytest
@@ -32,8 +33,8 @@ _WAIT_S = 300  # a rank that never receives fails the test instead of hanging it
 class _ThreadRing:
     """``Group.shift`` between threads: one queue per (rank, tag)."""
 
-    def __init__(self, rank: int, boxes: list, baton: threading.Lock):
-        self.rank, self.world, self.boxes, self.baton = rank, len(boxes), boxes, baton
+    def __init__(self, rank: int, boxes: list, baton: threading.Lock, failed: threading.Event):
+        self.rank, self.world, self.boxes, self.baton, self.failed = rank, len(boxes), boxes, baton, failed
 
     def shift(self, tensor, tag=0):
         self.boxes[(self.rank + 1) % len(self.boxes)][tag].put(tensor.clone())
@@ -45,8 +46,15 @@ class _ThreadRing:
 
         def wait(self):
             self.ring.baton.release()
-            try:
-                return self.ring.boxes[self.ring.rank][self.tag].get(timeout=_WAIT_S)
+            try:  # in short waits, so that a rank whose call raised stops the others at once
+                for _ in range(int(_WAIT_S / 0.1)):
+                    if self.ring.failed.is_set():
+                        raise RuntimeError("another rank failed")
+                    try:
+                        return self.ring.boxes[self.ring.rank][self.tag].get(timeout=0.1)
+                    except queue.Empty:
+                        pass
+                raise TimeoutError(f"rank {self.ring.rank} received nothing in {_WAIT_S} s")
             finally:
                 self.ring.baton.acquire()
 
@@ -62,7 +70,7 @@ def _ring_threads(q, k, v, do, dlse, sinks, *, world, layout, causal, window, so
     scale = q.shape[-1] ** -0.5
     window = ring_mod._check_window(window)
     boxes = [(queue.Queue(), queue.Queue()) for _ in range(world)]
-    baton = threading.Lock()
+    baton, failed = threading.Lock(), threading.Event()
     results, errors = [None] * world, []
 
     def rank_body(rank):
@@ -71,7 +79,7 @@ def _ring_threads(q, k, v, do, dlse, sinks, *, world, layout, causal, window, so
             rows = _positions(layout, rank, world, n).to(q.device)
             local = [t.index_select(2, rows) for t in (q, k, v, do)] + [dlse.index_select(2, rows)]
             q_r, k_r, v_r, do_r, dlse_r = local
-            ring = _ThreadRing(rank, boxes, baton)
+            ring = _ThreadRing(rank, boxes, baton, failed)
             every, hops = ring_mod.plan(layout, world, n, causal, window)
             args = dict(scale=scale, softcap=softcap or 0.0, ring=ring, steps=every[rank], hops=hops)
             o, lse = ring_mod._forward(q_r, k_r, v_r, sinks, **args)
@@ -79,17 +87,18 @@ def _ring_threads(q, k, v, do, dlse, sinks, *, world, layout, causal, window, so
             results[rank] = (rows, o, lse) + tuple(grads)
         except BaseException as e:  # noqa: BLE001 (reported by the test, with the rank)
             errors.append((rank, e))
+            failed.set()
         finally:
             baton.release()
 
-    threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=rank_body, args=(r,), name=f"rank-{r}") for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    if errors:
+    if errors:  # the first is the cause; the others' follow from it
         rank, e = errors[0]
-        raise AssertionError(f"rank {rank} failed: {e!r}") from e
+        raise AssertionError(f"rank {rank} failed: {e!r}; then " + ", ".join(f"rank {r}: {x!r}" for r, x in errors[1:])) from e
     whole = []
     for i, like in enumerate((q, None, q, k, v)):  # o, lse, dq, dk, dv
         shape = (*q.shape[:3], v.shape[3]) if i == 0 else q.shape[:3] if i == 1 else like.shape
@@ -131,6 +140,24 @@ def _compare(*, dtype, world, layout, causal, b=1, hq=2, hkv=2, n=8, d=16, dv=No
         assert_close_to_ref(mine, theirs, exact, eps=eps, what=what)
     if sinks:
         assert_close_to_ref(dsinks, base[5], ref[5], eps=eps, what="dsinks")
+
+
+def test_a_failing_rank_stops_the_others(monkeypatch, torch_cpu_path):
+    """A rank whose call raises makes the waiting ranks stop at once, so the test fails with that
+    rank's error instead of hanging until the others' waits run out."""
+    monkeypatch.setattr(sys.modules[__name__], "_WAIT_S", 30)  # the old hang, bounded
+    forward = ring_mod._forward
+
+    def failing_forward(q, *args, **kwargs):
+        if threading.current_thread().name == "rank-1":
+            raise ValueError("injected")
+        return forward(q, *args, **kwargs)
+    monkeypatch.setattr(ring_mod, "_forward", failing_forward)
+    q = torch.randn(1, 2, 12, 16, device=DEVICE)
+    with pytest.raises(AssertionError, match=r"rank 1 failed: ValueError\('injected'\); then (rank [02]: "
+                                             r"RuntimeError\('another rank failed'\)(, )?){2}$"):
+        _ring_threads(q, q, q, q, q[..., 0], None, world=3, layout="contiguous", causal=True, window=None,
+                      softcap=None)
 
 
 @pytest.mark.parametrize("world,layout,causal,window,softcap,sinks", [
