@@ -237,6 +237,8 @@ small odd GQA shape and checks them against the float64 reference (autograd). MO
   positive of its model of two TMA copies on one mbarrier (docs/trust.md);
 - ``varlen``: a packed batch (an empty sequence among three) with the window's options, through
   ``attention_varlen`` at MIN_WORK 0, checking that the Gluon kernels were the ones launched;
+- ``mla-train`` (D 192): MLA's training shapes, q and k 192 beside v 128, causal: the backward's
+  128-key programs (``_attn_bwd_gluon_mla_kernel``, checked to be the kernel launched);
 - ``mla`` (D 576): ``decode`` against MLA's latent cache on the Gluon decode kernel: 40 heads × 2 new
   tokens (a partial second row block), a ragged batch whose last tiles hold stale rows, a contiguous
   cache (paged ones differ only in the loader's table read), splits 1 and 3 (an empty split among
@@ -256,7 +258,7 @@ from flashattn_lite.ops.attention_fwd import PLAIN, Variant
 from flashattn_lite.reference import attention_reference, attention_varlen_reference
 
 faulthandler.enable()
-MODES = ("plain", "causal", "window", "deterministic", "tma-dq", "varlen", "mla")
+MODES = ("plain", "causal", "window", "deterministic", "tma-dq", "varlen", "mla", "mla-train")
 d, mode = int(sys.argv[1]), sys.argv[2]
 if mode not in MODES:
     sys.exit(f"ConSan driver: mode {mode!r} is not one of {MODES}")
@@ -305,7 +307,9 @@ if mode == "varlen":
 else:
     q = torch.randn(1, 4, 100 if window else 300, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, 2, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-do = torch.randn_like(q)
+    if mode == "mla-train":
+        v = v[..., :128].contiguous()
+do = torch.randn(*q.shape[:-1], v.shape[-1], device="cuda", dtype=q.dtype)
 q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
 variant, options, leaves = PLAIN, {}, [q64, k64, v64]
 if window:
@@ -351,11 +355,14 @@ for config in attention_fwd_gluon.CONFIGS[d] if every else [None]:
 torch.use_deterministic_algorithms(mode in ("deterministic", "tma-dq"))
 # (the head dim 256 one pass, CONFIGS[256][1], takes v at most 128 wide: not these calls)
 for config in [c for c in attention_bwd_gluon.CONFIGS[d] if not (c.split_d and c.fused_dq)] if every else [None]:
-    got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
-                                                       config=config, variant=variant)
-    torch.cuda.synchronize()
+    with _launcher.recording() as launches:
+        got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,
+                                                           config=config, variant=variant)
+        torch.cuda.synchronize()
     check_backward(got, want, config)
-    print(f"backward {config or 'default config'}: clean", flush=True)
+    names = {launch.kernel for launch in launches}
+    assert mode != "mla-train" or "_attn_bwd_gluon_mla_kernel" in names, f"not the 128-key kernel: {sorted(names)}"
+    print(f"backward {config or 'default config'}: clean ({', '.join(sorted(names))})", flush=True)
 print(f"d {d} {mode}: forward and backward clean", flush=True)
 print("ok")
 EOF
@@ -380,7 +387,7 @@ for tool in $TOOLS; do
   if [ "$tool" = consan ]; then  # Triton's own concurrency sanitizer, for the Gluon kernels (see above)
     rc=0
     pids=""
-    read -r -a cases <<< "${CONSAN_CASES:-64-plain 64-causal 64-window 128-plain 128-causal 128-window 128-deterministic 256-plain 256-causal 256-window 64-varlen 128-varlen 256-varlen}"
+    read -r -a cases <<< "${CONSAN_CASES:-64-plain 64-causal 64-window 128-plain 128-causal 128-window 128-deterministic 256-plain 256-causal 256-window 64-varlen 128-varlen 256-varlen 192-mla-train}"
     for case in "${cases[@]}"; do  # one process each, in parallel
       ( TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 timeout "${CONSAN_TIMEOUT:-540}" python "$CONSAN" ${case/-/ }
         s=$?; [ $s -ne 0 ] && echo "exit status $s"; exit $s ) > "$log.$case" 2>&1 &
