@@ -180,7 +180,7 @@ def gluon_bwd(opts, causal=True, d=128):
     seq, config, dv = opts.pop("seq", None), opts.pop("config", None), opts.pop("dv", None)
     one_pass = opts.pop("one_pass", False)  # the wide dK/dV kernel reducing dQ too (``FUSED_DQ``)
     kv_share = opts.pop("kv_share", 1)  # GQA split: each program one query head, dK and dV float32 sums
-    mla, mha = opts.pop("mla", False), opts.pop("mha", False)  # MLA's 128-key programs (``mla_pairs``); GQA 1
+    mla, mha = opts.pop("mla", False), opts.pop("mha", False)  # MLA's 128-key programs (``takes_mla_programs``); GQA 1
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
     if mla:
         import flashattn_lite.ops.attention_bwd_gluon_wide as w

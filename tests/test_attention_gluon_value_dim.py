@@ -334,8 +334,9 @@ def test_one_pass_wide_backward_launches_only_the_dkdv_kernel():
     # (no GQA split there: the wide kernels write dK and dV themselves)
     assert gluon_bwd.group_split(torch.zeros(1, 8, 65536, 192), torch.zeros(1, 1, 65536, 192), True, None, cfg) == 1
 
+
 def test_mla_128_key_programs_are_picked_for_plain_causal_192_128_only():
-    # The one pass's calls at q, k 192 and v 128 exactly (``mla_pairs``) take the 128-key programs;
+    # The one pass's calls at q, k 192 and v 128 exactly (``takes_mla_programs``) take the 128-key programs;
     # every other head dim 256 call keeps what it took (a caller not naming q's head dim too).
     from flashattn_lite.ops import attention_bwd_gluon_wide as wide
     mla, one, pair = gluon_bwd.CONFIGS[256][2], gluon_bwd.CONFIGS[256][1], gluon_bwd.CONFIGS[256][0]
@@ -351,9 +352,9 @@ def test_mla_128_key_programs_are_picked_for_plain_causal_192_128_only():
     for causal, det, variant in ((False, False, None), (True, True, None), (True, False, Variant(softcap=30.0)),
                                  (True, False, Variant(left=100)), (True, False, Variant(sinks=torch.zeros(4))),
                                  (True, False, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))):
-        assert not gluon_bwd.default_config(256, causal, 8192, det, 128, variant, 192).mla, (causal, det, variant)
-    assert wide.mla_pairs(192, 128, None, True) and wide.mla_pairs(192, 128, PLAIN, True)
-    assert not wide.mla_pairs(192, 128, None, False) and not wide.mla_pairs(256, 128, None, True)
+        assert not gluon_bwd.default_config(256, causal, 8192, det, 128, variant, qk_dim=192).mla, (causal, det, variant)
+    assert wide.takes_mla_programs(192, 128, None, True) and wide.takes_mla_programs(192, 128, PLAIN, True)
+    assert not wide.takes_mla_programs(192, 128, None, False) and not wide.takes_mla_programs(256, 128, None, True)
     assert "128-key programs" in gluon_bwd.path_note(PLAIN, 192, False, True, 128)
     assert "128-key programs" not in gluon_bwd.path_note(PLAIN, 256, False, True, 128)
     assert "one pass" in gluon_bwd.path_note(PLAIN, 256, False, True, 128)
@@ -371,6 +372,65 @@ def test_mla_config_is_refused_for_other_widths_before_launch():
     q = q[..., :192].contiguous()
     with pytest.raises(ValueError, match="not causal"):
         gluon_bwd.attention_backward_gluon(v, q, q, v, v, torch.zeros(1, 2, 8), scale=0.1, causal=False, config=mla)
+
+
+def test_hand_made_mla_configs_are_refused_before_launch():
+    # The 128-key programs fuse dQ with two dS sets at head dim 256: any other form of the config is
+    # refused by config_reason, before the row statistics or any kernel runs.
+    mla = gluon_bwd.CONFIGS[256][2]
+    q, v = torch.zeros(1, 2, 8, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
+    for cfg in (mla._replace(fused_dq=False), mla._replace(ds_bufs=1), mla._replace(split_d=False)):
+        assert gluon_bwd.config_reason(256, cfg) is not None, cfg
+        with pytest.raises(ValueError, match="attention_backward_gluon: config"):
+            gluon_bwd.attention_backward_gluon(v, q, q, v, v, torch.zeros(1, 2, 8), scale=0.1, causal=True, config=cfg)
+
+
+def test_wide_configs_ask_nothing_of_v_widths_no_kernel_runs():
+    # v's head dims the kernels do not cover (kernel_head_dim None) answer "not the one pass" instead of
+    # failing inside it, so the dispatch's own check names them.
+    from flashattn_lite.ops import attention_bwd_gluon_wide as wide
+    for dv in (20, 250, 300):
+        assert not wide.one_pass(dv, None, True) and not wide.takes_mla_programs(192, dv, None, True)
+        assert gluon_bwd.default_config(256, True, 8192, value_dim=dv, qk_dim=192) == gluon_bwd.CONFIGS[256][0]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-launch", "chunked"])
+def test_mla_default_reaches_the_launch_whole_and_in_chunks(monkeypatch, chunked):
+    # attention_backward_gluon's default at 192 / 128 causal hands the 128-key config to every launch, GQA and
+    # Nq ≠ Nk, in one launch or in chunks of KV heads (a small dQ buffer); deterministic mode gets the pair,
+    # and writes_grads_into agrees with the default on out= (TMA-storable outputs, a dense batch).
+    seen = []
+
+    def fake_backward(do, q, k, v, o, lse, dlse, scale, causal, cfg, variant, out=None):
+        seen.append((cfg, q.shape[1], k.shape[1]))
+        return out if out is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    monkeypatch.setattr(gluon_bwd, "_backward", fake_backward)
+    B, Hq, Hkv, Nq, Nk = 1, 6, 3, 100, 133
+    if chunked:
+        monkeypatch.setattr(gluon_bwd, "DQ_BUFFER_BYTES", B * (Hq // Hkv) * Nq * 192 * 4)
+    bf = torch.bfloat16
+    q, k = torch.zeros(B, Hq, Nq, 192, dtype=bf), torch.zeros(B, Hkv, Nk, 192, dtype=bf)
+    v, do = torch.zeros(B, Hkv, Nk, 128, dtype=bf), torch.zeros(B, Hq, Nq, 128, dtype=bf)
+    lse = torch.zeros(B, Hq, Nq)
+    gluon_bwd.attention_backward_gluon(do, q, k, v, do, lse, scale=0.1, causal=True)
+    assert [s[0] for s in seen] == [gluon_bwd.CONFIGS[256][2]] * (3 if chunked else 1)
+    assert [s[1:] for s in seen] == ([(2, 1)] * 3 if chunked else [(Hq, Hkv)])
+    out = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    assert gluon_bwd.writes_grads_into(out, q, k, v, True)
+    assert not gluon_bwd.writes_grads_into(out, q, k, v, True, Variant(seq=SEQ_RANGES,
+                                            seq_q=torch.zeros(B, 2, dtype=torch.int32),
+                                            seq_k=torch.zeros(B, 2, dtype=torch.int32)))
+    seen.clear()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not gluon_bwd.writes_grads_into(out, q, k, v, True)
+        gluon_bwd.attention_backward_gluon(do, q, k, v, do, lse, scale=0.1, causal=True)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert [s[0] for s in seen] == [gluon_bwd.CONFIGS[256][0]]
+    mla = gluon_bwd.CONFIGS[256][2]  # no GQA split and no deferred dQ there: the kernel walks the group itself
+    assert gluon_bwd.group_split(torch.zeros(1, 8, 65536, 192), torch.zeros(1, 1, 65536, 192), True, None, mla) == 1
+    assert not gluon_bwd.defers_dq(256, mla, True)
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
@@ -394,6 +454,13 @@ def test_mla_launch_binds_to_its_kernel_and_run_takes_it(monkeypatch):
     for cfg, buf in ((gluon_bwd.CONFIGS[256][1], acc), (mla, None)):
         with pytest.raises(ValueError, match="mla config"):
             wide.mla_launch(q, k, v, do, k, v, rows, rows, 0.1, cfg, buf)
+    # the kernel has no column masks, options or ranges: any other call is refused, not run
+    q256, k256 = torch.zeros(2, 4, 200, 256, dtype=bf), torch.zeros(2, 2, 333, 256, dtype=bf)
+    for call, kw in (((q256, k256, v, do), {}), ((q, k, v, do), dict(causal=False)),
+                     ((q, k, v, do), dict(variant=Variant(softcap=30.0))),
+                     ((q, k, v, do), dict(row_starts=torch.zeros(8, dtype=torch.int32)))):
+        with pytest.raises(ValueError, match="plain causal calls over dense batches"):
+            wide.mla_launch(*call, k, v, rows, rows, 0.1, mla, acc, **kw)
     launched = []
 
     class Recorder:
@@ -574,9 +641,11 @@ def test_k2v2_forward_with_options_and_packed_layouts(monkeypatch, case, causal)
 
 
 @needs_gpu
-def test_one_pass_wide_backward_in_chunks_matches_reference(monkeypatch):
-    # MLA's 192 / 128 causal in one pass (dQ reduce-added by the dK/dV kernel), the float32 dQ buffer
-    # (q's 192 columns) capped so the call runs in three launches over KV heads (GQA 2: each with its query heads),
+@pytest.mark.parametrize("config", [None, 1], ids=["128-key-programs", "64-key-one-pass"])
+def test_one_pass_wide_backward_in_chunks_matches_reference(monkeypatch, config):
+    # MLA's 192 / 128 causal in one pass (dQ reduce-added in the kernel: by default the 128-key programs,
+    # or the 64-key dK/dV kernel's one pass, CONFIGS[256][1]), the float32 dQ buffer (q's 192 columns)
+    # capped so the call runs in three launches over KV heads (GQA 2: each with its query heads),
     # Nq ≠ Nk: the gradients against float64, and no dQ kernel launched.
     causal = True
     from flashattn_lite.ops import attention_bwd_gluon_wide as wide
@@ -596,7 +665,8 @@ def test_one_pass_wide_backward_in_chunks_matches_reference(monkeypatch):
         return convert(dq_acc, *args)
     monkeypatch.setattr(gluon_bwd, "_dq_from_buffer", recording)
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal)
-    ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=192 ** -0.5, causal=causal)
+    ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=192 ** -0.5, causal=causal,
+                                              config=None if config is None else gluon_bwd.CONFIGS[256][config])
     assert widths == [(B, Hq // Hkv, Nq, 192)] * 3
     ref = reference_grads(q, k, v, do, causal, torch.float64)
     same = reference_grads(q, k, v, do, causal, torch.bfloat16)

@@ -145,7 +145,7 @@ def _compare(*, dtype, world, layout, causal, b=1, hq=2, hkv=2, n=8, d=16, dv=No
 def test_a_failing_rank_stops_the_others(monkeypatch, torch_cpu_path):
     """A rank whose call raises makes the waiting ranks stop at once, so the test fails with that
     rank's error instead of hanging until the others' waits run out."""
-    monkeypatch.setattr(sys.modules[__name__], "_WAIT_S", 30)  # the old hang, bounded
+    monkeypatch.setattr(sys.modules[__name__], "_WAIT_S", 30)  # a hang bounded, should the stop fail
     forward = ring_mod._forward
 
     def failing_forward(q, *args, **kwargs):

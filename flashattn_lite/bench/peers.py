@@ -332,7 +332,7 @@ def _gluon_dq_bytes(p: Problem) -> int:
              and p.batch * p.heads * p.seqlen ** 2 * p.head_dim >= hopper.MIN_WORK)
     if not takes:
         return 0
-    fused = gluon.default_config(width, p.causal, p.seqlen, False, p.dv).fused_dq
+    fused = gluon.default_config(width, p.causal, p.seqlen, False, p.dv, qk_dim=p.head_dim).fused_dq
     whole = (slice(None), slice(None))
     width = gluon.dq_buffer_width(p.head_dim, width)  # q's columns only (64 at 64 / 128, 192 at MLA)
     rows, kv_heads = gluon.dq_buffer_chunks(p.batch, p.heads, p.kv_heads, p.seqlen, width)[0] if fused else whole

@@ -141,6 +141,7 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 TESTED_TRITON = ("3.6.",)
 LOADER_REGS = 24
+MLA_QK, MLA_V = 192, 128  # MLA's q / k and v head dims: the widths of the 128-key programs (``Config.mla``)
 DQ_COLS = 64  # dQ columns per wgmma (and per TMA reduce): one 128-byte swizzle span of bf16 K
 
 
@@ -172,8 +173,9 @@ class Config(NamedTuple):
     ``ds_bufs`` 1), dq by their own dQ kernel (``fused_dq`` False) or, for the plain causal calls
     with v at most 128 wide that ``attention_bwd_gluon_wide.one_pass`` takes, reduce-added by the
     dK/dV kernel (``fused_dq``). ``mla`` (with ``split_d`` and ``fused_dq``): that one pass for MLA's
-    192 / 128 as 128-key programs (``attention_bwd_gluon_wide.mla_pairs``), each consumer owning 64
-    keys' dK and dV whole, ``ds_bufs`` dS sets as at d ≤ 128."""
+    192 / 128 as 128-key programs (``attention_bwd_gluon_wide.takes_mla_programs``), each consumer owning 64
+    keys' dK and dV whole, ``ds_bufs`` dS sets as at d ≤ 128: ``split_d`` there says only that the
+    call runs in ``attention_bwd_gluon_wide`` at head dim 256, not that the head dim is split."""
     consumers: int
     block_m: int
     stages: int
@@ -228,7 +230,8 @@ CONFIGS = {
 
 
 def default_config(head_dim: int, causal: bool = False, n: int = 4096, deterministic: bool = False,
-                   value_dim: int | None = None, variant: Variant | None = None, qk_dim: int | None = None) -> Config:
+                   value_dim: int | None = None, variant: Variant | None = None, *,
+                   qk_dim: int | None = None) -> Config:
     """The sweep's fastest config (``benchmarks/gluon_bwd.py`` on the H100, 2026-11-24, bf16, N 2k /
     8k / 16k with B·N 16k: ``gluon_bwd-20261124-131528.json``): fused dQ with two dS sets, 2 stages
     at d 128 (418–486 TFLOP/s), 4 at d 64 (286–399; 3 stages with one dS set ties at causal 2k).
@@ -238,13 +241,15 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     ``attention_bwd_gluon_wide.one_pass`` takes the call (v's head dim ``value_dim``, the
     ``variant``), the dK/dV kernel alone with dQ fused: a caller picking the config by hand passes
     both, as ``attention_backward_gluon`` does (without them: the two kernels); with q's head dim
-    ``qk_dim`` too, MLA's 192 / 128 takes the 128-key programs (``mla_pairs``)."""
+    ``qk_dim`` too, MLA's 192 / 128 takes the 128-key programs (``takes_mla_programs``). ``head_dim``
+    is the kernel's (``kernel_head_dim``: 256 for every width run padded to it), ``qk_dim`` q's own."""
     if head_dim == 256:
-        from .attention_bwd_gluon_wide import mla_pairs, one_pass
-        one = not deterministic and one_pass(value_dim or head_dim, variant, causal)
-        if one and qk_dim is not None and mla_pairs(qk_dim, value_dim or head_dim, variant, causal):
+        from .attention_bwd_gluon_wide import one_pass, takes_mla_programs
+        if deterministic:
+            return CONFIGS[256][0]
+        if qk_dim is not None and takes_mla_programs(qk_dim, value_dim or head_dim, variant, causal):
             return CONFIGS[256][2]
-        return CONFIGS[256][1] if one else CONFIGS[256][0]
+        return CONFIGS[256][1] if one_pass(value_dim or head_dim, variant, causal) else CONFIGS[256][0]
     if deterministic:
         return Config(2, 64, 3, False)
     return Config(2, 64, 2, True, 2) if head_dim == 128 else Config(2, 64, 4, True, 2)
@@ -1101,15 +1106,16 @@ def path_note(variant: Variant = PLAIN, head_dim: int = 128, deterministic: bool
     padded = kernel_head_dim(head_dim, value_dim)
     padded_value = wide_value_width(value_dim) if value_dim is not None and padded == 256 else None
     pad = padding_note(head_dim, value_dim, padded, padded_value)
-    cfg = default_config(256, causal, 0, deterministic, value_dim or head_dim, variant, head_dim) if padded == 256 else None
+    cfg = default_config(256, causal, 0, deterministic, value_dim or head_dim, variant,
+                         qk_dim=head_dim) if padded == 256 else None
     one = cfg is not None and cfg.fused_dq
     if (variant is None or variant is PLAIN) and not pad and not one:
         return PATH_NOTE
     variant = PLAIN if variant is None else variant
     from .attention_fwd_hopper import path_note as hopper_note
     if one and cfg.mla:
-        name = ("the Gluon warp-specialized backward's head dim 256 dK/dV kernel (dQ by TMA reduce-add, one pass, "
-                "128-key programs)")
+        name = (f"the Gluon warp-specialized backward's MLA kernel (q, k {MLA_QK} beside v {MLA_V}: 128-key "
+                "programs, dQ by TMA reduce-add in one pass)")
     elif one:
         name = "the Gluon warp-specialized backward's head dim 256 dK/dV kernel (dQ by TMA reduce-add, one pass)"
     elif padded == 256:
@@ -1301,7 +1307,7 @@ def shared_memory_bytes(head_dim: int, cfg: Config, itemsize: int = 2) -> int:
     most 128 wide, whose narrower V and dO boxes make the room)."""
     m, d, c = cfg.block_m, head_dim, cfg.consumers
     if cfg.mla:  # q and k at 192 columns, v and dO at 128, both consumers' dS halves, a staging buffer each
-        qk, dv = 192, 128
+        qk, dv = MLA_QK, MLA_V
         return (c * 64 * (qk + dv) * itemsize + cfg.stages * (m * (qk + dv) * itemsize + 2 * m * 4)
                 + cfg.ds_bufs * c * m * 64 * itemsize + c * m * DQ_COLS * 4)
     if cfg.split_d:
@@ -1325,7 +1331,10 @@ def config_reason(head_dim: int, cfg: Config, itemsize: int = 2) -> str | None:
         return f"config {cfg.name}: the kernel takes two consumers of 64 keys and 64-row query tiles"
     if cfg.split_d != (head_dim == 256) or (cfg.split_d and cfg.ds_bufs != 1 and not cfg.mla):
         return (f"config {cfg.name} at head dim {head_dim}: head dim 256 takes the split-head-dim configs "
-                "(one dS set), and only it")
+                "(one dS set; the MLA 128-key programs' two), and only it")
+    if cfg.mla and not (cfg.split_d and cfg.fused_dq and cfg.ds_bufs == DS_BUFS_MLA):
+        return (f"config {cfg.name}: the MLA 128-key programs run at head dim 256 (split_d) with dQ fused and "
+                f"{DS_BUFS_MLA} dS sets")
     if cfg.stages < 1 or cfg.ds_bufs not in (1, 2):
         return f"config {cfg.name}: stages ≥ 1 and 1 or 2 dS sets"
     need = shared_memory_bytes(head_dim, cfg, itemsize) + SMEM_SLACK
@@ -1535,7 +1544,7 @@ def writes_grads_into(out: tuple, q, k, v, causal: bool, variant: Variant | None
     (``_takes_out``)."""
     D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]
     cfg = default_config(D, causal, max(q.shape[2], k.shape[2]), torch.are_deterministic_algorithms_enabled(),
-                         v.shape[3], variant, q.shape[3])
+                         v.shape[3], variant, qk_dim=q.shape[3])
     return _takes_out(out, q, k, v, cfg, variant)
 
 
@@ -1579,7 +1588,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
     D = kernel_head_dim(q.shape[3], v.shape[3]) or q.shape[3]  # a head dim run padded: the kernel's (``config_reason``)
     Hkv, Nk = k.shape[1], k.shape[2]
     deterministic = torch.are_deterministic_algorithms_enabled()
-    cfg = config or default_config(D, causal, max(Nq, Nk), deterministic, v.shape[3], variant, q.shape[3])
+    cfg = config or default_config(D, causal, max(Nq, Nk), deterministic, v.shape[3], variant,
+                                    qk_dim=q.shape[3])
     if deterministic and cfg.fused_dq:  # as torch does for an op without a deterministic version
         message = (f"attention_backward_gluon: config {cfg.name} adds dq by fp32 reduce-adds in any order, "
                    "which torch.use_deterministic_algorithms(True) forbids; pass a config with fused_dq=False")
@@ -1599,8 +1609,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
                              "takes plain causal calls over dense batches whose v's head dim pads to at most 128, "
                              f"and {why}: pass config=CONFIGS[256][0] (the dK/dV and dQ kernels) or None")
     if cfg.mla:
-        from .attention_bwd_gluon_wide import mla_pairs
-        if not mla_pairs(q.shape[3], v.shape[3], variant, causal):
+        from .attention_bwd_gluon_wide import takes_mla_programs
+        if not takes_mla_programs(q.shape[3], v.shape[3], variant, causal):
             raise ValueError(f"attention_backward_gluon: config {cfg.name} (128-key programs) takes the one pass's "
                              f"calls at q, k 192 and v 128 only; got {q.shape[3]} / {v.shape[3]}: pass "
                              "config=CONFIGS[256][1] or None")

@@ -1,5 +1,6 @@
-"""The Gluon attention backward at head dim 256 (Gemma's): two kernels, dK/dV and dQ (or, for plain
-causal MLA calls, the dK/dV kernel alone in one pass).
+"""The Gluon attention backward at head dim 256 (Gemma's) and the widths run padded to it: two
+kernels, dK/dV and dQ; for plain causal calls with v at most 128 wide, the dK/dV kernel alone in one
+pass; for plain causal MLA (q, k 192; v 128), a third kernel of 128-key programs.
 
 ``attention_bwd_gluon`` keeps each consumer's 64 keys' dK and dV in registers: at D 128 that is
 128 registers a thread, at D 256 it would be 256, more than a thread has. So at D 256:
@@ -36,8 +37,8 @@ bit-reproducible. There, at N 2k and 8k on an H200, 1.08–1.09 ×
 the pair (non-causal 0.97–0.99 ×, so those calls keep the pair; ``benchmarks/NOTES.md``,
 2026-11-30). The reductions walk the head-major causal order, heaviest tiles first.
 
-**128-key programs** (``mla_pairs``: the one pass's calls at MLA's 192 / 128 exactly; the config with
-``mla``): ``_attn_bwd_gluon_mla_kernel``, one program per 128-key tile as cuDNN runs it, each
+**128-key programs** (``takes_mla_programs``: the one pass's calls at MLA's 192 / 128 exactly; the
+config with ``mla``; the one pass stays for the other widths, as 256 / 128 or 192 / 64): ``_attn_bwd_gluon_mla_kernel``, one program per 128-key tile as cuDNN runs it, each
 consumer owning 64 keys' dK (64 × 192) and dV (64 × 128) in registers, Q and K in 64-column chunks.
 Each step's Q, dO loads and its dQ reduce-adds (dS over the 128 keys times K, three 64-column blocks
 dealt alternately to the consumers) serve 128 keys, half the L2 bytes of the 64-key one pass.
@@ -62,7 +63,7 @@ is shared: the row statistics, the dk/dv/dq allocation, the sinks' gradient.
 from __future__ import annotations
 
 from ..merge import LOG2E
-from .attention_bwd_gluon import _HAS_GLUON
+from .attention_bwd_gluon import _HAS_GLUON, MLA_QK, MLA_V
 from .attention_fwd import SEQ_DENSE, SEQ_VARLEN, fold_factor, seq_args, sequence, varlen_scan
 
 
@@ -518,7 +519,7 @@ if _HAS_GLUON:
     def _mla_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                     lse_smem, delta_smem, kv_bar, ready, empty, b, h_kv, start_n, n_heads, lo, n_tiles,
                     GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KC: gl.constexpr):
-        """``_mla_kernel``'s loader warp: each consumer's 64 keys of K (``KC`` 64-column chunks) and V
+        """``_attn_bwd_gluon_mla_kernel``'s loader warp: each consumer's 64 keys of K (``KC`` 64-column chunks) and V
         once, then each step's Q (in chunks), dO, lse₂ and δ once for both consumers."""
         CH: gl.constexpr = k_desc.block_type.shape[3]
         mbarrier.expect(kv_bar, 2 * (KC * k_desc.block_type.nbytes + v_desc.block_type.nbytes))
@@ -567,7 +568,7 @@ if _HAS_GLUON:
         dK (64 × 192, three 64-column accumulators: register tensors have power-of-two sides) and dV
         (64 × 128) in registers, 160 a thread. A step: Sᵀ over q's three chunks, Pᵀ; dPᵀ − δ (its
         accumulator starts at −δ, so δ holds no registers across the wgmma) and dV += Pᵀ·dO with Pᵀ
-        from registers; dSᵀ, dK += dSᵀ·Q; dS out to this consumer's half of the step's dS set. Then
+        read from shared memory; dSᵀ, dK += dSᵀ·Q; dS out to this consumer's half of the step's dS set. Then
         dQ = dS·K over all 128 keys, by 64-column blocks, the three a step dealt alternately (block j
         of step it is consumer (it + j) mod 2's: 2 and 1 blocks, 1 and 2 the next step), each block
         reduce-added through the consumer's staging buffer as soon as it retired."""
@@ -662,7 +663,7 @@ if _HAS_GLUON:
                                    GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                    DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
         """Plain causal MLA (q, k 192; v 128) over a dense batch in one pass, one program per 128-key
-        tile of one (batch, KV head), as cuDNN runs it (``mla_pairs``): two consumers of 64 keys each
+        tile of one (batch, KV head), as cuDNN runs it (``takes_mla_programs``): two consumers of 64 keys each
         (``_mla_consumer``) share each step's Q and dO loads and its dQ reduce-adds, half the L2
         bytes of the 64-key one pass a (key, query) pair. The order is the causal one pass's
         (``banded_key_tile``, ``query_tiles`` over 128 keys)."""
@@ -730,17 +731,16 @@ def one_pass(value_dim: int, variant, causal: bool) -> bool:
     over dense batches whose V (v's head dim ``value_dim``) runs at most 128 wide (MLA's 192 / 128:
     the float32 staging then fits beside the ring). There it measured 1.08–1.09 × the two kernels,
     non-causal 0.97–0.99 ×, so those keep the pair (H200, ``bench_ab-20261130-0744.json``). Options
-    (softcap, ALiBi, windows, sinks) keep the pair too: the one pass has not run with them on a GPU.
-    Its config is ``attention_bwd_gluon.CONFIGS[256][1]`` (``fused_dq``): ``default_config`` picks it
-    for such calls, and ``attention_backward_gluon`` refuses it for any other."""
-    from .attention_bwd_gluon import _is_plain, wide_value_width
-    return causal and _is_plain(variant, causal) and wide_value_width(value_dim) <= 128
+    (softcap, ALiBi, windows, sinks) keep the pair too: the one pass is built and tested for plain
+    calls only. Its config is ``attention_bwd_gluon.CONFIGS[256][1]`` (``fused_dq``), which
+    ``default_config`` picks for such calls but MLA's 192 / 128 (``takes_mla_programs``), and
+    ``attention_backward_gluon`` refuses for any other. A v head dim no kernel runs: False."""
+    from .attention_bwd_gluon import _is_plain, kernel_head_dim
+    width = kernel_head_dim(value_dim)
+    return causal and _is_plain(variant, causal) and width is not None and width <= 128
 
 
-MLA_QK, MLA_V = 192, 128  # the 128-key programs' widths (``mla_pairs``)
-
-
-def mla_pairs(head_dim: int, value_dim: int, variant, causal: bool) -> bool:
+def takes_mla_programs(head_dim: int, value_dim: int, variant, causal: bool) -> bool:
     """Whether the call can run as 128-key programs (``_attn_bwd_gluon_mla_kernel``, the config with
     ``mla``): the one pass's calls (``one_pass``) at MLA's widths exactly, q and k 192, v 128. There a
     program shares each step's Q and dO loads and dQ reduce-adds over 128 keys, where the 64-key one
@@ -748,15 +748,20 @@ def mla_pairs(head_dim: int, value_dim: int, variant, causal: bool) -> bool:
     return head_dim == MLA_QK and value_dim == MLA_V and one_pass(value_dim, variant, causal)
 
 
-def mla_launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale: float, cfg, dq_acc):
-    """(grid, args, keyword args) of the 128-key programs' launch (``mla_pairs``): one program per
+def mla_launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale: float, cfg, dq_acc, causal: bool = True,
+               variant=None, row_starts=None):
+    """(grid, args, keyword args) of the 128-key programs' launch (``takes_mla_programs``): one program per
     128-key tile of each (batch, KV head) in the causal one pass's order (``launch_plan``), Q and K
     in 64-column boxes (three a row: Gluon's shared tiles have power-of-two sides), V and dO at 128,
-    dQ·scale reduce-added into ``dq_acc`` (float32, q's 192 columns) in 64-column boxes."""
+    dQ·scale reduce-added into ``dq_acc`` (float32, q's 192 columns) in 64-column boxes. The kernel
+    has no column masks, options or ranges: any other call raises."""
     from .attention_bwd_gluon import _row_descriptor, launch_plan
     from .attention_fwd_gluon import tma_descriptor
     if not cfg.mla or dq_acc is None:
         raise ValueError(f"mla_launch: an mla config and a float32 dQ buffer; got {cfg.name}")
+    if row_starts is not None or not takes_mla_programs(q.shape[3], v.shape[3], variant, causal):
+        raise ValueError(f"mla_launch: plain causal calls over dense batches at q, k {MLA_QK} and v {MLA_V} only; "
+                         f"got {q.shape[3]} / {v.shape[3]}, causal={causal}, variant={variant}")
     B, Hq, Nq, _ = q.shape
     plan = launch_plan(q, k, cfg, True, None, value_dim=v.shape[3])
     m = cfg.block_m
@@ -834,7 +839,8 @@ def run(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal: bool
     alone, reduce-adding dQ·scale into that zeroed float32 buffer; with an ``mla`` config, the
     128-key programs (``mla_launch``) instead."""
     if cfg.mla:
-        grid, args, kwargs = mla_launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale, cfg, dq_acc)
+        grid, args, kwargs = mla_launch(q, k, v, do, dk, dv, lse2_pad, delta_pad, scale, cfg, dq_acc, causal, variant,
+                                        row_starts)
         _attn_bwd_gluon_mla_launcher[grid](*args, **kwargs)
         return
     (grid, args, kwargs), dq_launch = launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale, causal, cfg,
