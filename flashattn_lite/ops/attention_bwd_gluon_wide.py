@@ -74,8 +74,9 @@ if _HAS_GLUON:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .._launcher import Launcher
-    from .attention_bwd_gluon import (_loader, _masked, _query_tile, _reduce_rows, _row, _store_rows, _tma_reduce_add,
-                                      _to_16bit, banded_key_tile, query_tiles, seq_key_tile, seq_rows)
+    from .attention_bwd_gluon import (_dq_stage, _dq_zeros, _loader, _masked, _query_tile, _reduce_rows, _row,
+                                      _store_rows, _tma_reduce_add, _to_16bit, banded_key_tile, query_tiles,
+                                      seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
@@ -552,11 +553,8 @@ if _HAS_GLUON:
                            is_async=True)
         dq = warpgroup_mma(ds_smem.index(ds_buf * 2 + 1), k_smem.index(KC + j).reshape([64, CH]), dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=[dq])
-        # (``_reduce_rows`` wants the column as a constexpr; here it follows the step)
-        tma.store_wait(0)  # the buffer is free once the previous reduce read it
-        gl.thread_barrier()
-        dq_stage.index(ME).reshape([64, CH]).store(dq * sm_scale)
-        fence_async_shared()
+        _dq_stage(dq, dq_stage, sm_scale, ME, 64, False)
+        fence_async_shared()  # (``_dq_send`` wants the column as a constexpr; here it follows the step)
         _tma_reduce_add(dq_desc, [b, h, start_m, CH * j], dq_stage.index(ME))
 
     @gluon.jit
@@ -591,7 +589,7 @@ if _HAS_GLUON:
         dk2 = gl.zeros([64, CH], gl.float32, layout=c_layout)
         dv = gl.zeros([64, DV], gl.float32, layout=dv_layout)
         st_zero = gl.zeros([64, BLOCK_M], gl.float32, layout=st_layout)
-        dq_zero = gl.zeros([BLOCK_M, CH], gl.float32, layout=c_layout)
+        dq_zero = _dq_zeros(BLOCK_M)
         mbarrier.wait(kv_bar, 0)
 
         for it in range(GROUP * n_tiles):
