@@ -18,7 +18,8 @@ from ._runtime import runs_triton
 
 def model_shapes(model) -> dict:
     """{"head_dims", "gqa", "kv_heads", "dtypes"} of a HuggingFace config object or model name
-    (the name through ``transformers.AutoConfig``, which must be installed)."""
+    (the name through ``transformers.AutoConfig``, which must be installed). An MLA model's head dims
+    are a (q / k, v) pair, as its attention layers call the kernels."""
     config = model
     if isinstance(model, str):
         try:
@@ -33,12 +34,18 @@ def model_shapes(model) -> dict:
         raise ValueError(f"model must be a transformers config with num_attention_heads, got {type(model).__name__}")
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head_dims = (head_dim,)
+    if getattr(config, "qk_nope_head_dim", None) and getattr(config, "qk_rope_head_dim", None):
+        # MLA (DeepSeek-V2/V3, Kimi K2, MiniCPM3): attention runs at q, k = nope + rope columns beside
+        # v's own head dim (their configs' head_dim is the rope part alone)
+        head_dims = ((config.qk_nope_head_dim + config.qk_rope_head_dim, getattr(config, "v_head_dim", None)
+                      or config.qk_nope_head_dim + config.qk_rope_head_dim),)
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.bfloat16
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.replace("torch.", ""), torch.bfloat16)
     if dtype not in _checks.FLOAT_DTYPES:
         dtype = torch.bfloat16
-    return {"head_dims": (head_dim,), "gqa": (heads // kv_heads,), "kv_heads": kv_heads, "dtypes": (dtype,),
+    return {"head_dims": head_dims, "gqa": (heads // kv_heads,), "kv_heads": kv_heads, "dtypes": (dtype,),
             "layer_options": layer_options(config)}
 
 

@@ -59,6 +59,16 @@ def test_shapes_from_a_transformers_config():
     gemma = SimpleNamespace(text_config=SimpleNamespace(num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                                                         hidden_size=2304, torch_dtype=torch.float32))
     assert model_shapes(gemma)["head_dims"] == (256,) and model_shapes(gemma)["dtypes"] == (torch.float32,)
+    # MLA: q and k at nope + rope columns beside v's head dim (the config's head_dim is the rope part alone)
+    deepseek = SimpleNamespace(num_attention_heads=128, num_key_value_heads=128, hidden_size=7168, head_dim=64,
+                               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, torch_dtype="bfloat16")
+    assert model_shapes(deepseek)["head_dims"] == ((192, 128),) and model_shapes(deepseek)["gqa"] == (1,)
+
+
+def test_shapes_of_transformers_mla_configs():
+    transformers = pytest.importorskip("transformers")
+    for config in (transformers.DeepseekV3Config(), transformers.DeepseekV2Config()):
+        assert model_shapes(config)["head_dims"] == ((192, 128),), type(config).__name__
 
 
 def test_layer_options_follow_the_hf_integration():
