@@ -1612,7 +1612,7 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
         from .attention_bwd_gluon_wide import takes_mla_programs
         if not takes_mla_programs(q.shape[3], v.shape[3], variant, causal):
             raise ValueError(f"attention_backward_gluon: config {cfg.name} (128-key programs) takes the one pass's "
-                             f"calls at q, k 192 and v 128 only; got {q.shape[3]} / {v.shape[3]}: pass "
+                             f"calls at q, k {MLA_QK} and v {MLA_V} only; got {q.shape[3]} / {v.shape[3]}: pass "
                              "config=CONFIGS[256][1] or None")
     if out is not None and not _takes_out(out, q, k, v, cfg, variant):
         raise ValueError("attention_backward_gluon: out must be (dq, dk, dv) of q's, k's, v's shapes and dtype that "
