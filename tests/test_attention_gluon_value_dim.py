@@ -784,7 +784,7 @@ def test_mla_128_key_programs_match_reference_and_the_64_key_one_pass(shape, dty
     from test_attention_bwd_hopper import reference_grads
     q, k, v, do = make(shape + (192,), 128, dtype, seed=7)
     scale = 192 ** -0.5
-    assert gluon_bwd.default_config(256, True, max(shape[3:]), False, 128, None, 192).mla
+    assert gluon_bwd.default_config(256, True, max(shape[3:]), False, 128, None, qk_dim=192).mla
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, True)
     ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True)
     old = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True,
