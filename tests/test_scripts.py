@@ -39,7 +39,8 @@ def test_sanitize_drivers_compile_and_name_known_consan_modes():
     assert cases, "no default ConSan cases"
     for case in cases:
         head_dim, mode = case.split("-", 1)
-        assert head_dim in ("64", "128", "256") and mode in modes, f"ConSan case {case!r}"
+        widths = ("192",) if mode == "mla-train" else ("64", "128", "256")  # MLA's q, k 192 beside v 128
+        assert head_dim in widths and mode in modes, f"ConSan case {case!r}"
 
 
 def test_consan_driver_refuses_an_unknown_mode(tmp_path):
