@@ -44,6 +44,8 @@ def check_scale(scale) -> float | None:
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1:
             raise ValueError(f"scale must be a float, got a tensor of shape {tuple(scale.shape)}")
+        if scale.requires_grad:  # read as a number: it would get no gradient
+            raise TypeError("scale must be a float, got a tensor that requires grad (scale takes no gradient)")
         scale = scale.item()
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")

@@ -27,12 +27,28 @@ multiple of 64 rows, a scale > 0; ``decode_mla_gluon.reason``) runs its Gluon ke
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from .ops.decode import decode
+from . import _checks
+from .ops.decode import MLA_HEAD_DIMS, decode
+
+
+def _index(name: str, value, stop: int) -> int:
+    """An int in [0, stop): a float is not truncated, and a negative one does not count from the end
+    (it would name another sequence's slot or another layer)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        i = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if not 0 <= i < stop:
+        raise ValueError(f"{name} must be in [0, {stop}), got {i}")
+    return i
 
 
 @dataclass
@@ -50,22 +66,34 @@ class PagedStep:
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor | None = None) -> None:
         """Store the new tokens' keys/values: k_new (B, Hkv, num_new, D), v_new (B, Hkv, num_new, Dv);
         with ``v_from_k`` k_new alone (its first Dv columns are the values)."""
+        layer = _index("layer", layer, self.cache.num_layers)
         if self.cache.v_from_k != (v_new is None):
             raise ValueError("v_new must be None for a cache made with v_from_k=True (the values are k's first "
                              "head_dim_v columns)" if self.cache.v_from_k else "v_new is required (the cache "
                              "keeps values apart from keys; v_from_k=True makes them k's first columns)")
         want = (len(self.seq_ids), self.cache.num_kv_heads, self.num_new)
         for name, t, width in (("k_new", k_new, self.cache.k.shape[-1]), ("v_new", v_new, self.cache.v.shape[-1])):
-            if t is not None and tuple(t.shape) != want + (width,):
+            if t is None:
+                continue
+            _checks.check_tensor(name, t, dtypes=None)
+            if tuple(t.shape) != want + (width,):
                 raise ValueError(f"{name} must have shape (B, Hkv, num_new, D) = {want + (width,)}, "
                                  f"got {tuple(t.shape)}")
+            if t.device != self.cache.device:
+                raise ValueError(f"{name} must be on the cache's device {self.cache.device}, got {t.device}")
         # Advanced indexing on (block, offset) selects (B, num_new, Hkv, D) slots.
         self.cache.k[layer][self.slot_block, :, self.slot_offset] = k_new.transpose(1, 2).to(self.cache.dtype)
         if v_new is not None:
             self.cache.v[layer][self.slot_block, :, self.slot_offset] = v_new.transpose(1, 2).to(self.cache.dtype)
 
     def attend(self, layer: int, q: torch.Tensor, **kwargs):
-        """``decode`` of q (B, Hq, num_new, D) against this layer's cache (causal over the new tokens)."""
+        """``decode`` of q (B, Hq, n, D) against this layer's cache, causal: q's rows are the step's last
+        n ≤ num_new new tokens (all of them, or e.g. only the last, whose logits a prefill needs)."""
+        layer = _index("layer", layer, self.cache.num_layers)
+        _checks.check_tensor("q", q, ndim=4, dtypes=None)
+        if q.shape[0] != len(self.seq_ids) or not 1 <= q.shape[2] <= self.num_new:
+            raise ValueError(f"q must have shape (B, Hq, n, D) with B = {len(self.seq_ids)} sequences and n in "
+                             f"[1, num_new = {self.num_new}] (the step's last n new tokens), got {tuple(q.shape)}")
         return decode(q, self.cache.k[layer], self.cache.v[layer], self.seqlens, block_table=self.block_table,
                       **kwargs)
 
@@ -86,9 +114,12 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, num_blocks: int,
                  block_size: int = 16, max_seqs: int, max_seq_len: int, dtype=torch.float16,
                  device="cpu", head_dim_v: int | None = None, v_from_k: bool = False):
-        if min(num_layers, num_kv_heads, head_dim, num_blocks, block_size, max_seqs, max_seq_len) < 1:
-            raise ValueError("num_layers, num_kv_heads, head_dim, num_blocks, block_size, max_seqs and "
-                             "max_seq_len must all be ≥ 1")
+        for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                            ("num_blocks", num_blocks), ("block_size", block_size), ("max_seqs", max_seqs),
+                            ("max_seq_len", max_seq_len)):
+            _checks.check_positive_int(name, value)
+        if dtype not in _checks.FLOAT_DTYPES:
+            raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
         if not isinstance(v_from_k, bool):
             raise TypeError(f"v_from_k must be a bool, got {type(v_from_k).__name__}")
         if head_dim_v is not None and (not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool)
@@ -98,7 +129,11 @@ class PagedKVCache:
         if v_from_k and not 1 <= dv <= head_dim:
             raise ValueError(f"v_from_k=True takes the values from the keys' first head_dim_v columns: head_dim_v "
                              f"must be in [1, head_dim={head_dim}], got {dv}")
+        if max(head_dim, dv) > 256 and (head_dim, dv) != MLA_HEAD_DIMS:  # what ``decode`` runs
+            raise ValueError(f"head_dim and head_dim_v must be at most 256, or MLA's {MLA_HEAD_DIMS[0]} and "
+                             f"{MLA_HEAD_DIMS[1]}; got {head_dim} and {dv}")
         self.num_layers, self.num_kv_heads, self.block_size = num_layers, num_kv_heads, block_size
+        self.max_seq_len = max_seq_len
         self.dtype, self.device, self.v_from_k = dtype, torch.device(device), v_from_k
         self.k = torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype, device=device)
         self.v = self.k[..., :dv] if v_from_k else \
@@ -118,21 +153,25 @@ class PagedKVCache:
         return len(self._free)
 
     def length(self, seq_id: int) -> int:
-        return self._lens[seq_id]
+        return self._lens[_index("seq_id", seq_id, len(self._lens))]
 
     def append(self, seq_ids: Sequence[int], num_new: int) -> PagedStep:
         """Make room for ``num_new`` tokens at the end of each sequence in ``seq_ids`` and advance
         their lengths. Raises RuntimeError if the pool or a sequence's table would overflow
         (nothing is changed then)."""
-        seq_ids = [int(s) for s in seq_ids]
-        if num_new < 1 or not seq_ids or len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"need num_new ≥ 1 and distinct seq_ids, got num_new={num_new}, seq_ids={seq_ids}")
-        if any(not 0 <= s < len(self._lens) for s in seq_ids):
+        _checks.check_positive_int("num_new", num_new)
+        seq_ids = list(seq_ids)
+        if not seq_ids:
+            raise ValueError("seq_ids must name at least one sequence")
+        if any(not 0 <= s < len(self._lens) for s in seq_ids if isinstance(s, int) and not isinstance(s, bool)):
             raise ValueError(f"seq_ids must be in [0, {len(self._lens)}), got {seq_ids}")
+        seq_ids = [_index("seq_ids[i]", s, len(self._lens)) for s in seq_ids]
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
         bs = self.block_size
         need = [-(-(self._lens[s] + num_new) // bs) - len(self._blocks[s]) for s in seq_ids]
-        if any(len(self._blocks[s]) + n > self.max_blocks for s, n in zip(seq_ids, need)):
-            raise RuntimeError(f"a sequence would exceed max_seq_len ({self.max_blocks * bs} tokens)")
+        if any(self._lens[s] + num_new > self.max_seq_len for s in seq_ids):
+            raise RuntimeError(f"a sequence would exceed max_seq_len ({self.max_seq_len} tokens)")
         if sum(need) > len(self._free):
             raise RuntimeError(f"out of KV blocks: need {sum(need)}, {len(self._free)} free")
         positions, blocks, offsets = [], [], []
@@ -155,6 +194,7 @@ class PagedKVCache:
 
     def free(self, seq_id: int) -> None:
         """Return a sequence's blocks to the pool; its slot can start a new sequence."""
+        seq_id = _index("seq_id", seq_id, len(self._lens))
         self._free.extend(reversed(self._blocks[seq_id]))
         self._blocks[seq_id] = []
         self._lens[seq_id] = 0

@@ -60,6 +60,12 @@ def varlen_base():
                 check_seqlens=True)
 
 
+def varlen_no_keys_base():
+    """Every key sequence empty: o = 0 without a kernel, but k and v checked as in any other call."""
+    return dict(q=T(6, 4, 8), k=T(0, 2, 8), v=T(0, 2, 8), cu_seqlens_q=I32([0, 2, 6]), cu_seqlens_k=I32([0, 0, 0]),
+                check_seqlens=True)
+
+
 def softmax_base():
     return dict(x=T(3, 9))
 
@@ -124,6 +130,7 @@ def grad(t):
 
 ATTN = ("attention", fl.attention, attn_base)
 VARLEN = ("attention_varlen", getattr(fl, "attention_varlen", None), varlen_base)
+NO_KEYS = ("attention_varlen-no-keys", getattr(fl, "attention_varlen", None), varlen_no_keys_base)
 SOFTMAXES = [(name, getattr(fl, name), softmax_base) for name in ("softmax", "log_softmax", "logsumexp")]
 MERGE = ("merge_attention_states", fl.merge_attention_states, merge_base)
 STACKED = ("merge_attention_states_stacked", fl.merge_attention_states_stacked, stacked_base)
@@ -168,6 +175,7 @@ def score_option_rows(target):
         ("scale", float("nan"), ValueError, "scale", "nan"),
         ("scale", float("inf"), ValueError, "scale", "inf"),
         ("scale", lambda kw: torch.ones(2), ValueError, "scale", "tensor-of-2"),
+        ("scale", lambda kw: torch.tensor(0.5, requires_grad=True), TypeError, "scale", "requires-grad"),
         ("return_lse", "yes", TypeError, "return_lse", "str"),
     )
 
@@ -206,6 +214,15 @@ CASES: list[Case] = [
           ("max_seqlen_k", 3, ValueError, "max_seqlen_k", "below-longest"),
           ("check_seqlens", "yes", TypeError, "check_seqlens", "str")),
     *score_option_rows(VARLEN),
+    *rows(NO_KEYS,
+          ("k", with_("k", lambda k: k.float()), ValueError, "k", "dtype-mismatch"),
+          ("k", with_("k", META), ValueError, "k", "meta-device"),
+          ("k", lambda kw: T(0, 2, 4), ValueError, "k", "head-dim"),
+          ("k", lambda kw: T(0, 3, 8), ValueError, "k", "heads-not-dividing"),
+          ("v", lambda kw: T(5, 2, 8), ValueError, "v", "rows-not-k's"),
+          ("v", lambda kw: T(0, 1, 8), ValueError, "v", "heads"),
+          ("v", lambda kw: T(0, 2, 300), ValueError, "v", "head-dim-300"),
+          ("v", lambda kw: T(0, 2, 8, 1), ValueError, "v", "rank-4")),
     *[c for target in SOFTMAXES for c in rows(
         target,
         ("x", [1.0, 2.0], TypeError, "x", "list"),

@@ -1,5 +1,7 @@
 """decode(): split-KV attention of new tokens against contiguous and paged KV caches, checked per
 sequence against float64 attention over that sequence's valid keys (causal, bottom-right)."""
+import warnings
+
 import pytest
 import torch
 
@@ -145,13 +147,24 @@ def test_equals_library_attention_on_dense_cache():
     torch.testing.assert_close(lse, lse_ref, atol=1e-3, rtol=0)
 
 
+def test_inputs_requiring_grad_are_warned_of():
+    """decode records nothing for autograd: a training loop calling it is told, not handed a detached o."""
+    q, kc, vc, seqlens, _, _, _ = make_cache(1, 2, 1, 1, 16, 16, [5], capacity=8, seed=0)
+    with pytest.warns(UserWarning, match="inference only"):
+        o = decode(q.clone().requires_grad_(), kc, vc, seqlens)
+    assert not o.requires_grad
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decode(q.clone().requires_grad_(), kc, vc, seqlens)
+
+
 def test_paged_equals_contiguous_and_splits_agree():
     args = (2, 4, 1, 2, 32, 32, [61, 26])
     q, kc, vc, seqlens, _, _, _ = make_cache(*args, capacity=64, seed=3)
     qp, kp, vp, _, table, _, _ = make_cache(*args, block_size=16, capacity=64, seed=3)
     assert torch.equal(q, qp)
     base = decode(q, kc, vc, seqlens, num_splits=1)
-    for splits in (2, 5, 9):
+    for splits in (2, 5, 9, 2 ** 40):  # (more splits than cache positions: the empty ones are not allocated)
         for out in (decode(q, kc, vc, seqlens, num_splits=splits), decode(q, kp, vp, seqlens, block_table=table,
                                                                           num_splits=splits)):
             torch.testing.assert_close(out, base, atol=2e-3, rtol=0)
@@ -524,6 +537,48 @@ def test_paged_cache_with_values_in_the_keys():
     apart = PagedKVCache(1, 1, 16, num_blocks=2, block_size=4, max_seqs=1, max_seq_len=8, device=DEVICE)
     with pytest.raises(ValueError, match="v_new is required"):
         apart.append([0], 1).write(0, rows[:1, :, :1, :16])
+
+
+def test_paged_cache_refuses_what_would_name_another_slot():
+    """Ids and layers are ints in range (a negative one would count from the end: another sequence's
+    blocks freed, another layer written), tensors on the cache's device, q the step's last new rows."""
+    from flashattn_lite.kv_cache import PagedKVCache
+    cache = PagedKVCache(2, 1, 8, num_blocks=8, block_size=4, max_seqs=3, max_seq_len=10, dtype=torch.float32)
+    cache.append([0], 3)
+    cache.append([2], 5)
+    for bad, error in ((-1, ValueError), (3, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="seq_id"):
+            cache.free(bad)
+        with pytest.raises(error, match="seq_id"):
+            cache.length(bad)
+    assert [cache.length(i) for i in range(3)] == [3, 0, 5]  # nothing freed
+    with pytest.raises(TypeError, match="seq_ids"):
+        cache.append([1.7], 1)                 # not truncated to sequence 1
+    with pytest.raises(TypeError, match="num_new"):
+        cache.append([1], 1.5)
+    with pytest.raises(RuntimeError, match="max_seq_len \\(10 tokens\\)"):
+        cache.append([2], 6)                   # 11 tokens: within the blocks' 12 rows, past max_seq_len
+    step = cache.append([1], 2)
+    k = torch.randn(1, 1, 2, 8)
+    for bad, error in ((-1, ValueError), (2, ValueError), (0.0, TypeError)):
+        with pytest.raises(error, match="layer"):
+            step.write(bad, k, k)
+        with pytest.raises(error, match="layer"):
+            step.attend(bad, k)
+    with pytest.raises(ValueError, match="cache's device"):
+        step.write(0, k.to("meta"), k)
+    with pytest.raises(ValueError, match="q must have shape"):
+        step.attend(0, torch.randn(1, 1, 3, 8))  # more rows than the step's 2 new tokens
+    step.write(0, k, k)
+    assert step.attend(0, k[:, :, 1:]).shape == (1, 1, 1, 8)  # the last new token alone
+    for kwargs, error, needle in ((dict(num_layers=2.0), TypeError, "num_layers"),
+                                  (dict(head_dim="8"), TypeError, "head_dim"),
+                                  (dict(max_seqs=0), ValueError, "max_seqs"),
+                                  (dict(dtype=torch.int32), TypeError, "dtype"),
+                                  (dict(head_dim=300), ValueError, "head_dim")):
+        args = dict(num_layers=1, num_kv_heads=1, head_dim=8, num_blocks=2, max_seqs=1, max_seq_len=4)
+        with pytest.raises(error, match=needle):
+            PagedKVCache(**{**args, **kwargs})
 
 
 def test_paged_cache_allocator():

@@ -358,3 +358,14 @@ def test_output_takes_q_layout_as_torch_flash_does(kwargs):
     assert o.stride() == torch.empty_like(q).stride() and o.transpose(1, 2).is_contiguous()
     want = torch_math(q.float(), k.float(), v.float(), **kwargs)
     assert (o.float() - want).abs().max() <= 5e-3
+
+
+def test_dropout_p_may_be_a_numpy_float():
+    """torch's SDPA takes any real float (a numpy float64 is one: a float subclass); so does the drop-in:
+    the same probability, the same seeded result."""
+    import numpy as np
+    q, k, v = (torch.randn(1, 2, 9, 8, device=DEVICE) for _ in range(3))
+    torch.manual_seed(5)
+    want = flashattn_lite.scaled_dot_product_attention(q, k, v, dropout_p=0.25)
+    torch.manual_seed(5)
+    torch.testing.assert_close(flashattn_lite.scaled_dot_product_attention(q, k, v, dropout_p=np.float64(0.25)), want)

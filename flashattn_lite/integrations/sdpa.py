@@ -150,7 +150,7 @@ def _check_supported(query, key, value, dropout_p):
         _fail(f"query, key and value must have the same dtype, got {dt}, {key.dtype}, {value.dtype}")
     if key.device != query.device or value.device != query.device:
         _fail(f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}")
-    if not (type(dropout_p) in (float, int) and 0.0 <= dropout_p <= 1.0):
+    if not (isinstance(dropout_p, (float, int)) and not isinstance(dropout_p, bool) and 0.0 <= dropout_p <= 1.0):
         _fail(f"dropout_p must be in [0, 1], got {dropout_p!r}")
     if dt not in _checks.FLOAT_DTYPES:
         raise SDPAUnsupportedError(f"dtype-{dt}", f"dtype {dt} is not supported by flashattn_lite "

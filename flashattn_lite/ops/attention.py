@@ -41,7 +41,8 @@ def _validate(q, k, v, attn_mask, dropout_p):
               and k.dtype == q.dtype and v.dtype == q.dtype and k.device == q.device and v.device == q.device
               and qs[0] == ks[0] == vs[0] > 0 and ks[1] == vs[1] > 0 and qs[1] % ks[1] == 0 and qs[1] > 0
               and ks[2] == vs[2] > 0 and qs[2] > 0 and ks[3] == qs[3] and 0 < qs[3] <= 256 and 0 < vs[3] <= 256
-              and type(dropout_p) in (float, int) and 0.0 <= dropout_p < 1.0)
+              and isinstance(dropout_p, (float, int)) and not isinstance(dropout_p, bool)  # (numpy floats too)
+              and 0.0 <= dropout_p < 1.0)
     except (AttributeError, TypeError):
         ok = False
     if not ok:
@@ -606,7 +607,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 def _no_keys(q, k, v, sinks, return_lse):
     """A packed batch whose key sequences are all empty: o = 0 and lse = the sink (−inf without),
     with the shapes and (zero) gradients of a normal call."""
-    _validate(_packed_as_4d(q), _packed_as_4d(q[:, :k.shape[1]]), _packed_as_4d(q[:, :k.shape[1]]), None, 0.0)
+    for name, t in (("k", k), ("v", v)):
+        _checks.check_tensor(name, t, ndim=3)
+    _checks.check_dim("v", "total length (dim 0)", v.shape[0], k.shape[0], "k's")
+    # A dense call's checks (dtypes, devices, heads, head dims) on one-row stand-ins for the empty k, v.
+    k1, v1 = (t.new_zeros((1, *t.shape[1:])) for t in (k, v))
+    _validate(_packed_as_4d(q), _packed_as_4d(k1), _packed_as_4d(v1), None, 0.0)
     o = torch.zeros((*q.shape[:2], v.shape[2]), device=q.device, dtype=q.dtype)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         # keeps o in the graph (zero gradients) whatever values q, k, v hold

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
 import triton
@@ -445,8 +446,8 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     if num_splits is None:
         splits = choose_num_splits(B, Hkv, row_blocks, capacity, device_sm_count(q))
         min_chunk = MIN_SPLIT_LEN
-    else:
-        splits, min_chunk = num_splits, 1
+    else:  # (past one split a cache position, the rest are empty: not allocated)
+        splits, min_chunk = min(num_splits, max(1, capacity)), 1
     plan = _Plan()
     plan.device, plan.dtype = q.device, q.dtype
     plan.o_layout, plan.lse_layout = _contiguous((B, Hq, Nq, Dv)), _contiguous((B, Hq, Nq))
@@ -738,6 +739,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     True
     """
     _validate(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
+        warnings.warn("decode is inference only: its output carries no gradient to q, k_cache or v_cache "
+                      "(call it under torch.no_grad(), or use attention for training)", stacklevel=2)
     scale = _checks.check_scale(scale)
     if scale is None:
         scale = q.shape[-1] ** -0.5
