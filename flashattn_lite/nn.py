@@ -5,6 +5,7 @@ projections, grouped-query heads and an optional rotary embedding, (B, N, E) in 
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -14,6 +15,28 @@ from . import _checks
 from .ops.attention import attention_core
 
 __all__ = ["FlashAttention", "MultiheadAttention", "RotaryEmbedding"]
+
+
+def _check_real(name: str, value) -> float:
+    """An int or float (not a bool, nor a tensor: the kernels take the setting as a Python number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+def _check_dropout(dropout) -> float:
+    dropout = _check_real("dropout", dropout)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    return dropout
+
+
+def _check_base(name: str, base) -> float:
+    """A rotary base: 0, a negative or a non-finite base gives NaN or constant angles."""
+    base = _check_real(name, base)
+    if not (math.isfinite(base) and base > 0):
+        raise ValueError(f"{name} must be a finite float > 0, got {base}")
+    return base
 
 
 class FlashAttention(nn.Module):
@@ -44,8 +67,7 @@ class FlashAttention(nn.Module):
         # Checked here, not at the first forward: a bad setting fails where it was written.
         _checks.check_bool("causal", causal)
         scale = _checks.check_scale(scale)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        dropout = _check_dropout(dropout)
         self.causal = causal
         self.scale = scale
         self.dropout = dropout
@@ -67,8 +89,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, base: float = 10000.0, device=None):
         super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"rotary embedding needs an even head dim, got {head_dim}")
+        # forward rotates the pairs (x[i], x[i + D/2]): D must split into two halves.
+        if _checks.check_positive_int("head_dim", head_dim) % 2:
+            raise ValueError(f"head_dim must be even (rotary embedding rotates pairs), got {head_dim}")
+        base = _check_base("base", base)
         inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.head_dim = head_dim
@@ -76,6 +100,15 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (B, N, H, D), positions (N,) or (B, N) integer; returns x rotated, in x's dtype."""
+        _checks.check_tensor("x", x, ndim=4, dtypes=None)
+        _checks.check_dim("x", "last dim", x.shape[-1], self.head_dim, "head_dim")
+        B, N = x.shape[:2]
+        _checks.check_tensor("positions", positions, ndim=(1, 2), dtypes=None)
+        # Broadcasting would take a length-1 positions for any N: every token at one position.
+        if tuple(positions.shape) not in ((N,), (B, N), (1, N)):
+            raise ValueError(f"positions must have shape (N,) = ({N},) or (B, N) = ({B}, {N}) for x of shape "
+                             f"{tuple(x.shape)}, got {tuple(positions.shape)}")
+        _checks.check_same(("x", "positions"), (x, positions), "device")
         angles = positions.to(torch.float32)[..., None] * self.inv_freq  # (…, N, D/2)
         cos, sin = angles.cos(), angles.sin()
         if cos.dim() == 2:
@@ -124,6 +157,7 @@ class MultiheadAttention(nn.Module):
         for name, flag in (("bias", bias), ("fused_qkv", fused_qkv), ("rotary", rotary)):
             _checks.check_bool(name, flag)
         attn = FlashAttention(causal=causal, scale=scale, dropout=dropout)  # checks those before any allocation
+        rotary_base = _check_base("rotary_base", rotary_base)
         _checks.check_positive_int("embed_dim", embed_dim)
         _checks.check_positive_int("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else _checks.check_positive_int("num_kv_heads", num_kv_heads)
@@ -178,6 +212,8 @@ class MultiheadAttention(nn.Module):
             _checks.check_dim("context", "last dim", context.shape[-1], self.embed_dim, "embed_dim")
             _checks.check_same(("x", "context"), (x, context), "device")
         if positions is not None:
+            if self.rotary is None:  # only the rotary embedding reads positions
+                raise ValueError("positions needs a module built with rotary=True (it has no rotary embedding)")
             _checks.check_tensor("positions", positions, ndim=(1, 2), dtypes=None)
             if tuple(positions.shape) not in ((L,), (B, L), (1, L)):
                 raise ValueError(f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), "

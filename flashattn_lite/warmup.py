@@ -7,6 +7,7 @@ tensors, compiles (or loads from Triton's disk cache) everything a model needs.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import torch
@@ -97,6 +98,8 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         dtypes: torch float dtypes. Default bfloat16 (or the model's).
         gqa: query heads per KV head. Default 1 (or the model's).
         causal: the causal settings to compile (``(True, False)`` for both).
+            ``head_dims``, ``dtypes``, ``gqa`` and ``causal`` each also take a single value
+            (``dtypes=torch.float16`` is ``dtypes=(torch.float16,)``).
         backward: also compile the backward kernels.
         decode: also compile ``decode`` (one new token against a cache of ``length`` positions).
         softmax: also compile ``softmax`` rows of ``length`` elements (forward and backward).
@@ -113,29 +116,39 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
         device: default the current CUDA device. On the CPU only ``TRITON_INTERPRET=1`` runs
             kernels; otherwise there is nothing to compile and the result is empty.
         progress: a tqdm progress bar when tqdm is installed.
-        **options: passed to ``attention`` as they are (the score options a model uses). Without
-            them and with a ``model``, each of its layer kinds (``layer_options``) is compiled, dense
-            and as the HF integration runs padded batches (per-row ranges).
+        **options: passed to ``attention`` as they are (the score options a model uses): its keyword
+            arguments other than ``causal`` (``window``, ``softcap``, ...); any other name is a
+            TypeError, also where nothing compiles. Without them and with a ``model``, each of its
+            layer kinds (``layer_options``) is compiled, dense and as the HF integration runs padded
+            batches (per-row ranges).
     """
+    unknown = sorted(set(options) - set(_attention_options()))
+    if unknown:
+        raise TypeError(f"warmup got unexpected options {', '.join(unknown)}: **options must be keyword "
+                        f"arguments of flashattn_lite.attention ({', '.join(_attention_options())})")
+    for name, flag in (("backward", backward), ("decode", decode), ("softmax", softmax),
+                       ("mla_decode", mla_decode), ("progress", progress)):
+        _checks.check_bool(name, flag)
     shapes = model_shapes(model) if model is not None else {}
     variants = [(options, False)]
     if model is not None and not options:
         variants = [(o, padded) for o in shapes["layer_options"] for padded in (False, True)]
     head_dims = _pairs(head_dims if head_dims is not None else shapes.get("head_dims", (128,)))
-    dtypes = tuple(dtypes if dtypes is not None else shapes.get("dtypes", (torch.bfloat16,)))
-    gqa = tuple(gqa if gqa is not None else shapes.get("gqa", (1,)))
+    dtypes = _values("dtypes", dtypes if dtypes is not None else shapes.get("dtypes", (torch.bfloat16,)), torch.dtype)
+    gqa = _values("gqa", gqa if gqa is not None else shapes.get("gqa", (1,)), int)
+    causal = _values("causal", causal, bool)
     kv_heads = shapes.get("kv_heads", 1)
     for dt in dtypes:
         if dt not in _checks.FLOAT_DTYPES:
             raise TypeError(f"dtypes must hold float16, bfloat16 or float32, got {dt}")
     for g in gqa:
-        if type(g) is not int or g < 1:
+        if type(g) is not int:
+            raise TypeError(f"gqa must hold ints (query heads per KV head), got {type(g).__name__}")
+        if g < 1:
             raise ValueError(f"gqa must hold ints ≥ 1 (query heads per KV head), got {g!r}")
     for c in causal:
         if not isinstance(c, bool):
             raise TypeError(f"causal must hold bools, got {c!r}")
-    if not isinstance(mla_decode, bool):
-        raise TypeError(f"mla_decode must be a bool, got {mla_decode!r}")
     if mla_decode and not any(dt in (torch.float16, torch.bfloat16) for dt in dtypes):
         raise ValueError(f"mla_decode compiles 16-bit kernels: dtypes must hold float16 or bfloat16, got {dtypes}")
     if type(length) is not int or length < 1:
@@ -172,6 +185,28 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return [label for label, _ in tasks]
+
+
+def _attention_options() -> tuple[str, ...]:
+    """The keyword arguments of ``flashattn_lite.attention`` that ``**options`` may hold: all but
+    ``causal``, which warmup takes itself."""
+    from .ops.attention import attention
+    return tuple(name for name, p in inspect.signature(attention).parameters.items()
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "causal")
+
+
+def _values(name: str, value, single: type) -> tuple:
+    """A sequence of settings as a tuple; a lone ``single`` (an int, a bool, a dtype) is a one-item one."""
+    if isinstance(value, single):
+        return (value,)
+    try:
+        values = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a {single.__name__} or a sequence of them, "
+                        f"got {type(value).__name__}") from None
+    if not values:
+        raise ValueError(f"{name} must hold at least one value, got an empty sequence")
+    return values
 
 
 def _pairs(head_dims) -> list[tuple[int, int]]:
@@ -228,6 +263,8 @@ def _attention_call(batch, d, dv, dtype, group, kv_heads, causal, backward, leng
         rows = torch.tensor([[0, length]] * batch, dtype=torch.int32, device=device)
         options.update(q_ranges=rows, k_ranges=rows)
     o = attention_core(q, k, v, causal=causal, **options)
+    if options.get("return_lse") is True:
+        o = o[0]  # (o, lse): the forward that returns lse is compiled; the backward only needs o
     if backward:
         torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
         with torch.no_grad():  # the forward that stores no lse (evaluation, inference) is its own kernel

@@ -343,7 +343,13 @@ def _case_errors(rank, world):
     odd = _randn(1, 2, 5, 8)
     _raises(_bad(rank, q=odd, k=odd, v=odd), "even", "zigzag")
     _raises(_bad(rank, layout="striped"), "layout", "striped")
-    _raises(_bad(rank, causal=1), "causal")
+    # Flags are bools, as everywhere in the package: TypeError (a truthy 1 or "no" is not taken as True).
+    _raises(_bad(rank, causal=1), "causal must be a bool", types=(TypeError,))
+    _raises(_bad(rank, causal="yes"), "causal must be a bool", types=(TypeError,))
+    _raises(_bad(rank, return_lse="no"), "return_lse must be a bool", types=(TypeError,))
+    # Rank 1's own check raises its TypeError; the other ranks quote it.
+    _raises(_bad(rank, dict(return_lse=1)), "return_lse must be a bool",
+            types=(TypeError if rank == 1 else ValueError,))
     _raises(_bad(rank, group="world"), "group")
     # Only rank 1 differs or is invalid: every rank must still raise.
     longer = _randn(1, 2, 6, 8)
@@ -371,7 +377,13 @@ def _case_errors(rank, world):
     _raises(lambda: unshard(_randn(2, 3 + rank), 1, layout="contiguous"), "x must be the same on every rank")
     _raises(lambda: unshard(_randn(2, 3), 1), "even")
     _raises(lambda: shard(_randn(2, 6), 1, layout="zigzag"), "multiple of")
-    _raises(lambda: shard(_randn(2, 8), 2), "dim")
+    # TypeError for a wrong type, IndexError for a dim out of range (docs/api.md's rule, torch's too).
+    _raises(lambda: shard(_randn(2, 8), 2), "dim out of range", types=(IndexError,))
+    _raises(lambda: shard(_randn(2, 8), 1.0), "dim must be an int", types=(TypeError,))
+    _raises(lambda: shard([[1.0] * 8] * 2, 1), "x must be a torch.Tensor", types=(TypeError,))
+    _raises(lambda: unshard(_randn(2, 4), -3), "dim out of range", types=(IndexError,))
+    _raises(lambda: unshard(_randn(2, 4), 1.0), "dim must be an int", types=(TypeError,))
+    _raises(lambda: unshard([[1.0] * 4] * 2, 1), "x must be a torch.Tensor", types=(TypeError,))
 
 
 def _case_bench_smoke(rank, world):

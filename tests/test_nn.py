@@ -101,3 +101,72 @@ def test_bad_head_configuration():
         MultiheadAttention(32, 4, 3)
     with pytest.raises(ValueError, match="divisible"):
         MultiheadAttention(30, 4)
+
+
+def test_positions_need_a_rotary_embedding():
+    """Without rotary=True nothing reads positions: passing them is an error, not a no-op."""
+    m = MultiheadAttention(32, 4).to(DEVICE)
+    x = torch.randn(1, 3, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="positions needs .*rotary=True"):
+        m(x, positions=torch.arange(3, device=DEVICE))
+    rope = MultiheadAttention(32, 4, rotary=True).to(DEVICE)
+    assert torch.equal(rope(x, positions=torch.arange(3, device=DEVICE)), rope(x))  # the default positions
+
+
+@pytest.mark.parametrize("base, error", [("garbage", TypeError), (True, TypeError), (torch.tensor(2.0), TypeError),
+                                         (0.0, ValueError), (-1, ValueError), (float("nan"), ValueError),
+                                         (float("inf"), ValueError)], ids=repr)
+def test_rotary_base_is_a_finite_positive_number(base, error):
+    with pytest.raises(error, match="rotary_base"):
+        MultiheadAttention(32, 4, rotary=True, rotary_base=base)
+    with pytest.raises(error, match="rotary_base"):  # checked whether or not rotary is on
+        MultiheadAttention(32, 4, rotary_base=base)
+    with pytest.raises(error, match="base"):
+        RotaryEmbedding(8, base)
+    assert RotaryEmbedding(8, 500).base == 500.0
+
+
+@pytest.mark.parametrize("dropout, error", [("0.1", TypeError), (None, TypeError), (torch.tensor(0.1), TypeError),
+                                            (False, TypeError), (-0.1, ValueError), (1, ValueError),
+                                            (float("nan"), ValueError)], ids=repr)
+def test_dropout_is_a_number_in_0_1(dropout, error):
+    with pytest.raises(error, match="dropout"):
+        FlashAttention(dropout=dropout)
+    with pytest.raises(error, match="dropout"):  # passed on to FlashAttention, the same check
+        MultiheadAttention(32, 4, dropout=dropout)
+
+
+def test_dropout_accepts_ints_and_numpy_floats():
+    np = pytest.importorskip("numpy")
+    assert FlashAttention(dropout=0).dropout == 0.0
+    mod = FlashAttention(dropout=np.float64(0.5)).train()
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    assert type(mod.dropout) is float and mod(q, q, q).shape == q.shape
+
+
+@pytest.mark.parametrize("head_dim, error", [("8", TypeError), (8.0, TypeError), (True, TypeError),
+                                             (0, ValueError), (-2, ValueError), (7, ValueError)], ids=repr)
+def test_rotary_head_dim_is_a_positive_even_int(head_dim, error):
+    with pytest.raises(error, match="head_dim"):
+        RotaryEmbedding(head_dim)
+
+
+def test_rotary_forward_checks_x_and_positions():
+    rope = RotaryEmbedding(8)
+    x = torch.randn(2, 3, 4, 8)
+    for positions in (torch.arange(3), torch.arange(3).expand(2, 3), torch.arange(3)[None]):
+        assert rope(x, positions).shape == x.shape
+    with pytest.raises(ValueError, match="x last dim must equal head_dim"):
+        rope(torch.randn(2, 3, 4, 6), torch.arange(3))
+    with pytest.raises(ValueError, match="x must have 4 dimensions"):
+        rope(torch.randn(3, 4, 8), torch.arange(3))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        rope(x.tolist(), torch.arange(3))
+    # A length-1 positions would broadcast: every token at one position.
+    for bad in (torch.zeros(1, dtype=torch.long), torch.arange(4), torch.zeros(3, 3), torch.zeros(2, 1)):
+        with pytest.raises(ValueError, match="positions must have shape"):
+            rope(x, bad)
+    with pytest.raises(ValueError, match="positions must have 1 or 2 dimensions"):
+        rope(x, torch.zeros(2, 3, 1))
+    with pytest.raises(TypeError, match="positions must be a torch.Tensor"):
+        rope(x, [0, 1, 2])

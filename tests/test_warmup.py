@@ -34,13 +34,52 @@ def test_nothing_to_compile_on_the_cpu_twin(torch_cpu_path):
     assert fa.warmup(head_dims=16, dtypes=[torch.float16], length=16, device="cpu") == []
 
 
+def test_arguments_are_checked_even_where_nothing_compiles(torch_cpu_path):
+    """On the CPU twin warmup returns [] at once: a misspelt option or a bad flag must still raise."""
+    with pytest.raises(TypeError, match="unexpected options windw"):
+        fa.warmup(head_dims=16, device="cpu", windw=(3, 0))
+    with pytest.raises(TypeError, match="decode must be a bool"):
+        fa.warmup(head_dims=16, device="cpu", decode="no")
+    # Every keyword option of the public attention is taken.
+    assert fa.warmup(head_dims=16, device="cpu", scale=0.5, window=(3, 0), softcap=30.0, sinks=True,
+                     alibi_slopes=None, return_lse=True) == []
+
+
+@pytest.mark.skipif(ON_GPU, reason="tiny interpreter shapes")
+def test_single_values_stand_for_one_item_sequences():
+    one = fa.warmup(head_dims=16, dtypes=torch.float16, gqa=2, causal=False, length=16, backward=False,
+                    progress=False)
+    assert one == fa.warmup(head_dims=[16], dtypes=[torch.float16], gqa=[2], causal=(False,), length=16,
+                            backward=False, progress=False) == ["attention float16 d16 gqa2 fwd"]
+
+
+@pytest.mark.skipif(ON_GPU, reason="tiny interpreter shapes")
+def test_warmup_takes_return_lse():
+    assert fa.warmup(head_dims=16, dtypes=[torch.float16], length=16, return_lse=True,
+                     progress=False) == ["attention float16 d16 gqa1 causal return_lse fwd+bwd"]
+
+
 @pytest.mark.parametrize("kwargs, error, needle", [
     (dict(head_dims=0), ValueError, "head_dims"),
     (dict(head_dims=[(16, 300)]), ValueError, "head_dims"),
     (dict(head_dims=["x"]), ValueError, "head_dims"),
     (dict(dtypes=[torch.int8]), TypeError, "dtypes"),
     (dict(gqa=[0]), ValueError, "gqa"),
+    (dict(gqa=[2.0]), TypeError, "gqa"),
+    (dict(gqa=2.5), TypeError, "gqa"),
+    (dict(gqa=()), ValueError, "gqa"),
+    (dict(dtypes="float16"), TypeError, "dtypes"),
+    (dict(dtypes=()), ValueError, "dtypes"),
     (dict(causal=("yes",)), TypeError, "causal"),
+    (dict(causal=1), TypeError, "causal"),
+    (dict(causal=None), TypeError, "causal"),
+    (dict(backward="no"), TypeError, "backward"),
+    (dict(decode="no"), TypeError, "decode"),
+    (dict(softmax=1), TypeError, "softmax"),
+    (dict(progress="no"), TypeError, "progress"),
+    (dict(windw=(3, 0)), TypeError, "windw"),
+    (dict(attn_mask=None), TypeError, "attn_mask"),  # attention_core's, not the public attention's
+    (dict(causal_offset=0), TypeError, "causal_offset"),
     (dict(length=0), ValueError, "length"),
     (dict(max_length=0), ValueError, "max_length"),
     (dict(mla_decode=1), TypeError, "mla_decode"),
@@ -48,8 +87,9 @@ def test_nothing_to_compile_on_the_cpu_twin(torch_cpu_path):
     (dict(model=SimpleNamespace(hidden_size=64)), ValueError, "model"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_arguments_name_themselves(kwargs, error, needle):
+    # Tiny shapes: an argument let through compiles in seconds under the interpreter, not minutes.
     with pytest.raises(error, match=needle):
-        fa.warmup(**kwargs, progress=False)
+        fa.warmup(**{"head_dims": 16, "length": 16, "progress": False, **kwargs})
 
 
 def test_shapes_from_a_transformers_config():

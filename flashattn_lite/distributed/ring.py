@@ -540,7 +540,7 @@ class _Options(NamedTuple):
     sinks: torch.Tensor | None
 
 
-def _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, group: Group) -> _Options:
+def _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, return_lse, group: Group) -> _Options:
     """Everything one rank can check alone."""
     dtypes = _checks.FLOAT_DTYPES
     if isinstance(q, torch.Tensor) and not runs_triton(q):
@@ -566,8 +566,8 @@ def _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, group: 
     if layout == "zigzag" and n % 2 != 0:
         raise ValueError(f"q, k, v local sequence length (dim 2) must be even for layout='zigzag' (each rank "
                          f"holds two half-shards), got {n}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool, got {type(causal).__name__}")
+    _checks.check_bool("causal", causal)
+    _checks.check_bool("return_lse", return_lse)
     return _Options(_checks.check_scale(scale), _check_window(window), _check_softcap(softcap),
                     _check_sinks(sinks, q, Hq))
 
@@ -614,7 +614,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     g = Group(group)
     error, checked = None, None
     try:
-        checked = _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, g)
+        checked = _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, return_lse, g)
     except (TypeError, ValueError) as e:
         error = e
     # Whether a backward will follow must agree too: a rank without one would leave the others waiting.

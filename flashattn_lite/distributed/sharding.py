@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .. import _checks
 from ._group import Group, agree, describe
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -35,11 +36,11 @@ def runs(layout: str, rank: int, world: int, n_local: int) -> list[tuple[int, in
 
 
 def _check_dim(x, dim) -> int:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim()}) for x of shape {tuple(x.shape)}, got {dim!r}")
-    return dim % x.dim()
+    """TypeError for a non-tensor x or a non-int dim, IndexError for a dim out of range (torch's way)."""
+    _checks.check_tensor("x", x, dtypes=None)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension to shard along, got a 0-d tensor")
+    return _checks.normalize_dim(dim, x.dim())
 
 
 def _chunks(layout: str, world: int) -> int:
@@ -77,7 +78,7 @@ def unshard(x: torch.Tensor, dim: int, *, group=None, layout: str = "zigzag") ->
         g.check_device("x", x)
         if layout == "zigzag" and x.shape[d] % 2 != 0:
             raise ValueError(f"x size along dim {dim} ({x.shape[d]}) must be even for layout='zigzag'")
-    except ValueError as e:
+    except (TypeError, ValueError, IndexError) as e:  # raised on every rank by agree, not here alone
         error = e
     agree(g, "unshard", error, {"x": describe(x), "dim": repr(dim), "layout": repr(layout)})
     x = x.detach().contiguous()
