@@ -200,6 +200,7 @@ CASES: list[Case] = [
     *score_option_rows(ATTN),
     *rows(VARLEN,
           ("q", lambda kw: T(1, 6, 4, 8), ValueError, "q", "rank-4"),
+          ("q", lambda kw: T(0, 4, 8), ValueError, r"q must hold at least one row.*\(0, 4, 8\)", "no-rows"),
           ("k", with_("k", lambda k: k.float()), ValueError, "k", "dtype-mismatch"),
           ("cu_seqlens_q", with_("cu_seqlens_q", lambda t: t.long()), TypeError, "cu_seqlens_q", "int64"),
           ("cu_seqlens_q", [0, 2, 6], TypeError, "cu_seqlens_q", "list"),

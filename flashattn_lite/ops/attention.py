@@ -572,6 +572,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.check_tensor(name, t, ndim=3, dtypes=_checks.FLOAT_DTYPES + (torch.float64,))
+    if q.shape[0] == 0:  # (named here: the dense checks below see (1, H, total, D) views)
+        raise ValueError(f"q must hold at least one row (total_q ≥ 1), got shape {tuple(q.shape)}")
     _checks.check_bool("causal", causal)
     _checks.check_bool("return_lse", return_lse)
     if check_seqlens is not None:
