@@ -156,3 +156,18 @@ def test_compiled_output_strides_are_the_kernels():
                              backend=BACKEND)(q, k, v)
     assert eager.stride() == compiled.stride() == q.stride()
     assert torch.equal(eager, compiled)
+
+
+def test_meta_tensors_get_the_ops_shapes():
+    """Meta tensors (shape inference, models built on the meta device) take the custom ops' fake
+    implementations: outputs and gradients of the right shapes on meta, no kernel, no copy."""
+    m, kv = torch.empty(1, 4, 5, 8, device="meta"), torch.empty(1, 2, 7, 8, device="meta")
+    o, lse = flashattn_lite.attention(m, kv, kv[..., :6], causal=True, window=(2, 0), return_lse=True)
+    assert (o.shape, lse.shape, o.device.type) == ((1, 4, 5, 6), (1, 4, 5), "meta")
+    q = m.clone().requires_grad_()
+    flashattn_lite.attention(q, kv, kv).sum().backward()
+    assert q.grad.shape == q.shape and q.grad.device.type == "meta"
+    assert flashattn_lite.scaled_dot_product_attention(m, m, m, is_causal=True).shape == m.shape
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device="meta")
+    packed = torch.empty(5, 4, 8, device="meta")
+    assert flashattn_lite.attention_varlen(packed, packed[:, :2], packed[:, :2], cu, cu).shape == packed.shape

@@ -287,7 +287,8 @@ def _run(q, k, v, mask, scale: float, causal: bool, offset: int, dropout_p: floa
     Python int without a graph break (``.item()`` breaks; values from ``random`` become 0-d tensors
     too)."""
     sinks = variant.sinks
-    if type(q) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None:
+    eager = type(q) is torch.Tensor and not q.is_meta  # (meta tensors: the op's fake gives the shapes)
+    if eager and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None:
         seed = draw_seed() if dropout_p > 0.0 else 0
         if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                          or (sinks is not None and sinks.requires_grad))) or _transformed():
