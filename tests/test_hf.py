@@ -2,7 +2,8 @@
 every attention family (Llama, Mistral sliding window, Qwen3 mixed layers, Gemma 2 softcap, gpt-oss
 sinks, DeepSeek-V3's latent attention with v's head dim below q's), padded batches, generation,
 training; and what reaches the kernel."""
-import contextlib
+import sys
+import warnings
 import copy
 
 import pytest
@@ -307,18 +308,48 @@ def test_no_dense_mask_reaches_the_kernel(kernel_calls, monkeypatch):
     assert [c["k_ranges"][:, 0].tolist() for c in kernel_calls[:2]] == [[0, 3, 7]] * 2  # prefill
 
 
-def test_unknown_keyword_falls_back_loudly_to_transformers():
+def test_keyword_no_fallback_takes_is_an_error_not_dropped():
+    # A keyword with a value that neither the kernel, transformers' sdpa nor the model's eager attention
+    # names would be dropped by any of them (they take **kwargs): an error naming it, never a result.
     ref, ours = _models("mistral", torch.float32)
     ids, am = _batch("left")
-    keep = am.bool()
-    key = ("hf", "unknown attention keyword 'some_future_option'")
-    before = _log.fallback_counts().get(key, 0)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="some_future_option"):
+        ours(input_ids=ids, attention_mask=am, some_future_option=1)
+    # None is off: the call runs on the kernel as without the keyword
+    before = _hf_fallbacks()
     with torch.no_grad():
-        with pytest.warns(UserWarning, match="some_future_option") if before == 0 else contextlib.nullcontext():
-            l_ours = ours(input_ids=ids, attention_mask=am, some_future_option=1).logits
+        l_ours = ours(input_ids=ids, attention_mask=am, some_future_option=None).logits
         l_ref = ref(input_ids=ids, attention_mask=am).logits
-    assert _log.fallback_counts()[key] == before + 2  # once per layer
-    assert _rel(l_ours[keep], l_ref[keep]) < 1e-5
+    assert _hf_fallbacks() == before and _rel(l_ours[am.bool()], l_ref[am.bool()]) < 1e-5
+
+
+def test_fallback_takes_the_function_that_names_the_keywords(monkeypatch):
+    # sdpa where it names every keyword (position_bias), the model's eager where only it does (a sinks=
+    # of its own), loudly; a keyword neither names: an error (both would drop it).
+    import types
+    seen = []
+
+    def eager_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sinks=None,
+                                **kwargs):
+        seen.append(sinks)
+        return query.transpose(1, 2), None
+    model_module = types.ModuleType("a_model_with_sinks")
+    model_module.eager_attention_forward = eager_attention_forward
+    monkeypatch.setitem(sys.modules, "a_model_with_sinks", model_module)
+    layer = type("Layer", (torch.nn.Module,), {"__module__": "a_model_with_sinks", "is_causal": False})()
+    q = torch.randn(1, 2, 3, 8)
+    sinks = torch.randn(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf.attention_forward(layer, q, q, q, None, sinks=sinks)
+        assert len(seen) == 1 and seen[0] is sinks
+        bias = torch.randn(1, 2, 3, 3)
+        o, _ = hf.attention_forward(layer, q, q, q, None, position_bias=bias)
+        assert len(seen) == 1  # sdpa took it
+        want = torch.softmax(q @ q.transpose(-1, -2) * 8 ** -0.5 + bias, -1) @ q
+        torch.testing.assert_close(o, want.transpose(1, 2), atol=1e-5, rtol=0)
+        with pytest.raises(NotImplementedError, match="block_indices"):
+            hf.attention_forward(layer, q, q, q, None, block_indices=torch.zeros(1, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])  # the fallback is sdpa, or eager for softcap
@@ -420,3 +451,24 @@ def test_flash_in_the_name_is_refused():
     with pytest.raises(ValueError, match="flash"):
         hf.register("flashattn_lite")
     assert hf.register("my_attn") == "my_attn"
+
+
+def test_bert_encoder_with_padding_runs_on_the_kernel(kernel_calls):
+    # BERT's layers pass encoder_hidden_states=None (off): bidirectional, right-padded, on our kernel.
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64)
+    ref = transformers.BertModel(config, add_pooling_layer=False).eval()
+    ours = copy.deepcopy(ref)
+    ref.set_attn_implementation("eager")
+    ours.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+    ids = torch.randint(0, 100, (3, 12))
+    am = torch.ones(3, 12, dtype=torch.long)
+    am[0, 9:], am[1, 5:] = 0, 0
+    before = _hf_fallbacks()
+    with torch.no_grad():
+        h_ours = ours(input_ids=ids, attention_mask=am).last_hidden_state
+        h_ref = ref(input_ids=ids, attention_mask=am).last_hidden_state
+    assert _hf_fallbacks() == before and len(kernel_calls) == 2
+    assert _rel(h_ours[am.bool()], h_ref[am.bool()]) < 1e-5

@@ -24,23 +24,25 @@ calls ``attention_core`` with those ranges and the layer's options:
 - ``scaling``, ``dropout`` and grouped key/value heads (read in place, never repeated).
 
 Keywords known to change nothing here (``position_ids``, cache bookkeeping, output flags; see
-``_HARMLESS``) are ignored. Everything else falls back to transformers' own attention, announced
-through ``flashattn_lite._log.note_fallback("hf", reason)`` (a warning the first time, a counter
-always, ``fallback_counts()``): any other keyword (named in the reason; never dropped), padding
-that is not one run per row, mask patterns other than the three above (chunked attention, packed
-sequences, image-token overlays), attention dropout in a padded batch, paged caches,
-``position_bias``, packed-sequence keywords (``cu_seq_lens_*``), dtypes other than fp16/bf16/fp32
-and head dims above 256. The fallback is transformers' ``sdpa``, or the model's ``eager``
-attention when the layer passes ``softcap`` or ``s_aux`` (sdpa does not apply them), with the
-dense mask transformers would have built (built then, for the layers that fall back).
+``_HARMLESS``) are ignored, and so is any keyword set to None (off). Everything else falls back to
+transformers' own attention, announced through ``flashattn_lite._log.note_fallback("hf", reason)``
+(a warning the first time, a counter always, ``fallback_counts()``): any other keyword with a value
+(named in the reason), padding that is not one run per row, mask patterns other than the three
+above (chunked attention, packed sequences, image-token overlays), attention dropout in a padded
+batch, dtypes other than fp16/bf16/fp32 and head dims above 256. The fallback is transformers'
+``sdpa``, or the model's ``eager`` attention, whichever takes the layer's keywords (``_fallback``),
+with the dense mask transformers would have built (built then, for the layers that fall back); a
+keyword neither takes by name raises instead of being dropped.
 
 A 4-D mask the caller built runs on our kernel as given (bool, or float added to the scores; the
 mask alone says what is visible, as in eager and sdpa); without any mask we follow transformers'
-sdpa (causal for L > 1, top-left). Query rows that are padding give zeros (eager gives them a mean
-over masked keys): their outputs never reach a valid position, but a loss must not read them.
+sdpa (causal for L > 1, top-left). Query rows that are padding give zeros (eager gives left pads a
+mean over masked keys and right pads the valid prefix): their outputs never reach a valid position,
+but a loss must not read them.
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import warnings
 from typing import Optional
@@ -60,9 +62,11 @@ __all__ = ["ATTN_IMPLEMENTATION", "register", "attention_forward", "range_mask",
 # for caches and outputs (read from the attention calls of transformers' models and TransformersKwargs).
 _HARMLESS = frozenset({"position_ids", "cache_position", "use_cache", "past_key_values", "output_attentions",
                        "output_hidden_states", "output_router_logits", "num_items_in_batch", "deterministic"})
-# Keywords that are off when None (their presence with a value asks for something we do not do).
-_OFF_WHEN_NONE = frozenset({"position_bias", "cache", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-                            "max_length_k", "seq_idx"})
+# Keywords of packed sequences whose content transformers also puts into the dense mask it builds
+# for a fallback (from position_ids), so the fallback may leave them unread.
+_IN_THE_MASK = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"})
+# The call's own settings, which every fallback takes (sliding_window through the dense mask).
+_SETTINGS = frozenset({"dropout", "scaling", "is_causal", "sliding_window"})
 
 
 class RangeMask:
@@ -231,11 +235,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 def _unsupported(query, key, value, kwargs) -> Optional[str]:
     """Why the call cannot run on our kernel whatever its mask (None if it can)."""
     for name, val in kwargs.items():
-        if name in _OFF_WHEN_NONE:
-            if val is not None:
-                return f"keyword {name!r} (not supported by {ATTN_IMPLEMENTATION})"
-        elif name not in _HARMLESS:
-            return f"unknown attention keyword {name!r}"
+        # (None is off: an encoder's encoder_hidden_states=None, a cache-less call's cache=None)
+        if val is not None and name not in _HARMLESS:
+            return f"attention keyword {name!r} (not supported by {ATTN_IMPLEMENTATION})"
     if query.dtype not in _checks.FLOAT_DTYPES:
         return f"dtype {query.dtype} (the kernel takes float16, bfloat16, float32)"
     if query.shape[-1] > 256 or value.shape[-1] > 256:
@@ -256,24 +258,29 @@ def _mismatch(m: RangeMask, query, key, sliding_window, dropout) -> Optional[str
 
 
 def _fallback(module, query, key, value, attention_mask, reason: str, options: dict):
-    """transformers' sdpa, or the model's eager attention where the layer asks for softcap or
-    sinks (sdpa ignores those), with the mask transformers would have built."""
+    """transformers' sdpa, or the model's eager attention, with the mask transformers would have
+    built: sdpa where it takes every keyword the layer passes with a value (by name: position_bias),
+    else the model's eager where it does (softcap and s_aux it applies in its own way, as gpt-oss's
+    reads its sinks from the module; others by name, as a model's sinks=). Neither: an error naming the
+    keywords (both functions take **kwargs and would drop them without a word)."""
     note_fallback("hf", reason)
-    eager = options.get("softcap") is not None or options.get("s_aux") is not None
+    asked = {n for n, v in options.items() if v is not None and n not in _SETTINGS | _HARMLESS | _IN_THE_MASK}
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    eager_fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    for name, fn, applied in (("sdpa", sdpa_attention_forward, set()), ("eager", eager_fn, {"softcap", "s_aux"})):
+        if fn is not None and asked - applied <= set(inspect.signature(fn).parameters):
+            break
+    else:
+        raise NotImplementedError(
+            f"{ATTN_IMPLEMENTATION}: {type(module).__name__} passes {', '.join(sorted(asked))} to its attention, "
+            f"which neither this kernel nor a fallback ({'sdpa or its eager attention' if eager_fn else 'sdpa'}) "
+            f"takes by name ({reason}); use attn_implementation='eager' or 'sdpa', where the model handles them itself")
     if isinstance(attention_mask, RangeMask):
-        attention_mask = attention_mask.dense("eager" if eager else "sdpa")
-    elif eager and isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
+        attention_mask = attention_mask.dense(name)
+    elif name == "eager" and isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
             ~attention_mask, torch.finfo(query.dtype).min)
     dropout, scaling = options.pop("dropout"), options.pop("scaling")
-    if not eager:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **options)
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if fn is None:
-        raise NotImplementedError(f"{ATTN_IMPLEMENTATION}: cannot fall back for {type(module).__name__} ({reason}): "
-                                  "its module defines no eager_attention_forward; use attn_implementation='eager'")
     return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **options)
 
 
