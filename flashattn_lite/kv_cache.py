@@ -163,9 +163,7 @@ class PagedKVCache:
         seq_ids = list(seq_ids)
         if not seq_ids:
             raise ValueError("seq_ids must name at least one sequence")
-        if any(not 0 <= s < len(self._lens) for s in seq_ids if isinstance(s, int) and not isinstance(s, bool)):
-            raise ValueError(f"seq_ids must be in [0, {len(self._lens)}), got {seq_ids}")
-        seq_ids = [_index("seq_ids[i]", s, len(self._lens)) for s in seq_ids]
+        seq_ids = [_index(f"seq_ids[{i}]", s, len(self._lens)) for i, s in enumerate(seq_ids)]
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
         bs = self.block_size

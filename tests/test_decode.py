@@ -594,7 +594,7 @@ def test_paged_cache_allocator():
     assert cache.length(0) == 8 and cache.free_blocks == 1
     with pytest.raises(RuntimeError, match="max_seq_len"):
         cache.append([0], 5)
-    with pytest.raises(ValueError, match="seq_ids must be in"):
+    with pytest.raises(ValueError, match=r"seq_ids\[0\] must be in \[0, 2\)"):
         cache.append([-1], 1)                  # no Python negative indexing into the last slot
     cache.free(0)
     assert cache.free_blocks == 3 and cache.seqlens[0].item() == 0 and (cache.block_table[0] == -1).all()
