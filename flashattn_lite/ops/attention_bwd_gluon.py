@@ -490,6 +490,25 @@ if _HAS_GLUON:
         return gl.where(visible, pt, 0.0)
 
     @gluon.jit
+    def _step_barriers(STAGES: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMERS: gl.constexpr):
+        """The pipeline's mbarriers, initialised: K and V landed (``kv_bar``), a step's loads landed
+        (``ready``) and read by every consumer (``empty``), a dS set written by every consumer
+        (``ds_ready``) and read by every consumer's dQ wgmma (``ds_free``)."""
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=CONSUMERS)
+        for i in gl.static_range(DS_BUFS):
+            mbarrier.init(ds_ready.index(i), count=CONSUMERS)
+            mbarrier.init(ds_free.index(i), count=CONSUMERS)
+        return kv_bar, ready, empty, ds_ready, ds_free
+
+    @gluon.jit
     def _dq_zeros(BLOCK_M: gl.constexpr):
         """A zero dQ block (BLOCK_M × 64, fp32) in the layout of its wgmma."""
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -984,18 +1003,7 @@ if _HAS_GLUON:
         else:  # unused placeholders (the partitions take the same arguments either way)
             ds_smem = k_smem
             dq_stage = k_smem
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=CONSUMERS)
-        for i in gl.static_range(DS_BUFS):
-            mbarrier.init(ds_ready.index(i), count=CONSUMERS)
-            mbarrier.init(ds_free.index(i), count=CONSUMERS)
+        kv_bar, ready, empty, ds_ready, ds_free = _step_barriers(STAGES, DS_BUFS, CONSUMERS)
         fence_async_shared()
 
         # (The partitions' argument tuples are written out: Gluon takes no function values in

@@ -75,8 +75,8 @@ if _HAS_GLUON:
 
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_dq_stage, _dq_zeros, _loader, _masked, _query_tile, _reduce_rows, _row,
-                                      _store_rows, _tma_reduce_add, _to_16bit, banded_key_tile, query_tiles,
-                                      seq_key_tile, seq_rows)
+                                      _step_barriers, _store_rows, _tma_reduce_add, _to_16bit, banded_key_tile,
+                                      query_tiles, seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
@@ -688,18 +688,7 @@ if _HAS_GLUON:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS * 2, BLOCK_M, 64], ds_layout)
         dq_stage = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=2)
-        for i in gl.static_range(DS_BUFS):
-            mbarrier.init(ds_ready.index(i), count=2)
-            mbarrier.init(ds_free.index(i), count=2)
+        kv_bar, ready, empty, ds_ready, ds_free = _step_barriers(STAGES, DS_BUFS, 2)
         fence_async_shared()
 
         gl.warp_specialize([
