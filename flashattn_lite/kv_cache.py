@@ -134,8 +134,9 @@ class PagedKVCache:
                              f"{MLA_HEAD_DIMS[1]}; got {head_dim} and {dv}")
         self.num_layers, self.num_kv_heads, self.block_size = num_layers, num_kv_heads, block_size
         self.max_seq_len = max_seq_len
-        self.dtype, self.device, self.v_from_k = dtype, torch.device(device), v_from_k
+        self.dtype, self.v_from_k = dtype, v_from_k
         self.k = torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype, device=device)
+        self.device = self.k.device  # "cuda" names cuda:0 once allocated; inputs are compared with this
         self.v = self.k[..., :dv] if v_from_k else \
             torch.zeros(num_layers, num_blocks, num_kv_heads, block_size, dv, dtype=dtype, device=device)
         self.max_blocks = -(-max_seq_len // block_size)
