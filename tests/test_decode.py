@@ -581,6 +581,17 @@ def test_paged_cache_refuses_what_would_name_another_slot():
             PagedKVCache(**{**args, **kwargs})
 
 
+def test_paged_cache_takes_inputs_on_the_device_it_was_named_by():
+    """A device named with its index or without ("cuda" / "cuda:0", "cpu:0" / "cpu") is one device."""
+    from flashattn_lite.kv_cache import PagedKVCache
+    name = "cuda" if DEVICE == "cuda" else "cpu:0"
+    cache = PagedKVCache(1, 1, 8, num_blocks=2, block_size=4, max_seqs=1, max_seq_len=8, device=name)
+    step = cache.append([0], 2)
+    k = torch.randn(1, 1, 2, 8, device=DEVICE).to(cache.dtype)
+    step.write(0, k, k)
+    assert step.attend(0, k[:, :, 1:]).shape == (1, 1, 1, 8)
+
+
 def test_paged_cache_allocator():
     from flashattn_lite.kv_cache import PagedKVCache
     cache = PagedKVCache(1, 1, 16, num_blocks=4, block_size=4, max_seqs=2, max_seq_len=12, device=DEVICE)
