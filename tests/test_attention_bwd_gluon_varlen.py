@@ -31,20 +31,23 @@ needs_gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _seq_key_tile_kernel(out, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_key_tiles,
+def _seq_key_tile_kernel(out, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_key_tiles, total_q, total_k,
                          BLOCK_N: tl.constexpr, SEQ: tl.constexpr):
     pid = tl.program_id(0)
     if SEQ == 2:
-        r = seq_key_tile(pid, 0, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, BLOCK_N, SEQ)
+        r = seq_key_tile(pid, 0, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, total_q, total_k, BLOCK_N, SEQ)
     else:
         r = seq_key_tile(pid % n_key_tiles, pid // n_key_tiles, q_starts, q_ends, k_starts, k_ends, stride_seq,
-                         n_seq, BLOCK_N, SEQ)
+                         n_seq, total_q, total_k, BLOCK_N, SEQ)
     for i in tl.static_range(7):
         tl.store(out + 7 * pid + i, r[i])
 
 
-def key_tiles(variant, total_k, block_n=128):
-    """(b, start_n, q0, n_q, k0, n_k, off) of every program of one KV head, as the kernel maps them."""
+def key_tiles(variant, total_k, block_n=128, total_q=None):
+    """(b, start_n, q0, n_q, k0, n_k, off) of every program of one KV head, as the kernel maps them;
+    total_q, total_k: the tensors' rows (varlen: the packed totals, ranges: the padded lengths)."""
+    if total_q is None:
+        total_q = int(variant.seq_q[-1]) if variant.seq == SEQ_VARLEN else int(variant.seq_q.max())
     if variant.seq == SEQ_VARLEN:
         cq, ck = variant.seq_q, variant.seq_k
         bounds, stride, n_seq = (cq[:-1], cq[1:], ck[:-1], ck[1:]), 1, cq.shape[0] - 1
@@ -54,8 +57,8 @@ def key_tiles(variant, total_k, block_n=128):
         bounds, stride, n_seq = (sq[:, 0], sq[:, 1], sk[:, 0], sk[:, 1]), 2, sq.shape[0]
         programs = triton.cdiv(total_k, block_n) * n_seq
     out = torch.full((programs, 7), -99, dtype=torch.int32, device=DEVICE)
-    _seq_key_tile_kernel[(programs,)](out, *bounds, stride, n_seq, triton.cdiv(total_k, block_n), block_n,
-                                      variant.seq)
+    _seq_key_tile_kernel[(programs,)](out, *bounds, stride, n_seq, triton.cdiv(total_k, block_n), total_q, total_k,
+                                      block_n, variant.seq)
     return out.tolist()
 
 
@@ -86,6 +89,27 @@ def test_varlen_key_tiles_cover_every_tile_once(lengths, block_n):
     want = {(b, t * block_n): (sum(lq[:b]), lq[b], sum(lk[:b]), lk[b], lk[b] - lq[b])
             for b in range(len(lk)) for t in range(triton.cdiv(lk[b], block_n))}
     assert seen == want
+
+
+@model_only
+@pytest.mark.parametrize("cu_k, total_k", [([0, 50, 400], 300), ([-90, 50, 300], 300), ([0, 200, 300, 20], 300),
+                                           ([0, 300, 100, 300], 300)],
+                         ids=["past-total", "negative", "end-before-start", "overlapping"])
+def test_varlen_key_tiles_clamp_bad_bounds_into_the_tensors(cu_k, total_k):
+    # Unchecked bad cu_seqlens: every program's sequence lies inside the tensors (the search's starts
+    # and the bounds clamped, ``seq_bounds``); where the clamped sequences are contiguous, the
+    # programs are those of the clamped cu_seqlens.
+    cq = _cu([30] * (len(cu_k) - 1))
+    bad = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=torch.tensor(cu_k, dtype=torch.int32, device=DEVICE))
+    got = key_tiles(bad, total_k, 128)
+    for b, start_n, q0, n_q, k0, n_k, off in got:
+        assert 0 <= k0 <= k0 + n_k <= total_k and 0 <= q0 <= q0 + n_q <= int(cq[-1])
+        assert 0 <= start_n < max(n_k, 1)
+    firsts = [min(max(c, 0), total_k) for c in cu_k[:-1]]
+    ends = [min(max(e, f), total_k) for f, e in zip(firsts, cu_k[1:])]
+    if firsts[1:] == ends[:-1]:
+        clamped = bad._replace(seq_k=torch.tensor(firsts[:1] + ends, dtype=torch.int32, device=DEVICE))
+        assert got == key_tiles(clamped, total_k, 128)
 
 
 @model_only
@@ -461,6 +485,34 @@ def test_varlen_matches_reference_and_portable(monkeypatch, case):
     attention_bwd._HOPPER.clear()
     portable = [g[0].transpose(0, 1) for g in portable[:3]]
     _check_against_reference(got, ref, portable, dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("d", [128, 256])
+def test_bad_bounds_read_clamped(d):
+    # Unchecked bad cu_seqlens (a first row below 0, an end past the total, an end before its start):
+    # the Gluon backward (the d <= 128 kernel, d 256's wide pair) computes the gradients of the clamped
+    # bounds, as close to float64 as the same kernel given the clamped bounds themselves.
+    import flashattn_lite as fa
+    from flashattn_lite.reference import attention_varlen_reference
+    lq, lk = [1000, 3000, 17], [900, 3100, 40]
+    q, k, v, do, cq, ck = _gpu_varlen(lq, lk, 4, 2, d, torch.bfloat16, seed=5)
+    as_i32 = lambda c: torch.tensor(c, dtype=torch.int32, device="cuda")  # noqa: E731
+    bad_q, bad_k = as_i32([-7, 1000, 4000, 99999, 5]), as_i32([-1, 900, 4000, 4040 + 300, 0])
+    clamped_q, clamped_k = (torch.cat([c, c[-1:]]) for c in (cq, ck))  # the last sequence empty
+    qr, kr, vr = (t.double().requires_grad_(True) for t in (q, k, v))
+    o_ref, _ = attention_varlen_reference(qr, kr.repeat_interleave(2, 1), vr.repeat_interleave(2, 1),
+                                          clamped_q, clamped_k, causal=True)
+    ref = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
+    o, lse = fa.attention_varlen(q, k, v, cq, ck, causal=True, return_lse=True)
+    pk = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731 - the kernels' (1, H, total, D) view
+
+    def grads(seq_q, seq_k):
+        variant = Variant(seq=SEQ_VARLEN, seq_q=seq_q, seq_k=seq_k)
+        got = gluon_bwd.attention_backward_gluon(pk(do).contiguous(), pk(q), pk(k), pk(v), pk(o), lse.unsqueeze(0),
+                                                 scale=d ** -0.5, causal=True, variant=variant)[:3]
+        return [g[0].transpose(0, 1) for g in got]
+    _check_against_reference(grads(bad_q, bad_k), ref, grads(clamped_q, clamped_k), torch.bfloat16)
 
 
 @needs_gpu

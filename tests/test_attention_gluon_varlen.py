@@ -27,12 +27,12 @@ from test_attention_hopper import EPS, check_lse
 # ---------------------------------------------------------------- the tile scan (any machine)
 
 @triton.jit
-def _scan_kernel(out, starts, ends, n_seq, SCAN: tl.constexpr, BLOCK: tl.constexpr):
+def _scan_kernel(out, starts, ends, n_seq, total, SCAN: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0)
-    b, start_m = varlen_scan(starts, ends, n_seq, t, tl.arange(0, SCAN), BLOCK)
+    b, start_m = varlen_scan(starts, ends, n_seq, total, t, tl.arange(0, SCAN), BLOCK)
     tl.store(out + 4 * t, b)
     tl.store(out + 4 * t + 1, start_m)
-    b, start_m = varlen_tile(starts, ends, n_seq, t, BLOCK, SCAN)  # the portable kernel's twin
+    b, start_m = varlen_tile(starts, ends, n_seq, total, t, BLOCK, SCAN)  # the portable kernel's twin
     tl.store(out + 4 * t + 2, b)
     tl.store(out + 4 * t + 3, start_m)
 
@@ -56,9 +56,27 @@ def test_scan_maps_every_slot(lens, scan, block):
     cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(DEVICE)
     n_slots = triton.cdiv(sum(lens), block) + len(lens)
     out = torch.empty(n_slots, 4, dtype=torch.int32, device=DEVICE)
-    _scan_kernel[(n_slots,)](out, cu[:-1], cu[1:], len(lens), scan, block)
+    _scan_kernel[(n_slots,)](out, cu[:-1], cu[1:], len(lens), sum(lens), scan, block)
     assert [tuple(r[:2]) for r in out.tolist()] == brute_force_slots(lens, block)
     assert [tuple(r[2:]) for r in out.tolist()] == brute_force_slots(lens, block)
+
+
+@pytest.mark.parametrize("cu, total", [([0, 5, 40], 13), ([0, 9, 4, 13], 13), ([-8, 5, 13], 13),
+                                       ([0, 300, 100, 300], 300)], ids=["past-total", "decreasing", "negative",
+                                                                        "overlapping"])
+def test_scan_clamps_bad_bounds_into_the_tensor(cu, total):
+    # Unchecked bad cu_seqlens: the scan reads each sequence as seq_bounds clamps it (0 ≤ first ≤ end ≤
+    # total), so no slot names a row outside the tensor; a slot past the grid's tiles is simply not run.
+    firsts = [min(max(c, 0), total) for c in cu[:-1]]
+    lens = [min(max(e, f), total) - f for f, e in zip(firsts, cu[1:])]
+    block = 4
+    n_slots = triton.cdiv(total, block) + len(lens)
+    t = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(n_slots, 4, dtype=torch.int32, device=DEVICE)
+    _scan_kernel[(n_slots,)](out, t[:-1], t[1:], len(lens), total, 2, block)
+    want = (brute_force_slots(lens, block) + [(len(lens), 0)] * n_slots)[:n_slots]
+    assert [tuple(r[:2]) for r in out.tolist()] == want
+    assert [tuple(r[2:]) for r in out.tolist()] == want
 
 
 # ---------------------------------------------------------------- the launch (any machine, no GPU)

@@ -365,6 +365,48 @@ def test_varlen_with_many_sequences():
         assert rel_err(ours, ref) < 1e-5
 
 
+def _clamped_cu(cu, total):
+    """The cu_seqlens that unchecked bad bounds act as: each sequence [first, end) clamped to
+    0 ≤ first ≤ end ≤ total (``seq_bounds``); the cases below clamp to contiguous sequences."""
+    firsts = [min(max(c, 0), total) for c in cu[:-1]]
+    ends = [min(max(e, f), total) for f, e in zip(firsts, cu[1:])]
+    assert firsts[1:] == ends[:-1], "a case whose clamped sequences are not contiguous"
+    return torch.tensor(firsts[:1] + ends, dtype=torch.int32)
+
+
+BAD_CU = {"past-total": ([0, 5, 40], [0, 7, 60]), "negative": ([-8, 5, 13], [-1, 7, 13]),
+          "end-before-start": ([0, 9, 13, 2], [0, 5, 13, 3])}
+
+
+@pytest.mark.parametrize("bad", BAD_CU, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_unchecked_bad_cu_seqlens_act_as_their_clamped_bounds(dtype, bad):
+    """check_seqlens=False (the default on CUDA tensors: a check costs a sync) with bounds past the
+    packed total, negative, or an end before its start: the kernels read each sequence clamped into
+    the tensors, so nothing outside q, k, v, o is touched (the interpreter segfaulted before), and the
+    call computes the batch of the clamped bounds, forward and backward. Units of 100 rows on the
+    GPU, where such a batch takes the Hopper paths at d 64."""
+    unit, d = (100, 64) if ON_GPU else (1, 16)
+    cu_q, cu_k = ([c * unit for c in cu] for cu in BAD_CU[bad])
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(13 * unit, h, d, generator=g).to(DEVICE, dtype).requires_grad_() for h in (4, 2, 2))
+    as_i32 = lambda c: torch.tensor(c, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    o = attention_varlen(q, k, v, as_i32(cu_q), as_i32(cu_k), causal=True, check_seqlens=False)
+    do = _like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+
+    def ref(dtype_):
+        leaves = [t.detach().to(dtype_).requires_grad_() for t in (q, k, v)]
+        o_r, _ = attention_varlen_reference(*leaves, _clamped_cu(cu_q, q.shape[0]), _clamped_cu(cu_k, k.shape[0]),
+                                            causal=True, dtype=dtype_)
+        return o_r, torch.autograd.grad(o_r, leaves, do.to(dtype_))
+
+    (o_ref, g_ref), (o_same, g_same) = ref(torch.float64), ref(dtype)
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dtype])
+    for name, ours, same, r in zip(("dq", "dk", "dv"), grads, g_same, g_ref):
+        assert_close_to_ref(ours, same, r, eps=2 * EPS[dtype], what=name)
+
+
 def test_strided_bounds_and_sinks_are_read_as_values():
     """Sequence bounds and sinks given as strided views mean their values, as contiguous ones do."""
     q, k, v = _qkv((2, 4, 2, 12, 15, 16, 16), torch.float32)

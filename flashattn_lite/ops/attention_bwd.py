@@ -210,7 +210,7 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_
     if SEQ == 2:
         pid = tl.program_id(0)
         h_kv = pid % n_kv_heads
-        b, start_n = varlen_tile(k_starts, k_ends, n_seq, pid // n_kv_heads, BLOCK_N)
+        b, start_n = varlen_tile(k_starts, k_ends, n_seq, n_k, pid // n_kv_heads, BLOCK_N)
         live = b < n_seq
         b = tl.minimum(b, n_seq - 1)
     else:
@@ -342,7 +342,7 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
     if SEQ == 2:
         pid = tl.program_id(0)
         h = pid % n_heads
-        b, start_m = varlen_tile(q_starts, q_ends, n_seq, pid // n_heads, BLOCK_M)
+        b, start_m = varlen_tile(q_starts, q_ends, n_seq, n_q, pid // n_heads, BLOCK_M)
         live = b < n_seq
         b = tl.minimum(b, n_seq - 1)
         h_kv = h // GROUP

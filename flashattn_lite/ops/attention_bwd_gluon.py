@@ -118,7 +118,7 @@ from .._runtime import cdiv, interpreter_active, tile_and_slab
 from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
-                            seq_args)
+                            seq_args, seq_bounds)
 from .attention_fwd_gluon import (_is_plain, gpu_sm_count, padded_head_dim, padding_note, qk_width, tma_descriptor,
                                   window_flags)
 from .attention_fwd_hopper import storable_like
@@ -330,8 +330,8 @@ def banded_key_tile(pid, n_programs, n_key_tiles, band, banded_heads):
 
 
 @triton.jit
-def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, BLOCK_N: tl.constexpr,
-                 SEQ: tl.constexpr):
+def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, total_q, total_k,
+                 BLOCK_N: tl.constexpr, SEQ: tl.constexpr):
     """The key tile of a ranges (``SEQ`` 1) or varlen (``SEQ`` 2) program: (b, start_n, q0, n_q, k0,
     n_k, off), sequence b's first query and key row, its lengths and bottom-right offset
     ``off`` = n_k − n_q, and the tile's first key inside the sequence. A program with no tile gets
@@ -344,24 +344,24 @@ def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n
     tiles are slots [S(b), S(b) + tiles(b)) with S(b) = k_starts[b] // BLOCK_N + b, which is
     strictly increasing and leaves no overlap (⌊(s + n)/B⌋ + 1 ≥ ⌊s/B⌋ + ⌈n/B⌉), so b is found by a
     binary search over the starts (log₂ n_seq scalar loads), each sequence's first (under causal
-    heaviest) tile first; the slots in the gaps are empty programs."""
+    heaviest) tile first; the slots in the gaps are empty programs. The bounds are clamped into the
+    tensors' ``total_q``, ``total_k`` rows (``seq_bounds``), the search's starts too."""
     if SEQ == 2:
         lo = pid_t * 0
         hi = n_seq - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            first = tl.load(k_starts + mid * stride_seq) // BLOCK_N + mid
+            first = tl.minimum(tl.maximum(tl.load(k_starts + mid * stride_seq), 0), total_k) // BLOCK_N + mid
             lo = tl.where(first <= pid_t, mid, lo)
             hi = tl.where(first <= pid_t, hi, mid - 1)
         b = lo
-        tile = pid_t - (tl.load(k_starts + b * stride_seq) // BLOCK_N + b)
     else:
         b = pid_b
-        tile = pid_t
-    q0 = tl.load(q_starts + b * stride_seq)
-    k0 = tl.load(k_starts + b * stride_seq)
-    n_q = tl.load(q_ends + b * stride_seq) - q0
-    n_k = tl.load(k_ends + b * stride_seq) - k0
+    q0, n_q = seq_bounds(tl.load(q_starts + b * stride_seq), tl.load(q_ends + b * stride_seq), total_q)
+    k0, n_k = seq_bounds(tl.load(k_starts + b * stride_seq), tl.load(k_ends + b * stride_seq), total_k)
+    tile = pid_t
+    if SEQ == 2:
+        tile = pid_t - (k0 // BLOCK_N + b)
     off = n_k - n_q
     start_n = tile * BLOCK_N
     dead = (tile < 0) | (start_n >= n_k)
@@ -936,7 +936,7 @@ if _HAS_GLUON:
         if SEQ == 2:  # varlen: slots of key tiles over the packed batch (``seq_key_tile``), per KV head
             h_kv = pid % n_kv_heads
             b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(pid // n_kv_heads, 0, q_starts, q_ends, k_starts,
-                                                             k_ends, stride_seq, n_seq, BLOCK_N, SEQ)
+                                                             k_ends, stride_seq, n_seq, n_q, n_k, BLOCK_N, SEQ)
             tile = start_n // BLOCK_N
         else:
             n_key_tiles = gl.cdiv(n_k, BLOCK_N)
@@ -958,7 +958,7 @@ if _HAS_GLUON:
             start_n = tile * BLOCK_N
             if SEQ == 1:  # ranges: tiles of the padded length; those past the row's range idle
                 b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(tile, b, q_starts, q_ends, k_starts, k_ends,
-                                                                 stride_seq, n_seq, BLOCK_N, SEQ)
+                                                                 stride_seq, n_seq, n_q, n_k, BLOCK_N, SEQ)
 
         # The n_tiles query tiles from lo see some key of the tile; those in [mid_lo, mid_hi) every
         # key (bottom-right: query i sees key j ≤ i + Nk − Nq under causal, a band with a window;
@@ -1284,15 +1284,15 @@ def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
     B, Hq, Nq = delta.shape
     dev = delta.device
     if variant.seq == SEQ_RANGES:
-        q0, q1 = variant.seq_q[:, 0].long(), variant.seq_q[:, 1].long()
+        q0, q1 = variant.seq_q[:, 0].long().clamp(0, Nq), variant.seq_q[:, 1].long()
         cols = torch.arange(_pad_rows(Nq), device=dev)
         src = cols + q0[:, None]                      # (B, padded)
         valid = (src < q1[:, None]).unsqueeze(1)      # (B, 1, padded)
         idx = src.clamp(max=Nq - 1).unsqueeze(1).expand(B, Hq, -1)
         row_starts = None
     else:
-        cu = variant.seq_q.long()
-        lens = cu[1:] - cu[:-1]
+        cu = variant.seq_q.long().clamp(0, Nq)        # the kernels' clamped bounds (``seq_bounds``)
+        lens = torch.maximum(cu[1:], cu[:-1]) - cu[:-1]
         aligned = (lens + 3) // 4 * 4
         starts = torch.cumsum(aligned, 0) - aligned   # (n_seq,): each sequence's first column
         cols = torch.arange(_pad_rows(Nq + 3 * lens.shape[0]), device=dev)

@@ -224,7 +224,7 @@ if _HAS_GLUON:
         if SEQ == 2:  # varlen: slots of key tiles over the packed batch (``seq_key_tile``), per KV head
             h_kv = pid % n_kv_heads
             b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(pid // n_kv_heads, 0, q_starts, q_ends, k_starts,
-                                                             k_ends, stride_seq, n_seq, 64, SEQ)
+                                                             k_ends, stride_seq, n_seq, n_q, n_k, 64, SEQ)
             tile = start_n // 64
         else:
             n_key_tiles = gl.cdiv(n_k, 64)
@@ -238,7 +238,7 @@ if _HAS_GLUON:
             start_n = tile * 64
             if SEQ == 1:  # per-row ranges: the padded length's tiles; those past the row's range idle
                 b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(tile, b, q_starts, q_ends, k_starts, k_ends,
-                                                                 stride_seq, 1, 64, SEQ)
+                                                                 stride_seq, 1, n_q, n_k, 64, SEQ)
         seq_n_q = 0  # the consumers' row bound: only ranges and varlen tiles have one
         if SEQ == 0:
             off = n_k - n_q
@@ -438,7 +438,7 @@ if _HAS_GLUON:
             # first; a slot past the last tile is an empty program.
             h = pid % n_heads
             lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-            b, start_m = varlen_scan(q_starts, q_ends, n_seq, pid // n_heads, lanes, BLOCK_M)
+            b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, pid // n_heads, lanes, BLOCK_M)
             live = b < n_seq
             b = gl.minimum(b, n_seq - 1)
         else:

@@ -155,9 +155,20 @@ def query_tile(n_q, n_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def varlen_tile(starts, ends, n_seq, t, BLOCK: tl.constexpr, SCAN: tl.constexpr = 64):
+def seq_bounds(first, end, total):
+    """(first row, length) of a sequence whose bounds were read as [first, end), clamped into the
+    tensor's rows: 0 ≤ first ≤ end ≤ total. Valid bounds pass unchanged; unchecked bad ones
+    (``check_seqlens=False``: past the total, decreasing, negative) give those sequences unspecified
+    rows but never a read or write outside the tensors (they segfaulted the interpreter)."""
+    first = tl.minimum(tl.maximum(first, 0), total)
+    return first, tl.minimum(tl.maximum(end, first), total) - first
+
+
+@triton.jit
+def varlen_tile(starts, ends, n_seq, total, t, BLOCK: tl.constexpr, SCAN: tl.constexpr = 64):
     """Tile slot ``t`` of a packed batch whose sequence b spans [starts[b], ends[b]) (cu_seqlens):
     returns (b, first row of the tile in sequence b); a slot past the last tile gives b = n_seq.
+    Each sequence is read clamped into the ``total`` rows of the packed tensor (``seq_bounds``).
     Slots count the sequences' tiles in order, each sequence's last (under causal, heaviest) tile
     first. The grid is sized from the totals alone, cdiv(total, BLOCK) + B slots bounding the sum of
     per-sequence tile counts: no max length, so no device→host sync and no recompile per batch.
@@ -170,7 +181,7 @@ def varlen_tile(starts, ends, n_seq, t, BLOCK: tl.constexpr, SCAN: tl.constexpr 
     for c in range(0, n_seq, SCAN):
         idx = c + tl.arange(0, SCAN)
         ok = idx < n_seq
-        n = tl.load(ends + idx, mask=ok, other=0) - tl.load(starts + idx, mask=ok, other=0)
+        _, n = seq_bounds(tl.load(starts + idx, mask=ok, other=0), tl.load(ends + idx, mask=ok, other=0), total)
         tiles = tl.where(ok, tl.cdiv(n, BLOCK), 0)
         ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's tiles end, over the whole batch
         done = (ends_t <= t) & ok
@@ -182,7 +193,7 @@ def varlen_tile(starts, ends, n_seq, t, BLOCK: tl.constexpr, SCAN: tl.constexpr 
 
 
 @triton.jit
-def varlen_scan(starts, ends, n_seq, t, lanes, BLOCK: tl.constexpr):
+def varlen_scan(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr):
     """``varlen_tile`` with the chunk's lanes (0 … SCAN − 1) passed in: the Gluon forward passes
     them in a layout of its own (a Gluon arange needs one). The same scan, written out twice: the
     portable kernel calling this one compiles to other PTX (the arange hoisted out of the loop),
@@ -196,7 +207,7 @@ def varlen_scan(starts, ends, n_seq, t, lanes, BLOCK: tl.constexpr):
     for c in range(0, n_seq, SCAN):
         idx = c + lanes
         ok = idx < n_seq
-        n = tl.load(ends + idx, mask=ok, other=0) - tl.load(starts + idx, mask=ok, other=0)
+        _, n = seq_bounds(tl.load(starts + idx, mask=ok, other=0), tl.load(ends + idx, mask=ok, other=0), total)
         tiles = tl.where(ok, tl.cdiv(n, BLOCK), 0)
         ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's tiles end, over the whole batch
         done = (ends_t <= t) & ok
@@ -215,10 +226,8 @@ def sequence(pid_b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, of
     if SEQ == 0:
         return 0, n_q, 0, n_k, off
     else:
-        q0 = tl.load(q_starts + pid_b * stride_seq)
-        k0 = tl.load(k_starts + pid_b * stride_seq)
-        n_q_b = tl.load(q_ends + pid_b * stride_seq) - q0
-        n_k_b = tl.load(k_ends + pid_b * stride_seq) - k0
+        q0, n_q_b = seq_bounds(tl.load(q_starts + pid_b * stride_seq), tl.load(q_ends + pid_b * stride_seq), n_q)
+        k0, n_k_b = seq_bounds(tl.load(k_starts + pid_b * stride_seq), tl.load(k_ends + pid_b * stride_seq), n_k)
         return q0, n_q_b, k0, n_k_b, n_k_b - n_q_b
 
 
@@ -331,7 +340,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_st
     if SEQ == 2:
         pid = tl.program_id(0)
         h = pid % n_heads
-        b, start_m = varlen_tile(q_starts, q_ends, n_seq, pid // n_heads, BLOCK_M)
+        b, start_m = varlen_tile(q_starts, q_ends, n_seq, n_q, pid // n_heads, BLOCK_M)
         live = b < n_seq
         b = tl.minimum(b, n_seq - 1)
         h_kv = h // GROUP

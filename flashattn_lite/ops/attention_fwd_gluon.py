@@ -1236,7 +1236,7 @@ if _HAS_GLUON:
                 pid = gl.program_id(0)
                 h = pid % n_heads
                 lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-                b, start_m = varlen_scan(q_starts, q_ends, n_seq, pid // n_heads, lanes, BLOCK_M)
+                b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, pid // n_heads, lanes, BLOCK_M)
                 live = b < n_seq
                 b = gl.minimum(b, n_seq - 1)
                 bh = h  # the lse is (Hq, total): one plane for every sequence
