@@ -241,6 +241,27 @@ def decode(opts):
     return compile_ptx(dec._decode_split_kernel.jit, ce, types)
 
 
+def mla_decode_gluon(opts):
+    """The Gluon MLA decode kernel (latent cache 576 / 512, V read from K, bf16) as ``MlaStage``
+    launches it: 16 heads × 1 new token, 4 splits, paged when ``opts`` says ``paged``."""
+    import torch
+    import flashattn_lite.ops.decode_mla_gluon as m
+    from flashattn_lite.ops.attention_fwd_gluon import default_layout
+    B, Hq, Nq, splits = 2, 16, 1, 4
+    q = torch.empty(B, Hq, Nq, 576, dtype=torch.bfloat16)
+    paged = opts.get("paged", False)
+    cache = torch.empty(8 if paged else B, 1, 64 if paged else 512, 576, dtype=torch.bfloat16)
+    table = torch.zeros(B, 8, dtype=torch.int32) if paged else None
+    o, lse = torch.empty(splits, B, Hq, Nq, 512), torch.empty(splits, B, Hq, Nq)
+    stage = m.MlaStage(q, cache, table, splits, 1, 0.04, o.stride(), lse.stride(), None)
+    layout = default_layout((1, m.BLOCK_M, m.BOX), q.dtype)
+    q_desc = m.TensorDescriptor(q.reshape(B, Hq * Nq, 576), *stage.q_rows, [1, m.BLOCK_M, m.BOX], layout)
+    kv_desc = m.TensorDescriptor(cache, *stage.kv_rows, [1, m.BLOCK_N, m.BOX], layout)
+    seqlens = torch.zeros(B, dtype=torch.int32)
+    args = (q_desc, kv_desc, o, lse, seqlens, seqlens if table is None else table, *stage.rest)
+    return _compile_gluon(m._mla_decode_kernel, args, stage.constexprs)
+
+
 def bwd_rows(opts):
     """The Triton kernels around the Gluon backward at head dim ``d`` (in ``opts``, with ``kernel``):
     its row statistics (``_row_stats_kernel``), the portable preprocess the ranges and varlen
@@ -337,6 +358,7 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
                                                                            PAGE_SIZE=16, BLOCK_N=128)),
          ("decode mla 576 512", decode, dict(HEAD_DIM=576, HEAD_DIM_V=512, BLOCK_D=512, D_TAIL=64, V_FROM_K=True,
                                              BLOCK_M=16, BLOCK_N=32)),  # (the shipped tile: 16 rows × 32 keys)
+         ("decode mla gluon", mla_decode_gluon, {}), ("decode mla gluon paged", mla_decode_gluon, dict(paged=True)),
          # MLA's K 2 / V 2 (K in chunks) with the options, and one tile a program on varlen and ranges
          ("gluon d192 dv128 narrow qk causal window+all", gluon, dict(d=192, dv=128, config=QK2, left=4095,
                                                                       softcap=30.0, alibi=True, sinks=True)),

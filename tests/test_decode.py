@@ -464,6 +464,29 @@ def test_bad_input_names_the_argument():
     decode(q, kp, vp, seqlens, block_table=table, check_values=True)
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32] + ([torch.bfloat16] if ON_GPU else []), ids=str)
+def test_unchecked_bad_values_read_as_clamped(paged, dtype):
+    """check_values=False (the default on CUDA: a check costs a sync) with lengths past the cache or
+    negative, and table entries in use outside [0, num_blocks): the kernel reads each length clamped
+    into [0, capacity] and each block id outside [0, num_blocks) as the last block, never past the
+    cache, and gives what those values give."""
+    g = torch.Generator().manual_seed(11)
+    B, Hq, Hkv, D, block, width = 3, 4, 2, 16, 8, 4   # paged: 4 table entries × 8 rows = 32 positions
+    n_blocks = 7
+    shape = (n_blocks, Hkv, block, D) if paged else (B, Hkv, width * block, D)
+    kc, vc = (torch.randn(*shape, generator=g).to(DEVICE, dtype) for _ in range(2))
+    q = torch.randn(B, Hq, 2, D, generator=g).to(DEVICE, dtype)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    bad_lens, lens = i32([40, -5, 17]), i32([32, 0, 17])
+    bad_table = i32([[3, -1, 6, 2], [0, 1, 2, 3], [9, 4, 100, 5]]) if paged else None
+    table = i32([[3, 6, 6, 2], [0, 1, 2, 3], [6, 4, 6, 5]]) if paged else None
+    for splits in (1, 3):
+        got = decode(q, kc, vc, bad_lens, block_table=bad_table, num_splits=splits, check_values=False)
+        want = decode(q, kc, vc, lens, block_table=table, num_splits=splits, check_values=True)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def _poke(t, i, j, value):
     t = t.clone()
     t[i, j] = value

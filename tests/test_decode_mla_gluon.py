@@ -70,6 +70,27 @@ def test_matches_float64_and_the_portable_kernel(dtype, name, num_splits):
 
 
 @needs_kernel
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_unchecked_bad_values_read_as_clamped(paged):
+    # check_values=False with a length past the cache, a negative one and table entries in use outside
+    # [0, num_blocks): this kernel reads them clamped, as the portable one does (test_decode's twin),
+    # and gives what the clamped values give.
+    g = torch.Generator(device="cuda").manual_seed(4)
+    B, Hq, n_blocks = 3, 16, 7
+    kc = torch.randn(n_blocks if paged else B, 1, 64 if paged else 256, 576, generator=g, device="cuda").bfloat16()
+    q = torch.randn(B, Hq, 1, 576, generator=g, device="cuda").bfloat16()
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+    bad_lens, lens = i32([300, -5, 170]), i32([256, 0, 170])
+    bad_table = i32([[3, -1, 6, 2], [0, 1, 2, 3], [9, 4, 100, 5]]) if paged else None
+    table = i32([[3, 6, 6, 2], [0, 1, 2, 3], [6, 4, 6, 5]]) if paged else None
+    for splits in (1, 3):
+        got, _, ran = _run(q, kc, bad_lens, bad_table, num_splits=splits, check_values=False)
+        assert KERNEL in ran, ran
+        want, _, _ = _run(q, kc, lens, table, num_splits=splits, check_values=True)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@needs_kernel
 def test_a_second_call_of_a_signature_reads_its_own_tensors():
     # The plan (and its descriptors) is reused: new q, cache, lengths and table must be the ones read.
     for seed, lengths in ((0, [300, 70]), (1, [129, 320])):

@@ -42,7 +42,7 @@ from .._launcher import Launcher
 from .._log import note_path
 from .._runtime import cdiv
 from ..merge import LOG2E
-from .decode import MLA_HEAD_DIMS, split_bounds, v_from_k
+from .decode import MLA_HEAD_DIMS, cache_length, split_bounds, v_from_k
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton.experimental import gluon
@@ -83,10 +83,10 @@ if _HAS_GLUON:
     _ROWS = gl.constexpr(gl.SliceLayout(1, _ACC.value))
 
     @gluon.jit
-    def _split(seqlens, b, split, n_splits, min_chunk, n_q):
+    def _split(seqlens, b, split, n_splits, min_chunk, n_q, capacity):
         """(seq_len, lo, hi, n_tiles, full) of this program's split, as the portable stage 1 cuts
         them (``decode.split_bounds``) but in 64-key tiles: keys [lo, hi), tiles from ``full`` on masked."""
-        seq_len = gl.load(seqlens + b)
+        seq_len = cache_length(seqlens, b, capacity, False)
         lo, hi = split_bounds(seq_len, split, n_splits, min_chunk, _BLOCK_N)
         n_tiles = gl.cdiv(gl.maximum(hi - lo, 0), _BLOCK_N)
         full = lo + gl.maximum(gl.minimum(hi, seq_len - n_q + 1) - lo, 0) // _BLOCK_N * _BLOCK_N
@@ -94,7 +94,7 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _loader(q_desc, kv_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty, block_table, stride_btb, stride_bt,
-                b, row0, lo, n_tiles, PAGED: gl.constexpr, PAGE_SIZE: gl.constexpr):
+                n_blocks, b, row0, lo, n_tiles, PAGED: gl.constexpr, PAGE_SIZE: gl.constexpr):
         """The loader warp: Q's rows once, then key tile j into slot j % _STAGES once both warpgroups
         freed it. A paged tile lies in one page (pages of a multiple of 64 rows): one table read."""
         mbarrier.expect(q_bar, _CHUNKS * q_desc.block_type.nbytes)
@@ -106,6 +106,8 @@ if _HAS_GLUON:
             key = lo + j * _BLOCK_N
             if PAGED:
                 blk = gl.load(block_table + b.to(gl.int64) * stride_btb + (key // PAGE_SIZE) * stride_bt)
+                # A bad id reads block n_blocks − 1, as the portable kernel's (``_kv_location``).
+                blk = gl.minimum(blk.to(gl.uint32, bitcast=True), (n_blocks - 1).to(gl.uint32)).to(gl.int32)
                 row = key % PAGE_SIZE
             else:
                 blk = b
@@ -251,17 +253,17 @@ if _HAS_GLUON:
 
     # The counts and the table's row stride vary from call to call: one binary for all their values
     # (Triton would specialise each on = 1 and on divisibility by 16; warmup compiles what remains).
-    @gluon.jit(do_not_specialize=["n_rows", "n_splits", "min_chunk", "stride_btb"])
+    @gluon.jit(do_not_specialize=["n_rows", "n_splits", "min_chunk", "stride_btb", "capacity", "n_blocks"])
     def _mla_decode_kernel(q_desc, kv_desc, o, lse, seqlens, block_table,
                            stride_os, stride_ob, stride_oh, stride_on, stride_od,
                            stride_ls, stride_lb, stride_lh, stride_ln, stride_btb, stride_bt,
-                           n_rows, n_q, n_splits, min_chunk, qk_scale,
+                           n_rows, n_q, n_splits, min_chunk, qk_scale, capacity, n_blocks,
                            PAGED: gl.constexpr, PAGE_SIZE: gl.constexpr,
                            CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
         row0 = gl.program_id(0) * _BLOCK_M
         split = gl.program_id(1)
         b = gl.program_id(2)
-        seq_len, lo, hi, n_tiles, full = _split(seqlens, b, split, n_splits, min_chunk, n_q)
+        seq_len, lo, hi, n_tiles, full = _split(seqlens, b, split, n_splits, min_chunk, n_q, capacity)
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [_CHUNKS] + q_desc.block_type.shape, q_desc.layout)
@@ -289,7 +291,7 @@ if _HAS_GLUON:
                                 split, b, row0, n_rows, n_q, seq_len, lo, n_tiles,
                                 stride_os, stride_ob, stride_oh, stride_on, stride_od)),
             (_loader, (q_desc, kv_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty, block_table, stride_btb,
-                       stride_bt, b, row0, lo, n_tiles, PAGED, PAGE_SIZE)),
+                       stride_bt, n_blocks, b, row0, lo, n_tiles, PAGED, PAGE_SIZE)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
     _mla_decode_launcher = Launcher(_mla_decode_kernel)
@@ -373,7 +375,9 @@ class MlaStage:
         paged = block_table is not None
         bt_strides = block_table.stride() if paged else (0, 0)
         self.grid = (cdiv(Hq * Nq, BLOCK_M), splits, B)
-        self.rest = (*o_part_strides, *lse_part_strides, *bt_strides, Hq * Nq, Nq, splits, min_chunk, scale * LOG2E)
+        capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+        self.rest = (*o_part_strides, *lse_part_strides, *bt_strides, Hq * Nq, Nq, splits, min_chunk, scale * LOG2E,
+                     capacity, k_cache.shape[0])
         self.constexprs = dict(PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1, CONSUMER_REGS=CONSUMER_REGS,
                                LOADER_REGS=LOADER_REGS, num_warps=4)
 
