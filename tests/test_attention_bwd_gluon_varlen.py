@@ -93,23 +93,31 @@ def test_varlen_key_tiles_cover_every_tile_once(lengths, block_n):
 
 @model_only
 @pytest.mark.parametrize("cu_k, total_k", [([0, 50, 400], 300), ([-90, 50, 300], 300), ([0, 200, 300, 20], 300),
-                                           ([0, 300, 100, 300], 300)],
-                         ids=["past-total", "negative", "end-before-start", "overlapping"])
-def test_varlen_key_tiles_clamp_bad_bounds_into_the_tensors(cu_k, total_k):
-    # Unchecked bad cu_seqlens: every program's sequence lies inside the tensors (the search's starts
-    # and the bounds clamped, ``seq_bounds``); where the clamped sequences are contiguous, the
-    # programs are those of the clamped cu_seqlens.
-    cq = _cu([30] * (len(cu_k) - 1))
+                                           ([0, 1000, 0, 0, 0], 1000), ([0, 300, 100, 300], 300)],
+                         ids=["past-total", "negative", "end-before-start", "zero-padded-tail", "overlapping"])
+def test_varlen_key_tiles_of_bad_bounds(cu_k, total_k):
+    # Unchecked bad cu_seqlens: as read by the kernel, every program's sequence lies inside the
+    # tensors (the search's starts and the bounds clamped, ``seq_bounds``); as the backward passes
+    # them (``nondecreasing_bounds``: clamped, then a running max), the programs cover every key tile
+    # of that batch once. (A zero-padded tail read raw sends the search back: tiles lost.)
+    n_seq = len(cu_k) - 1
+    cq = _cu([30] * n_seq)
     bad = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=torch.tensor(cu_k, dtype=torch.int32, device=DEVICE))
-    got = key_tiles(bad, total_k, 128)
-    for b, start_n, q0, n_q, k0, n_k, off in got:
+    for b, start_n, q0, n_q, k0, n_k, off in key_tiles(bad, total_k, 128):
         assert 0 <= k0 <= k0 + n_k <= total_k and 0 <= q0 <= q0 + n_q <= int(cq[-1])
         assert 0 <= start_n < max(n_k, 1)
-    firsts = [min(max(c, 0), total_k) for c in cu_k[:-1]]
-    ends = [min(max(e, f), total_k) for f, e in zip(firsts, cu_k[1:])]
-    if firsts[1:] == ends[:-1]:
-        clamped = bad._replace(seq_k=torch.tensor(firsts[:1] + ends, dtype=torch.int32, device=DEVICE))
-        assert got == key_tiles(clamped, total_k, 128)
+    fixed = gluon_bwd.nondecreasing_bounds(bad, int(cq[-1]), total_k)
+    running = [0] * (n_seq + 1)
+    for i, c in enumerate(cu_k):
+        running[i] = max(min(max(c, 0), total_k), running[i - 1] if i else 0)
+    assert fixed.seq_k.tolist() == running and fixed.seq_q.tolist() == cq.tolist()
+    lk = [running[i + 1] - running[i] for i in range(n_seq)]
+    seen = {}
+    for b, start_n, q0, n_q, k0, n_k, off in key_tiles(fixed, total_k, 128):
+        if n_k:
+            assert (b, start_n) not in seen, "a tile mapped twice"
+            seen[(b, start_n)] = (k0, n_k)
+    assert seen == {(b, t * 128): (running[b], lk[b]) for b in range(n_seq) for t in range(triton.cdiv(lk[b], 128))}
 
 
 @model_only
@@ -488,8 +496,9 @@ def test_varlen_matches_reference_and_portable(monkeypatch, case):
 
 
 @needs_gpu
+@pytest.mark.parametrize("tail", ["clamped", "zero-padded"])
 @pytest.mark.parametrize("d", [128, 256])
-def test_bad_bounds_read_clamped(d):
+def test_bad_bounds_read_clamped(d, tail):
     # Unchecked bad cu_seqlens (a first row below 0, an end past the total, an end before its start):
     # the Gluon backward (the d <= 128 kernel, d 256's wide pair) computes the gradients of the clamped
     # bounds, as close to float64 as the same kernel given the clamped bounds themselves.
@@ -499,6 +508,8 @@ def test_bad_bounds_read_clamped(d):
     q, k, v, do, cq, ck = _gpu_varlen(lq, lk, 4, 2, d, torch.bfloat16, seed=5)
     as_i32 = lambda c: torch.tensor(c, dtype=torch.int32, device="cuda")  # noqa: E731
     bad_q, bad_k = as_i32([-7, 1000, 4000, 99999, 5]), as_i32([-1, 900, 4000, 4040 + 300, 0])
+    if tail == "zero-padded":  # a preallocated cu_seqlens buffer, its unused tail left at 0
+        bad_q, bad_k = (torch.cat([c, torch.zeros_like(c[:1])]) for c in (cq, ck))
     clamped_q, clamped_k = (torch.cat([c, c[-1:]]) for c in (cq, ck))  # the last sequence empty
     qr, kr, vr = (t.double().requires_grad_(True) for t in (q, k, v))
     o_ref, _ = attention_varlen_reference(qr, kr.repeat_interleave(2, 1), vr.repeat_interleave(2, 1),

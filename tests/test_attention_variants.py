@@ -366,26 +366,31 @@ def test_varlen_with_many_sequences():
 
 
 def _clamped_cu(cu, total):
-    """The cu_seqlens that unchecked bad bounds act as: each sequence [first, end) clamped to
-    0 ≤ first ≤ end ≤ total (``seq_bounds``); the cases below clamp to contiguous sequences."""
-    firsts = [min(max(c, 0), total) for c in cu[:-1]]
-    ends = [min(max(e, f), total) for f, e in zip(firsts, cu[1:])]
-    assert firsts[1:] == ends[:-1], "a case whose clamped sequences are not contiguous"
-    return torch.tensor(firsts[:1] + ends, dtype=torch.int32)
+    """The cu_seqlens that unchecked bad bounds act as: each bound clamped into [0, total], then a
+    running max (the kernels clamp each sequence, ``seq_bounds``, and the Gluon backward takes the
+    running max, ``nondecreasing_bounds``: the same batch for the cases below)."""
+    out = []
+    for c in cu:
+        out.append(max(min(max(c, 0), total), out[-1] if out else 0))
+    return torch.tensor(out, dtype=torch.int32)
 
 
 BAD_CU = {"past-total": ([0, 5, 40], [0, 7, 60]), "negative": ([-8, 5, 13], [-1, 7, 13]),
-          "end-before-start": ([0, 9, 13, 2], [0, 5, 13, 3])}
+          "end-before-start": ([0, 9, 13, 2], [0, 5, 13, 3]),
+          "zero-padded-tail": ([0, 5, 13, 0, 0], [0, 7, 13, 0, 0])}  # a preallocated buffer's unused tail
 
 
+@pytest.mark.parametrize("path", ["kernels"] + ([] if ON_GPU else ["cpu-twin"]))
 @pytest.mark.parametrize("bad", BAD_CU, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_unchecked_bad_cu_seqlens_act_as_their_clamped_bounds(dtype, bad):
+def test_unchecked_bad_cu_seqlens_act_as_their_clamped_bounds(dtype, bad, path, request):
     """check_seqlens=False (the default on CUDA tensors: a check costs a sync) with bounds past the
-    packed total, negative, or an end before its start: the kernels read each sequence clamped into
-    the tensors, so nothing outside q, k, v, o is touched (the interpreter segfaulted before), and the
-    call computes the batch of the clamped bounds, forward and backward. Units of 100 rows on the
-    GPU, where such a batch takes the Hopper paths at d 64."""
+    packed total, negative, an end before its start, or a zero-padded tail: the kernels read each
+    sequence clamped into the tensors, so nothing outside q, k, v, o is touched (the interpreter
+    segfaulted before), and the call computes the batch of the clamped bounds, forward and backward. Units of 100 rows on the
+    GPU, where such a batch takes the Hopper paths at d 64. On the CPU the PyTorch twin too."""
+    if path == "cpu-twin":
+        request.getfixturevalue("torch_cpu_path")
     unit, d = (100, 64) if ON_GPU else (1, 16)
     cu_q, cu_k = ([c * unit for c in cu] for cu in BAD_CU[bad])
     g = torch.Generator().manual_seed(3)

@@ -464,13 +464,16 @@ def test_bad_input_names_the_argument():
     decode(q, kp, vp, seqlens, block_table=table, check_values=True)
 
 
+@pytest.mark.parametrize("path", ["kernels"] + ([] if ON_GPU else ["cpu-twin"]))
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32] + ([torch.bfloat16] if ON_GPU else []), ids=str)
-def test_unchecked_bad_values_read_as_clamped(paged, dtype):
+def test_unchecked_bad_values_read_as_clamped(paged, dtype, path, request):
     """check_values=False (the default on CUDA: a check costs a sync) with lengths past the cache or
     negative, and table entries in use outside [0, num_blocks): the kernel reads each length clamped
     into [0, capacity] and each block id outside [0, num_blocks) as the last block, never past the
-    cache, and gives what those values give."""
+    cache, and gives what those values give. On the CPU the PyTorch twin too."""
+    if path == "cpu-twin":
+        request.getfixturevalue("torch_cpu_path")
     g = torch.Generator().manual_seed(11)
     B, Hq, Hkv, D, block, width = 3, 4, 2, 16, 8, 4   # paged: 4 table entries × 8 rows = 32 positions
     n_blocks = 7

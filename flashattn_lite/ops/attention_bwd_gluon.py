@@ -1271,6 +1271,18 @@ def _row_stats(do, o, lse, dlse, n_pad: int, dq_acc: torch.Tensor | None = None)
     return (delta_pad, lse2_pad), (delta, lse2)
 
 
+def nondecreasing_bounds(variant: Variant, total_q: int, total_k: int) -> Variant:
+    """A varlen call's cu_seqlens as ``seq_key_tile``'s binary search needs them: clamped into the
+    tensors and made non-decreasing (a running max). Valid bounds pass unchanged; so do bad ones the
+    kernels' per-sequence clamp reads as a valid batch (past the total, below 0), and a zero-padded
+    tail ([0, 1000, 0, 0]: its empty sequences), whose going back made the search lose key tiles (no
+    dK / dV for them). Bounds that still overlap after the clamp read as the running max's batch.
+    Device ops only (no sync): the backward's host work already holds ``_aligned_rows``' dozen."""
+    def fix(cu, total):
+        return torch.cummax(cu.clamp(0, total), 0).values
+    return variant._replace(seq_q=fix(variant.seq_q, total_q), seq_k=fix(variant.seq_k, total_k))
+
+
 def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
     """δ and lse₂ (B, Hq, Nq) of a ranges or varlen batch laid out so that every sequence's first
     query row sits at a 16-byte-aligned column, as the kernel's TMA boxes of a row need (a box whose
@@ -1693,6 +1705,8 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     B, Hq, Nq, _ = q.shape
     dq_w = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]))  # converted to q's below
     row_starts = None
+    if variant is not None and variant.seq == SEQ_VARLEN:
+        variant = nondecreasing_bounds(variant, Nq, k.shape[2])
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd import row_stats
         delta, lse2 = row_stats(do, o, lse, dlse)

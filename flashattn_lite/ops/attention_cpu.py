@@ -72,11 +72,17 @@ def _slopes(variant, B, Hkv, G, w):
 
 
 def _sequences(variant: Variant, q, k):
-    """(batch row, q rows, k rows) slices of each sequence of a ranges or varlen call."""
+    """(batch row, q rows, k rows) slices of each sequence of a ranges or varlen call, its bounds
+    clamped into the tensors as the kernels clamp them (``attention_fwd.seq_bounds``)."""
     sq, sk = variant.seq_q.tolist(), variant.seq_k.tolist()
+
+    def rows(first, end, total):
+        first = min(max(first, 0), total)
+        return slice(first, min(max(end, first), total))
+    nq, nk = q.shape[2], k.shape[2]
     if variant.seq == SEQ_RANGES:
-        return [(b, slice(*sq[b]), slice(*sk[b])) for b in range(len(sq))]
-    return [(0, slice(sq[b], sq[b + 1]), slice(sk[b], sk[b + 1])) for b in range(len(sq) - 1)]
+        return [(b, rows(*sq[b], nq), rows(*sk[b], nk)) for b in range(len(sq))]
+    return [(0, rows(sq[b], sq[b + 1], nq), rows(sk[b], sk[b + 1], nk)) for b in range(len(sq) - 1)]
 
 
 def _one_sequence(variant: Variant, index: int, b: int) -> Variant:

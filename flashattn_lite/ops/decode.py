@@ -567,10 +567,13 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
     o = torch.zeros((B, Hq, Nq, Dv), dtype=torch.float32)
     lse = torch.full((B, Hq, Nq), float("-inf"))
     for b, L in enumerate(cache_seqlens.tolist()):
+        L = min(max(L, 0), capacity)  # as the kernels read an unchecked length (``cache_length``)
         if L == 0:
             continue
         if block_table is not None:
             pages = block_table[b, :cdiv(L, k_cache.shape[2])].long()
+            n_blocks = k_cache.shape[0]  # a bad id reads the last block, as ``_kv_location`` does
+            pages = torch.where((pages < 0) | (pages >= n_blocks), n_blocks - 1, pages)
             k = k_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
             v = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, Dv)[:, :L]
         else:
