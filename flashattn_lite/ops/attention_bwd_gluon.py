@@ -1290,7 +1290,8 @@ def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
     row). Returns (delta_pad, lse2_pad, row_starts):
     - ranges: (B·Hq, padded Nq), batch row b's query row q0_b + i at column i; row_starts None;
     - varlen: (Hq, padded), sequence b's row q0_b + i at column row_starts[b] + i, the starts the
-      sums of the lengths rounded up to 4 (int32 on the device).
+      sums of the lengths rounded up to 4 (int32 on the device); the bounds as ``_backward`` passes
+      them, through ``nondecreasing_bounds``.
     Columns holding no row of their sequence have δ = 0 and lse₂ = +inf (P = 0; the consumers mask
     rows past a sequence's end anyway). Device-side gathers only: no sync, nothing sized by data."""
     B, Hq, Nq = delta.shape
@@ -1303,8 +1304,8 @@ def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
         idx = src.clamp(max=Nq - 1).unsqueeze(1).expand(B, Hq, -1)
         row_starts = None
     else:
-        cu = variant.seq_q.long().clamp(0, Nq)        # the kernels' clamped bounds (``seq_bounds``)
-        lens = torch.maximum(cu[1:], cu[:-1]) - cu[:-1]
+        cu = variant.seq_q.long()                     # non-decreasing (``nondecreasing_bounds``)
+        lens = cu[1:] - cu[:-1]
         aligned = (lens + 3) // 4 * 4
         starts = torch.cumsum(aligned, 0) - aligned   # (n_seq,): each sequence's first column
         cols = torch.arange(_pad_rows(Nq + 3 * lens.shape[0]), device=dev)

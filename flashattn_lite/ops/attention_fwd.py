@@ -158,8 +158,8 @@ def query_tile(n_q, n_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
 def seq_bounds(first, end, total):
     """(first row, length) of a sequence whose bounds were read as [first, end), clamped into the
     tensor's rows: 0 ≤ first ≤ end ≤ total. Valid bounds pass unchanged; unchecked bad ones
-    (``check_seqlens=False``: past the total, decreasing, negative) give those sequences unspecified
-    rows but never a read or write outside the tensors (they segfaulted the interpreter)."""
+    (``check_seqlens=False``: past the total, below 0, going back) never make a kernel read or write
+    outside the tensors (they segfaulted the interpreter)."""
     first = tl.minimum(tl.maximum(first, 0), total)
     return first, tl.minimum(tl.maximum(end, first), total) - first
 
