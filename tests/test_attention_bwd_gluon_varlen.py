@@ -738,15 +738,20 @@ def test_packed_do_is_taken_without_a_copy():
     assert _tensor_reason("do", odd_rows) is not None
 
 
-@pytest.mark.parametrize("seq", ["varlen", "ranges"])
+@pytest.mark.parametrize("seq", ["varlen", "varlen-bad-tail", "ranges"])
 def test_row_stats_start_each_sequence_at_an_aligned_column(seq):
     # A TMA box of lse₂/δ must start 16-byte aligned (an unaligned start is an illegal instruction
     # on the H100): every sequence's first row at a multiple of 4 columns, each of its rows where the
-    # kernel reads it (column r + shift), and no other row's value in a column it reads.
+    # kernel reads it (column r + shift), and no other row's value in a column it reads. With a
+    # zero-padded, past-the-total tail, the bounds as the backward passes them (``nondecreasing_bounds``).
     g = torch.Generator().manual_seed(0)
-    if seq == "varlen":
+    if seq.startswith("varlen"):
         cu = torch.tensor([0, 1, 1, 18, 146, 1146, 1147], dtype=torch.int32)
         variant = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+        if seq == "varlen-bad-tail":
+            bad = torch.tensor([-3, 1, 1, 18, 146, 1146, 1147 + 500, 0, 0], dtype=torch.int32)
+            variant = gluon_bwd.nondecreasing_bounds(variant._replace(seq_q=bad, seq_k=bad), 1147, 1147)
+            cu = torch.cat([cu, cu[-1:], cu[-1:]])
         B, Hq, N = 1, 3, int(cu[-1])
         bounds = [(int(cu[i]), int(cu[i + 1])) for i in range(len(cu) - 1)]
     else:
@@ -759,7 +764,7 @@ def test_row_stats_start_each_sequence_at_an_aligned_column(seq):
     assert delta_pad.shape == lse2_pad.shape and delta_pad.shape[1] % 128 == 0
     written = torch.zeros_like(delta_pad, dtype=torch.bool)
     for s, (q0, q1) in enumerate(bounds):
-        b, first = (0, int(starts[s])) if seq == "varlen" else (s, 0)
+        b, first = (0, int(starts[s])) if seq.startswith("varlen") else (s, 0)
         assert first % 4 == 0
         rows = slice(b * Hq, (b + 1) * Hq)
         cols = slice(first, first + q1 - q0)
