@@ -323,6 +323,11 @@ def varlen_cases(draw):
     c["Dv"] = draw(st.one_of(st.just(c["D"]), HEAD_DIMS))
     params = set(inspect.signature(fl.attention_varlen).parameters)
     c["options"] = draw(score_options(B, c["Hq"], max_n, [n for n in OPTIONS if n in params]))
+    # Unchecked bad bounds that clamp to the drawn batch (``seq_bounds``): ours must give that batch.
+    alibi = c["options"].get("alibi_slopes")
+    per_sequence = alibi is not None and alibi.dim() == 2  # (B, Hq) slopes: no extra sequences
+    c["bad_bounds"] = draw(st.sampled_from(["none", "past-total", "negative-first"]
+                                           + ([] if per_sequence else ["zero-padded-tail"])))
     return c
 
 
@@ -336,6 +341,17 @@ def test_attention_varlen(c):
     def cu(lens):
         return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEVICE)
     cu_q, cu_k = cu(c["lens_q"]), cu(c["lens_k"])
+    bounds = dict(check_seqlens=False)
+    if c["bad_bounds"] == "past-total":
+        bounds.update(cu_seqlens_q=cu_q + torch.tensor([0] * c["B"] + [7], device=DEVICE, dtype=torch.int32))
+    elif c["bad_bounds"] == "negative-first":
+        bounds.update(cu_seqlens_q=cu_q - torch.tensor([5] + [0] * c["B"], device=DEVICE, dtype=torch.int32))
+    elif c["bad_bounds"] == "zero-padded-tail":  # and the reference's batch gains empty sequences
+        bounds.update(cu_seqlens_q=torch.cat([cu_q, torch.zeros_like(cu_q[:2])]),
+                      cu_seqlens_k=torch.cat([cu_k, torch.zeros_like(cu_k[:2])]))
+        cu_q, cu_k = torch.cat([cu_q, cu_q[-1:], cu_q[-1:]]), torch.cat([cu_k, cu_k[-1:], cu_k[-1:]])
+    else:
+        bounds = {}
     q = rand((sum(c["lens_q"]), c["Hq"], c["D"]), dtype, g).requires_grad_()
     k = rand((sum(c["lens_k"]), c["Hkv"], c["D"]), dtype, g).requires_grad_()
     v = rand((sum(c["lens_k"]), c["Hkv"], c["Dv"]), dtype, g).requires_grad_()
@@ -344,8 +360,9 @@ def test_attention_varlen(c):
     sinks = opts.pop("sinks", None)
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks.detach().requires_grad_())
     kw = dict(causal=c["causal"], scale=c["scale"], **opts)
-    o, lse = fl.attention_varlen(q, k, v, cu_q, cu_k, *maxes, return_lse=True,
-                                 sinks=inputs[3] if sinks is not None else None, **kw)
+    call_cu = (bounds.pop("cu_seqlens_q", cu_q), bounds.pop("cu_seqlens_k", cu_k))
+    o, lse = fl.attention_varlen(q, k, v, *call_cu, *maxes, return_lse=True,
+                                 sinks=inputs[3] if sinks is not None else None, **kw, **bounds)
 
     ref_kw = dict(kw, window=unbounded_as_none(kw.get("window")))
 
