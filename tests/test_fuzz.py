@@ -523,6 +523,9 @@ def decode_cases(draw):
                 dtype=draw(st.sampled_from(DTYPES)), block_size=draw(st.integers(1, 40)) if paged else None,
                 num_splits=draw(st.one_of(st.none(), st.integers(1, 6))),
                 strided=draw(st.booleans()), scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+                # Unchecked bad lengths the kernels clamp to the drawn ones: past a contiguous cache's
+                # capacity for the full sequences, below 0 for the empty ones.
+                bad_lengths=draw(st.sampled_from(["none", "past-capacity", "negative"])),
                 seed=draw(st.integers(0, 2 ** 16)))
 
 
@@ -571,8 +574,13 @@ def test_decode(c):
     g = torch.Generator().manual_seed(c["seed"])
     dtype = c["dtype"]
     q, kc, vc, seqlens, table, dense_k, dense_v = build_cache(c, g)
-    o, lse = fl.decode(q, kc, vc, seqlens, block_table=table, scale=c["scale"], num_splits=c["num_splits"],
-                       return_lse=True, check_values=True)
+    given_lens = seqlens
+    if c["bad_lengths"] == "past-capacity" and table is None:
+        given_lens = torch.where(seqlens == c["capacity"], seqlens + 13, seqlens)
+    elif c["bad_lengths"] == "negative":
+        given_lens = torch.where(seqlens == 0, -4, seqlens)
+    o, lse = fl.decode(q, kc, vc, given_lens, block_table=table, scale=c["scale"], num_splits=c["num_splits"],
+                       return_lse=True, check_values=c["bad_lengths"] == "none")
     assert o.dtype == dtype and o.shape == (c["B"], c["Hq"], c["Nq"], vc.shape[-1])
     for b, L in enumerate(c["lens"]):
         if L == 0:
