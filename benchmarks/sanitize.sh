@@ -353,7 +353,7 @@ for config in attention_fwd_gluon.CONFIGS[d] if every else [None]:
     assert (o.double() - ref).abs().max() < 0.05, (d, mode, config)
     print(f"forward {config or 'default config'}: clean", flush=True)
 torch.use_deterministic_algorithms(mode in ("deterministic", "tma-dq"))
-# (the head dim 256 one pass, CONFIGS[256][1], takes v at most 128 wide: not these calls)
+# (the head dim 256 one pass, WIDE_ONE_PASS, takes v at most 128 wide: not these calls)
 for config in [c for c in attention_bwd_gluon.CONFIGS[d] if not (c.split_d and c.fused_dq)] if every else [None]:
     with _launcher.recording() as launches:
         got = attention_bwd_gluon.attention_backward_gluon(do, q, k, v, o, lse, scale=0.088, causal=causal,

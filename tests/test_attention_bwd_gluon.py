@@ -196,7 +196,7 @@ def test_shared_memory_model():
     compiled = {(64, gluon_bwd.Config(2, 64, 3, True, 2)): 149504, (64, gluon_bwd.Config(2, 64, 3, False)): 83840,
                 (128, gluon_bwd.Config(2, 64, 2, True, 2)): 198112, (128, gluon_bwd.Config(2, 64, 2, False)): 132448,
                 (256, gluon_bwd.Config(2, 64, 2, False, 1, split_d=True)): 214464,
-                (256, gluon_bwd.CONFIGS[256][2]): 230880}  # (MLA's 128-key programs)
+                (256, gluon_bwd.WIDE_MLA): 230880}  # (MLA's 128-key programs)
     for (d, cfg), smem in compiled.items():
         model = gluon_bwd.shared_memory_bytes(d, cfg)
         assert model <= smem <= model + gluon_bwd.SMEM_SLACK, cfg.name
@@ -234,7 +234,7 @@ def test_head_dim_256_launches_bind_to_their_kernels(causal):
     (gluon_bwd.Config(2, 128, 2, True), "64-row query tiles"),
     (gluon_bwd.Config(2, 64, 2, True, 3), "dS sets"),
     (gluon_bwd.Config(2, 64, 4, True, 2), "shared memory"),
-    (gluon_bwd.CONFIGS[256][0], "split-head-dim"),
+    (gluon_bwd.WIDE_TWO_KERNELS, "split-head-dim"),
 ])
 def test_bad_config_is_refused_before_launch(cfg, why):
     assert why in gluon_bwd.config_reason(128, cfg)
@@ -263,7 +263,7 @@ def test_head_dim_256_takes_the_split_head_dim_kernel_only():
     assert gluon_bwd.default_config(256, True, 8192, deterministic=True) == wide
     # The one pass (dQ reduce-added by the dK/dV kernel) is a config of the sweep: the default picks it
     # exactly where ``one_pass`` takes the call, so passing the default by hand runs the same kernels.
-    one = gluon_bwd.CONFIGS[256][1]
+    one = gluon_bwd.WIDE_ONE_PASS
     assert one.split_d and one.fused_dq and gluon_bwd.config_reason(256, one) is None
     assert gluon_bwd.default_config(256, True, 8192, value_dim=128) == one
     assert gluon_bwd.default_config(256, True, 8192, value_dim=128, variant=PLAIN) == one

@@ -262,7 +262,7 @@ def test_launches_read_at_the_kernel_width_and_store_each_tensors_columns():
     fused = gluon_bwd.default_config(128, True, 300)
     assert gluon_bwd.launch_plan(q64, k64, fused, True, value_dim=128)["dq_acc_shape"][3] == 64
     q192, k192 = torch.zeros(1, 4, 300, 192, dtype=bf), torch.zeros(1, 2, 300, 192, dtype=bf)
-    one_pass = gluon_bwd.CONFIGS[256][1]
+    one_pass = gluon_bwd.WIDE_ONE_PASS
     assert gluon_bwd.launch_plan(q192, k192, one_pass, True, value_dim=128)["dq_acc_shape"][3] == 192
     assert "QK" not in gluon_bwd.launch_plan(q, k, gluon_bwd.default_config(128, True, 300), True,
                                              value_dim=64)["constexprs"]  # q at the kernel's width
@@ -339,7 +339,7 @@ def test_mla_128_key_programs_are_picked_for_plain_causal_192_128_only():
     # The one pass's calls at q, k 192 and v 128 exactly (``takes_mla_programs``) take the 128-key programs;
     # every other head dim 256 call keeps what it took (a caller not naming q's head dim too).
     from flashattn_lite.ops import attention_bwd_gluon_wide as wide
-    mla, one, pair = gluon_bwd.CONFIGS[256][2], gluon_bwd.CONFIGS[256][1], gluon_bwd.CONFIGS[256][0]
+    mla, one, pair = gluon_bwd.WIDE_MLA, gluon_bwd.WIDE_ONE_PASS, gluon_bwd.WIDE_TWO_KERNELS
     assert mla.mla and mla.split_d and mla.fused_dq and mla.block_n == 128 and mla.name.endswith("-sd-mla")
     assert gluon_bwd.config_reason(256, mla) is None and not one.mla and not pair.mla
     for n in (2048, 8192):
@@ -365,7 +365,7 @@ def test_mla_128_key_programs_are_picked_for_plain_causal_192_128_only():
 
 
 def test_mla_config_is_refused_for_other_widths_before_launch():
-    mla = gluon_bwd.CONFIGS[256][2]
+    mla = gluon_bwd.WIDE_MLA
     q, v = torch.zeros(1, 2, 8, 256, dtype=torch.bfloat16), torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="128-key programs"):
         gluon_bwd.attention_backward_gluon(v, q, q, v, v, torch.zeros(1, 2, 8), scale=0.1, causal=True, config=mla)
@@ -377,7 +377,7 @@ def test_mla_config_is_refused_for_other_widths_before_launch():
 def test_hand_made_mla_configs_are_refused_before_launch():
     # The 128-key programs fuse dQ with two dS sets at head dim 256: any other form of the config is
     # refused by config_reason, before the row statistics or any kernel runs.
-    mla = gluon_bwd.CONFIGS[256][2]
+    mla = gluon_bwd.WIDE_MLA
     q, v = torch.zeros(1, 2, 8, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
     for cfg in (mla._replace(fused_dq=False), mla._replace(ds_bufs=1), mla._replace(split_d=False)):
         assert gluon_bwd.config_reason(256, cfg) is not None, cfg
@@ -391,7 +391,7 @@ def test_wide_configs_ask_nothing_of_v_widths_no_kernel_runs():
     from flashattn_lite.ops import attention_bwd_gluon_wide as wide
     for dv in (20, 250, 300):
         assert not wide.one_pass(dv, None, True) and not wide.takes_mla_programs(192, dv, None, True)
-        assert gluon_bwd.default_config(256, True, 8192, value_dim=dv, qk_dim=192) == gluon_bwd.CONFIGS[256][0]
+        assert gluon_bwd.default_config(256, True, 8192, value_dim=dv, qk_dim=192) == gluon_bwd.WIDE_TWO_KERNELS
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-launch", "chunked"])
@@ -413,7 +413,7 @@ def test_mla_default_reaches_the_launch_whole_and_in_chunks(monkeypatch, chunked
     v, do = torch.zeros(B, Hkv, Nk, 128, dtype=bf), torch.zeros(B, Hq, Nq, 128, dtype=bf)
     lse = torch.zeros(B, Hq, Nq)
     gluon_bwd.attention_backward_gluon(do, q, k, v, do, lse, scale=0.1, causal=True)
-    assert [s[0] for s in seen] == [gluon_bwd.CONFIGS[256][2]] * (3 if chunked else 1)
+    assert [s[0] for s in seen] == [gluon_bwd.WIDE_MLA] * (3 if chunked else 1)
     assert [s[1:] for s in seen] == ([(2, 1)] * 3 if chunked else [(Hq, Hkv)])
     out = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     assert gluon_bwd.writes_grads_into(out, q, k, v, True)
@@ -427,8 +427,8 @@ def test_mla_default_reaches_the_launch_whole_and_in_chunks(monkeypatch, chunked
         gluon_bwd.attention_backward_gluon(do, q, k, v, do, lse, scale=0.1, causal=True)
     finally:
         torch.use_deterministic_algorithms(False)
-    assert [s[0] for s in seen] == [gluon_bwd.CONFIGS[256][0]]
-    mla = gluon_bwd.CONFIGS[256][2]  # no GQA split and no deferred dQ there: the kernel walks the group itself
+    assert [s[0] for s in seen] == [gluon_bwd.WIDE_TWO_KERNELS]
+    mla = gluon_bwd.WIDE_MLA  # no GQA split and no deferred dQ there: the kernel walks the group itself
     assert gluon_bwd.group_split(torch.zeros(1, 8, 65536, 192), torch.zeros(1, 1, 65536, 192), True, None, mla) == 1
     assert not gluon_bwd.defers_dq(256, mla, True)
 
@@ -444,14 +444,14 @@ def test_mla_launch_binds_to_its_kernel_and_run_takes_it(monkeypatch):
     q, k = torch.zeros(2, 4, 200, 192, dtype=bf), torch.zeros(2, 2, 333, 192, dtype=bf)
     v, do = torch.zeros(2, 2, 333, 128, dtype=bf), torch.zeros(2, 4, 200, 128, dtype=bf)
     rows = torch.zeros(2 * 4, gluon_bwd._pad_rows(200))
-    mla, acc = gluon_bwd.CONFIGS[256][2], torch.zeros(2, 4, 200, 192)
+    mla, acc = gluon_bwd.WIDE_MLA, torch.zeros(2, 4, 200, 192)
     grid, args, kwargs = wide.mla_launch(q, k, v, do, k, v, rows, rows, 0.1, mla, acc)
     assert grid == (math.ceil(333 / 128) * 2 * 2,)
     constexprs = {n: c for n, c in kwargs.items() if n != "num_warps"}
     inspect.signature(wide._attn_bwd_gluon_mla_kernel.fn).bind(*args, **constexprs)
     assert [a.block_shape[-1] for a in args[:4]] == [64, 64, 128, 128] and list(args[6].block_shape) == [1, 1, 64, 64]
     assert constexprs["GROUP"] == 2 and constexprs["DS_BUFS"] == mla.ds_bufs and constexprs["STAGES"] == mla.stages
-    for cfg, buf in ((gluon_bwd.CONFIGS[256][1], acc), (mla, None)):
+    for cfg, buf in ((gluon_bwd.WIDE_ONE_PASS, acc), (mla, None)):
         with pytest.raises(ValueError, match="mla config"):
             wide.mla_launch(q, k, v, do, k, v, rows, rows, 0.1, cfg, buf)
     # the kernel has no column masks, options or ranges: any other call is refused, not run
@@ -644,7 +644,7 @@ def test_k2v2_forward_with_options_and_packed_layouts(monkeypatch, case, causal)
 @pytest.mark.parametrize("config", [None, 1], ids=["128-key-programs", "64-key-one-pass"])
 def test_one_pass_wide_backward_in_chunks_matches_reference(monkeypatch, config):
     # MLA's 192 / 128 causal in one pass (dQ reduce-added in the kernel: by default the 128-key programs,
-    # or the 64-key dK/dV kernel's one pass, CONFIGS[256][1]), the float32 dQ buffer (q's 192 columns)
+    # or the 64-key dK/dV kernel's one pass, WIDE_ONE_PASS), the float32 dQ buffer (q's 192 columns)
     # capped so the call runs in three launches over KV heads (GQA 2: each with its query heads),
     # Nq ≠ Nk: the gradients against float64, and no dQ kernel launched.
     causal = True
@@ -788,7 +788,7 @@ def test_mla_128_key_programs_match_reference_and_the_64_key_one_pass(shape, dty
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, True)
     ours = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True)
     old = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True,
-                                             config=gluon_bwd.CONFIGS[256][1])
+                                             config=gluon_bwd.WIDE_ONE_PASS)
     ref = reference_grads(q, k, v, do, True, torch.float64)
     same = reference_grads(q, k, v, do, True, dtype)
     for name, a, b, s_, r in zip(("dq", "dk", "dv"), ours, old, same, ref):

@@ -535,10 +535,10 @@ def test_ncu_profile_checks_its_arguments_before_any_gpu_work(argv, needle, caps
     assert config == gluon_bwd.CONFIGS[64][0] and args.backward
     assert module.parse_args([])[1] is None
     # MLA's widths: the sweep of the width the kernels run at (256)
-    name = gluon_bwd.CONFIGS[256][0].name
+    name = gluon_bwd.WIDE_TWO_KERNELS.name
     args, config = module.parse_args(["--backward", "--head-dim", "192", "--value-dim", "128", "--hidden", "3072",
                                       "--config", name])
-    assert config == gluon_bwd.CONFIGS[256][0] and args.value_dim == 128
+    assert config == gluon_bwd.WIDE_TWO_KERNELS and args.value_dim == 128
 
 
 def test_ours_portable_turns_the_hopper_paths_off_for_the_whole_measurement():

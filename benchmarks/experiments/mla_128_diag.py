@@ -4,7 +4,7 @@ For each suspect call of tests/test_attention_gluon_value_dim.py (192 / 128, cau
 backward (the 128-key programs) REPEATS times and report:
   - whether dk and dv are bit-identical across repeats (they are one program's sums, in a fixed
     order: any difference means a race, not rounding);
-  - the relative errors against float64 and against the 64-key one pass (CONFIGS[256][1]);
+  - the relative errors against float64 and against the 64-key one pass (WIDE_ONE_PASS);
   - non-finite values.
 With --load, a second CUDA stream keeps the GPU busy with matmuls meanwhile (the 15-worker run's
 contention, which the solo run of the new test did not have).
@@ -59,7 +59,7 @@ def main():
                     diffs += int(not (torch.equal(g[1], first[1]) and torch.equal(g[2], first[2])))
             torch.cuda.synchronize()
             old = gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=True,
-                                                     config=gluon_bwd.CONFIGS[256][1])
+                                                     config=gluon_bwd.WIDE_ONE_PASS)
             leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
             from flashattn_lite.reference import attention_reference
             ref = torch.autograd.grad(attention_reference(*leaves, causal=True, scale=scale)[0], leaves, do.double())

@@ -220,12 +220,15 @@ class Config(NamedTuple):
 # option 496 (328). (The one value the loop gains is the sequence's query end; moving the rest out
 # of the partitions, or the edge test's form, changed the counts by ±10–40 bytes either way.)
 DS_BUFS_MLA = 2  # the 128-key programs' dS sets (``Config.mla``; with two, 225 KB of shared memory)
+# D 256's configs, by what they run: the dK/dV and dQ kernels; the dK/dV kernel alone reduce-adding dQ
+# (``attention_bwd_gluon_wide.one_pass``); MLA's 128-key programs (``takes_mla_programs``).
+WIDE_TWO_KERNELS = Config(2, 64, 2, False, 1, split_d=True)
+WIDE_ONE_PASS = Config(2, 64, 2, True, 1, split_d=True)
+WIDE_MLA = Config(2, 64, 2, True, DS_BUFS_MLA, split_d=True, mla=True)
 CONFIGS = {
     64: [Config(2, 64, 3, True, 2), Config(2, 64, 4, True, 2), Config(2, 64, 3, True, 1), Config(2, 64, 3, False)],
     128: [Config(2, 64, 2, True, 2), Config(2, 64, 2, False), Config(2, 64, 3, False)],
-    # D 256: the dK/dV and dQ kernels, and the dK/dV kernel alone reduce-adding dQ (``one_pass``)
-    256: [Config(2, 64, 2, False, 1, split_d=True), Config(2, 64, 2, True, 1, split_d=True),
-          Config(2, 64, 2, True, DS_BUFS_MLA, split_d=True, mla=True)],  # MLA's 128-key programs
+    256: [WIDE_TWO_KERNELS, WIDE_ONE_PASS, WIDE_MLA],
 }
 
 
@@ -246,10 +249,10 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, determini
     if head_dim == 256:
         from .attention_bwd_gluon_wide import one_pass, takes_mla_programs
         if deterministic:
-            return CONFIGS[256][0]
+            return WIDE_TWO_KERNELS
         if qk_dim is not None and takes_mla_programs(qk_dim, value_dim or head_dim, variant, causal):
-            return CONFIGS[256][2]
-        return CONFIGS[256][1] if one_pass(value_dim or head_dim, variant, causal) else CONFIGS[256][0]
+            return WIDE_MLA
+        return WIDE_ONE_PASS if one_pass(value_dim or head_dim, variant, causal) else WIDE_TWO_KERNELS
     if deterministic:
         return Config(2, 64, 3, False)
     return Config(2, 64, 2, True, 2) if head_dim == 128 else Config(2, 64, 4, True, 2)
@@ -1628,13 +1631,13 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
                    "or a ranges or varlen batch")
             raise ValueError(f"attention_backward_gluon: config {cfg.name} (the head dim 256 one pass, dQ fused) "
                              "takes plain causal calls over dense batches whose v's head dim pads to at most 128, "
-                             f"and {why}: pass config=CONFIGS[256][0] (the dK/dV and dQ kernels) or None")
+                             f"and {why}: pass config=WIDE_TWO_KERNELS (the dK/dV and dQ kernels) or None")
     if cfg.mla:
         from .attention_bwd_gluon_wide import takes_mla_programs
         if not takes_mla_programs(q.shape[3], v.shape[3], variant, causal):
             raise ValueError(f"attention_backward_gluon: config {cfg.name} (128-key programs) takes the one pass's "
                              f"calls at q, k {MLA_QK} and v {MLA_V} only; got {q.shape[3]} / {v.shape[3]}: pass "
-                             "config=CONFIGS[256][1] or None")
+                             "config=WIDE_ONE_PASS or None")
     if out is not None and not _takes_out(out, q, k, v, cfg, variant):
         raise ValueError("attention_backward_gluon: out must be (dq, dk, dv) of q's, k's, v's shapes and dtype that "
                          "TMA can store into (16-byte aligned base and strides, unit last stride, no broadcast dim), "

@@ -719,7 +719,7 @@ def one_pass(value_dim: int, variant, causal: bool) -> bool:
     the float32 staging then fits beside the ring). There it measured 1.08–1.09 × the two kernels,
     non-causal 0.97–0.99 ×, so those keep the pair (H200, ``bench_ab-20261130-0744.json``). Options
     (softcap, ALiBi, windows, sinks) keep the pair too: the one pass is built and tested for plain
-    calls only. Its config is ``attention_bwd_gluon.CONFIGS[256][1]`` (``fused_dq``), which
+    calls only. Its config is ``attention_bwd_gluon.WIDE_ONE_PASS`` (``fused_dq``), which
     ``default_config`` picks for such calls but MLA's 192 / 128 (``takes_mla_programs``), and
     ``attention_backward_gluon`` refuses for any other. A v head dim no kernel runs: False."""
     from .attention_bwd_gluon import _is_plain, kernel_head_dim
