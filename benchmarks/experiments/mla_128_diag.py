@@ -44,7 +44,7 @@ def main():
             q, k, v, do = make(shape, dtype)
             scale = 192 ** -0.5
             o, lse = gluon_fwd.attention_forward_gluon(q, k, v, scale, True)
-            assert gluon_bwd.default_config(256, True, max(shape[3:]), False, 128, None, 192).mla
+            assert gluon_bwd.default_config(256, True, max(shape[3:]), False, 128, None, qk_dim=192).mla
             first, diffs, nonfinite = None, 0, 0
             for _ in range(args.repeats):
                 if args.load:
