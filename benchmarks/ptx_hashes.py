@@ -8,6 +8,7 @@ has no ``_launch``).
     diff old.txt new.txt
     python benchmarks/ptx_hashes.py . --ptxas   # each hash with ptxas -v's registers and spills (sm_90a)
     python benchmarks/ptx_hashes.py . --ptxas --only=varlen   # only the cases whose name has "varlen"
+    python benchmarks/ptx_hashes.py . --only="gluon varlen" --dump=new/   # each case's PTX as a file (ptxas takes it)
 
 A checkout from before the Gluon window compiles the window lines (listed last) without the window:
 their hashes are then its plain kernels'.
@@ -18,6 +19,7 @@ import hashlib, re, subprocess, sys, tempfile
 sys.path.insert(0, sys.argv[1])
 PTXAS = "--ptxas" in sys.argv[2:]
 ONLY = [a[len("--only="):] for a in sys.argv[2:] if a.startswith("--only=")]  # cases whose name has it
+DUMP = next((a[len("--dump="):] for a in sys.argv[2:] if a.startswith("--dump=")), None)  # folder for the PTX
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -524,3 +526,8 @@ for name, fn, opts in cases:
         print(name, "unavailable", f"({type(e).__name__}: {str(e)[:80]})", flush=True)
         continue
     print(name, hashlib.sha1(body(ptx).encode()).hexdigest()[:12], *([ptxas(ptx)] if PTXAS else []), flush=True)
+    if DUMP:  # the PTX as compiled: ptxas and cuobjdump -sass take it, to compare two checkouts' SASS
+        import os
+        os.makedirs(DUMP, exist_ok=True)
+        with open(os.path.join(DUMP, name.replace(" ", "_") + ".ptx"), "w") as out:  # (``f`` is a module here)
+            out.write(ptx)
