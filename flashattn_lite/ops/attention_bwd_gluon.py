@@ -1293,8 +1293,8 @@ def _aligned_rows(delta: torch.Tensor, lse2: torch.Tensor, variant: Variant):
     row). Returns (delta_pad, lse2_pad, row_starts):
     - ranges: (B·Hq, padded Nq), batch row b's query row q0_b + i at column i; row_starts None;
     - varlen: (Hq, padded), sequence b's row q0_b + i at column row_starts[b] + i, the starts the
-      sums of the lengths rounded up to 4 (int32 on the device); the bounds as ``_backward`` passes
-      them, through ``nondecreasing_bounds``.
+      sums of the lengths rounded up to 4 (int32 on the device); the bounds as
+      ``attention_backward_gluon`` passes them, through ``nondecreasing_bounds``.
     Columns holding no row of their sequence have δ = 0 and lse₂ = +inf (P = 0; the consumers mask
     rows past a sequence's end anyway). Device-side gathers only: no sync, nothing sized by data."""
     B, Hq, Nq = delta.shape
@@ -1642,6 +1642,8 @@ def attention_backward_gluon(do, q, k, v, o, lse, *, scale: float, causal: bool,
         raise ValueError("attention_backward_gluon: out must be (dq, dk, dv) of q's, k's, v's shapes and dtype that "
                          "TMA can store into (16-byte aligned base and strides, unit last stride, no broadcast dim), "
                          "for a dense batch and a config that fuses dQ")
+    if variant is not None and variant.seq == SEQ_VARLEN:  # once a call, not a chunk
+        variant = nondecreasing_bounds(variant, Nq, k.shape[2])
     chunks = (dq_buffer_chunks(B, Hq, Hkv, Nq, dq_buffer_width(q.shape[3], D)) if cfg.fused_dq
               else [(slice(None), slice(None))])
     if len(chunks) == 1:
@@ -1709,8 +1711,6 @@ def _backward(do, q, k, v, o, lse, dlse, scale: float, causal: bool, cfg: Config
     B, Hq, Nq, _ = q.shape
     dq_w = dq_buffer_width(q.shape[3], kernel_head_dim(q.shape[3], v.shape[3]))  # converted to q's below
     row_starts = None
-    if variant is not None and variant.seq == SEQ_VARLEN:
-        variant = nondecreasing_bounds(variant, Nq, k.shape[2])
     if variant is not None and variant.seq != SEQ_DENSE:
         from .attention_bwd import row_stats
         delta, lse2 = row_stats(do, o, lse, dlse)
