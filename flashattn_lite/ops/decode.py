@@ -155,6 +155,11 @@ def _decode_tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, stride_bt, n_
     return acc, m_i, l_i
 
 
+def cache_capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
+    """Positions a sequence's cache holds: Nmax, or the table's width × the block size."""
+    return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
+
+
 @triton.jit
 def cache_length(seqlens, b, capacity, VOLATILE: tl.constexpr):
     """cache_seqlens[b] clamped into [0, capacity]: an unchecked bad length (``check_values=False``,
@@ -446,7 +451,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     paged = block_table is not None
-    capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+    capacity = cache_capacity(k_cache, block_table)
     block_m, shared = _row_block((Hq // Hkv) * Nq, k_cache, v_cache)
     row_blocks = cdiv((Hq // Hkv) * Nq, block_m)
     mla_gluon = False
@@ -557,7 +562,7 @@ def _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     G = Hq // Hkv
-    capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
+    capacity = cache_capacity(k_cache, block_table)
     if num_splits is None:
         rows = _row_block(G * Nq, k_cache, v_cache)[0]
         splits = choose_num_splits(B, Hkv, cdiv(G * Nq, rows), capacity, device_sm_count(q))
@@ -769,9 +774,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     elif not isinstance(check_values, bool):
         raise TypeError(f"check_values must be a bool or None, got {type(check_values).__name__}")
     if check_values and not (not on_cpu and torch.cuda.is_current_stream_capturing()):
-        paged = block_table is not None
-        capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-        _check_values(cache_seqlens, block_table, capacity, k_cache.shape[0], k_cache.shape[2])
+        _check_values(cache_seqlens, block_table, cache_capacity(k_cache, block_table), k_cache.shape[0], k_cache.shape[2])
     if not cache_seqlens.is_contiguous():  # the kernels read length b at offset b
         cache_seqlens = cache_seqlens.contiguous()
     if runs_triton(q):  # kernels only: nothing for autograd to record

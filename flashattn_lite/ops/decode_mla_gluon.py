@@ -42,7 +42,7 @@ from .._launcher import Launcher
 from .._log import note_path
 from .._runtime import cdiv
 from ..merge import LOG2E
-from .decode import MLA_HEAD_DIMS, cache_length, split_bounds, v_from_k
+from .decode import MLA_HEAD_DIMS, cache_capacity, cache_length, split_bounds, v_from_k
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
     from triton.experimental import gluon
@@ -375,9 +375,8 @@ class MlaStage:
         paged = block_table is not None
         bt_strides = block_table.stride() if paged else (0, 0)
         self.grid = (cdiv(Hq * Nq, BLOCK_M), splits, B)
-        capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
         self.rest = (*o_part_strides, *lse_part_strides, *bt_strides, Hq * Nq, Nq, splits, min_chunk, scale * LOG2E,
-                     capacity, k_cache.shape[0])
+                     cache_capacity(k_cache, block_table), k_cache.shape[0])
         self.constexprs = dict(PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1, CONSUMER_REGS=CONSUMER_REGS,
                                LOADER_REGS=LOADER_REGS, num_warps=4)
 
