@@ -18,8 +18,8 @@ shape, strides and address are runtime arguments, which Triton's own launcher en
 tensor map at every launch.
 
 Computing that key is itself a Python call per argument (≈ 11 µs for 45 arguments), so a second,
-cheaper key sits in front of it: the arguments' exact values (tensors by dtype, all 16-byte
-aligned), built by C-level tuple operations in ≈ 4 µs. It is finer than the specialization (every
+cheaper key sits in front of it: the arguments' exact values (tensors by dtype and 16-byte
+alignment), built by C-level tuple operations in ≈ 4 µs. It is finer than the specialization (every
 new shape is a new exact key) and bounded; a miss falls back to the specialization key, which
 still avoids Triton's own path. Any Triton whose compiled kernels do
 not look as expected (or ``FLASHATTN_LITE_FAST_LAUNCH=0``) gets Triton's own launch path; so does
@@ -202,7 +202,7 @@ class Launcher:
         # Triton keys constexprs by str(value) (True, 1 and 1.0 differ): their types are in both keys.
         constexprs = (tuple(kwargs.items()), tuple(map(type, kwargs.values())))
         exact = self._exact_key(device, args, constexprs, knobs)
-        entry = self.exact.get(exact) if exact is not None else None
+        entry = self.exact.get(exact)
         if entry is None:
             specs = tuple(map(_spec, args)) if self.specs is None else tuple(f(a) for f, a in zip(self.specs, args))
             key = (device, constexprs, specs, tuple(args[i] for i in self.tune_pos), knobs)
@@ -281,7 +281,7 @@ class Launcher:
             return None
         constexprs = (tuple(kwargs.items()), tuple(map(type, kwargs.values())))
         exact = self._exact_key(device, args, constexprs, knobs)
-        entry = self.exact.get(exact) if exact is not None else None
+        entry = self.exact.get(exact) if exact[-1] is None else None  # (bound launches take aligned tensors)
         if entry is None:
             return None
         kernel, tail, meta, _ = entry
@@ -304,24 +304,26 @@ class Launcher:
         return launch
 
     def _remember(self, exact, entry):
-        if exact is not None and entry is not _SLOW:
+        if entry is not _SLOW:
             if len(self.exact) >= _EXACT_ENTRIES:
                 self.exact.clear()
             self.exact[exact] = entry
 
     def _exact_key(self, device, args, constexprs, knobs):
-        """The arguments' exact values with tensors replaced by their dtypes, or None when a
-        tensor is not 16-byte aligned (the specialization key handles those). Equal exact keys
-        imply equal specializations: every int, float, bool and None is there by type and value."""
+        """The arguments' exact values with tensors replaced by their dtypes, and, where a tensor
+        is not 16-byte aligned, which ones are (the bounds of a varlen or ranges call, ``cu[1:]``,
+        never are: without this they took the specialization key at every launch). Equal exact
+        keys imply equal specializations: every int, float, bool and None is there by type and
+        value, every tensor by dtype and alignment."""
         types = tuple(map(type, args))
         split = self.layouts.get(types)
         if split is None:
             split = self.layouts[types] = _splitter(types)
         tensors, descriptors, others = split[0](args), split[1](args), split[2](args)
-        if reduce(or_, map(_data_ptr, tensors), 0) & 15:
-            return None
+        ptrs = tuple(map(_data_ptr, tensors))
+        aligned = tuple(p & 15 == 0 for p in ptrs) if reduce(or_, ptrs, 0) & 15 else None
         return (device, types, others, tuple(map(_dtype_of, tensors)), tuple(map(_descriptor_spec, descriptors)),
-                constexprs, knobs)
+                constexprs, knobs, aligned)
 
     def _entry(self, kernel, n_args, kwargs, choice):
         """(compiled kernel, the arguments after the positional ones, grid meta, Choice) or _SLOW."""

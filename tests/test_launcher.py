@@ -127,7 +127,7 @@ def test_values_outside_the_specialization_still_hit_the_cache(fake):
     assert [e[0] for e in jit.log] == ["slow", "fast"]
 
 
-def test_the_exact_value_table_is_bounded_and_misaligned_tensors_use_the_specialization_key(fake, monkeypatch):
+def test_the_exact_value_table_is_bounded_and_misaligned_tensors_have_exact_keys_of_their_own(fake, monkeypatch):
     jit, kern = fake
     monkeypatch.setattr(_launcher, "_EXACT_ENTRIES", 2)
     x = torch.randn(64)
@@ -135,10 +135,14 @@ def test_the_exact_value_table_is_bounded_and_misaligned_tensors_use_the_special
         kern[(1,)](x, 32, scale, BLOCK=4)
     assert [e[0] for e in jit.log] == ["slow", "fast", "fast", "fast"]
     assert len(kern.exact) <= 2
-    kern[(1,)](x[1:], 32, 1.0, BLOCK=4)  # a new specialization: Triton's path once …
-    kern[(1,)](x[1:], 32, 1.0, BLOCK=4)  # … then the fast path without an exact key
+    kern[(1,)](x[1:], 32, 1.0, BLOCK=4)  # a new specialization (like cu_seqlens[1:]): Triton's path once …
+    kern.entries.clear()  # … then the fast path from the exact key alone
+    kern[(1,)](x[1:], 32, 1.0, BLOCK=4)
     assert [e[0] for e in jit.log[4:]] == ["slow", "fast"]
     assert jit.log[-1][2][0].data_ptr() == x[1:].data_ptr()
+    kern[(1,)](x[1:], 32, 1.0, BLOCK=4)
+    kern[(1,)](x, 32, 1.0, BLOCK=4)  # aligned again: not the misaligned entry
+    assert [e[0] for e in jit.log[6:]] == ["fast", "slow"]
 
 
 def test_equal_values_of_different_types_are_different_exact_keys(fake):
