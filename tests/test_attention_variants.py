@@ -412,6 +412,64 @@ def test_unchecked_bad_cu_seqlens_act_as_their_clamped_bounds(dtype, bad, path, 
         assert_close_to_ref(ours, same, r, eps=2 * EPS[dtype], what=name)
 
 
+# Bounds that leave rows outside every sequence (in units, of 13 rows): a batch ending early (a
+# buffer padded to a fixed token count, for CUDA graphs), one starting late, both, and a sequence of
+# keys that ends early while its queries fill the tensor.
+OUTSIDE_CU = {"short-tail": ([0, 5, 9], [0, 7, 10]), "late-start": ([3, 8, 13], [2, 7, 13]),
+              "both": ([3, 8, 9], [1, 7, 11]), "keys-only": ([0, 5, 13], [0, 6, 9])}
+
+
+def _covering_cu(cq, ck, total_q):
+    """Reference bounds covering every query row: the rows before the first bound and past the last
+    become sequences with no key (o = 0, lse = −inf); key rows outside stay in none (no gradient)."""
+    rq, rk = list(cq), list(ck)
+    if cq[0] > 0:
+        rq, rk = [0] + rq, [ck[0]] + rk
+    if cq[-1] < total_q:
+        rq, rk = rq + [total_q], rk + [ck[-1]]
+    return torch.tensor(rq, dtype=torch.int32), torch.tensor(rk, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("path", ["kernels"] + ([] if ON_GPU else ["cpu-twin"]))
+@pytest.mark.parametrize("case", OUTSIDE_CU, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_outside_every_sequence_see_no_key(dtype, case, path, request):
+    """Unchecked cu_seqlens that start late or end early (a padded buffer's tail): the rows outside
+    every sequence get what a row seeing no key gets, o = 0 and lse = −inf, and zero dq, dk, dv,
+    never what the allocation held (garbage there flows into the weights' gradients). The rest is
+    the batch of the given bounds. Units of 100 rows on the GPU (the Hopper paths at d 64)."""
+    if path == "cpu-twin":
+        request.getfixturevalue("torch_cpu_path")
+    unit, d = (100, 64) if ON_GPU else (1, 16)
+    cq, ck = ([c * unit for c in cu] for cu in OUTSIDE_CU[case])
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(13 * unit, h, d, generator=g).to(DEVICE, dtype).requires_grad_() for h in (4, 2, 2))
+    as_i32 = lambda c: torch.tensor(c, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    o, lse = attention_varlen(q, k, v, as_i32(cq), as_i32(ck), causal=True, check_seqlens=False, return_lse=True)
+    do = _like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref_q, ref_k = _covering_cu(cq, ck, q.shape[0])
+
+    def ref(dtype_):
+        leaves = [t.detach().to(dtype_).requires_grad_() for t in (q, k, v)]
+        o_r, lse_r = attention_varlen_reference(*leaves, ref_q, ref_k, causal=True, dtype=dtype_)
+        return o_r, lse_r, torch.autograd.grad(o_r, leaves, do.to(dtype_))
+
+    (o_ref, lse_ref, g_ref), (o_same, _, g_same) = ref(torch.float64), ref(dtype)
+    outside = torch.ones(q.shape[0], dtype=torch.bool, device=DEVICE)
+    outside[cq[0]:cq[-1]] = False
+    key_outside = torch.ones(k.shape[0], dtype=torch.bool, device=DEVICE)
+    key_outside[ck[0]:ck[-1]] = False
+    assert not o[outside].any() and bool((lse[:, outside] == float("-inf")).all())
+    assert_close_to_ref(o, o_same, o_ref, eps=EPS[dtype])
+    lse_in, ref_in = lse[:, ~outside], lse_ref[:, ~outside]
+    seen = torch.isfinite(ref_in)  # (a row before its sequence's first visible key has lse −inf)
+    assert torch.equal(torch.isfinite(lse_in), seen) and rel_err(lse_in[seen], ref_in[seen]) < EPS[dtype]
+    for name, ours, same, r in zip(("dq", "dk", "dv"), grads, g_same, g_ref):
+        assert_close_to_ref(ours, same, r, eps=2 * EPS[dtype], what=name)
+    assert not grads[0][outside].any() and not grads[1][key_outside].any() and not grads[2][key_outside].any()
+
+
 def test_strided_bounds_and_sinks_are_read_as_values():
     """Sequence bounds and sinks given as strided views mean their values, as contiguous ones do."""
     q, k, v = _qkv((2, 4, 2, 12, 15, 16, 16), torch.float32)

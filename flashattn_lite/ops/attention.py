@@ -26,6 +26,7 @@ from .attention_bwd import attention_backward
 from .attention_cpu import cpu_backward, cpu_forward, work_dtype
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant,
                             attention_forward, dense_output)
+from .outside_rows import clear_outside_rows
 
 _SEED_BOUND = 2 ** 62
 
@@ -339,6 +340,8 @@ def _forward_impl(q, k, v, mask, scale, causal, offset, dropout_p, seed, need_ls
     if varlen:  # contiguous (total, Hq, Dv), as the kernels write it (the CPU twin needs the copy)
         o = o[0].transpose(0, 1).contiguous()
         lse = None if lse is None else lse[0]
+        if runs_triton(q):  # rows outside every sequence: o = 0, lse = −inf (the CPU twin's already)
+            clear_outside_rows(variant.seq_q, o, 0.0, lse, float("-inf"), b_rows_dim=1)
     elif variant.seq == SEQ_DENSE and not runs_triton(q) and out is None and not q.is_contiguous():
         o = dense_output(q, v.shape[3]).copy_(o)  # the kernels' layout (and the fake's); the twin's is contiguous
     if out is not None and o is not out:
@@ -368,6 +371,9 @@ def _backward_impl(do, q, k, v, o, lse, dlse, mask, scale, causal, offset, dropo
         dq, dk, dv, dsinks = cpu_backward(do, q, k, v, o, lse, dlse, **kwargs)
     if variant.seq >= SEQ_VARLEN:
         dq, dk, dv = (g[0].transpose(0, 1) for g in (dq, dk, dv))
+        if runs_triton(q):  # rows outside every sequence: zero gradients (the CPU twin's already)
+            clear_outside_rows(variant.seq_q, dq)
+            clear_outside_rows(variant.seq_k, dk, 0.0, dv)
     if out is not None:
         return (*(dest if dest is g else dest.copy_(g) for dest, g in zip(out, (dq, dk, dv))), dsinks)
     # Same strides as the inputs (and the fake kernel): empty_like of each input.
