@@ -36,9 +36,11 @@ def test_clears_exactly_the_rows_outside(bounds, dtype):
     assert torch.equal(o[~out], o0[~out]) and torch.equal(lse[:, ~out], lse0[:, ~out])
 
 
-def test_two_tensors_of_one_side():
-    """dk and dv (different head dims) share their bounds: one launch clears both."""
-    dk, dv = torch.ones(50, 2, 8, device=DEVICE), torch.ones(50, 2, 24, device=DEVICE)
-    clear_outside_rows(torch.tensor([10, 20, 30], dtype=torch.int32, device=DEVICE), dk, 0.0, dv)
-    for t in (dk, dv):
-        assert not t[:10].any() and not t[30:].any() and bool((t[10:30] == 1).all())
+def test_two_tensors_of_one_side_and_repeated_calls():
+    """dk and dv (different head dims) share their bounds: one launch clears both. A second call of
+    the same signature with new tensors and new bounds (on a GPU: the bound launch) clears those."""
+    for lo, hi in ((10, 30), (0, 45)):
+        dk, dv = torch.ones(50, 2, 8, device=DEVICE), torch.ones(50, 2, 24, device=DEVICE)
+        clear_outside_rows(torch.tensor([lo, 20, hi], dtype=torch.int32, device=DEVICE), dk, 0.0, dv)
+        for t in (dk, dv):
+            assert not t[:lo].any() and not t[hi:].any() and bool((t[lo:hi] == 1).all())

@@ -41,9 +41,9 @@ def _fill_rows(t, n_heads, n_cols, s_row, s_head, s_col, fill, rows, outside,
 
 @launcher
 @triton.jit(do_not_specialize=["n_bounds", "total"])
-def _clear_outside_kernel(bounds, n_bounds, total,
-                          a, a_heads, a_cols, a_row, a_head, a_col, a_fill,
-                          b, b_heads, b_cols, b_row, b_head, b_col, b_fill,
+def _clear_outside_kernel(bounds, a, b, n_bounds, total,
+                          a_heads, a_cols, a_row, a_head, a_col, a_fill,
+                          b_heads, b_cols, b_row, b_head, b_col, b_fill,
                           HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                           SCAN: tl.constexpr):
     first = tl.minimum(tl.maximum(tl.load(bounds), 0), total)
@@ -83,7 +83,22 @@ def clear_outside_rows(cu_seqlens: torch.Tensor, a: torch.Tensor, a_fill: float 
         b, b_args = a, a_args  # an unread stand-in
     if total == 0 or a.numel() == 0:
         return
-    block_c = min(128, next_pow2(max(a_args[1], b_args[1])))
-    _clear_outside_kernel[(cdiv(total, _BLOCK_ROWS),)](
-        cu_seqlens, cu_seqlens.shape[0], total, a, *a_args, float(a_fill), b, *b_args, float(b_fill),
-        HAS_B=has_b, BLOCK_R=_BLOCK_ROWS, BLOCK_C=block_c, SCAN=_SCAN, num_warps=4)
+    # A repeated call (the same shapes, strides, dtypes and bound count) launches the compiled kernel
+    # directly: the launcher's own path costs ~17 µs of host time a launch on an H200's host, ~3× this.
+    key = (a.device, a.dtype, b.dtype, has_b, cu_seqlens.shape[0], total, *a_args, *b_args, a_fill, b_fill)
+    bound = _BOUND.get(key)
+    if bound and bound(cu_seqlens, a, b):
+        return
+    grid = (cdiv(total, _BLOCK_ROWS),)
+    args = (cu_seqlens, a, b, cu_seqlens.shape[0], total, *a_args, float(a_fill), *b_args, float(b_fill))
+    constexprs = dict(HAS_B=has_b, BLOCK_R=_BLOCK_ROWS, BLOCK_C=min(128, next_pow2(max(a_args[1], b_args[1]))),
+                      SCAN=_SCAN, num_warps=4)
+    _clear_outside_kernel[grid](*args, **constexprs)
+    if bound is None:
+        if len(_BOUND) >= _BOUND_ENTRIES:
+            _BOUND.clear()
+        _BOUND[key] = _clear_outside_kernel.bind(grid, args, constexprs, 3) or False  # False: never bindable
+
+
+_BOUND: dict = {}  # call signature → bound launch (see ``Launcher.bind``)
+_BOUND_ENTRIES = 256
