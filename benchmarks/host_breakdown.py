@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("FLASHATTN_LITE_AUTOTUNE", "0")
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import scaled_dot_product_attention  # noqa: E402
-from flashattn_lite.bench.common import add_run_arguments, format_table, write_json  # noqa: E402
+from flashattn_lite.bench.common import add_run_arguments, format_table, host_us, write_json  # noqa: E402
 from flashattn_lite.ops import attention_bwd as bwd_ops  # noqa: E402
 
 ROUNDS, CALLS = 11, 100
@@ -107,22 +106,17 @@ def main():
         "empty_like_x5": lambda: [torch.empty_like(t) for t in (q, k, v, q, k)],
     }
 
-    def host_us(name, fn):
+    def timed(name, fn):
         context = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name.startswith("torch") else contextlib.nullcontext()
         with context:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / CALLS * 1e6
+            return host_us(fn, CALLS)
 
     for name, fn in items.items():  # compile and warm every path
-        host_us(name, fn)
+        timed(name, fn)
     times = {name: [] for name in items}
     for _ in range(ROUNDS):
         for name, fn in items.items():
-            times[name].append(host_us(name, fn))
+            times[name].append(timed(name, fn))
     rows = [dict(item=name, best_us=min(t), median_us=sorted(t)[ROUNDS // 2]) for name, t in times.items()]
     extra = {}
     if args.profile:

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import os
 import sys
-import time
 from pathlib import Path
 
 # Host overhead does not depend on the tile config; autotuning the three kernels would cost ~35 s of
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import scaled_dot_product_attention  # noqa: E402
-from flashattn_lite.bench.common import add_run_arguments, format_table, time_ms, write_json  # noqa: E402
+from flashattn_lite.bench.common import add_run_arguments, format_table, host_us, time_ms, write_json  # noqa: E402
 import flashattn_lite.ops.attention as attn_ops  # noqa: E402
 
 HOST_ROUNDS, HOST_CALLS = 15, 200
@@ -90,16 +89,6 @@ def main():
         #  seq, dropout_p, seed): plain causal attention
         return torch.ops.flashattn_lite.attention_fwd(q, k, v, None, None, None, None, None, D ** -0.5, True, 0,
                                                       -1, -1, 0.0, 0, 0.0, None)[0]
-
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-
-    def host_us(fn, n):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        return (time.perf_counter() - t0) / n * 1e6
 
     rows = []
     cases = [("torch_sdpa", torch_sdpa, flash_backend), ("torch_sdpa_default", torch_sdpa, contextlib.nullcontext),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("FLASHATTN_LITE_AUTOTUNE", "0")
@@ -30,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import attention_varlen  # noqa: E402
 from flashattn_lite.bench.variants import mixed_lengths  # noqa: E402
-from flashattn_lite.bench.common import (add_run_arguments, format_table, rotated_rounds, time_ms,  # noqa: E402
-                                         write_json)
+from flashattn_lite.bench.common import (add_run_arguments, format_table, host_us, rotated_rounds,  # noqa: E402
+                                         time_ms, write_json)
 from flashattn_lite.ops import attention as attention_ops  # noqa: E402
 from flashattn_lite.ops.outside_rows import clear_outside_rows  # noqa: E402
 
@@ -74,19 +73,11 @@ def main():
              "clear_covering": ("device", lambda: clear_outside_rows(long[3], o, 0.0, lse, float("-inf"), b_rows_dim=1)),
              "clear_tail": ("device", lambda: clear_outside_rows(tail, o, 0.0, lse, float("-inf"), b_rows_dim=1))}
 
-    def host_us(fn):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / CALLS * 1e6
-
     def measure(name, clearing):
         kind, fn = items[name]
         attention_ops.clear_outside_rows = clear_outside_rows if clearing else (lambda *a, **kw: None)
         try:
-            return host_us(fn) if kind == "host" else time_ms(fn) * 1e3
+            return host_us(fn, CALLS) if kind == "host" else time_ms(fn) * 1e3
         finally:
             attention_ops.clear_outside_rows = clear_outside_rows
 

@@ -375,6 +375,21 @@ def _clamped_cu(cu, total):
     return torch.tensor(out, dtype=torch.int32)
 
 
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def _unchecked_batch(bounds, dtype, seed):
+    """q, k, v of 13 units of rows (Hq 4, Hkv 2) and ``bounds`` ((q, k) cu_seqlens in units) in rows.
+    A unit is 100 rows of d 64 on the GPU, where such a batch takes the Hopper paths; 1 of d 16 on
+    the CPU."""
+    unit, d = (100, 64) if ON_GPU else (1, 16)
+    cu_q, cu_k = ([c * unit for c in cu] for cu in bounds)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(13 * unit, h, d, generator=g).to(DEVICE, dtype).requires_grad_() for h in (4, 2, 2))
+    return q, k, v, cu_q, cu_k
+
+
 BAD_CU = {"past-total": ([0, 5, 40], [0, 7, 60]), "negative": ([-8, 5, 13], [-1, 7, 13]),
           "end-before-start": ([0, 9, 13, 2], [0, 5, 13, 3]),
           "zero-padded-tail": ([0, 5, 13, 0, 0], [0, 7, 13, 0, 0])}  # a preallocated buffer's unused tail
@@ -387,16 +402,12 @@ def test_unchecked_bad_cu_seqlens_act_as_their_clamped_bounds(dtype, bad, path, 
     """check_seqlens=False (the default on CUDA tensors: a check costs a sync) with bounds past the
     packed total, negative, an end before its start, or a zero-padded tail: the kernels read each
     sequence clamped into the tensors, so nothing outside q, k, v, o is touched (the interpreter
-    segfaulted before), and the call computes the batch of the clamped bounds, forward and backward. Units of 100 rows on the
-    GPU, where such a batch takes the Hopper paths at d 64. On the CPU the PyTorch twin too."""
+    segfaulted before), and the call computes the batch of the clamped bounds, forward and
+    backward. On the CPU the PyTorch twin too."""
     if path == "cpu-twin":
         request.getfixturevalue("torch_cpu_path")
-    unit, d = (100, 64) if ON_GPU else (1, 16)
-    cu_q, cu_k = ([c * unit for c in cu] for cu in BAD_CU[bad])
-    g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(13 * unit, h, d, generator=g).to(DEVICE, dtype).requires_grad_() for h in (4, 2, 2))
-    as_i32 = lambda c: torch.tensor(c, dtype=torch.int32, device=DEVICE)  # noqa: E731
-    o = attention_varlen(q, k, v, as_i32(cu_q), as_i32(cu_k), causal=True, check_seqlens=False)
+    q, k, v, cu_q, cu_k = _unchecked_batch(BAD_CU[bad], dtype, seed=3)
+    o = attention_varlen(q, k, v, _i32(cu_q), _i32(cu_k), causal=True, check_seqlens=False)
     do = _like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
 
@@ -437,15 +448,11 @@ def test_rows_outside_every_sequence_see_no_key(dtype, case, path, request):
     """Unchecked cu_seqlens that start late or end early (a padded buffer's tail): the rows outside
     every sequence get what a row seeing no key gets, o = 0 and lse = −inf, and zero dq, dk, dv,
     never what the allocation held (garbage there flows into the weights' gradients). The rest is
-    the batch of the given bounds. Units of 100 rows on the GPU (the Hopper paths at d 64)."""
+    the batch of the given bounds."""
     if path == "cpu-twin":
         request.getfixturevalue("torch_cpu_path")
-    unit, d = (100, 64) if ON_GPU else (1, 16)
-    cq, ck = ([c * unit for c in cu] for cu in OUTSIDE_CU[case])
-    g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(13 * unit, h, d, generator=g).to(DEVICE, dtype).requires_grad_() for h in (4, 2, 2))
-    as_i32 = lambda c: torch.tensor(c, dtype=torch.int32, device=DEVICE)  # noqa: E731
-    o, lse = attention_varlen(q, k, v, as_i32(cq), as_i32(ck), causal=True, check_seqlens=False, return_lse=True)
+    q, k, v, cq, ck = _unchecked_batch(OUTSIDE_CU[case], dtype, seed=4)
+    o, lse = attention_varlen(q, k, v, _i32(cq), _i32(ck), causal=True, check_seqlens=False, return_lse=True)
     do = _like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
     ref_q, ref_k = _covering_cu(cq, ck, q.shape[0])

@@ -111,6 +111,18 @@ def time_ms_graph(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: fl
 H100_L2_BYTES = 50 * 2 ** 20
 
 
+def host_us(fn: Callable[[], object], calls: int) -> float:
+    """µs of wall clock per call of ``calls`` back-to-back calls, synchronised before and after (on
+    CUDA): a call's host path where it is longer than its kernels, as a serving loop sees it."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def kernel_times_us(fn: Callable[[], object], device: torch.device | str = "cuda") -> dict[str, float]:
     """Each kernel's device time (µs) over one call of ``fn``, after one warm call (torch.profiler),
     costliest first: where a call's time goes, kernel by kernel (launch gaps are not in it). Off

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import time
 
 import torch
 import torch.nn.functional as F
@@ -139,15 +138,7 @@ def _steady_copies(device, step_bytes: int, fraction: float, what: str) -> int |
 def _host_us(fn) -> float:
     """µs per call of back-to-back calls: the best of HOST_ROUNDS rounds (a slow spell of the
     host lands on one round, not on the result)."""
-    best = float("inf")
-    for _ in range(HOST_ROUNDS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(HOST_CALLS):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / HOST_CALLS * 1e6)
-    return best
+    return min(common.host_us(fn, HOST_CALLS) for _ in range(HOST_ROUNDS))
 
 
 def _paged_copy(k, v, block_size: int):
