@@ -442,25 +442,32 @@ def _covering_cu(cq, ck, total_q):
 
 
 @pytest.mark.parametrize("path", ["kernels"] + ([] if ON_GPU else ["cpu-twin"]))
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("case", OUTSIDE_CU, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rows_outside_every_sequence_see_no_key(dtype, case, path, request):
+def test_rows_outside_every_sequence_see_no_key(dtype, case, sinks, path, request):
     """Unchecked cu_seqlens that start late or end early (a padded buffer's tail): the rows outside
-    every sequence get what a row seeing no key gets, o = 0 and lse = −inf, and zero dq, dk, dv,
-    never what the allocation held (garbage there flows into the weights' gradients). The rest is
-    the batch of the given bounds."""
+    every sequence get o = 0 and lse = −inf (sinks or not: they are no sequence's rows) and zero dq,
+    dk, dv, never what the allocation held (garbage there flows into the weights' gradients, and
+    into dsinks through lse). The rest is the batch of the given bounds."""
     if path == "cpu-twin":
         request.getfixturevalue("torch_cpu_path")
     q, k, v, cq, ck = _unchecked_batch(OUTSIDE_CU[case], dtype, seed=4)
-    o, lse = attention_varlen(q, k, v, _i32(cq), _i32(ck), causal=True, check_seqlens=False, return_lse=True)
+    leaves = (q, k, v)
+    opts = dict(causal=True)
+    if sinks:
+        opts["sinks"] = (torch.randn(q.shape[1], generator=torch.Generator().manual_seed(5)) * 2).to(DEVICE)
+        leaves += (opts["sinks"].requires_grad_(),)
+    o, lse = attention_varlen(q, k, v, _i32(cq), _i32(ck), check_seqlens=False, return_lse=True, **opts)
     do = _like(o)
-    grads = torch.autograd.grad(o, (q, k, v), do)
+    grads = torch.autograd.grad(o, leaves, do)
     ref_q, ref_k = _covering_cu(cq, ck, q.shape[0])
 
     def ref(dtype_):
-        leaves = [t.detach().to(dtype_).requires_grad_() for t in (q, k, v)]
-        o_r, lse_r = attention_varlen_reference(*leaves, ref_q, ref_k, causal=True, dtype=dtype_)
-        return o_r, lse_r, torch.autograd.grad(o_r, leaves, do.to(dtype_))
+        ref_leaves = [t.detach().to(dtype_ if t.dim() > 1 else torch.float64).requires_grad_() for t in leaves]
+        ref_opts = dict(opts, sinks=ref_leaves[3]) if sinks else opts
+        o_r, lse_r = attention_varlen_reference(*ref_leaves[:3], ref_q, ref_k, dtype=dtype_, **ref_opts)
+        return o_r, lse_r, torch.autograd.grad(o_r, ref_leaves, do.to(dtype_))
 
     (o_ref, lse_ref, g_ref), (o_same, _, g_same) = ref(torch.float64), ref(dtype)
     outside = torch.ones(q.shape[0], dtype=torch.bool, device=DEVICE)
@@ -472,7 +479,7 @@ def test_rows_outside_every_sequence_see_no_key(dtype, case, path, request):
     lse_in, ref_in = lse[:, ~outside], lse_ref[:, ~outside]
     seen = torch.isfinite(ref_in)  # (a row before its sequence's first visible key has lse −inf)
     assert torch.equal(torch.isfinite(lse_in), seen) and rel_err(lse_in[seen], ref_in[seen]) < EPS[dtype]
-    for name, ours, same, r in zip(("dq", "dk", "dv"), grads, g_same, g_ref):
+    for name, ours, same, r in zip(("dq", "dk", "dv", "dsinks"), grads, g_same, g_ref):
         assert_close_to_ref(ours, same, r, eps=2 * EPS[dtype], what=name)
     assert not grads[0][outside].any() and not grads[1][key_outside].any() and not grads[2][key_outside].any()
 

@@ -563,9 +563,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             only where it is free, on CPU tensors. Unchecked bad values are read clamped into
             [0, total], never an access outside q, k, v or o: where that gives a valid batch (past
             the total, below 0, a zero-padded tail) the call computes it; rows before the first
-            bound or past the last (a batch ending early, e.g. a buffer padded for CUDA graphs)
-            give o = 0, lse = −inf and zero gradients; sequences that still overlap give
-            unspecified rows.
+            bound or from the largest on (a batch ending early, e.g. a buffer padded for CUDA
+            graphs) give o = 0, lse = −inf (sinks or not) and zero gradients; sequences that
+            still overlap give unspecified rows.
 
     Returns:
         o (total_q, Hq, Dv) in q's dtype, and with ``return_lse`` lse (Hq, total_q) float32.

@@ -5,8 +5,8 @@ the default on CUDA tensors, where a check costs a device sync), a batch may sta
 a buffer padded to a fixed token count for CUDA graphs, say, with ``cu_seqlens[-1]`` below its rows.
 The attention kernels visit only the sequences' rows, so the others would keep what
 ``torch.empty`` held, and garbage gradients there flow into every weight that produced q, k, v (the
-sum over rows of x·dq). Those rows get what a row that sees no key gets, as on the CPU twin and in a
-ranges batch: o = 0, lse = −inf, zero gradients.
+sum over rows of x·dq). Those rows belong to no sequence, and get what the CPU twin and a ranges
+batch give such rows: o = 0, lse = −inf (sinks or not), zero gradients.
 
 One launch clears up to two tensors that share the bounds (o and lse; dk and dv), with no
 device→host sync: each program reads the bounds, and only a block of rows before the first bound
@@ -85,19 +85,22 @@ def clear_outside_rows(cu_seqlens: torch.Tensor, a: torch.Tensor, a_fill: float 
         return
     # A repeated call (the same shapes, strides, dtypes and bound count) launches the compiled kernel
     # directly: the launcher's own path costs ~17 µs of host time a launch on an H200's host, ~3× this.
-    key = (a.device, a.dtype, b.dtype, has_b, cu_seqlens.shape[0], total, *a_args, *b_args, a_fill, b_fill)
+    key = (a.device, cu_seqlens.dtype, a.dtype, b.dtype, has_b, cu_seqlens.shape[0], total, *a_args, *b_args,
+           a_fill, b_fill)
     bound = _BOUND.get(key)
-    if bound and bound(cu_seqlens, a, b):
+    if bound is not None and bound(cu_seqlens, a, b):
         return
     grid = (cdiv(total, _BLOCK_ROWS),)
     args = (cu_seqlens, a, b, cu_seqlens.shape[0], total, *a_args, float(a_fill), *b_args, float(b_fill))
     constexprs = dict(HAS_B=has_b, BLOCK_R=_BLOCK_ROWS, BLOCK_C=min(128, next_pow2(max(a_args[1], b_args[1]))),
                       SCAN=_SCAN, num_warps=4)
     _clear_outside_kernel[grid](*args, **constexprs)
-    if bound is None:
-        if len(_BOUND) >= _BOUND_ENTRIES:
-            _BOUND.clear()
-        _BOUND[key] = _clear_outside_kernel.bind(grid, args, constexprs, 3) or False  # False: never bindable
+    if bound is None:  # (None also where these tensors cannot be bound, e.g. misaligned: the next call tries)
+        bound = _clear_outside_kernel.bind(grid, args, constexprs, 3)
+        if bound is not None:
+            if len(_BOUND) >= _BOUND_ENTRIES:
+                _BOUND.clear()
+            _BOUND[key] = bound
 
 
 _BOUND: dict = {}  # call signature → bound launch (see ``Launcher.bind``)
