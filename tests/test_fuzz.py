@@ -323,11 +323,13 @@ def varlen_cases(draw):
     c["Dv"] = draw(st.one_of(st.just(c["D"]), HEAD_DIMS))
     params = set(inspect.signature(fl.attention_varlen).parameters)
     c["options"] = draw(score_options(B, c["Hq"], max_n, [n for n in OPTIONS if n in params]))
-    # Unchecked bad bounds that clamp to the drawn batch (``seq_bounds``): ours must give that batch.
+    # Unchecked bad bounds that clamp to the drawn batch (``seq_bounds``): ours must give that batch;
+    # or tensors padded past their batch's rows (a buffer sized for CUDA graphs): those rows see no key.
     alibi = c["options"].get("alibi_slopes")
     per_sequence = alibi is not None and alibi.dim() == 2  # (B, Hq) slopes: no extra sequences
     c["bad_bounds"] = draw(st.sampled_from(["none", "past-total", "negative-first"]
-                                           + ([] if per_sequence else ["zero-padded-tail"])))
+                                           + ([] if per_sequence else ["zero-padded-tail", "padded-rows"])))
+    c["pad"] = (draw(st.integers(1, 9)), draw(st.integers(0, 9))) if c["bad_bounds"] == "padded-rows" else (0, 0)
     return c
 
 
@@ -350,11 +352,15 @@ def test_attention_varlen(c):
         bounds.update(cu_seqlens_q=torch.cat([cu_q, torch.zeros_like(cu_q[:2])]),
                       cu_seqlens_k=torch.cat([cu_k, torch.zeros_like(cu_k[:2])]))
         cu_q, cu_k = torch.cat([cu_q, cu_q[-1:], cu_q[-1:]]), torch.cat([cu_k, cu_k[-1:], cu_k[-1:]])
+    elif c["bad_bounds"] == "padded-rows":  # the reference's batch gains the pad rows as a sequence with no key
+        bounds.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        cu_q, cu_k = torch.cat([cu_q, cu_q[-1:] + c["pad"][0]]), torch.cat([cu_k, cu_k[-1:]])
     else:
         bounds = {}
-    q = rand((sum(c["lens_q"]), c["Hq"], c["D"]), dtype, g).requires_grad_()
-    k = rand((sum(c["lens_k"]), c["Hkv"], c["D"]), dtype, g).requires_grad_()
-    v = rand((sum(c["lens_k"]), c["Hkv"], c["Dv"]), dtype, g).requires_grad_()
+    pad_q, pad_k = c["pad"]
+    q = rand((sum(c["lens_q"]) + pad_q, c["Hq"], c["D"]), dtype, g).requires_grad_()
+    k = rand((sum(c["lens_k"]) + pad_k, c["Hkv"], c["D"]), dtype, g).requires_grad_()
+    v = rand((sum(c["lens_k"]) + pad_k, c["Hkv"], c["Dv"]), dtype, g).requires_grad_()
     maxes = (max(c["lens_q"]), max(c["lens_k"])) if c["give_max"] else (None, None)
     opts = dict(c["options"])
     sinks = opts.pop("sinks", None)
@@ -374,6 +380,9 @@ def test_attention_varlen(c):
         return varlen_reference(q_, k_, v_, dtype=work, sinks=rest[0] if rest else None, **ref_kw)
 
     o_ref, lse_ref = fn(*inputs, torch.float64)
+    if pad_q:  # pad rows are no sequence's: lse −inf even with sinks (the reference's empty one has the sink)
+        lse_ref = lse_ref.detach().clone()
+        lse_ref[:, -pad_q:] = float("-inf")
     check(o, fn(*inputs, dtype)[0], o_ref, EPS[dtype], "o",
           out_floor(varlen_reference, q, k, v, lse_ref, packed=True, sinks=sinks, **ref_kw))
     close_lse(lse, lse_ref, dtype)
