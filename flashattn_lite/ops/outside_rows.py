@@ -10,7 +10,7 @@ batch give such rows: o = 0, lse = −inf (sinks or not), zero gradients.
 
 One launch clears up to two tensors that share the bounds (o and lse; dk and dv), with no
 device→host sync: each program reads the bounds, and only a block of rows before the first bound
-or past the last one writes. Bounds are read clamped into [0, total] (as ``seq_bounds`` reads
+or from the largest one on writes. Bounds are read clamped into [0, total] (as ``seq_bounds`` reads
 them), so the sequences span [first, max) exactly where the bounds never go back; where they do,
 the rows between are unspecified, as the documentation says of overlapping sequences.
 """
@@ -84,7 +84,7 @@ def clear_outside_rows(cu_seqlens: torch.Tensor, a: torch.Tensor, a_fill: float 
     if total == 0 or a.numel() == 0:
         return
     # A repeated call (the same shapes, strides, dtypes and bound count) launches the compiled kernel
-    # directly: the launcher's own path costs ~17 µs of host time a launch on an H200's host, ~3× this.
+    # directly, skipping the launcher's key: 16 µs of host time a launch instead of 23 (an H200's host).
     key = (a.device, cu_seqlens.dtype, a.dtype, b.dtype, has_b, cu_seqlens.shape[0], total, *a_args, *b_args,
            a_fill, b_fill)
     bound = _BOUND.get(key)
