@@ -366,6 +366,19 @@ def _splitter(types):
     return tuple(_getter([i for i, k in enumerate(kinds) if k == kind]) for kind in ("tensor", "descriptor", "other"))
 
 
+BOUND_ENTRIES = 256  # bound launches a call site keeps (``keep_bound``) before its table starts over
+
+
+def keep_bound(table: dict, key, bound) -> None:
+    """Keep a call site's bound launch (``Launcher.bind``) under its call signature; None (nothing
+    could be bound) keeps nothing. A full table starts over, as the exact-value keys do."""
+    if bound is None:
+        return
+    if len(table) >= BOUND_ENTRIES:
+        table.clear()
+    table[key] = bound
+
+
 def launcher(fn):
     """Decorator: a ``triton.jit`` kernel launched through :class:`Launcher`."""
     return Launcher(fn)

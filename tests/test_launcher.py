@@ -308,3 +308,14 @@ def test_a_repeated_small_backward_takes_its_bound_launches():
     for _ in range(2):
         torch.autograd.grad(fa.attention(q, k, v, causal=True), (q, k, v), torch.ones_like(q))
     assert len(attention_bwd._BOUND) == 1
+
+
+def test_keep_bound_keeps_launches_not_none_and_starts_over_when_full(monkeypatch):
+    monkeypatch.setattr(_launcher, "BOUND_ENTRIES", 2)
+    table = {}
+    _launcher.keep_bound(table, "a", None)  # nothing could be bound: nothing kept
+    assert table == {}
+    _launcher.keep_bound(table, "a", 1)
+    _launcher.keep_bound(table, "b", 2)
+    _launcher.keep_bound(table, "c", 3)  # full: the table starts over
+    assert table == {"c": 3}

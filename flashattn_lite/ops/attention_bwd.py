@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launcher import launcher
+from .._launcher import keep_bound, launcher
 from .._log import note_path
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
@@ -521,7 +521,6 @@ _HOPPER_ENTRIES = 256
 # by the call's signature and dO's, O's and lse's strides: a repeated small call skips the argument
 # walk (as the forward's ``_BOUND``).
 _BOUND: dict = {}
-_BOUND_ENTRIES = 256
 
 
 def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = PLAIN, signature=None):
@@ -625,15 +624,6 @@ def _bound_three(pre, kv, qt):
     return run
 
 
-def _remember(key, bound):
-    """Keep a call's bound launches (None: some launch has no fast entry, nothing kept)."""
-    if bound is None:
-        return
-    if len(_BOUND) >= _BOUND_ENTRIES:
-        _BOUND.clear()
-    _BOUND[key] = bound
-
-
 def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool, causal_offset: int,
                        mask: torch.Tensor | None, dropout_p: float, seed: int, variant: Variant = PLAIN,
                        out: tuple | None = None):
@@ -687,7 +677,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
                                              block_d, block_dv, *short)
         if bound_key is not None:
             bound = _bwd_short_kernel.bind(*launch, 11)
-            _remember(bound_key, _bound_short(bound) if bound is not None else None)
+            keep_bound(_BOUND, bound_key, _bound_short(bound) if bound is not None else None)
         return dq, dk, dv, None
     # Rows outside every range of a padded batch are no program's: their gradients are 0.
     alloc = torch.zeros_like if variant.seq == SEQ_RANGES else torch.empty_like
@@ -715,7 +705,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
         bound = (_bwd_preprocess.bind(pre_grid, pre_args, pre_constexprs, 6),
                  _bwd_dkdv_kernel.bind(kv_grid, kv_args, a.constexprs, 14),
                  _bwd_dq_kernel.bind(q_grid, q_args, a.constexprs, 13))
-        _remember(bound_key, _bound_three(*bound) if all(b is not None for b in bound) else None)
+        keep_bound(_BOUND, bound_key, _bound_three(*bound) if all(b is not None for b in bound) else None)
     dsinks = sinks_grad(variant.sinks, lse, delta) if variant.sinks is not None else None
     return dq, dk, dv, dsinks
 

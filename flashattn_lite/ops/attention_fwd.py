@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launcher import BOUND_ENTRIES, keep_bound
 from .._log import note_path
 from .._runtime import allow_tf32, cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
@@ -551,7 +552,6 @@ def query_grid(variant: Variant, n_q: int, batch: int, n_heads: int, n_seq: int)
 # Bound launches of the forward kernel for plain calls (no mask, dropout or variant), keyed by what
 # their arguments depend on (``_plain_signature``): a repeated call skips the argument walk.
 _BOUND: dict = {}
-_BOUND_ENTRIES = 256
 _N_TENSORS = 12
 
 
@@ -566,7 +566,7 @@ def _hopper_path(q, k, v, causal, causal_offset, scale, variant=PLAIN):
     else the Triton TMA kernel (``attention_fwd_hopper.fast_path``), else False. Imported here: those modules build
     on this one's helpers."""
     from . import attention_fwd_gluon, attention_fwd_hopper
-    if len(_HOPPER) >= _BOUND_ENTRIES:
+    if len(_HOPPER) >= BOUND_ENTRIES:
         _HOPPER.clear()
     if attention_fwd_gluon.fast_path(q, k, v, causal, causal_offset, scale, variant):
         note = attention_fwd_gluon.path_note(variant, q.shape[-1], v.shape[-1])
@@ -656,9 +656,5 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     grid = query_grid(variant, Nq, B, Hq, n_seq)
     _attn_fwd_kernel[grid](*args, **constexprs)
     if plain:
-        if len(_BOUND) >= _BOUND_ENTRIES:
-            _BOUND.clear()
-        bound = _attn_fwd_kernel.bind(grid, args, constexprs, _N_TENSORS)
-        if bound is not None:
-            _BOUND[signature] = bound
+        keep_bound(_BOUND, signature, _attn_fwd_kernel.bind(grid, args, constexprs, _N_TENSORS))
     return o, lse

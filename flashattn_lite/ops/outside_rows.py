@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launcher import launcher
+from .._launcher import keep_bound, launcher
 from .._runtime import cdiv, next_pow2
 
 _BLOCK_ROWS = 64
@@ -96,12 +96,7 @@ def clear_outside_rows(cu_seqlens: torch.Tensor, a: torch.Tensor, a_fill: float 
                       SCAN=_SCAN, num_warps=4)
     _clear_outside_kernel[grid](*args, **constexprs)
     if bound is None:  # (None also where these tensors cannot be bound, e.g. misaligned: the next call tries)
-        bound = _clear_outside_kernel.bind(grid, args, constexprs, 3)
-        if bound is not None:
-            if len(_BOUND) >= _BOUND_ENTRIES:
-                _BOUND.clear()
-            _BOUND[key] = bound
+        keep_bound(_BOUND, key, _clear_outside_kernel.bind(grid, args, constexprs, 3))
 
 
 _BOUND: dict = {}  # call signature → bound launch (see ``Launcher.bind``)
-_BOUND_ENTRIES = 256
