@@ -15,10 +15,14 @@ causal, fp16). Items:
 - ``engine_python`` / ``engine_cpp``: ``autograd.grad`` through a Python ``autograd.Function`` whose
   backward returns preallocated gradients, and through a C++ op (``q * 1``): the autograd engine's
   own cost, and what a Python backward adds to it (the worker thread takes the GIL);
-- ``empty_like_x5``: five ``torch.empty_like`` of the inputs.
+- ``empty_like_x5``: five ``torch.empty_like`` of the inputs;
+- ``ours_fwd_nograd``: our forward of the same tensors without autograd (inference);
+- ``varlen_fwd_nograd`` / ``varlen_fwd_bwd``: ``attention_varlen`` over a packed batch of four
+  sequences of 16 tokens (same H, d, dtype, causal), without autograd and forward+backward.
 
-``--profile``: then cProfile over ``ours_fwd_bwd``, the functions with the most own time, µs per
-forward+backward step (cProfile's own cost inflates every function's time alike; read the ranking).
+``--profile [ITEM ...]``: then cProfile over those items (default ``ours_fwd_bwd``), the functions
+with the most own time, µs per call (cProfile's own cost inflates every function's time alike; read
+the ranking).
 """
 from __future__ import annotations
 
@@ -34,11 +38,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flashattn_lite import scaled_dot_product_attention  # noqa: E402
+from flashattn_lite import attention, attention_varlen, scaled_dot_product_attention  # noqa: E402
 from flashattn_lite.bench.common import add_run_arguments, format_table, host_us, write_json  # noqa: E402
 from flashattn_lite.ops import attention_bwd as bwd_ops  # noqa: E402
 
 ROUNDS, CALLS = 11, 100
+
+
+def _nograd(fn, *args, **kwargs):
+    with torch.no_grad():
+        return fn(*args, **kwargs)
 
 
 class _Preallocated(torch.autograd.Function):
@@ -75,13 +84,19 @@ def profile_rows(fn, steps: int, top: int = 30) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--profile", action="store_true", help="also cProfile our forward+backward")
+    ap.add_argument("--profile", nargs="*", metavar="ITEM",
+                    help="also cProfile these items (no ITEM: ours_fwd_bwd)")
     add_run_arguments(ap)  # accepted for benchmarks/gpu_check.sh; this run is short either way
     args = ap.parse_args()
     assert torch.cuda.is_available(), "host_breakdown measures the GPU host path"
     B, H, N, D = 1, 8, 16, 64
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
+    lens = (16, 16, 16, 16)
+    cu = torch.tensor([0, 16, 32, 48, 64], device="cuda", dtype=torch.int32)
+    qp, kp, vp = (torch.randn(sum(lens), H, D, device="cuda", dtype=torch.float16, requires_grad=True)
+                  for _ in range(3))
+    dop = torch.randn_like(qp)
     _Preallocated.grads = tuple(torch.empty_like(t) for t in (q, k, v))
     with torch.no_grad():
         o, lse = torch.ops.flashattn_lite.attention_fwd(q, k, v, None, None, None, None, None, D ** -0.5, True, 0,
@@ -104,6 +119,10 @@ def main():
         "engine_python": lambda: torch.autograd.grad(_Preallocated.apply(q, k, v), (q, k, v), do),
         "engine_cpp": lambda: torch.autograd.grad(q * 1.0, (q,), do),
         "empty_like_x5": lambda: [torch.empty_like(t) for t in (q, k, v, q, k)],
+        "ours_fwd_nograd": lambda: _nograd(attention, q, k, v, causal=True),
+        "varlen_fwd_nograd": lambda: _nograd(attention_varlen, qp, kp, vp, cu, cu, causal=True),
+        "varlen_fwd_bwd": lambda: torch.autograd.grad(attention_varlen(qp, kp, vp, cu, cu, causal=True),
+                                                      (qp, kp, vp), dop),
     }
 
     def timed(name, fn):
@@ -119,13 +138,15 @@ def main():
             times[name].append(timed(name, fn))
     rows = [dict(item=name, best_us=min(t), median_us=sorted(t)[ROUNDS // 2]) for name, t in times.items()]
     extra = {}
-    if args.profile:
-        extra["profile"] = profile_rows(items["ours_fwd_bwd"], ROUNDS * CALLS)
+    profiled = (args.profile or ["ours_fwd_bwd"]) if args.profile is not None else []
+    for name in profiled:
+        extra[f"profile_{name}"] = profile_rows(items[name], ROUNDS * CALLS)
     path = write_json(args.out, "host_breakdown", rows, shape=dict(B=B, H=H, N=N, D=D, causal=True), dtype="float16",
                       **extra)
     print(format_table(rows, ["item", "best_us", "median_us"]))
-    if args.profile:
-        print(format_table(extra["profile"], ["function", "calls_per_step", "own_us", "cum_us"]))
+    for name in profiled:
+        print(f"cProfile of {name}, per call:")
+        print(format_table(extra[f"profile_{name}"], ["function", "calls_per_step", "own_us", "cum_us"]))
     print(f"wrote {path}")
 
 
