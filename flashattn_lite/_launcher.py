@@ -269,9 +269,11 @@ class Launcher:
         ``n_tensors`` positions, skipping the key and the argument walk (a call site's cache of
         these, keyed by everything the other arguments and the tensors' dtypes depend on, makes a
         repeated small call cost little more than Triton's C launcher). ``launch`` returns False,
-        launching nothing, where it does not apply: a tensor not 16-byte aligned, another current
-        device, launch hooks or debug knobs set since, explain() recording. None where this
-        launch has no fast entry."""
+        launching nothing, where it does not apply: a tensor not 16-byte aligned in a position
+        that was aligned here (the binary may assume it; a position that was not, such as a varlen
+        call's ``cu_seqlens[1:]``, was compiled for any address), another current device, launch
+        hooks or debug knobs set since, explain() recording. None where this launch has no fast
+        entry."""
         if not self.enabled:
             return None
         device = torch.cuda.current_device()
@@ -281,9 +283,12 @@ class Launcher:
             return None
         constexprs = (tuple(kwargs.items()), tuple(map(type, kwargs.values())))
         exact = self._exact_key(device, args, constexprs, knobs)
-        entry = self.exact.get(exact) if exact[-1] is None else None  # (bound launches take aligned tensors)
+        entry = self.exact.get(exact)
         if entry is None:
             return None
+        # The positions whose addresses must stay 16-byte aligned (None: all of them).
+        aligned = [i for i, a in enumerate(args[:n_tensors]) if a.data_ptr() % 16 == 0]
+        pick = None if len(aligned) == n_tensors else _getter(aligned)
         kernel, tail, meta, _ = entry
         g = grid(meta) if callable(grid) else grid
         g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
@@ -295,7 +300,8 @@ class Launcher:
             # Addresses as ints: Triton's C launcher then skips its per-tensor data_ptr() call and
             # driver pointer query (the tensors are the call site's validated CUDA tensors).
             ptrs = tuple(map(_data_ptr, tensors))
-            if (reduce(or_, ptrs, 0) & 15 or torch.cuda.current_device() != device or _launches.items is not None
+            if (reduce(or_, ptrs if pick is None else pick(ptrs), 0) & 15 or torch.cuda.current_device() != device
+                    or _launches.items is not None
                     or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook)
                     or _knob_state() != knobs):
                 return False

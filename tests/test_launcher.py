@@ -170,6 +170,25 @@ def test_a_bound_launch_reuses_grid_scalars_and_tail_with_new_tensors(fake):
     assert len(jit.log) == 2
 
 
+def test_a_bound_launch_of_a_misaligned_tensor_keeps_the_aligned_positions_aligned(monkeypatch):
+    # Two tensor positions; the second misaligned at bind (a varlen call's cu_seqlens[1:]): its
+    # binary assumes nothing of that address, so any address runs there, while the first position
+    # must stay aligned.
+    fake_fast_path(monkeypatch)
+    jit = _FakeJit()
+    jit.params = [_Param(0, "x"), _Param(1, "y"), _Param(2, "n"), _Param(3, "BLOCK", True)]
+    jit.arg_names = [p.name for p in jit.params]
+    kern = _launcher.Launcher(jit)
+    x, cu = torch.randn(64), torch.zeros(64, dtype=torch.int32)
+    kern[(1,)](x, cu[1:], 32, BLOCK=4)
+    launch = kern.bind((1,), (x, cu[1:], 32), dict(BLOCK=4), 2)
+    assert launch is not None
+    assert launch(x, cu[1:]) is True and launch(x, cu) is True  # either address in the second position
+    assert launch(x[1:], cu[1:]) is False  # the first position was aligned: it must stay so
+    assert [e[0] for e in jit.log] == ["slow", "fast", "fast"]
+    assert jit.log[1][2][:2] == (x.data_ptr(), cu[1:].data_ptr())
+
+
 @pytest.mark.parametrize("hook", ["empty_chain", "chain", "function"])
 def test_launch_hooks_get_metadata_only_when_one_would_run(fake, hook, monkeypatch):
     jit, kern = fake
@@ -319,3 +338,81 @@ def test_keep_bound_keeps_launches_not_none_and_starts_over_when_full(monkeypatc
     _launcher.keep_bound(table, "b", 2)
     _launcher.keep_bound(table, "c", 3)  # full: the table starts over
     assert table == {"c": 3}
+
+
+def _counted(table: dict) -> list:
+    """Wraps every bound launch in ``table``: the returned list gets, per launch through one,
+    whether it ran (not False)."""
+    ran = []
+    for key, entry in list(table.items()):
+        def counted(*args, _entry=entry):
+            result = _entry(*args)
+            ran.append(result is not False)
+            return result
+        table[key] = counted
+    return ran
+
+
+def _variant_call(case: str, seed: int, dev="cuda"):
+    """(ours, float64 reference) of one forward+backward of ``case``, every output flattened into
+    one vector; the sequence bounds change with ``seed``, the shapes and counts do not."""
+    import flashattn_lite as fa
+    from flashattn_lite.ops.attention import attention_core
+    from flashattn_lite.reference import attention_reference, attention_varlen_reference
+    g = torch.Generator(device=dev).manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, device=dev, dtype=torch.float16, generator=g)  # noqa: E731
+    sinks = torch.randn(4, device=dev, generator=g).requires_grad_()
+    if case == "varlen-sinks":
+        lens = ([20, 30, 16, 30], [40, 8, 24, 24], [1, 50, 5, 40], [33, 33, 29, 1])[seed % 4]
+        cu = torch.tensor([0] + lens, device=dev).cumsum(0).to(torch.int32)
+        q, k, v = (rand(96, h, 64).requires_grad_() for h in (4, 2, 2))
+        leaves, do = (q, k, v, sinks), rand(96, 4, 64)
+        run = lambda q, k, v, s, ref: (attention_varlen_reference(q, k, v, cu.cpu(), cu.cpu(), causal=True, sinks=s)[0]  # noqa: E731
+                                       if ref else fa.attention_varlen(q, k, v, cu, cu, causal=True, sinks=s))
+    elif case == "ranges-window-sinks":
+        starts = torch.randint(0, 20, (3,), generator=torch.Generator().manual_seed(seed))
+        ranges = torch.stack([starts, starts + 40], 1).to(dev, torch.int32)
+        q, k, v = (rand(3, h, 60, 64).requires_grad_() for h in (4, 2, 2))
+        leaves, do = (q, k, v, sinks), rand(3, 4, 60, 64)
+
+        def run(q, k, v, s, ref):
+            if not ref:
+                return attention_core(q, k, v, causal=True, window=(9, 0), sinks=s, q_ranges=ranges, k_ranges=ranges)
+            o = torch.zeros_like(q)
+            for b, (r0, r1) in enumerate(ranges.tolist()):
+                o[b:b + 1, :, r0:r1] = attention_reference(q[b:b + 1, :, r0:r1], k[b:b + 1, :, r0:r1],
+                                                           v[b:b + 1, :, r0:r1], causal=True, window=(9, 0),
+                                                           sinks=s)[0]
+            return o
+    else:  # "dense-options": the one-launch backward with every option but sinks
+        slopes = torch.rand(4, device=dev, generator=g)
+        q, k, v = (rand(2, h, 50, 64).requires_grad_() for h in (4, 2, 2))
+        leaves, do = (q, k, v), rand(2, 4, 50, 64)
+        options = dict(causal=True, window=(12, 0), softcap=15.0, alibi_slopes=slopes)
+        run = lambda q, k, v, ref: (attention_reference(q, k, v, **options)[0] if ref  # noqa: E731
+                                    else fa.attention(q, k, v, **options))
+    ours_o = run(*leaves, False)
+    ours = (ours_o, *torch.autograd.grad(ours_o, leaves, do))
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref_o = run(*ref_leaves, True)
+    ref = (ref_o, *torch.autograd.grad(ref_o, ref_leaves, do.double()))
+    return [t.flatten() for t in ours], [t.flatten() for t in ref]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled launch path needs a GPU")
+@pytest.mark.parametrize("case", ["varlen-sinks", "ranges-window-sinks", "dense-options"])
+def test_repeated_variant_calls_take_their_bound_launches_and_match_the_reference(case):
+    # The portable forward and backward bind a call's launches after its first call; the next
+    # calls, with new values and new sequence bounds, run through them and match float64.
+    from flashattn_lite.ops import attention_bwd, attention_fwd, attention_fwd_hopper
+    with attention_fwd_hopper.disabled():
+        attention_fwd._BOUND.clear()
+        attention_bwd._BOUND.clear()
+        for seed in range(4):
+            if seed == 1:
+                ran = _counted(attention_fwd._BOUND), _counted(attention_bwd._BOUND)
+            ours, ref = _variant_call(case, seed)
+            for name, a, b in zip(("o", "dq", "dk", "dv", "dsinks"), ours, ref):
+                err = ((a.double() - b).norm() / b.norm()).item()
+                assert err < 3e-3, f"call {seed}, {name}: rel err {err:.2e}"
+    assert ran[0] == [True] * 3 and ran[1] == [True] * 3, ran

@@ -42,7 +42,7 @@ from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
 from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
-                            query_tile, score_args, score_tile, seq_args, sequence, varlen_tile, _plain_signature,
+                            query_tile, score_args, score_tensors, score_tile, seq_args, sequence, varlen_tile, _plain_signature,
                             _variant_signature, SEQ_DENSE)
 from .attention_fwd_hopper import _tensor_reason
 
@@ -523,7 +523,7 @@ _HOPPER_ENTRIES = 256
 _BOUND: dict = {}
 
 
-def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = PLAIN, signature=None):
+def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant, signature, variant_signature):
     """(a Hopper backward's entry point, what explain() says of it) if this call (no mask or
     dropout) takes one, else False: the Gluon warp-specialized backward where its ``fast_path``
     says so (plain, or a window, softcap, ALiBi, sinks; over a dense batch, a padded one with per-row
@@ -531,15 +531,14 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = P
     call the Triton TMA pair (``attention_bwd_hopper.fast_path``). Decided once per call signature
     (with the variant's, ``_variant_signature``, as the forward keys it; both modules import this
     one), base-pointer alignment checked on every call. The caller hands it a contiguous dO (so
-    only dO's base alignment is left to check), and the call's ``_plain_signature`` if it has it."""
+    only dO's base alignment is left to check), the call's ``_plain_signature`` and its variant's
+    (None for a plain call)."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return False
     deterministic = torch.are_deterministic_algorithms_enabled()
-    if signature is None:
-        signature = _plain_signature(q, k, v, causal, causal_offset, scale, True)
     key = (signature, deterministic)
     if variant is not PLAIN:
-        key = (*key, _variant_signature(variant))  # (with the batch layout and its bounds' layouts)
+        key = (*key, variant_signature)  # (with the batch layout and its bounds' layouts)
     hopper = _HOPPER.get(key)
     if hopper is None:
         from . import attention_bwd_gluon, attention_bwd_hopper
@@ -609,18 +608,26 @@ def _short_backward(do, q, k, v, o, lse, dlse, variant: Variant, scale: float, c
     return dq, dk, dv, (grid, args, constexprs)
 
 
+# A ``_BOUND`` entry runs a repeated call's backward, ``entry(q, k, v, do, o, lse, dq, dk, dv, variant)``,
+# and returns False where a launch declined (the caller then takes the full path, which redoes every
+# output), else the call's δ (for the sinks' gradient) or True (the short kernel: no sinks there).
+# The bound tensors besides the call's: dlse's placeholder (bound calls have none), the ALiBi slopes,
+# the sequence bounds (``seq_args``) and the mask's placeholder, q where absent.
+
 def _bound_short(launch):
-    """The short kernel's bound launch as one ``_BOUND`` entry: a plain call's dlse and ALiBi
-    slopes are placeholders, never read."""
-    return lambda q, k, v, do, o, lse, dq, dk, dv: launch(q, k, v, do, o, lse, dq, dk, dv, lse, q)
+    """The short kernel's bound launch as one ``_BOUND`` entry."""
+    return lambda q, k, v, do, o, lse, dq, dk, dv, variant: launch(q, k, v, do, o, lse, dq, dk, dv, lse,
+                                                                   score_tensors(variant, q)[1])
 
 
 def _bound_three(pre, kv, qt):
     """The three-launch backward's bound launches as one ``_BOUND`` entry (δ and lse₂ allocated per call)."""
-    def run(q, k, v, do, o, lse, dq, dk, dv):
+    def run(q, k, v, do, o, lse, dq, dk, dv, variant):
         delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
-        return (pre(o, do, lse, lse, delta, lse2) and kv(q, k, v, do, dk, dv, lse2, delta, q, q, q, q, q, q)
-                and qt(q, k, v, do, dq, lse2, delta, q, q, q, q, q, q))
+        read = (q, score_tensors(variant, q)[1], *seq_args(variant, q)[:4])  # mask, slopes, bounds
+        done = (pre(o, do, lse, lse, delta, lse2) and kv(q, k, v, do, dk, dv, lse2, delta, *read)
+                and qt(q, k, v, do, dq, lse2, delta, *read))
+        return done and delta
     return run
 
 
@@ -637,7 +644,8 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     signature = None
     if mask is None and dropout_p == 0.0:
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, True)
-        hopper = _hopper_backward(q, k, v, causal, causal_offset, scale, variant, signature)
+        variant_signature = None if variant is PLAIN else _variant_signature(variant)
+        hopper = _hopper_backward(q, k, v, causal, causal_offset, scale, variant, signature, variant_signature)
         # dO is read as it is wherever TMA can (a (B, N, H, D) layout's transposed view, rows of a
         # larger tensor, a packed varlen batch): autograd may hand over an expanded one (e.g. of
         # o.sum()), which TMA takes contiguous.
@@ -656,17 +664,22 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
                 return (*run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, **into), None)
             # The Gluon backward with the options: (dq, dk, dv, dsinks), as below.
             return run(dense_do, q, k, v, o, lse, scale=scale, causal=causal, dlse=dlse, variant=variant, **into)
-    # A repeated plain call (no dlse): its launches bound to its arguments (``Launcher.bind``).
+    # Rows outside every range of a padded batch are no program's: their gradients are 0.
+    alloc = torch.zeros_like if variant.seq == SEQ_RANGES else torch.empty_like
+    # A repeated call without a mask, dropout or dlse: its launches bound to its arguments
+    # (``Launcher.bind``), keyed by everything else they depend on.
     bound_key = None
-    if variant is PLAIN and signature is not None and dlse is None and _bwd_dq_kernel.enabled:
-        bound_key = (signature, do.stride(), o.stride(), lse.stride())
+    if signature is not None and dlse is None and _bwd_dq_kernel.enabled:
+        bound_key = (signature, do.stride(), o.stride(), lse.stride(), variant_signature)
         bound = _BOUND.get(bound_key)
         if bound is not None:
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dq, dk, dv = alloc(q), alloc(k), alloc(v)
             # Each launch writes its outputs whole, so one that declines (returns False: a tensor not
             # 16-byte aligned, a profiler hook) falls through to the full path, which redoes them all.
-            if bound(q, k, v, do, o, lse, dq, dk, dv):
-                return dq, dk, dv, None
+            done = bound(q, k, v, do, o, lse, dq, dk, dv, variant)
+            if done is not False:
+                dsinks = sinks_grad(variant.sinks, lse, done) if variant.sinks is not None else None
+                return dq, dk, dv, dsinks
     variant = causal_window(variant, causal)
     if dlse is not None:
         dlse = dlse.float().contiguous()  # autograd hands over expanded (stride-0) grads, e.g. from lse.sum()
@@ -679,8 +692,6 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
             bound = _bwd_short_kernel.bind(*launch, 11)
             keep_bound(_BOUND, bound_key, _bound_short(bound) if bound is not None else None)
         return dq, dk, dv, None
-    # Rows outside every range of a padded batch are no program's: their gradients are 0.
-    alloc = torch.zeros_like if variant.seq == SEQ_RANGES else torch.empty_like
     dq, dk, dv = alloc(q), alloc(k), alloc(v)
     # δ and lse₂ in the forward's lse layout, seen by the preprocess as dense (B, Hq, Nq) rows.
     delta = torch.empty_like(lse)

@@ -489,6 +489,12 @@ def seq_args(variant: Variant, placeholder: torch.Tensor):
     return cq[:-1], cq[1:], ck[:-1], ck[1:], 1, cq.shape[0] - 1
 
 
+def score_tensors(variant: Variant, placeholder: torch.Tensor):
+    """(sinks, ALiBi slopes) as the kernels take them: the placeholder where absent."""
+    return (placeholder if variant.sinks is None else variant.sinks,
+            placeholder if variant.alibi is None else variant.alibi)
+
+
 def score_args(variant: Variant, q: torch.Tensor, scale: float):
     """The score options as the kernels take them: (tensors, scalars, constexprs)."""
     alibi, sinks = variant.alibi, variant.sinks
@@ -497,7 +503,7 @@ def score_args(variant: Variant, q: torch.Tensor, scale: float):
     if alibi is not None:
         alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else alibi.stride()
     # The kernels read sinks[h] and the sequence bounds at unit steps: ``_variant`` made them contiguous.
-    tensors = (q if sinks is None else sinks, q if alibi is None else alibi)
+    tensors = score_tensors(variant, q)
     scalars = (scale / cap if cap else 0.0, cap * LOG2E)
     constexprs = dict(HAS_LEFT=variant.left >= 0, HAS_RIGHT=variant.right >= 0, SOFTCAP=cap > 0,
                       ALIBI=alibi is not None, SINKS=sinks is not None, SEQ=variant.seq,
@@ -549,8 +555,10 @@ def query_grid(variant: Variant, n_q: int, batch: int, n_heads: int, n_seq: int)
     return lambda meta: (cdiv(n_q, meta["BLOCK_M"]) * batch * n_heads,)
 
 
-# Bound launches of the forward kernel for plain calls (no mask, dropout or variant), keyed by what
-# their arguments depend on (``_plain_signature``): a repeated call skips the argument walk.
+# Bound launches of the forward kernel for calls without a mask or dropout, keyed by what their
+# arguments depend on (``_plain_signature``, and a variant's ``_variant_signature``): a repeated call
+# skips the argument walk. The tensors: q, k, v, o, lse, the mask's placeholder, the score options'
+# (``score_tensors``) and the sequence bounds (``seq_args``).
 _BOUND: dict = {}
 _N_TENSORS = 12
 
@@ -602,10 +610,10 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
     a new tensor (the caller copies it: ``_forward_impl``).
 
     This runs on every call: at small shapes its host time is the call's time, so it stays lean
-    (no per-call imports, and a bound launch for repeated plain calls)."""
+    (no per-call imports, and a bound launch for repeated calls without a mask or dropout)."""
     B, Hq, Nq, D = q.shape
     Dv = v.shape[3]
-    plain = variant is PLAIN and mask is None and dropout_p == 0.0 and _attn_fwd_kernel.enabled
+    key = None
     if mask is None and dropout_p == 0.0:  # what the Hopper kernels may take (ranges, varlen: the Gluon one)
         signature = _plain_signature(q, k, v, causal, causal_offset, scale, need_lse)
         key = signature if variant is PLAIN else (signature, _variant_signature(variant))
@@ -624,9 +632,11 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
             return o, lse if need_lse else None
     o, lse = output_buffers(q, Dv, variant, need_lse)
     lse_arg = q if lse is None else lse  # never written without need_lse: STORE_LSE is False
-    if plain:
-        bound = _BOUND.get(signature)
-        if bound is not None and bound(q, k, v, o, lse_arg, q, q, q, q, q, q, q):
+    bindable = key is not None and _attn_fwd_kernel.enabled
+    if bindable:
+        bound = _BOUND.get(key)
+        if bound is not None and bound(q, k, v, o, lse_arg, q, *(
+                (q,) * 6 if variant is PLAIN else (*score_tensors(variant, q), *seq_args(variant, q)[:4]))):
             return o, lse
     _, Hkv, Nk, _ = k.shape
     variant = causal_window(variant, causal)
@@ -638,11 +648,11 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
         mask_strides = mask.stride()
     dropout = dropout_p > 0.0
     *seq_ptrs, stride_seq, n_seq = seq_args(variant, q)
-    score_tensors, alibi_strides, score_scalars, score_constexprs = score_args(variant, q, scale)
+    option_tensors, alibi_strides, score_scalars, score_constexprs = score_args(variant, q, scale)
     q_strides, k_strides, v_strides, o_strides = q.stride(), k.stride(), v.stride(), o.stride()
     if variant.seq >= SEQ_VARLEN:  # one packed batch: the sequence index moves no pointer
         q_strides, k_strides, v_strides, o_strides = ((0, *t[1:]) for t in (q_strides, k_strides, v_strides, o_strides))
-    args = (q, k, v, o, lse_arg, mask_arg, *score_tensors, *seq_ptrs,
+    args = (q, k, v, o, lse_arg, mask_arg, *option_tensors, *seq_ptrs,
             *q_strides, *k_strides, *v_strides, *o_strides, *mask_strides,
             *lse_strides(variant, Hq, Nq), *alibi_strides, stride_seq,
             Hq, Nq, Nk, n_seq,
@@ -655,6 +665,6 @@ def attention_forward(q, k, v, *, scale: float, causal: bool, causal_offset: int
                       FOLD_SCALE=fold, STORE_LSE=need_lse)
     grid = query_grid(variant, Nq, B, Hq, n_seq)
     _attn_fwd_kernel[grid](*args, **constexprs)
-    if plain:
-        keep_bound(_BOUND, signature, _attn_fwd_kernel.bind(grid, args, constexprs, _N_TENSORS))
+    if bindable:
+        keep_bound(_BOUND, key, _attn_fwd_kernel.bind(grid, args, constexprs, _N_TENSORS))
     return o, lse
