@@ -187,6 +187,9 @@ def test_a_bound_launch_of_a_misaligned_tensor_keeps_the_aligned_positions_align
     assert launch(x[1:], cu[1:]) is False  # the first position was aligned: it must stay so
     assert [e[0] for e in jit.log] == ["slow", "fast", "fast"]
     assert jit.log[1][2][:2] == (x.data_ptr(), cu[1:].data_ptr())
+    kern[(1,)](x[1:], cu[1:], 32, BLOCK=4)  # no position aligned: any addresses run
+    launch = kern.bind((1,), (x[1:], cu[1:], 32), dict(BLOCK=4), 2)
+    assert launch(x, cu) is True and launch(x[3:], cu[1:]) is True
 
 
 @pytest.mark.parametrize("hook", ["empty_chain", "chain", "function"])

@@ -516,14 +516,16 @@ def _bwd_short_kernel(q, k, v, do, o, lse, dq, dk, dv, dlse, alibi,
 
 _HOPPER: dict = {}  # call signature → (a Hopper backward's entry point, explain()'s note), or False
 _HOPPER_ENTRIES = 256
-# Plain calls (no mask, dropout, variant or dlse): the call's launches (the short kernel's one, or the
-# three) bound to its arguments, as ``run(q, k, v, do, o, lse, dq, dk, dv)`` → launched or not, keyed
-# by the call's signature and dO's, O's and lse's strides: a repeated small call skips the argument
-# walk (as the forward's ``_BOUND``).
+# Calls without a mask, dropout or dlse: the call's launches (the short kernel's one, or the three)
+# bound to its arguments (entries: see ``_bound_short``), keyed by the call's signature, its variant's,
+# and dO's strides and dtype, O's and lse's strides: a repeated small call skips the argument walk (as
+# the forward's ``_BOUND``). The short kernel's limits (``SHORT_MAX_N`` …) are not in the key: a
+# change of them (tests) must clear the table.
 _BOUND: dict = {}
 
 
-def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant, signature, variant_signature):
+def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant = PLAIN, signature=None,
+                     variant_signature=None):
     """(a Hopper backward's entry point, what explain() says of it) if this call (no mask or
     dropout) takes one, else False: the Gluon warp-specialized backward where its ``fast_path``
     says so (plain, or a window, softcap, ALiBi, sinks; over a dense batch, a padded one with per-row
@@ -531,14 +533,16 @@ def _hopper_backward(q, k, v, causal, causal_offset, scale, variant: Variant, si
     call the Triton TMA pair (``attention_bwd_hopper.fast_path``). Decided once per call signature
     (with the variant's, ``_variant_signature``, as the forward keys it; both modules import this
     one), base-pointer alignment checked on every call. The caller hands it a contiguous dO (so
-    only dO's base alignment is left to check), the call's ``_plain_signature`` and its variant's
-    (None for a plain call)."""
+    only dO's base alignment is left to check), and where it has them the call's ``_plain_signature``
+    and its variant's ``_variant_signature``."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return False
     deterministic = torch.are_deterministic_algorithms_enabled()
+    if signature is None:
+        signature = _plain_signature(q, k, v, causal, causal_offset, scale, True)
     key = (signature, deterministic)
-    if variant is not PLAIN:
-        key = (*key, variant_signature)  # (with the batch layout and its bounds' layouts)
+    if variant is not PLAIN:  # (with the batch layout and its bounds' layouts)
+        key = (*key, _variant_signature(variant) if variant_signature is None else variant_signature)
     hopper = _HOPPER.get(key)
     if hopper is None:
         from . import attention_bwd_gluon, attention_bwd_hopper
@@ -611,8 +615,9 @@ def _short_backward(do, q, k, v, o, lse, dlse, variant: Variant, scale: float, c
 # A ``_BOUND`` entry runs a repeated call's backward, ``entry(q, k, v, do, o, lse, dq, dk, dv, variant)``,
 # and returns False where a launch declined (the caller then takes the full path, which redoes every
 # output), else the call's δ (for the sinks' gradient) or True (the short kernel: no sinks there).
-# The bound tensors besides the call's: dlse's placeholder (bound calls have none), the ALiBi slopes,
-# the sequence bounds (``seq_args``) and the mask's placeholder, q where absent.
+# The bound tensors besides the call's: the short kernel's dlse placeholder (lse: bound calls have no
+# dlse) and ALiBi slopes; the three launches' mask placeholder, slopes and sequence bounds
+# (``seq_args``); q where absent.
 
 def _bound_short(launch):
     """The short kernel's bound launch as one ``_BOUND`` entry."""
@@ -670,7 +675,7 @@ def attention_backward(do, q, k, v, o, lse, dlse, *, scale: float, causal: bool,
     # (``Launcher.bind``), keyed by everything else they depend on.
     bound_key = None
     if signature is not None and dlse is None and _bwd_dq_kernel.enabled:
-        bound_key = (signature, do.stride(), o.stride(), lse.stride(), variant_signature)
+        bound_key = (signature, do.stride(), do.dtype, o.stride(), lse.stride(), variant_signature)
         bound = _BOUND.get(bound_key)
         if bound is not None:
             dq, dk, dv = alloc(q), alloc(k), alloc(v)
