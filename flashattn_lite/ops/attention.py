@@ -31,13 +31,18 @@ from .outside_rows import clear_outside_rows
 _SEED_BOUND = 2 ** 62
 
 
-def _validate(q, k, v, attn_mask, dropout_p):
+def _validate(q, k, v, attn_mask, dropout_p, packed: bool = False):
     """Check q, k, v, mask and dropout; returns the mask as a 4-D view (no copy) or None.
+    ``packed``: q, k, v are a varlen batch's (total, H, D) tensors (checked to be 3-D), checked as
+    the (1, H, total, D) views the kernels read.
 
     The common, valid call costs one compound test (this runs on every call, so it is kept to
-    ≈ 2 µs); only a failing call walks the detailed checks that name the culprit."""
+    ≈ 2 µs); only a failing call walks the detailed checks that name the culprit (on the views)."""
     try:
-        qs, ks, vs = q.shape, k.shape, v.shape
+        if packed:  # the views' shapes, without the six view ops
+            qs, ks, vs = ((1, t.shape[1], t.shape[0], t.shape[2]) for t in (q, k, v))
+        else:
+            qs, ks, vs = q.shape, k.shape, v.shape
         ok = (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and _dtype_ok(q)
               and k.dtype == q.dtype and v.dtype == q.dtype and k.device == q.device and v.device == q.device
               and qs[0] == ks[0] == vs[0] > 0 and ks[1] == vs[1] > 0 and qs[1] % ks[1] == 0 and qs[1] > 0
@@ -47,7 +52,7 @@ def _validate(q, k, v, attn_mask, dropout_p):
     except (AttributeError, TypeError):
         ok = False
     if not ok:
-        _explain_invalid(q, k, v, dropout_p)
+        _explain_invalid(*((_packed_as_4d(t) for t in (q, k, v)) if packed else (q, k, v)), dropout_p)
     if attn_mask is not None:
         attn_mask = _validate_mask(attn_mask, q, (qs[0], qs[1], qs[2], ks[2]))
     return attn_mask
@@ -611,7 +616,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         _check_alibi(alibi_slopes, q, cu_seqlens_q.shape[0] - 1, q.shape[1])
         return _no_keys(q, k, v, _check_sinks(sinks, q, q.shape[1]), return_lse)
     # The checks of a dense call on the (1, H, total, D) views the kernels read.
-    _validate(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), None, 0.0)
+    _validate(q, k, v, None, 0.0, packed=True)
     variant = _variant(q, k, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
                        seq=SEQ_VARLEN, seq_q=cu_seqlens_q, seq_k=cu_seqlens_k)
     o, lse = _run(q, k, v, None, float(scale), causal, 0, 0.0, need_lse=return_lse, variant=variant)
@@ -626,7 +631,7 @@ def _no_keys(q, k, v, sinks, return_lse):
     _checks.check_dim("v", "total length (dim 0)", v.shape[0], k.shape[0], "k's")
     # A dense call's checks (dtypes, devices, heads, head dims) on one-row stand-ins for the empty k, v.
     k1, v1 = (t.new_zeros((1, *t.shape[1:])) for t in (k, v))
-    _validate(_packed_as_4d(q), _packed_as_4d(k1), _packed_as_4d(v1), None, 0.0)
+    _validate(q, k1, v1, None, 0.0, packed=True)
     o = torch.zeros((*q.shape[:2], v.shape[2]), device=q.device, dtype=q.dtype)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         # keeps o in the graph (zero gradients) whatever values q, k, v hold
