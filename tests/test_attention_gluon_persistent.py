@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from conftest import DEVICE, model_only
+from conftest import DEVICE, ON_GPU, model_only
 from flashattn_lite.ops import attention_fwd
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
 from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant
@@ -67,6 +67,36 @@ def key_tile_count(start_m, n_q, n_k, causal, block_m, block_n):
     return triton.cdiv(hi, block_n)
 
 
+def pairs_reference(n_bh, n_m, programs):
+    """Each program's (bh, heavy) list of a causal launch without a sorted tail, written with lists
+    (heavy 0: a head's last query tile): head-major units dealt round-robin, a unit pairing a head's
+    k-th heaviest tile with its k-th lightest (heavy first), the middle tile of an odd count last,
+    alone."""
+    units = ([[(bh, k), (bh, n_m - 1 - k)] for bh in range(n_bh) for k in range(n_m // 2)]
+             + [[(bh, n_m // 2)] for bh in range(n_bh) if n_m % 2])
+    return [[tile for unit in units[pid::programs] for tile in unit] for pid in range(programs)]
+
+
+def reference_loads(B, H, n, block_m, block_n, programs, sorted_tail):
+    """Each program's key tiles under the Python deal (``pairs_reference``, ``sorted_tail_reference``)
+    of a causal launch with Nq = Nk = n."""
+    n_m = triton.cdiv(n, block_m)
+    deal = (sorted_tail_reference if sorted_tail else pairs_reference)(B * H, n_m, programs)
+    return [sum(key_tile_count((n_m - 1 - heavy) * block_m, n, n, True, block_m, block_n) for _, heavy in tiles)
+            for tiles in deal]
+
+
+def deal_loads(B, H, n, block_m, block_n, programs, sorted_tail=False):
+    """Each program's key tiles at a model's shape, by the Python deal; on the GPU the kernel's deal
+    (``persistent_deal``) too, which must match it (the interpreter runs 132 programs over thousands
+    of tiles in minutes, so the CPU suite checks the kernel against the same lists at small shapes)."""
+    loads = reference_loads(B, H, n, block_m, block_n, programs, sorted_tail)
+    if ON_GPU:
+        deal = persistent_deal(B, H, n, n, True, block_m, block_n, programs, sorted_tail)
+        assert [sum(t[5] for t in tiles) for tiles in deal] == loads
+    return loads
+
+
 @pytest.mark.parametrize("B, H, n_q, n_k, causal, block_m, block_n, programs", [
     (2, 3, 1000, 1037, True, 192, 64, 5), (1, 4, 1300, 1000, True, 128, 128, 3), (3, 2, 300, 300, False, 192, 128, 4),
     (1, 1, 1, 17, True, 192, 128, 1), (2, 2, 700, 700, True, 128, 64, 7)],
@@ -92,6 +122,9 @@ def test_every_tile_dealt_once_in_head_major_units(B, H, n_q, n_k, causal, block
             + [[(bh, last(n_m // 2))] for bh in range(B * H) if n_m % 2]) if causal else \
         [[(bh, last(k))] for bh in range(B * H) for k in range(n_m)]
     assert [units[u] for u in sorted(units)] == want
+    if causal:  # the Python deal the balance tests use
+        got = [[(bh, n_m - 1 - start_m // block_m) for _, bh, _, _, start_m, _ in tiles] for tiles in deal]
+        assert got == pairs_reference(B * H, n_m, programs)
     if causal and n_q > n_k:
         assert 0 in [t[5] for tiles in deal for t in tiles]  # tiles with no key tile: the model takes those too
 
@@ -103,8 +136,7 @@ def test_causal_units_balance(d, n, block_m, block_n, bound):
     # `bound` of the mean (the rest is granularity: 1024 units on 132 programs at d 128 8k), and
     # under what the head-major tiles dealt one by one round-robin would give (8% over at d 128 8k).
     B, H, programs = 16384 // n, 2048 // d, 132
-    deal = persistent_deal(B, H, n, n, True, block_m, block_n, programs)
-    loads = [sum(t[5] for t in tiles) for tiles in deal]
+    loads = deal_loads(B, H, n, block_m, block_n, programs)
     mean = sum(loads) / programs
     assert max(loads) <= bound * mean
     n_m = triton.cdiv(n, block_m)
@@ -169,8 +201,7 @@ def test_sorted_tail_balance(n, block_m, block_n):
     n_m = triton.cdiv(n, block_m)
     loads = {}
     for sorted_tail in (False, True):
-        deal = persistent_deal(B, H, n, n, True, block_m, block_n, programs, sorted_tail)
-        loads[sorted_tail] = [sum(t[5] for t in tiles) for tiles in deal]
+        loads[sorted_tail] = deal_loads(B, H, n, block_m, block_n, programs, sorted_tail)
     mean = sum(loads[True]) / programs
     assert max(loads[True]) <= (1.015 if block_m == block_n else 1.025) * mean < max(loads[False])
     head_units = max(B * H * (n_m // 2) // programs - 1, 0) * programs
