@@ -42,7 +42,7 @@ from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
 from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
-                            query_tile, score_args, score_tensors, score_tile, seq_args, sequence, varlen_tile, _plain_signature,
+                            query_program, score_args, score_tensors, score_tile, seq_args, sequence, varlen_tile, _plain_signature,
                             _variant_signature, SEQ_DENSE)
 from .attention_fwd_hopper import _tensor_reason
 
@@ -339,18 +339,8 @@ def _bwd_dq_kernel(q, k, v, do, dq, lse2, delta, mask, alibi, q_starts, q_ends, 
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr,
                    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEQ: tl.constexpr, FAST_TANH: tl.constexpr,
                    DROPOUT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    if SEQ == 2:
-        pid = tl.program_id(0)
-        h = pid % n_heads
-        b, start_m = varlen_tile(q_starts, q_ends, n_seq, n_q, pid // n_heads, BLOCK_M)
-        live = b < n_seq
-        b = tl.minimum(b, n_seq - 1)
-        h_kv = h // GROUP
-    else:
-        start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
-    q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
-    if SEQ == 2:
-        n_q = tl.where(live, n_q, 0)
+    start_m, b, h, h_kv, q0, n_q, k0, n_k, off = query_program(n_q, n_k, n_heads, n_seq, q_starts, q_ends, k_starts,
+                                                               k_ends, stride_seq, off, GROUP, BLOCK_M, SEQ)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)

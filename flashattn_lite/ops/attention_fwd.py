@@ -233,6 +233,27 @@ def sequence(pid_b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, of
 
 
 @triton.jit
+def query_program(n_q, n_k, n_heads, n_seq, q_starts, q_ends, k_starts, k_ends, stride_seq, off,
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SEQ: tl.constexpr):
+    """This query-tile program's (start_m, b, h, h_kv) and its sequence's (q0, n_q, k0, n_k, off), as
+    ``sequence`` gives them. Varlen: the tile slot by ``varlen_tile``; a slot past the last tile takes
+    the last sequence with no query row (n_q = 0), so it visits no key and stores nothing."""
+    if SEQ == 2:
+        pid = tl.program_id(0)
+        h = pid % n_heads
+        b, start_m = varlen_tile(q_starts, q_ends, n_seq, n_q, pid // n_heads, BLOCK_M)
+        live = b < n_seq
+        b = tl.minimum(b, n_seq - 1)
+        h_kv = h // GROUP
+    else:
+        start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
+    q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
+    if SEQ == 2:
+        n_q = tl.where(live, n_q, 0)
+    return start_m, b, h, h_kv, q0, n_q, k0, n_k, off
+
+
+@triton.jit
 def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n,
               offs_m, offs_n, offs_d, offs_dv, n_q, n_k, off, win_left, win_right, qk_scale,
               softcap_scale, softcap2, slope2,
@@ -338,18 +359,8 @@ def _attn_fwd_kernel(q, k, v, o, lse, mask, sinks, alibi, q_starts, q_ends, k_st
                      FAST_TANH: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
                      FOLD_SCALE: tl.constexpr, STORE_LSE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    if SEQ == 2:
-        pid = tl.program_id(0)
-        h = pid % n_heads
-        b, start_m = varlen_tile(q_starts, q_ends, n_seq, n_q, pid // n_heads, BLOCK_M)
-        live = b < n_seq
-        b = tl.minimum(b, n_seq - 1)
-        h_kv = h // GROUP
-    else:
-        start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
-    q0, n_q, k0, n_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, off, SEQ)
-    if SEQ == 2:
-        n_q = tl.where(live, n_q, 0)
+    start_m, b, h, h_kv, q0, n_q, k0, n_k, off = query_program(n_q, n_k, n_heads, n_seq, q_starts, q_ends, k_starts,
+                                                               k_ends, stride_seq, off, GROUP, BLOCK_M, SEQ)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
