@@ -58,6 +58,26 @@ if hasattr(fl, "attention_varlen"):
     for mx in ((None, None), (31, 70)):
         fl.attention_varlen(q, k, v, cu_q, cu_k, *mx, causal=True).float().sum().backward()
 
+
+def unchecked_bounds(dtype):
+    """varlen bounds read unchecked (``check_seqlens=False``, the default on CUDA) and so clamped: a
+    batch ending early and one starting late (the rows outside cleared), a zero-padded tail, bounds
+    below 0 and past the totals. A call's bound launch (``Launcher.bind``) takes the later bound sets
+    of a signature, plain and then with a window and sinks, on new values."""
+    for calls in range(2):
+        q, k, v = r(60, 4, 64, dtype=dtype, grad=True), r(80, 2, 64, dtype=dtype, grad=True), \
+            r(80, 2, 64, dtype=dtype, grad=True)
+        for cq, ck in (([0, 20, 45 + calls], [0, 30, 70]), ([3 + calls, 30, 50], [0, 40, 77]),
+                       ([0, 25, 0, 0], [0, 33 + calls, 0, 0]), ([-5, 30, 99], [0, 50 - calls, 200])):
+            cu = [torch.tensor(c, dtype=torch.int32, device=dev) for c in (cq, ck)]
+            for causal in (False, True):
+                options = dict(window=(7, 0), sinks=r(4, dtype=torch.float32)) if calls else {}
+                fl.attention_varlen(q, k, v, *cu, causal=causal, check_seqlens=False,
+                                    **options).float().sum().backward()
+
+
+unchecked_bounds(dt)
+
 # softmax family: the row kernel, the two-pass kernel and the split kernel (programs that wait)
 for N, strategy in ((1000, "auto"), (3000, "two_pass"), (70000, "split"), (40000, "auto")):
     x = r(3, N, dtype=torch.float32, grad=True)
@@ -158,6 +178,7 @@ if torch.cuda.get_device_capability() == (9, 0) and GLUON:
         torch.use_deterministic_algorithms(False)
 
     with _launcher.recording() as launches:
+        unchecked_bounds(bf)  # the Gluon kernels at MIN_WORK 0
         dense(64, True, **every)
         packed(64, True, deterministic=True, window=(40, 0), softcap=20.0)
         dense(128, False, alibi_slopes=slopes, softcap=20.0)
