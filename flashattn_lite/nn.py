@@ -138,8 +138,9 @@ class MultiheadAttention(nn.Module):
         scale: multiplies q·k; default 1/√D.
 
     Forward: ``x`` (B, L, E); ``context`` (B, S, E) for cross-attention (default: ``x``);
-    ``attn_mask`` bool (True = take part) or float, broadcastable to (B, Hq, L, S), e.g. a
-    (B, 1, 1, S) key-padding mask; ``positions`` (L,) or (B, L) for the rotary embedding (default
+    ``attn_mask`` bool (True = take part: SDPA's convention, the opposite of
+    ``torch.nn.MultiheadAttention``'s, where True blocks) or float, broadcastable to (B, Hq, L, S),
+    e.g. a (B, 1, 1, S) key-padding mask; ``positions`` (L,) or (B, L) for the rotary embedding (default
     0 … L − 1; with a context, keys take positions 0 … S − 1).
 
     >>> import torch

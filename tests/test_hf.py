@@ -352,6 +352,29 @@ def test_fallback_takes_the_function_that_names_the_keywords(monkeypatch):
             hf.attention_forward(layer, q, q, q, None, block_indices=torch.zeros(1, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("causal, n_q", [(True, 9), (True, 1), (False, 9)], ids=["causal", "decode-step", "full"])
+def test_sliding_window_without_a_mask_is_applied(causal, n_q):
+    # No mask (a direct call, or a mask function that gives a layer None): the window is applied as
+    # transformers' flash_attention_2 path reads it (W keys up to the query's own under causal, top-left;
+    # |i - j| < W otherwise; a decode step sees the last W keys), never dropped; a bad value is an error.
+    from flashattn_lite.reference import attention_reference
+    layer = type("Layer", (torch.nn.Module,), {"is_causal": causal})()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, n, 8, generator=g).to(DEVICE) for h, n in ((4, n_q), (2, 9), (2, 9)))
+    before = _hf_fallbacks()
+    o, _ = hf.attention_forward(layer, q, k, v, None, sliding_window=3)
+    assert _hf_fallbacks() == before
+    window = (2, 0) if causal and n_q > 1 else (2, 2)
+    ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=causal and n_q > 1, window=window,
+                                 causal_offset=0 if causal and n_q > 1 else None)
+    torch.testing.assert_close(o.double(), ref.transpose(1, 2), atol=1e-5, rtol=0)
+    full, _ = hf.attention_forward(layer, q, k, v, None)
+    assert not torch.allclose(o, full, atol=1e-3)  # the window changed something
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="sliding_window"):
+            hf.attention_forward(layer, q, k, v, None, sliding_window=bad)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])  # the fallback is sdpa, or eager for softcap
 def test_padding_with_a_hole_falls_back_to_transformers(family, kernel_calls):
     ref, ours = _models(family, torch.float32)

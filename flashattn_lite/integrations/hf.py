@@ -36,7 +36,8 @@ keyword neither takes by name raises instead of being dropped.
 
 A 4-D mask the caller built runs on our kernel as given (bool, or float added to the scores; the
 mask alone says what is visible, as in eager and sdpa); without any mask we follow transformers'
-sdpa (causal for L > 1, top-left). Query rows that are padding give zeros (eager gives left pads a
+sdpa (causal for L > 1, top-left), and apply a ``sliding_window`` as its flash_attention_2 path
+does (sdpa and eager would drop it there). Query rows that are padding give zeros (eager gives left pads a
 mean over masked keys and right pads the valid prefix): their outputs never reach a valid position,
 but a loss must not read them.
 """
@@ -224,11 +225,18 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = _attention.attention_core(query, key, value, attn_mask=attention_mask, **core)
     else:
         # No mask: transformers' sdpa semantics (causal for L > 1, top-left, so keys past L are
-        # the empty slots of a static cache).
+        # the empty slots of a static cache). A sliding window as its flash_attention_2 path reads
+        # it: W keys up to the query's own under causal, |i − j| < W otherwise (sdpa and eager drop
+        # it without a mask).
         q_len = query.shape[2]
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        window = None
+        if sliding_window is not None:
+            if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+                raise ValueError(f"sliding_window must be a positive int (the keys a query sees), got {sliding_window!r}")
+            window = (sliding_window - 1, 0 if causal else sliding_window - 1)
         out = _attention.attention_core(query, key, value, causal=bool(causal),
-                                        causal_offset=0 if causal else None, **core)
+                                        causal_offset=0 if causal else None, window=window, **core)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -48,7 +48,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     - ``attn_mask``: bool (True = take part) or float (added to the scaled scores), in float32 or
       query's dtype, broadcastable to (…, L, S); broadcast dims are read with stride 0.
     - ``is_causal``: top-left aligned as torch defines it (query i sees keys j ≤ i), also when
-      L ≠ S. Combined with ``attn_mask`` it raises, as torch's reference (math) backend does.
+      L ≠ S. Combined with ``attn_mask`` it raises, as torch's documentation says torch does
+      (recent releases' math path applies both instead; pass the causal part in the mask).
     - ``scale``: defaults to 1/√E. ``enable_gqa``: dim −3 of key/value may divide that of query;
       query head h reads key/value head h // (Hq / Hkv), as torch (read in place, no repeat).
     - ``dropout_p``: applied whenever > 0 (as torch's functional does, regardless of training),
