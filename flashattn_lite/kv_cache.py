@@ -24,6 +24,7 @@ multiple of 64 rows, a scale > 0; ``decode_mla_gluon.reason``) runs its Gluon ke
 
     cache = PagedKVCache(layers, 1, 576, head_dim_v=512, v_from_k=True, block_size=64, ...)
     step.write(layer, latent_rows)           # (B, 1, num_new, 576): no v_new
+    o = step.attend(layer, q, scale=(128 + 64) ** -0.5)  # the model's scale: not the default 576 ** -0.5
 """
 from __future__ import annotations
 
