@@ -22,6 +22,12 @@
 #   kills it at its share. Each prints a line per point and rewrites its JSON + CSV in $OUT after
 #   every point, so a cut-off run keeps what it measured. BENCH_ARGS are added to every script
 #   (options all of them take).
+# - PART=1 or PART=2 (with TESTS unset) runs one half of tests/, for the whole suite in two calls
+#   (it needs ~620 s with 14 workers on an H200, more than one 10-minute call):
+#     PART=1 TOTAL=560 WORKERS=14 bash benchmarks/gpu_check.sh   # attention, compile, fuzz, HF, invariance,
+#                                                                #   nn, sdpa (PART_1 below; ~350 s)
+#     PART=2 TOTAL=400 WORKERS=14 bash benchmarks/gpu_check.sh   # every other file (~270 s)
+#   A test file added to tests/ lands in PART=2 unless PART_1 below names it.
 # - The device tool brings back at most 8 files: everything is written to a work folder and packed
 #   into $OUT/results.tgz when the script exits (also when a step was cut short).
 set -uo pipefail
@@ -33,6 +39,19 @@ trap 'tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . && rm -rf "$OUT"' EXIT
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+PART_1="test_attention.py test_attention_bwd_gluon.py test_attention_bwd_gluon_varlen.py
+  test_attention_bwd_gluon_window.py test_attention_bwd_hopper.py test_attention_bwd_short.py test_attention_gluon.py
+  test_attention_gluon_variants.py test_attention_gluon_varlen.py test_attention_gluon_window.py test_attention_hopper.py
+  test_attention_out.py test_attention_variants.py test_compile.py test_fuzz.py test_hf.py test_invariance.py test_nn.py
+  test_sdpa.py"
+if [ -z "${TESTS+set}" ] && [ -n "${PART:-}" ]; then
+  TESTS=""
+  for f in tests/test_*.py; do
+    case " $(echo $PART_1) " in *" $(basename "$f") "*) in_1=1 ;; *) in_1=2 ;; esac
+    [ "$in_1" = "$PART" ] && TESTS="$TESTS $f"
+  done
+  [ -n "$TESTS" ] || { echo "PART must be 1 or 2, got '$PART'"; exit 2; }
+fi
 status=0
 if [ -n "${TESTS-tests}" ]; then
   test_timeout=${TEST_TIMEOUT:-$([ -n "${BENCH:-}" ] && echo 300 || echo $((TOTAL - 30)))}

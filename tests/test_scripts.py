@@ -49,3 +49,23 @@ def test_consan_driver_refuses_an_unknown_mode(tmp_path):
     result = subprocess.run([sys.executable, str(driver), "128", "causl"], capture_output=True, text=True,
                             cwd=BENCHMARKS.parent, env=dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent)))
     assert result.returncode != 0 and "'causl' is not one of" in result.stderr, result.stderr[-500:]
+
+
+def test_gpu_check_halves_name_existing_files_and_cover_the_suite():
+    # PART=1 / PART=2 split tests/ for two device calls: every name in PART_1 must be a test file (a
+    # renamed file would otherwise move to the other half unnoticed), and the halves cover tests/.
+    text = (BENCHMARKS / "gpu_check.sh").read_text()
+    part_1 = set(re.search(r'PART_1="([^"]*)"', text).group(1).split())
+    files = {p.name for p in (BENCHMARKS.parent / "tests").glob("test_*.py")}
+    assert part_1 and part_1 <= files, sorted(part_1 - files)
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash on this machine")
+    block = re.search(r"^PART_1=.*?^fi$", text, re.S | re.M).group(0)
+    halves = []
+    for part in ("1", "2"):
+        out = subprocess.run([bash, "-c", block + '\necho "$TESTS"'], capture_output=True, text=True,
+                             cwd=BENCHMARKS.parent,
+                             env={**{k: v for k, v in os.environ.items() if k != "TESTS"}, "PART": part})
+        halves.append({Path(t).name for t in out.stdout.split()})
+    assert halves[0] == part_1 and halves[0] | halves[1] == files and not halves[0] & halves[1]
