@@ -51,7 +51,12 @@ def check_scale(scale) -> float | None:
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
+    if abs(scale) > _FLOAT32_MAX:  # the kernels take it as a float32: it would turn into inf there
+        raise ValueError(f"scale must fit in float32 (|scale| ≤ {_FLOAT32_MAX:.4g}), got {scale}")
     return float(scale)
+
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def check_bool(name: str, value) -> bool:
