@@ -38,6 +38,9 @@ def check_dim(name: str, what: str, got: int, expected: int, expected_from: str)
         raise ValueError(f"{name} {what} must equal {expected_from} ({expected}), got {got}")
 
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max  # the kernels take scale as a float32
+
+
 def check_scale(scale) -> float | None:
     if scale is None:
         return None
@@ -54,9 +57,6 @@ def check_scale(scale) -> float | None:
     if abs(scale) > _FLOAT32_MAX:  # the kernels take it as a float32: it would turn into inf there
         raise ValueError(f"scale must fit in float32 (|scale| ≤ {_FLOAT32_MAX:.4g}), got {scale}")
     return float(scale)
-
-
-_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def check_bool(name: str, value) -> bool:

@@ -370,8 +370,8 @@ def test_sliding_window_without_a_mask_is_applied(causal, n_q):
     torch.testing.assert_close(o.double(), ref.transpose(1, 2), atol=1e-5, rtol=0)
     full, _ = hf.attention_forward(layer, q, k, v, None)
     assert not torch.allclose(o, full, atol=1e-3)  # the window changed something
-    for bad in (0, -2, 2.5, True):
-        with pytest.raises(ValueError, match="sliding_window"):
+    for bad, error in ((0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="sliding_window"):
             hf.attention_forward(layer, q, k, v, None, sliding_window=bad)
 
 

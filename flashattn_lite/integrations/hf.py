@@ -232,9 +232,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
         window = None
         if sliding_window is not None:
-            if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
-                raise ValueError(f"sliding_window must be a positive int (the keys a query sees), got {sliding_window!r}")
-            window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+            w = _checks.check_positive_int("sliding_window", sliding_window) - 1
+            window = (w, 0 if causal else w)
         out = _attention.attention_core(query, key, value, causal=bool(causal),
                                         causal_offset=0 if causal else None, window=window, **core)
     return out.transpose(1, 2).contiguous(), None
