@@ -38,7 +38,8 @@ def check_dim(name: str, what: str, got: int, expected: int, expected_from: str)
         raise ValueError(f"{name} {what} must equal {expected_from} ({expected}), got {got}")
 
 
-_FLOAT32_MAX = torch.finfo(torch.float32).max  # the kernels take scale as a float32
+# The kernels take scale·log2 e as a float32 (exp2 of scaled scores): past this bound it is inf.
+_SCALE_MAX = torch.finfo(torch.float32).max / 1.4426950408889634
 
 
 def check_scale(scale) -> float | None:
@@ -54,8 +55,8 @@ def check_scale(scale) -> float | None:
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    if abs(scale) > _FLOAT32_MAX:  # the kernels take it as a float32: it would turn into inf there
-        raise ValueError(f"scale must fit in float32 (|scale| ≤ {_FLOAT32_MAX:.4g}), got {scale}")
+    if abs(scale) > _SCALE_MAX:
+        raise ValueError(f"scale·log2(e) must fit in float32 (|scale| ≤ {_SCALE_MAX:.4g}), got {scale}")
     return float(scale)
 
 

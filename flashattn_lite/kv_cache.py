@@ -63,11 +63,22 @@ class PagedStep:
     positions: torch.Tensor       # (B, num_new) int64, absolute positions of the new tokens
     slot_block: torch.Tensor      # (B, num_new) int64, block holding each new token
     slot_offset: torch.Tensor     # (B, num_new) int64, row inside that block
+    lives: list[int]              # each sequence slot's lifetime at the append (``PagedKVCache.free`` ends one)
+
+    def _check_live(self) -> None:
+        """A step outlives a ``free`` of its sequences: its slots and table rows may belong to another
+        sequence by then, so using it would write into or read that sequence's cache."""
+        for s, life in zip(self.seq_ids, self.lives):
+            if self.cache._lives[s] != life:
+                raise RuntimeError(f"this step is stale: sequence {s} was freed after the step's append (its "
+                                   "blocks may belong to another sequence now); append a new step")
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor | None = None) -> None:
         """Store the new tokens' keys/values: k_new (B, Hkv, num_new, D), v_new (B, Hkv, num_new, Dv);
-        with ``v_from_k`` k_new alone (its first Dv columns are the values)."""
+        with ``v_from_k`` k_new alone (its first Dv columns are the values). The cache stores values
+        (cast to its dtype), not autograd history: ``decode`` is inference only."""
         layer = _index("layer", layer, self.cache.num_layers)
+        self._check_live()
         if self.cache.v_from_k != (v_new is None):
             raise ValueError("v_new must be None for a cache made with v_from_k=True (the values are k's first "
                              "head_dim_v columns)" if self.cache.v_from_k else "v_new is required (the cache "
@@ -77,12 +88,19 @@ class PagedStep:
             if t is None:
                 continue
             _checks.check_tensor(name, t, dtypes=None)
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got {str(t.dtype).replace('torch.', '')}")
             if tuple(t.shape) != want + (width,):
                 raise ValueError(f"{name} must have shape (B, Hkv, num_new, D) = {want + (width,)}, "
                                  f"got {tuple(t.shape)}")
             if t.device != self.cache.device:
                 raise ValueError(f"{name} must be on the cache's device {self.cache.device}, got {t.device}")
-        # Advanced indexing on (block, offset) selects (B, num_new, Hkv, D) slots.
+        # Advanced indexing on (block, offset) selects (B, num_new, Hkv, D) slots. Without no_grad, an input
+        # that requires grad would make the whole pool part of its graph, kept alive step after step.
+        with torch.no_grad():
+            self._store(layer, k_new, v_new)
+
+    def _store(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor | None) -> None:
         self.cache.k[layer][self.slot_block, :, self.slot_offset] = k_new.transpose(1, 2).to(self.cache.dtype)
         if v_new is not None:
             self.cache.v[layer][self.slot_block, :, self.slot_offset] = v_new.transpose(1, 2).to(self.cache.dtype)
@@ -91,6 +109,7 @@ class PagedStep:
         """``decode`` of q (B, Hq, n, D) against this layer's cache, causal: q's rows are the step's last
         n ≤ num_new new tokens (all of them, or e.g. only the last, whose logits a prefill needs)."""
         layer = _index("layer", layer, self.cache.num_layers)
+        self._check_live()
         _checks.check_tensor("q", q, ndim=4, dtypes=None)
         if q.shape[0] != len(self.seq_ids) or not 1 <= q.shape[2] <= self.num_new:
             raise ValueError(f"q must have shape (B, Hq, n, D) with B = {len(self.seq_ids)} sequences and n in "
@@ -120,7 +139,7 @@ class PagedKVCache:
                             ("max_seq_len", max_seq_len)):
             _checks.check_positive_int(name, value)
         if dtype not in _checks.FLOAT_DTYPES:
-            raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+            raise TypeError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
         if not isinstance(v_from_k, bool):
             raise TypeError(f"v_from_k must be a bool, got {type(v_from_k).__name__}")
         if head_dim_v is not None and (not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool)
@@ -133,6 +152,9 @@ class PagedKVCache:
         if max(head_dim, dv) > 256 and (head_dim, dv) != MLA_HEAD_DIMS:  # what ``decode`` runs
             raise ValueError(f"head_dim and head_dim_v must be at most 256, or MLA's {MLA_HEAD_DIMS[0]} and "
                              f"{MLA_HEAD_DIMS[1]}; got {head_dim} and {dv}")
+        if max(head_dim, dv) > 256 and dtype == torch.float32:
+            raise TypeError(f"MLA's widths ({MLA_HEAD_DIMS[0]} / {MLA_HEAD_DIMS[1]}) are decoded in float16 or "
+                            "bfloat16 only: dtype must be one of them, got torch.float32")
         self.num_layers, self.num_kv_heads, self.block_size = num_layers, num_kv_heads, block_size
         self.max_seq_len = max_seq_len
         self.dtype, self.v_from_k = dtype, v_from_k
@@ -149,6 +171,7 @@ class PagedKVCache:
         self._free = list(range(num_blocks - 1, -1, -1))
         self._blocks: list[list[int]] = [[] for _ in range(max_seqs)]
         self._lens = [0] * max_seqs
+        self._lives = [0] * max_seqs  # bumped by ``free``: a step of an earlier lifetime is stale
 
     @property
     def free_blocks(self) -> int:
@@ -190,7 +213,7 @@ class PagedKVCache:
         ids = torch.tensor(seq_ids, device=self.device)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
         return PagedStep(self, seq_ids, num_new, self.block_table[ids], self.seqlens[ids],
-                         as_t(positions), as_t(blocks), as_t(offsets))
+                         as_t(positions), as_t(blocks), as_t(offsets), [self._lives[s] for s in seq_ids])
 
     def free(self, seq_id: int) -> None:
         """Return a sequence's blocks to the pool; its slot can start a new sequence."""
@@ -198,6 +221,7 @@ class PagedKVCache:
         self._free.extend(reversed(self._blocks[seq_id]))
         self._blocks[seq_id] = []
         self._lens[seq_id] = 0
+        self._lives[seq_id] += 1
         self._table_host[seq_id] = -1
         self._lens_host[seq_id] = 0
         self._sync()

@@ -607,6 +607,60 @@ def test_paged_cache_refuses_what_would_name_another_slot():
             PagedKVCache(**{**args, **kwargs})
 
 
+def test_paged_cache_refuses_a_step_that_outlived_a_free():
+    """A step made before its sequence was freed names blocks another sequence may own by then: using
+    it raises, where it used to overwrite that sequence's keys. A live sequence's earlier step still works."""
+    from flashattn_lite.kv_cache import PagedKVCache
+    cache = PagedKVCache(1, 1, 16, num_blocks=4, block_size=4, max_seqs=2, max_seq_len=16, dtype=torch.float32,
+                         device=DEVICE)
+    old = cache.append([0], 2)
+    earlier = cache.append([1], 1)
+    cache.append([1], 1)                       # a later step of a live sequence leaves earlier ones usable
+    earlier.write(0, *(torch.randn(1, 1, 1, 16, device=DEVICE),) * 2)
+    cache.free(0)
+    new = cache.append([0], 2)                 # a new sequence in slot 0, on the freed block
+    kv = torch.randn(1, 1, 2, 16, device=DEVICE)
+    new.write(0, kv, kv)
+    zeros = torch.zeros(1, 1, 2, 16, device=DEVICE)
+    with pytest.raises(RuntimeError, match="stale: sequence 0 was freed"):
+        old.write(0, zeros, zeros)
+    with pytest.raises(RuntimeError, match="stale"):
+        old.attend(0, zeros)
+    torch.testing.assert_close(new.attend(0, kv[:, :, 1:]), decode(kv[:, :, 1:], kv, kv, torch.tensor(
+        [2], dtype=torch.int32, device=DEVICE)))
+
+
+def test_paged_cache_stores_values_not_autograd_history():
+    """An input that requires grad is stored as a value (the pool does not join its graph, which would
+    keep every step's projections alive); an int or bool tensor is a TypeError, not cast."""
+    from flashattn_lite.kv_cache import PagedKVCache
+    cache = PagedKVCache(1, 1, 16, num_blocks=4, block_size=4, max_seqs=1, max_seq_len=16, dtype=torch.float32,
+                         device=DEVICE)
+    step = cache.append([0], 1)
+    proj = torch.nn.Linear(16, 16).to(DEVICE)
+    x = torch.randn(1, 1, 1, 16, device=DEVICE)
+    step.write(0, proj(x), proj(x))
+    assert not cache.k.requires_grad and cache.k.grad_fn is None and not cache.v.requires_grad
+    torch.testing.assert_close(cache.k[0, step.slot_block[0, 0], :, 0], proj(x)[0, :, 0].detach())
+    for bad in (torch.ones(1, 1, 1, 16, dtype=torch.int32, device=DEVICE),
+                torch.ones(1, 1, 1, 16, dtype=torch.bool, device=DEVICE)):
+        with pytest.raises(TypeError, match="k_new must be a floating-point tensor"):
+            step.write(0, bad, x)
+        with pytest.raises(TypeError, match="v_new must be a floating-point tensor"):
+            step.write(0, x, bad)
+
+
+def test_paged_cache_refuses_what_decode_would_refuse_at_construction():
+    """MLA's widths decode in 16-bit only, so a float32 latent cache is refused when made, not at its
+    first attend; a dtype given as a string is named as one."""
+    from flashattn_lite.kv_cache import PagedKVCache
+    args = dict(num_blocks=1, block_size=64, max_seqs=1, max_seq_len=64)
+    with pytest.raises(TypeError, match="float16 or bfloat16 only"):
+        PagedKVCache(1, 1, 576, head_dim_v=512, v_from_k=True, dtype=torch.float32, **args)
+    with pytest.raises(TypeError, match="got 'float16'"):
+        PagedKVCache(1, 1, 64, dtype="float16", **args)
+
+
 def test_paged_cache_takes_inputs_on_the_device_it_was_named_by():
     """A device named with its index or without ("cuda" / "cuda:0", "cpu:0" / "cpu") is one device."""
     from flashattn_lite.kv_cache import PagedKVCache

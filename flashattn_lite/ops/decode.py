@@ -190,8 +190,11 @@ def _prefetch_split_start(k, v, seqlens, block_table, stride_btb, stride_bt, cap
     cols = lo + tl.arange(0, TILES * BLOCK_N)
     cols = tl.minimum(cols, tl.maximum(hi - 1, 0))
     bt_row = block_table + b.to(tl.int64) * stride_btb
-    blk, row = _kv_location(bt_row, stride_bt, n_blocks, b, lo, cols, cols < hi, PAGED, PAGE_SIZE, TILES * BLOCK_N,
-                            True)
+    # A split can start past its sequence's end (and past the block table's width): its table
+    # lookup starts at the last key instead, like its columns.
+    start = tl.minimum(lo, tl.maximum(hi - 1, 0))
+    blk, row = _kv_location(bt_row, stride_bt, n_blocks, b, start, cols, cols < hi, PAGED, PAGE_SIZE,
+                            TILES * BLOCK_N, True)
     if K_LINES > 0:
         offs = tl.arange(0, K_LINES) * LINE
         l2_prefetch(k + h_kv.to(tl.int64) * stride_kh + (blk * stride_kb + row * stride_kn)[:, None]
