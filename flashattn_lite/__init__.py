@@ -7,8 +7,9 @@ from .ops.decode import decode
 from .ops.merge_states import merge_attention_states, merge_attention_states_stacked
 from .warmup import warmup
 from .explain import explain
+from ._log import fallback_counts
 
 __all__ = ["attention", "attention_varlen", "scaled_dot_product_attention", "replace_sdpa", "nn", "softmax", "log_softmax",
            "logsumexp", "merge_attention_states", "merge_attention_states_stacked", "decode",
-           "warmup", "explain"]
+           "warmup", "explain", "fallback_counts"]
 __version__ = "0.1.0"

@@ -99,3 +99,26 @@ def test_log_shows_each_fallback_once(fresh_log, caplog):
     assert [r.getMessage() for r in caplog.records] == ["test-log: falling back: the same reason"]
     assert len(caught) == 1
     assert _log.fallback_counts()[("test-log", "the same reason")] == 3
+
+
+def test_an_untested_triton_on_hopper_is_said_once(monkeypatch):
+    """On an sm_90 device with a triton the Hopper kernels were not tested on, calls run the portable
+    kernels: a warning says so once (not per call), and not at all on other devices."""
+    from flashattn_lite.ops import attention_fwd_hopper as hopper
+    q = torch.zeros(1, 1, 1, 64, dtype=torch.float16)
+    monkeypatch.setattr(hopper, "_warned_untested", [])
+    monkeypatch.setattr(hopper.triton, "__version__", "3.5.1")
+    monkeypatch.setattr(hopper, "_device_reason", lambda *a: "not an sm_90 (Hopper) device")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert not hopper.triton_tested(q)
+    assert not seen
+    monkeypatch.setattr(hopper, "_device_reason", lambda *a: None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert not hopper.fast_path(q, q, q, False, 0, 1.0) and not hopper.fast_path(q, q, q, True, 0, 1.0)
+    assert [str(w.message) for w in seen] == [
+        "flashattn_lite: triton 3.5.1 on an sm_90 GPU: the Hopper kernels are tested on triton 3.6.x only, so "
+        "the portable kernels run (about 0.6-0.7 x as fast); install triton 3.6.x for them"]
+    monkeypatch.setattr(hopper.triton, "__version__", "3.6.0")
+    assert hopper.triton_tested(q)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -322,10 +323,26 @@ def disabled():
         decode._PLANS.clear()
 
 
+_warned_untested: list = []
+
+
+def triton_tested(q) -> bool:
+    """Whether this triton is one the Hopper kernels were tested on. On an sm_90 device with another
+    one every call runs the portable kernels, well below the Hopper ones: said once, in a warning."""
+    if triton.__version__.startswith(TESTED_TRITON):
+        return True
+    if not _warned_untested and _device_reason(q, q, q) is None:
+        _warned_untested.append(triton.__version__)
+        warnings.warn(f"flashattn_lite: triton {triton.__version__} on an sm_90 GPU: the Hopper kernels are "
+                      f"tested on triton {TESTED_TRITON[0]}x only, so the portable kernels run (about 0.6-0.7 x "
+                      f"as fast); install triton {TESTED_TRITON[0]}x for them", stacklevel=2)
+    return False
+
+
 def fast_path(q, k, v, causal: bool, causal_offset: int, scale: float, variant: Variant = PLAIN) -> bool:
     """Whether an attention forward without mask or dropout takes this kernel (decided once per call
     signature by ``attention_forward``; the base pointers' alignment is checked on every call there)."""
-    if not enabled() or not triton.__version__.startswith(TESTED_TRITON):
+    if not enabled() or not triton_tested(q):
         return False
     if supported(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale, variant=variant) is not None:
         return False
