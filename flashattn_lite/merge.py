@@ -153,14 +153,14 @@ def merge_states(o_a, lse_a, o_b, lse_b):
 # PyTorch twins (natural log units), used by the CPU path and the references.
 # ----------------------------------------------------------------------------------------------
 
-def _finite_or_zero_torch(m: torch.Tensor) -> torch.Tensor:
+def finite_or_zero_torch(m: torch.Tensor) -> torch.Tensor:
     return torch.where(m == float("-inf"), torch.zeros_like(m), m)
 
 
 def online_softmax_update_torch(m_i: torch.Tensor, l_i: torch.Tensor, s: torch.Tensor):
     """Twin of :func:`online_softmax_update` in natural units, reducing the last dim of ``s``."""
     m_new = torch.maximum(m_i, s.amax(-1))
-    m_ref = _finite_or_zero_torch(m_new)
+    m_ref = finite_or_zero_torch(m_new)
     alpha = torch.exp(m_i - m_ref)
     p = torch.exp(s - m_ref.unsqueeze(-1))
     return m_new, l_i * alpha + p.sum(-1), p, alpha
@@ -179,7 +179,7 @@ def merge_ml_torch(m_a, l_a, m_b, l_b):
     True
     """
     m = torch.maximum(m_a, m_b)
-    m_ref = _finite_or_zero_torch(m)
+    m_ref = finite_or_zero_torch(m)
     return m, l_a * torch.exp(m_a - m_ref) + l_b * torch.exp(m_b - m_ref)
 
 
@@ -210,7 +210,7 @@ def add_sink_torch(o: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor):
 def merge_states_torch(o_a, lse_a, o_b, lse_b):
     """Twin of :func:`merge_states`: o [..., D], lse [...] natural log; returns float32 (o, lse)."""
     o_a, o_b, lse_a, lse_b = o_a.float(), o_b.float(), lse_a.float(), lse_b.float()
-    ref = _finite_or_zero_torch(torch.maximum(lse_a, lse_b))
+    ref = finite_or_zero_torch(torch.maximum(lse_a, lse_b))
     w_a, w_b = torch.exp(lse_a - ref), torch.exp(lse_b - ref)
     total = w_a + w_b
     empty = total == 0

@@ -116,6 +116,24 @@ def test_variant_forward_backward(shape, dtype, case):
         assert_close_to_ref(ours, same, ref, eps=2 * EPS[dtype], what=name)
 
 
+@pytest.mark.parametrize("softcap", [1e4, 1e6])
+def test_fp32_large_softcap_is_float32_exact(softcap):
+    """Under a large softcap c, c·tanh(s/c) ≈ s: the float32 tanh is evaluated at |x| ~ 1/c, where
+    (1 − e)/(1 + e) cancels (it left ~c·3e-8 on each score: o off by 9e-5 at c = 1e4, 8e-3 at 1e6).
+    Forward, lse and backward hold float32 accuracy, as torch in float32 does (~2e-7)."""
+    q, k, v = _qkv((1, 2, 1, 19, 37, 16, 16), torch.float32, seed=4)
+    o, lse = attention(q, k, v, causal=True, softcap=softcap, return_lse=True)
+    do, dlse = _like(o), _like(lse, seed=2)
+    grads = torch.autograd.grad((o * do).sum() + (lse * dlse).sum(), (q, k, v))
+    opts = dict(softcap=softcap)
+    o_ref, lse_ref, g_ref = _reference_grads(q, k, v, opts, do, dlse, torch.float64, True)
+    o_same, _, g_same = _reference_grads(q, k, v, opts, do, dlse, torch.float32, True)
+    assert_close_to_ref(o, o_same, o_ref, eps=1e-6)
+    assert (lse.double() - lse_ref).abs().max() < 1e-5
+    for name, ours, same, ref in zip(("dq", "dk", "dv"), grads, g_same, g_ref):
+        assert_close_to_ref(ours, same, ref, eps=1e-6, what=name)
+
+
 def test_options_matter():
     """Each option changes the result (so the tests above would see one being ignored)."""
     shape = (1, 2, 1, 17, 23, 16, 16)

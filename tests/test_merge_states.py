@@ -197,6 +197,51 @@ def test_lse_gradient_of_nearly_equal_parts_is_not_the_outputs_rounding(dtype, s
         assert (got.double() - want).norm() <= 1e-4 * want.norm()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy warns at inf − inf; checked
+@pytest.mark.parametrize("loss", ["o+lse", "o", "lse"])
+@pytest.mark.parametrize("stacked", [False, True], ids=["pair", "stacked"])
+def test_gradients_at_non_finite_lse_match_the_reference(stacked, loss):
+    """A part's lse NaN or +inf makes its row NaN (``test_nonfinite.py``); the gradients are the
+    float64 reference's (lse = logaddexp of the parts, o = Σ exp(lse_s − lse)·o_s, by autograd):
+    NaN where the reference's are, never silently finite (they were all 0), and 0 for a part that a
+    +inf part outweighs. One difference: through the lse alone, a +inf part's own d lse is NaN,
+    where the reference's lse is +inf and its d lse the limit dlse; ours is NaN (the merged lse)."""
+    nan, inf = float("nan"), float("inf")
+    pairs = [(nan, 0.3), (0.3, nan), (inf, 0.3), (-2.0, inf), (inf, NEG_INF), (inf, inf), (nan, NEG_INF),
+             (nan, inf), (NEG_INF, 0.3), (0.1, 0.3)]
+    g = torch.Generator().manual_seed(17)
+    o_a, o_b = (torch.randn(1, 1, len(pairs), 24, generator=g) for _ in range(2))
+    lse_a, lse_b = (torch.tensor([p[i] for p in pairs]).view(1, 1, -1) for i in (0, 1))
+    do, dlse = torch.randn(o_a.shape, generator=g), torch.randn(lse_a.shape, generator=g)
+
+    def grads(merge, dtype, device):
+        leaves = [t.to(device, dtype).requires_grad_() for t in (o_a, lse_a, o_b, lse_b)]
+        o, lse = merge(*leaves)
+        terms = {"o": (o * do.to(device, dtype)).sum(), "lse": (lse * dlse.to(device, dtype)).sum()}
+        return o, torch.autograd.grad(sum(terms[t] for t in loss.split("+")), leaves, allow_unused=True)
+
+    def reference(oa, la, ob, lb):
+        lse = torch.logaddexp(la, lb)
+        return torch.exp(la - lse).unsqueeze(-1) * oa + torch.exp(lb - lse).unsqueeze(-1) * ob, lse
+
+    ours = (lambda oa, la, ob, lb: merge_attention_states_stacked([oa, ob], [la, lb])) if stacked \
+        else merge_attention_states
+    nan_rows = lambda t: torch.isnan(t).reshape(len(pairs), -1).any(-1).nonzero().flatten().tolist()  # noqa: E731
+    o, got = grads(ours, torch.float32, DEVICE)
+    o_ref, want = grads(reference, torch.float64, "cpu")
+    if loss == "lse":  # the one difference (docstring)
+        want = [want[0], torch.where(torch.isposinf(lse_a), nan, want[1]),
+                want[2], torch.where(torch.isposinf(lse_b), nan, want[3])]
+    torch.testing.assert_close(o.double().cpu(), o_ref, equal_nan=True)
+    for name, a, b in zip(("do_a", "dlse_a", "do_b", "dlse_b"), got, want):
+        a = a.double().cpu()
+        if b is None:  # o unused: the reference has no gradient, ours is 0
+            assert not a.any(), name
+            continue
+        assert torch.equal(torch.isnan(a), torch.isnan(b)), f"{name}: NaN rows {nan_rows(a)}, reference {nan_rows(b)}"
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)
+
+
 @pytest.mark.parametrize("stacked", [False, True], ids=["pair", "stacked"])
 def test_gradient_through_the_lse_alone(stacked, monkeypatch):
     """Only the merged lse reaches the loss (o unused: autograd passes no dO): d lse_s is the parts'

@@ -152,6 +152,20 @@ def test_split_settings(name, fused, dtype, N, monkeypatch):
                             eps=eps, what=f"{op} backward")
 
 
+@pytest.mark.parametrize("N", [601, 1301], ids=["N601-one-chunk", "N1301-two-chunks"])
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
+@pytest.mark.parametrize("name", ["chosen", "acq_rel-counter-pad1-f32"])
+def test_split_logsumexp_of_rows_holding_nan(name, fused, N, monkeypatch):
+    """logsumexp's partials and their merge, both syncs and holds (fp32 "chosen" holds raw): a +inf
+    in one segment and a NaN in another merge to NaN, a +inf alone to +inf (``nan_rows``)."""
+    monkeypatch.setattr(sm, "_ALLOW_SPIN", fused)
+    x = nan_rows(N)
+    y = sm._forward(sm.LOGSUMEXP, x, torch.float32, "split", settings=SPLIT_SETTINGS[name], emulate_wait=fused)
+    ref = torch.logsumexp(x.double(), -1)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)), f"NaN rows differ: {y}"
+    torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-6, equal_nan=True)
+
+
 def _on_gpu(fn, *args):
     """``fn`` as it decides on the GPU (not the interpreter's small chunks)."""
     with mock.patch.object(sm, "interpreter_active", lambda: False):
@@ -258,6 +272,47 @@ def test_special_rows_match_torch(op, strategy):
     ref = OPS[op][1](x, -1)
     assert torch.equal(torch.isnan(y), torch.isnan(ref)), f"NaN pattern differs: {y} vs {ref}"
     assert torch.allclose(y, ref, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+def nan_rows(N):
+    """fp32 rows: NaN only; +inf and NaN; −inf and NaN; NaN among finite values; then +inf among
+    finite values, all −inf and finite, which hold no NaN (7 rows: auto splits rows past ROW_MAX
+    on the CPU too, below 2 rows a CPU "SM")."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, N, generator=g) * 3
+    nan, inf = float("nan"), float("inf")
+    x[0] = nan
+    x[1, N // 3], x[1, N - 1] = inf, nan
+    x[2, 0], x[2, N // 2] = -inf, nan
+    x[2, N - 1] = -inf
+    x[3, (2 * N) // 3] = nan
+    x[4, N // 2] = inf
+    x[5] = -inf
+    return x.to(DEVICE)
+
+
+# Every strategy on short rows; past ROW_MAX (the shortest rows auto splits) auto and two_pass.
+NAN_ROW_CASES = [(7, s) for s in STRATEGIES] + [(sm.ROW_MAX + 1, s) for s in ("auto", "two_pass")]
+
+
+@pytest.mark.parametrize("N,strategy", NAN_ROW_CASES, ids=[f"N{n}-{s}" for n, s in NAN_ROW_CASES])
+@pytest.mark.parametrize("op", list(OPS))
+def test_rows_holding_nan_match_torch(op, strategy, N):
+    """A row holding NaN is NaN, with +inf (the running maximum skips NaN and stops at +inf) or
+    −inf in it too; torch's values everywhere, forward and backward (past ROW_MAX logsumexp's only,
+    the one that reads the lse), against float64."""
+    x = nan_rows(N).requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    y, ref = ours(op, x, strategy=strategy), OPS[op][1](x64, -1)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)), f"NaN rows differ: {torch.isnan(y).reshape(7, -1).any(-1)}"
+    torch.testing.assert_close(y.double(), ref.detach(), atol=1e-5, rtol=1e-5, equal_nan=True)
+    if N > sm.ROW_MAX and op != "logsumexp":
+        return
+    dy = torch.randn(ref.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    (y * dy.to(DEVICE, torch.float32)).sum().backward()
+    (ref * dy.to(DEVICE)).sum().backward()
+    assert torch.equal(torch.isnan(x.grad), torch.isnan(x64.grad))
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=1e-5, rtol=1e-5, equal_nan=True)
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import _checks
 from .._launcher import launcher
 from .._runtime import cdiv, device_sm_count, interpreter_active, next_pow2, runs_triton
-from ..merge import (finalize, lse_of_torch, merge_states, merge_states_torch,
+from ..merge import (finite_or_zero_torch, finalize, lse_of_torch, merge_states, merge_states_torch,
                      online_softmax_update, online_softmax_update_torch)
 # Programmatic dependent launch (Triton ≥ 3.4); without it the two decode stages simply queue.
 _HAS_GDC = hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
@@ -237,9 +237,11 @@ def _merge_backward(o_parts, lse_parts, lse, do, dlse):
     ``dlse`` None where that output reached no loss (the Functions leave gradients unmaterialized).
     The merged output is not needed (it is formed again in float32 below), so the forward does not
     save it."""
-    finite = torch.isfinite(lse)
-    lse_ref = torch.where(finite, lse, torch.zeros_like(lse))
-    w = torch.where(finite & torch.isfinite(lse_parts), torch.exp(lse_parts - lse_ref), torch.zeros_like(lse_parts))
+    # The exact merge's weights exp(lse_s − lse), NaN where they are: a row with a NaN part is NaN
+    # throughout, and one with a +inf part (whose lse the forward leaves NaN, the exact one being
+    # +inf) NaN for the +inf parts and 0 for the others. An all-empty row (lse −inf) weighs 0.
+    top = lse_parts.amax(0)  # NaN where a part is NaN
+    w = torch.exp(lse_parts - finite_or_zero_torch(torch.where(top == float("inf"), top, lse)))
     if do is None:  # only the lse was used: d o_s = 0, d lse_s = w_s·dlse, no pass over the parts
         return torch.zeros_like(o_parts), w * dlse
     do = do.float()
@@ -319,7 +321,9 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
         (o, lse): o (B, H, N, D) in the inputs' dtype, lse (B, H, N) float32. Rows whose parts
         are both empty give o = 0, lse = −inf. Exact up to rounding: arithmetic is float32.
 
-    Differentiable in all four inputs. One pass over the inputs (memory-bound).
+    Differentiable in all four inputs. One pass over the inputs (memory-bound). An lse of NaN or
+    +inf makes its row NaN: o, lse and the gradients through them (the o of a part outweighed by a
+    +inf part gets the exact merge's gradient, 0).
 
     Attention over 10 keys, computed as two parts of 6 and 4 keys, then merged:
 

@@ -101,9 +101,41 @@ def _load(a_ptrs, b_ptrs, mask, OP: tl.constexpr, POLICY: tl.constexpr):
 
 
 @triton.jit
+def _lse_ref(m):
+    """What logsumexp's exponents subtract: m, 0 for an empty state, and the largest float for a
+    +inf maximum, so that a +inf entry adds +inf to ℓ rather than NaN (inf − inf). ℓ is then NaN
+    exactly where the row holds a NaN (which the maximum skips), and m + log ℓ is torch's value
+    (+inf or NaN) at no cost per element. softmax keeps ``merge``'s reference: a row holding +inf
+    is NaN there either way."""
+    return tl.where(m == float("-inf"), 0.0, tl.where(m == float("inf"), 3.4028234663852886e38, m))
+
+
+@triton.jit
+def _lse_update(m_i, l_i, x):
+    """``online_softmax_update_ln``'s (m, ℓ) with ``_lse_ref``."""
+    m = tl.maximum(m_i, tl.max(x, 1))
+    ref = _lse_ref(m)
+    alpha = tl.math.exp2((m_i - ref) * 1.4426950408889634)
+    return m, l_i * alpha + tl.sum(tl.math.exp2((x - ref[:, None]) * 1.4426950408889634), 1)
+
+
+@triton.jit
+def _lse_merge(m_a, l_a, m_b, l_b):
+    """``merge_ml_ln`` with ``_lse_ref`` (a ``tl.reduce`` combine_fn)."""
+    m = tl.maximum(m_a, m_b)
+    ref = _lse_ref(m)
+    return m, (l_a * tl.math.exp2((m_a - ref) * 1.4426950408889634)
+               + l_b * tl.math.exp2((m_b - ref) * 1.4426950408889634))
+
+
+@triton.jit
 def _fold(m, l, a, b, OP: tl.constexpr):
-    """Fold a [ROWS, BLOCK] tile into the row states. Returns (m, ℓ, p): forward p = exp(x − m)."""
-    if OP < 3:
+    """Fold a [ROWS, BLOCK] tile into the row states. Returns (m, ℓ, p): forward p = exp(x − m)
+    (not for logsumexp, which maps nothing)."""
+    if OP == 2:
+        m, l = _lse_update(m, l, a)
+        p = a
+    elif OP < 3:
         m, l, p, _alpha = online_softmax_update_ln(m, l, a)
     elif OP == 3:
         p = a * b
@@ -128,12 +160,6 @@ def _map(a, b, m, l, OP: tl.constexpr):
     else:
         y = b - tl.math.exp2(a * 1.4426950408889634) * l[:, None]
     return y
-
-
-@triton.jit
-def _lse(m, l):
-    """torch.logsumexp's value: −inf for an empty row, +inf for a row holding +inf."""
-    return tl.where(m == float("inf"), m, lse_of_ln(m, l))
 
 
 # ------------------------------------------------------------------ strategy 1: the row on chip
@@ -181,7 +207,7 @@ def _row_kernel(a_ptr, b_ptr, out_ptr, R, N, D1, D2, sa0, sa1, sa2, sb0, sb1, sb
     l = tl.zeros([ROWS], tl.float32)
     m, l, p = _fold(m, l, a, b, OP)
     if OP == 2:
-        tl.store(out_ptr + rows, _lse(m, l), mask=row_ok)
+        tl.store(out_ptr + rows, lse_of_ln(m, l), mask=row_ok)
     else:
         if OP == 0:
             y = p * (1.0 / l)[:, None]
@@ -208,7 +234,7 @@ def _two_pass_kernel(a_ptr, b_ptr, out_ptr, N, D1, D2, sa0, sa1, sa2, sb0, sb1, 
         a, b = _load(a_row + start + cols, b_row + start + cols, mask, OP, "evict_last")
         m, l, _p = _fold(m, l, a, b, OP)
     if OP == 2:
-        tl.store(out_ptr + rows, _lse(m, l))
+        tl.store(out_ptr + rows, lse_of_ln(m, l))
     else:
         out_row = out_ptr + rows.to(tl.int64)[:, None] * N
         for start in range(0, N, BLOCK):
@@ -268,7 +294,10 @@ def _fold_raw(a_raw, b_raw, OP: tl.constexpr):
     m = tl.full([1], float("-inf"), tl.float32)
     if OP < 3:
         m = tl.max(a_raw.to(tl.float32), 1)
-        m_ref = _finite_or_zero(m)
+        if OP == 2:
+            m_ref = _lse_ref(m)
+        else:
+            m_ref = _finite_or_zero(m)
         x = _convert_again(a_raw, (m != m).to(tl.int32)[:, None])
         l = tl.sum(tl.math.exp2((x - m_ref[:, None]) * 1.4426950408889634), 1)
     elif OP == 3:
@@ -411,7 +440,9 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
             while tl.sum((w == _EMPTY).to(tl.int32), 0) > 0:
                 w = tl.load(ws_m_ptr + part, mask=offs < S, other=_NEUTRAL, volatile=True)
         pm, pl = _unpack(w)
-    if OP < 3:
+    if OP == 2:
+        m_row, l_row = tl.reduce((pm, pl), 0, _lse_merge)
+    elif OP < 3:
         m_row, l_row = tl.reduce((pm, pl), 0, merge_ml_ln)
     else:
         m_row = 0.0
@@ -420,7 +451,7 @@ def _split_kernel(a_ptr, b_ptr, out_ptr, ws_m_ptr, ws_l_ptr, sync_ptr,
     l_row = l_row + tl.zeros([1], tl.float32)
 
     if OP == 2:
-        tl.store(out_ptr + rows, _lse(m_row, l_row), mask=writes_lse)
+        tl.store(out_ptr + rows, lse_of_ln(m_row, l_row), mask=writes_lse)
     else:
         out_row = out_ptr + rows.to(tl.int64)[:, None] * N
         if ONE_CHUNK and PHASE == 2:
@@ -863,10 +894,11 @@ def logsumexp(x: torch.Tensor, dim: int | Sequence[int] = -1, keepdim: bool = Fa
     """log Σ exp(x) over ``dim`` (an int or a tuple of dims), like ``torch.logsumexp``.
 
     Returns x's shape without the reduced dims (kept as size 1 with ``keepdim``), in ``dtype``
-    (default x's). A row of all −inf gives −inf, a row holding +inf gives +inf; an empty reduced
-    dim gives −inf. Reads x once (N bytes per row) and writes one value per row. Reducing several
-    dims that cannot be viewed as one copies x once. The backward recomputes exp(x − lse) from x
-    and the float32 lse (no N-sized tensor is saved besides x).
+    (default x's). A row of all −inf gives −inf, a row holding +inf gives +inf, a row holding NaN
+    gives NaN (+inf too), as torch does; an empty reduced dim gives −inf. Reads x once (N bytes per
+    row) and writes one value per row. Reducing several dims that cannot be viewed as one copies x
+    once. The backward recomputes exp(x − lse) from x and the float32 lse (no N-sized tensor is
+    saved besides x).
 
     >>> import torch, flashattn_lite
     >>> x = torch.tensor([[0.0, 0.0], [float("-inf"), float("-inf")]])
