@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the named benchmarks, results under $OUT.
+# One time-boxed GPU job: GPU tests, then the named benchmarks, results under $OUT. For machines with
+# a per-job time limit; without one, `python -m pytest -q -n 8 tests` runs the whole suite at once.
 #   TESTS="tests/test_attention.py" BENCH="benchmarks/attention_speed.py" bash benchmarks/gpu_check.sh
 #   TESTS= BENCH="benchmarks/softmax_speed.py benchmarks/decode_speed.py benchmarks/memory.py" bash benchmarks/gpu_check.sh
-# The whole script stays within TOTAL seconds (default 540, under a 10-minute device call):
+# The whole script stays within TOTAL seconds (default 540, under a 10-minute job limit):
 # - Tests (default: all of tests/) run with FLASHATTN_LITE_AUTOTUNE=0 (first fitting config; they check
 #   results, not speed) on WORKERS pytest workers (default 6: 16 ran the GPU out of memory on the
 #   float64 references), killed after TEST_TIMEOUT seconds (default 300 with BENCH, else TOTAL - 30).
 #   DIST (default worksteal) is pytest-xdist's --dist: each worker starts on its own slice of the tests
 #   and idle workers take over the unstarted half of the longest queue, so a run of slow tests (the
 #   fuzz tests sit together) does not leave one worker busy while the others idle, as "load" did.
-#   The fuzz tests draw a few cases each here (tests/test_fuzz.py); a larger budget is a call of its
+#   The fuzz tests draw a few cases each here (tests/test_fuzz.py); a larger budget is a job of its
 #   own: TESTS=tests/test_fuzz.py FLASHATTN_LITE_FUZZ_EXAMPLES=30 bash benchmarks/gpu_check.sh
 #   Each test's PASSED/FAILED line goes to $OUT/tests.log as it ends (-v), so a killed run still says
 #   what failed; FAILED/ERROR lines are printed. TESTS="" skips the tests.
@@ -22,14 +23,14 @@
 #   kills it at its share. Each prints a line per point and rewrites its JSON + CSV in $OUT after
 #   every point, so a cut-off run keeps what it measured. BENCH_ARGS are added to every script
 #   (options all of them take).
-# - PART=1 or PART=2 (with TESTS unset) runs one half of tests/, for the whole suite in two calls
-#   (it needs ~620 s with 14 workers on an H200, more than one 10-minute call):
+# - PART=1 or PART=2 (with TESTS unset) runs one half of tests/, for the whole suite in two jobs
+#   (it needs ~620 s with 14 workers on an H200, more than one 10-minute job):
 #     PART=1 TOTAL=560 WORKERS=14 bash benchmarks/gpu_check.sh   # attention, compile, fuzz, HF, invariance,
 #                                                                #   nn, sdpa (PART_1 below; ~350 s)
 #     PART=2 TOTAL=400 WORKERS=14 bash benchmarks/gpu_check.sh   # every other file (~270 s)
 #   A test file added to tests/ lands in PART=2 unless PART_1 below names it.
-# - The device tool brings back at most 8 files: everything is written to a work folder and packed
-#   into $OUT/results.tgz when the script exits (also when a step was cut short).
+# - Everything is written to a work folder and packed into one file, $OUT/results.tgz, when the script
+#   exits (also when a step was cut short): one file to copy back from the machine.
 set -uo pipefail
 FINAL_OUT=${OUT:-gpu_out}
 TOTAL=${TOTAL:-540}

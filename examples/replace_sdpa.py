@@ -1,6 +1,10 @@
 """Run an existing model's scaled_dot_product_attention calls on flashattn_lite, in one line.
 
     python examples/replace_sdpa.py
+
+On a GPU the calls run our kernels and the printed difference is rounding. On a CPU without
+TRITON_INTERPRET=1 they fall back to torch's SDPA (with a one-time warning), so the difference
+printed there is 0; with TRITON_INTERPRET=1 they run the Triton kernels in the interpreter.
 """
 import torch
 import torch.nn.functional as F

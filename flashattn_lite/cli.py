@@ -21,7 +21,8 @@ _COMMANDS = {
                "flashattn_lite, forward and forward+backward. Reports peak memory above the inputs "
                "(torch.cuda.max_memory_allocated on GPU; per-point process peak RSS on CPU) beside each "
                "method's theoretical memory, the time per call, and out-of-memory points. On a CPU-only "
-               "machine it runs a small sweep that finishes in about a minute."),
+               "machine it runs a small sweep (about 1-2 minutes on 2 cores) in which 'ours' is the PyTorch "
+               "twin, not the Triton kernels: the GPU numbers are the ones to report."),
     "speed": ("flashattn_lite.bench.attention",
               "attention TFLOP/s vs sequence length: forward, backward, forward+backward",
               "TFLOP/s of every available method in the same process: 4·B·H·N²·D FLOPs forward (halved "
@@ -89,12 +90,14 @@ def _add_out(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flashattn-lite",
-        description="Benchmarks of flashattn_lite against PyTorch's attention backends and FlexAttention. "
-                    "Every subcommand prints each point as one line the moment it is measured and rewrites its "
+        description="Benchmarks of flashattn_lite against PyTorch's attention backends and FlexAttention, and "
+                    "two tools: warmup (compile kernels ahead of time) and tune (write a config table). "
+                    "Every benchmark prints each point as one line the moment it is measured and rewrites its "
                     "JSON and CSV (with the environment: GPU, versions, date) after every point, so a run that is "
                     "cut off keeps what it measured; at the end it prints a table and writes PNG plots under --out. "
-                    "Every subcommand takes --quick (a preset of about two minutes on an H100) and "
-                    "--time-budget SECONDS (start no new point after that).",
+                    "Every benchmark takes --quick (a preset of about two minutes on an H100) and "
+                    "--time-budget SECONDS (start no new point after that); tune has its own --quick and "
+                    "--time-budget, warmup neither.",
         epilog="Run 'flashattn-lite SUBCOMMAND --help' for a subcommand's options.")
     names = [*_COMMANDS, "all", *_TOOLS]
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}")

@@ -498,7 +498,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             are never visited: cost O(N·(left + right)). A sliding window of W tokens
             (Mistral-style) is ``causal=True, window=(W - 1, 0)``.
         softcap: c > 0: scores s ← c·tanh(s / c) before masking (Gemma 2); gradients flow
-            through the tanh.
+            through the tanh. 0 or None: no softcap.
         sinks: (Hq,) per-head logits (gpt-oss attention sinks): one extra term exp(sink_h) in each
             row's softmax denominator, with no value. Differentiable. A row with no visible key
             gives o = 0 and lse = sink_h.
@@ -506,7 +506,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         return_lse: also return the log-sum-exp of the final scores, (B, Hq, Nq) float32, natural
             log, including the sink term. It is differentiable.
 
-    float64 inputs are accepted on the CPU twin only (``gradcheck``, references).
+    float64 inputs are accepted on the CPU twin only (``gradcheck``, references). A scale whose
+    product with log2 e overflows float32 (|scale| > 2.36e38) is a ValueError.
 
     Returns:
         o (B, Hq, Nq, Dv) in the input dtype (and lse), laid out as q where Dv is q's head dim (a
@@ -517,9 +518,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Arithmetic is float32 (fp32 inputs use TF32 only where torch's CUDA matmuls may:
     ``torch.backends.cuda.matmul.allow_tf32`` or ``fp32_precision == "tf32"``); the softcap's
     tanh uses the hardware approximation for fp16/bf16 inputs (as FlashAttention does). The
-    backward is deterministic (the same inputs give bit-identical gradients), except dq of large
-    fp16/bf16 calls on sm_90 without mask or dropout (the Gluon backward's fp32 reduce-adds) unless
-    ``torch.use_deterministic_algorithms(True)``.
+    backward is deterministic (the same inputs give bit-identical gradients) except where, on
+    sm_90, a Gluon backward adds fp32 partial sums in the order its tiles finish (large fp16/bf16
+    calls without mask or dropout; docs/api.md, "Which kernel a call takes"): dq at kernel head
+    dims up to 128 and in the head dim 256 one pass (plain causal calls with q's head dim above 128
+    beside v's at most 128, as MLA's 192 / 128); dk and dv too in plain causal GQA calls over dense
+    batches from 4096 keys (2048 where group × head dim ≥ 1024) at head dims up to 128. Under
+    ``torch.use_deterministic_algorithms(True)`` every gradient is bit-identical.
     CUDA tensors run Triton kernels; CPU tensors run the same tiled algorithm in PyTorch (or the
     Triton kernels in the interpreter when ``TRITON_INTERPRET=1``).
 

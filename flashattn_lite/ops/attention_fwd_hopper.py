@@ -334,8 +334,9 @@ def triton_tested(q) -> bool:
     if not _warned_untested and _device_reason(q, q, q) is None:
         _warned_untested.append(triton.__version__)
         warnings.warn(f"flashattn_lite: triton {triton.__version__} on an sm_90 GPU: the Hopper kernels are "
-                      f"tested on triton {TESTED_TRITON[0]}x only, so the portable kernels run (about 0.6-0.7 x "
-                      f"as fast); install triton {TESTED_TRITON[0]}x for them", stacklevel=2)
+                      f"tested on triton {TESTED_TRITON[0]}x only, so the portable kernels run "
+                      f"(0.3-0.9 x as fast, by head dim); install triton {TESTED_TRITON[0]}x for them",
+                      stacklevel=2)
     return False
 
 
