@@ -5,6 +5,7 @@ Each check names the argument, what it got, and what was expected.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Sequence
 
 import torch
@@ -63,7 +64,7 @@ def check_scale(scale) -> float | None:
 def check_bool(name: str, value) -> bool:
     """A flag must be a bool (a truthy string or tensor passed by mistake is not taken as True)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a bool, got {_type_name(value)}")
     return value
 
 
@@ -95,9 +96,21 @@ def check_head_dim(name: str, d: int, lo: int = 1, hi: int = 256) -> None:
         raise ValueError(f"{name} head dim must be in [{lo}, {hi}], got {d}")
 
 
+def _type_name(value) -> str:
+    """A value's type as a user reads it: numpy's ``numpy.bool`` is not Python's ``bool``."""
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
 def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    """``dim`` in [0, ndim): an int, or an integer like numpy's or a 0-d integer tensor (as torch takes
+    them), never a bool; torch's IndexError wording when out of range."""
+    if isinstance(dim, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        dim = operator.index(dim)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {_type_name(dim)}") from None
     if ndim == 0:
         if dim not in (0, -1):
             raise IndexError(f"{name} out of range (expected to be in range of [-1, 0], but got {dim})")

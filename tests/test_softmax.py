@@ -414,6 +414,61 @@ def test_dtype_argument(op):
     torch.testing.assert_close(fn(xi, -1, dtype=torch.float32), (ref or torch.logsumexp)(xi.float(), -1))
 
 
+@pytest.mark.parametrize("op", list(OPS))
+def test_dtype_casts_the_input_first_as_torch(op):
+    """``dtype`` narrower than x casts x first, then computes (torch's order): 1000.1 and 1000.3
+    round to 1000.0 and 1000.5 in fp16 before the softmax."""
+    x = torch.tensor([[1000.1, 1000.3, 999.9]], device=DEVICE)
+    fn = OPS[op][0]
+    ref = (torch.logsumexp(x.to(torch.float16).double(), -1) if op == "logsumexp" else
+           {"softmax": torch.softmax, "log_softmax": torch.log_softmax}[op](x.to(torch.float16).double(), -1))
+    got = fn(x, -1, dtype=torch.float16)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.double(), ref.to(torch.float16).double(), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_second_derivatives_match_torch(op):
+    """create_graph=True gives a gradient with a graph (the kernels' carries none): a loss of the
+    gradient differentiates as torch's does, through each strategy."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 37, generator=g).to(DEVICE)
+    w = torch.randn(3, 37, generator=g).to(DEVICE)
+    w_out = w if op != "logsumexp" else w[:, 0]
+    def second(fn, xx):
+        xx = xx.clone().requires_grad_()
+        (gx,) = torch.autograd.grad((fn(xx) * w_out.to(xx.dtype)).sum(), xx, create_graph=True)
+        assert gx.requires_grad
+        return torch.autograd.grad((gx ** 2).sum() + (xx ** 2).sum(), xx)[0]
+
+    want = second(lambda t: OPS[op][1](t, -1), x.double())  # torch in float64
+    for strategy in STRATEGIES[:3]:
+        got = second(lambda t: ours(op, t, strategy=strategy), x)
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_logsumexp_over_dims_beside_an_empty_kept_dim():
+    for shape, dims, keepdim in (((0, 3, 4), (1, 2), False), ((3, 0, 4), (0, 2), True)):
+        x = torch.randn(*shape, device=DEVICE)
+        want = torch.logsumexp(x, dims, keepdim=keepdim)
+        got = fl.logsumexp(x, dims, keepdim=keepdim)
+        assert got.shape == want.shape
+
+
+def test_dims_as_torch_takes_them():
+    """numpy integers and 0-d integer tensors name a dim (torch takes them); bools do not."""
+    np = pytest.importorskip("numpy")
+    x = torch.randn(2, 5, device=DEVICE)
+    for dim in (np.int64(1), torch.tensor(-1)):
+        torch.testing.assert_close(fl.softmax(x, dim), torch.softmax(x, -1))
+    with pytest.raises(TypeError, match="dim must be an int, got bool"):
+        fl.softmax(x, True)
+    with pytest.raises(TypeError, match="keepdim must be a bool, got numpy.bool"):
+        fl.logsumexp(x, 0, np.bool_(True))
+    with pytest.raises(TypeError, match="dense \\(strided\\) tensor"):
+        fl.softmax(x.cpu().to_sparse(), 0)
+
+
 # ------------------------------------------------------------------ bad input
 
 @pytest.mark.parametrize("op", list(OPS))

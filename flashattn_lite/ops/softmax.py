@@ -793,11 +793,28 @@ class _RowOpFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that is itself differentiable
+            return _differentiable_backward(ctx, dy), None, None, None
         if ctx.op == LOGSUMEXP:
             x, lse = ctx.saved_tensors
             return _lse_backward(x, lse, dy), None, None, None
         (y,) = ctx.saved_tensors
         return _backward(ctx.op, y, dy, ctx.x_dtype, ctx.strategy), None, None, None
+
+
+def _differentiable_backward(ctx, dy: torch.Tensor) -> torch.Tensor:
+    """The backward in torch ops, for higher-order gradients (the kernels' gradients carry no graph).
+    Softmax and log_softmax differentiate through their saved output, which is this Function's
+    output, so a second derivative comes back through the kernels; logsumexp recomputes softmax(x)."""
+    dy = dy.float()
+    if ctx.op == LOGSUMEXP:
+        x, _ = ctx.saved_tensors
+        return (dy.unsqueeze(-1) * torch.softmax(x.float(), -1)).to(ctx.x_dtype)
+    (y,) = ctx.saved_tensors
+    y = y.float()
+    if ctx.op == SOFTMAX:
+        return (y * (dy - (dy * y).sum(-1, keepdim=True))).to(ctx.x_dtype)
+    return (dy - torch.exp(y) * dy.sum(-1, keepdim=True)).to(ctx.x_dtype)
 
 
 # ------------------------------------------------------------------ public functions
@@ -825,9 +842,13 @@ def _apply(op: int, x: torch.Tensor, dim, *, dtype=None, keepdim: bool = False,
         if dtype not in _checks.FLOAT_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in _checks.FLOAT_DTYPES)
             raise TypeError(f"dtype must be one of ({names}) or None, got {dtype}")
-        if x.dtype not in _checks.FLOAT_DTYPES:
+        # torch's order: cast, then compute. A float32 target changes nothing (the arithmetic is
+        # float32), so only a 16-bit one, or a non-float input, is cast first.
+        if x.dtype not in _checks.FLOAT_DTYPES or dtype != torch.float32:
             x = x.to(dtype)
     _checks.check_tensor("x", x)
+    if x.layout != torch.strided:
+        raise TypeError(f"x must be a dense (strided) tensor, got layout {x.layout}")
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     out_dtype = dtype or x.dtype
@@ -838,7 +859,7 @@ def _apply(op: int, x: torch.Tensor, dim, *, dtype=None, keepdim: bool = False,
     k = len(dims)
     xm = x.movedim(dims, list(range(x.dim() - k, x.dim())))
     if k > 1:
-        xm = xm.reshape(*xm.shape[:-k], -1)
+        xm = xm.reshape(*xm.shape[:-k], math.prod(xm.shape[-k:]))  # not −1: the kept dims may be empty
     if xm.shape[-1] > 1 and xm.stride(-1) != 1:
         xm = xm.contiguous()
     y = _RowOpFn.apply(xm, op, out_dtype, strategy)
@@ -856,7 +877,8 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None)
     Args:
         x: any shape and strides; float16, bfloat16 or float32 (integer inputs need ``dtype``).
         dim: the reduced dim (default the last).
-        dtype: output dtype (float16, bfloat16 or float32; default x's). Arithmetic is float32.
+        dtype: output dtype (float16, bfloat16 or float32; default x's); a narrower one than x's casts x
+            first, as torch does. Arithmetic is float32.
 
     Returns the same shape as x. A row of all −inf gives NaN (as torch does), a row holding +inf
     gives NaN; empty tensors give empty results. Reading and writing each element once for rows of
