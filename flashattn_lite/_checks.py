@@ -102,15 +102,20 @@ def _type_name(value) -> str:
     return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
-    """``dim`` in [0, ndim): an int, or an integer like numpy's or a 0-d integer tensor (as torch takes
-    them), never a bool; torch's IndexError wording when out of range."""
-    if isinstance(dim, bool):
+def as_int(name: str, value) -> int:
+    """An int, or an integer like numpy's or a 0-d integer tensor (as torch takes them); never a bool,
+    and a float is not truncated."""
+    if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool")
     try:
-        dim = operator.index(dim)
+        return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {_type_name(dim)}") from None
+        raise TypeError(f"{name} must be an int, got {_type_name(value)}") from None
+
+
+def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
+    """``dim`` (``as_int``) in [0, ndim), with torch's IndexError wording when out of range."""
+    dim = as_int(name, dim)
     if ndim == 0:
         if dim not in (0, -1):
             raise IndexError(f"{name} out of range (expected to be in range of [-1, 0], but got {dim})")

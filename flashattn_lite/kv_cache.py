@@ -28,7 +28,6 @@ multiple of 64 rows, a scale > 0; ``decode_mla_gluon.reason``) runs its Gluon ke
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,12 +40,7 @@ from .ops.decode import MLA_HEAD_DIMS, decode
 def _index(name: str, value, stop: int) -> int:
     """An int in [0, stop): a float is not truncated, and a negative one does not count from the end
     (it would name another sequence's slot or another layer)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        i = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    i = _checks.as_int(name, value)
     if not 0 <= i < stop:
         raise ValueError(f"{name} must be in [0, {stop}), got {i}")
     return i
