@@ -423,3 +423,19 @@ def test_tf32_follows_torchs_new_precision_setting_too():
     finally:
         matmul.fp32_precision = before
     assert precision_for(torch.float16) == "tf32"  # the tl.dot input precision knob only matters for fp32
+
+
+def test_second_derivative_raises_instead_of_dropping_terms():
+    """The backward is a kernel (first derivatives only). Under create_graph=True its gradients must
+    not look constant to autograd (a gradient penalty would silently lose its terms through q, k, v):
+    they carry a graph whose differentiation raises, as torch's flash and cuDNN backends do. The
+    first derivative itself is unchanged."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 9, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    w = torch.randn(1, 2, 9, 16, generator=g).to(DEVICE)
+    plain = torch.autograd.grad((attention(q, k, v, causal=True) * w).sum(), (q, k, v))
+    graph = torch.autograd.grad((attention(q, k, v, causal=True) * w).sum(), (q, k, v), create_graph=True)
+    for a, b in zip(plain, graph):
+        assert b.requires_grad and torch.equal(a, b.detach())
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad((graph[0] ** 2).sum(), q)

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _checks
+from .._autograd import first_order_only
 from .._runtime import runs_triton
 from ..merge import add_sink_torch
 from ..ops.attention import _backward_impl, _check_sinks, _check_softcap, _check_window, _forward_impl, _variant
@@ -527,6 +528,7 @@ class _RingAttentionFn(torch.autograd.Function):
             do = torch.zeros_like(o)
         wants_dsinks = sinks is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, sinks if wants_dsinks else None, **ctx.args)
+        dq, dk, dv, dsinks = first_order_only((dq, dk, dv, dsinks), (q, k, v, sinks), "ring_attention")
         return dq, dk, dv, dsinks, None, None, None, None, None
 
 

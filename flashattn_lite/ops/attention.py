@@ -21,6 +21,7 @@ import torch.autograd.forward_ad as fwAD
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _checks
+from .._autograd import first_order_only
 from .._runtime import runs_triton
 from .attention_bwd import attention_backward
 from .attention_cpu import cpu_backward, cpu_forward, work_dtype
@@ -452,7 +453,9 @@ def _op_backward(ctx, do, dlse):
         do = torch.zeros_like(o)
     dq, dk, dv, dsinks = torch.ops.flashattn_lite.attention_bwd(do, q, k, v, o, lse, dlse, mask, sinks, alibi,
                                                                 seq_q, seq_k, *ctx.args)
-    return (dq, dk, dv, None, dsinks if sinks is not None else None) + (None,) * 12
+    dq, dk, dv, dsinks = first_order_only((dq, dk, dv, dsinks if sinks is not None else None), (q, k, v, sinks),
+                                          "flashattn_lite's attention")
+    return (dq, dk, dv, None, dsinks) + (None,) * 12
 
 
 _attention_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -475,6 +478,8 @@ class _AttentionFn(torch.autograd.Function):
         if do is None:
             do = torch.zeros_like(o)
         dq, dk, dv, dsinks = _backward_impl(do, q, k, v, o, lse, dlse, mask, *ctx.args)
+        sinks = ctx.args[-1].sinks
+        dq, dk, dv, dsinks = first_order_only((dq, dk, dv, dsinks), (q, k, v, sinks), "flashattn_lite's attention")
         return dq, dk, dv, dsinks, None, None, None, None, None, None, None
 
 
