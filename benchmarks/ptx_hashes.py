@@ -55,14 +55,21 @@ def portable(opts):
               PRECISION="tf32", FOLD_SCALE=True, STORE_LSE=True, BLOCK_M=128, BLOCK_N=64)
     return compile_ptx(f._attn_fwd_kernel.jit, {**ce, **opts}, PTRS)
 
-def portable_dq(opts):
-    """The portable backward's dQ kernel (``_bwd_dq_kernel``), at the forward's ``portable`` defaults."""
+def portable_bwd(kernel, opts):
+    """A portable backward kernel (``_bwd_dq_kernel``, ``_bwd_dkdv_kernel``) at the forward's
+    ``portable`` defaults."""
     import flashattn_lite.ops.attention_bwd as ab
     ce = dict(GROUP=1, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_D=128, BLOCK_DV=128, HAS_LEFT=False, HAS_RIGHT=True,
               MASK_KIND=0, SOFTCAP=False, ALIBI=False, SEQ=0, FAST_TANH=False, DROPOUT=False,
               PRECISION="tf32", BLOCK_M=64, BLOCK_N=64)
-    types = {**PTRS, "do": "*bf16", "dq": "*bf16", "lse2": "*fp32", "delta": "*fp32"}
-    return compile_ptx(ab._bwd_dq_kernel.jit, {**ce, **opts}, types)
+    types = {**PTRS, "do": "*bf16", "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "lse2": "*fp32", "delta": "*fp32"}
+    return compile_ptx(getattr(ab, kernel).jit, {**ce, **opts}, types)
+
+def portable_dq(opts):
+    return portable_bwd("_bwd_dq_kernel", opts)
+
+def portable_dkdv(opts):
+    return portable_bwd("_bwd_dkdv_kernel", opts)
 
 def tma(opts, causal=True):
     ce = dict(GROUP=1, HEAD_DIM=128, CAUSAL=causal, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, ALIBI=False,
@@ -354,6 +361,8 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("portable varlen", portable, dict(SEQ=2)), ("portable ranges", portable, dict(SEQ=1)),
          ("portable bwd dq plain", portable_dq, {}), ("portable bwd dq varlen", portable_dq, dict(SEQ=2)),
          ("portable bwd dq ranges", portable_dq, dict(SEQ=1)),
+         ("portable bwd dkdv plain", portable_dkdv, {}), ("portable bwd dkdv varlen", portable_dkdv, dict(SEQ=2)),
+         ("portable bwd dkdv ranges", portable_dkdv, dict(SEQ=1)),
          ("gluon varlen causal", gluon_seq, dict(seq="varlen")),
          ("gluon varlen", gluon_seq, dict(seq="varlen", causal=False)),
          ("gluon d64 varlen causal", gluon_seq, dict(seq="varlen", d=64)),

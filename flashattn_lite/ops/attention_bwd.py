@@ -42,7 +42,7 @@ from ..dropout import dropout_keep, keep_threshold
 from ..merge import LOG2E
 from .attention_fwd import (MASK_BOOL, NOT_SPECIALIZED, PLAIN, head_tiles, SEQ_RANGES, SEQ_VARLEN, Variant, _fits, causal_window, head_base,
                             key_range, length_bucket, load_tile, lse_strides, mask_kind, precision_for, query_grid,
-                            query_program, score_args, score_tensors, score_tile, seq_args, sequence, varlen_tile, _plain_signature,
+                            query_program, score_args, score_tensors, score_tile, seq_args, sequence, varlen_program, _plain_signature,
                             _variant_signature, SEQ_DENSE)
 from .attention_fwd_hopper import _tensor_reason
 
@@ -208,11 +208,7 @@ def _bwd_dkdv_kernel(q, k, v, do, dk, dv, lse2, delta, mask, alibi, q_starts, q_
                      SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEQ: tl.constexpr, FAST_TANH: tl.constexpr,
                      DROPOUT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     if SEQ == 2:
-        pid = tl.program_id(0)
-        h_kv = pid % n_kv_heads
-        b, start_n = varlen_tile(k_starts, k_ends, n_seq, n_k, pid // n_kv_heads, BLOCK_N)
-        live = b < n_seq
-        b = tl.minimum(b, n_seq - 1)
+        h_kv, b, start_n, live = varlen_program(k_starts, k_ends, n_seq, n_k, n_kv_heads, BLOCK_N)
     else:
         tile, bh_kv = tile_and_slab(tl.cdiv(n_k, BLOCK_N))
         start_n = tile * BLOCK_N

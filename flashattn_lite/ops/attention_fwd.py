@@ -245,17 +245,25 @@ def sequence(pid_b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, of
 
 
 @triton.jit
+def varlen_program(starts, ends, n_seq, total, n_heads, BLOCK: tl.constexpr):
+    """A varlen program's head, sequence and tile start (``varlen_tile`` over slot pid // n_heads),
+    and whether its slot holds a tile: a slot past the last tile takes the last sequence, which the
+    caller then gives no rows."""
+    pid = tl.program_id(0)
+    h = pid % n_heads
+    b, start = varlen_tile(starts, ends, n_seq, total, pid // n_heads, BLOCK)
+    live = b < n_seq
+    return h, tl.minimum(b, n_seq - 1), start, live
+
+
+@triton.jit
 def query_program(n_q, n_k, n_heads, n_seq, q_starts, q_ends, k_starts, k_ends, stride_seq, off,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SEQ: tl.constexpr):
     """This query-tile program's (start_m, b, h, h_kv) and its sequence's (q0, n_q, k0, n_k, off), as
     ``sequence`` gives them. Varlen: the tile slot by ``varlen_tile``; a slot past the last tile takes
     the last sequence with no query row (n_q = 0), so it visits no key and stores nothing."""
     if SEQ == 2:
-        pid = tl.program_id(0)
-        h = pid % n_heads
-        b, start_m = varlen_tile(q_starts, q_ends, n_seq, n_q, pid // n_heads, BLOCK_M)
-        live = b < n_seq
-        b = tl.minimum(b, n_seq - 1)
+        h, b, start_m, live = varlen_program(q_starts, q_ends, n_seq, n_q, n_heads, BLOCK_M)
         h_kv = h // GROUP
     else:
         start_m, _, b, h, h_kv = query_tile(n_q, n_heads, GROUP, BLOCK_M)
