@@ -31,8 +31,10 @@ class _NoSecondDerivative(torch.autograd.Function):
 def first_order_only(grads: Sequence, inputs: Sequence, what: str) -> tuple:
     """``grads`` as they are, or, when the backward runs under ``create_graph=True`` with an input that
     requires grad, copies whose differentiation raises (None entries stay None)."""
+    if not torch.is_grad_enabled():  # every plain backward: nothing to do
+        return tuple(grads)
     inputs = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not torch.is_grad_enabled() or not inputs:
+    if not inputs:
         return tuple(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     wrapped = _NoSecondDerivative.apply(what, len(present), *(grads[i] for i in present), *inputs)
