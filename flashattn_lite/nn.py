@@ -83,9 +83,12 @@ class FlashAttention(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE), "rotate half" convention (GPT-NeoX, Llama): the pair
-    (x[i], x[i + D/2]) of each head is rotated by position · base^(−2i/D)."""
+    (x[i], x[i + D/2]) of each head is rotated by position · base^(−2i/D).
 
-    inv_freq: torch.Tensor
+    The frequencies are computed at each call (float32; float64 for a float64 ``x``), not kept in a
+    buffer: a buffer would be cast to 16 bits by ``module.half()`` (angles off by radians at long
+    positions) and left uninitialised by meta-device construction (``to_empty``), as it is not in the
+    state dict. ``device`` is accepted for the ``nn.Module`` convention; nothing is allocated."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, device=None):
         super().__init__()
@@ -93,8 +96,6 @@ class RotaryEmbedding(nn.Module):
         if _checks.check_positive_int("head_dim", head_dim) % 2:
             raise ValueError(f"head_dim must be even (rotary embedding rotates pairs), got {head_dim}")
         base = _check_base("base", base)
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.head_dim = head_dim
         self.base = base
 
@@ -109,12 +110,14 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"positions must have shape (N,) = ({N},) or (B, N) = ({B}, {N}) for x of shape "
                              f"{tuple(x.shape)}, got {tuple(positions.shape)}")
         _checks.check_same(("x", "positions"), (x, positions), "device")
-        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # (…, N, D/2)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, device=x.device, dtype=dtype) / self.head_dim)
+        angles = positions.to(dtype)[..., None] * inv_freq  # (…, N, D/2)
         cos, sin = angles.cos(), angles.sin()
         if cos.dim() == 2:
             cos, sin = cos[None], sin[None]
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (B|1, N, 1, D/2)
-        x1, x2 = x.float().chunk(2, dim=-1)
+        x1, x2 = x.to(dtype).chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only
+from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only, rel_err
 import flashattn_lite.ops.attention as attn_ops
 import flashattn_lite.ops.attention_fwd as fwd_mod
 from flashattn_lite import attention
@@ -341,6 +341,18 @@ def test_cpu_twin_sink_gradient_matches_reference(torch_cpu_path, causal):
     ref = torch.autograd.grad((o_ref, lse_ref), leaves, (do.double(), dlse.double()))
     for a, r in zip(ours, ref):
         assert torch.allclose(a.double(), r, atol=1e-4)
+
+
+def test_float64_additive_mask_with_float64_q(torch_cpu_path):
+    """A float64 call (the twin's) takes a float64 additive mask; a 16/32-bit call names the dtypes it takes."""
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for n in (5, 7, 7))
+    mask = torch.randn(1, 1, 5, 7, generator=g, dtype=torch.float64)
+    mask[..., 2] = float("-inf")
+    o_ref, _ = attention_reference(q, k, v, attn_mask=mask)
+    assert rel_err(attention_core(q, k, v, attn_mask=mask), o_ref) < 1e-12
+    with pytest.raises(TypeError, match="attn_mask must be bool, float16, bfloat16 or float32 .float64 only"):
+        attention_core(q.float(), k.float(), v.float(), attn_mask=mask)
 
 
 def test_float64_is_refused_by_the_kernels():

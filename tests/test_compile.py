@@ -171,3 +171,21 @@ def test_meta_tensors_get_the_ops_shapes():
     cu = torch.tensor([0, 2, 5], dtype=torch.int32, device="meta")
     packed = torch.empty(5, 4, 8, device="meta")
     assert flashattn_lite.attention_varlen(packed, packed[:, :2], packed[:, :2], cu, cu).shape == packed.shape
+
+
+def test_varlen_and_ranges_compile_whole_with_default_bound_checks():
+    """The default bound check reads the values only in eager mode on CPU tensors: a compiled call
+    (fullgraph) takes the kernels' clamped reads instead of breaking the graph, and gives the eager
+    result. A bad batch is still refused in eager mode."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(9, 2, 16, generator=g).to(DEVICE, torch.float16)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE)
+    f = lambda q, cu: flashattn_lite.attention_varlen(q, q, q, cu, cu, causal=True)  # noqa: E731
+    assert torch.equal(torch.compile(f, fullgraph=True, backend=BACKEND)(q, cu), f(q, cu))
+    x = q.transpose(0, 1)[None]  # (1, H, N, D)
+    ranges = torch.tensor([[1, 8]], dtype=torch.int32, device=DEVICE)
+    h = lambda x, r: flashattn_lite.ops.attention.attention_core(x, x, x, q_ranges=r, k_ranges=r)  # noqa: E731
+    assert torch.equal(torch.compile(h, fullgraph=True, backend=BACKEND)(x, ranges), h(x, ranges))
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            f(q, torch.tensor([0, 5, 4], dtype=torch.int32))

@@ -359,6 +359,10 @@ def _case_errors(rank, world):
     half = _randn(1, 2, 4, 8).half()
     _raises(_bad(rank, dict(q=half, k=half, v=half)), "q must be the same")
     _raises(_bad(rank, dict(scale=0.5)), "scale must be the same")
+    # A check that raises neither TypeError nor ValueError on rank 1 alone (.item() of a meta scale)
+    # still reaches every rank (the others would otherwise pair this call with rank 1's next one).
+    _raises(_bad(rank, dict(scale=torch.tensor(0.5, device="meta"))), "meta",
+            types=(RuntimeError if rank == 1 else ValueError,))
     _raises(_bad(rank, dict(q=_randn(1, 2, 4, 8).requires_grad_())), "requires_grad must be the same")
     _raises(_bad(rank, window=(-3, 0)), "window left side")
     _raises(_bad(rank, window=(2, 1.5)), "window right side", types=(TypeError,))

@@ -96,6 +96,35 @@ def test_rotary_scores_depend_only_on_relative_position():
         RotaryEmbedding(15)
 
 
+def _rope_float64(x, positions, base=10000.0):
+    d = x.shape[-1]
+    angles = positions.double()[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def test_rotary_frequencies_survive_dtype_moves_and_meta_construction():
+    """The frequencies are not state: ``.half()`` must not round them (angles off by radians at
+    position 4095 when they were a buffer) and a module built on the meta device, moved with
+    ``to_empty`` and loaded from a state dict must rotate as one built normally."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 2, 16, generator=g, dtype=torch.float64)
+    positions = torch.tensor([0, 1, 1000, 4095])
+    ref = _rope_float64(x, positions)
+    assert rel_err(RotaryEmbedding(16).double()(x, positions), ref) < 1e-12  # float64 end to end
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+        rope = RotaryEmbedding(16).to(dtype)
+        assert rel_err(rope(x.to(dtype), positions), ref) < tol, dtype
+    with torch.device("meta"):
+        m = MultiheadAttention(32, 2, rotary=True)
+    m = m.to_empty(device="cpu")
+    normal = MultiheadAttention(32, 2, rotary=True)
+    m.load_state_dict(normal.state_dict())
+    xs = torch.randn(1, 5, 32, generator=g)
+    assert torch.equal(m(xs), normal(xs))
+
+
 def test_bad_head_configuration():
     with pytest.raises(ValueError, match="num_kv_heads"):
         MultiheadAttention(32, 4, 3)

@@ -617,7 +617,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     error, checked = None, None
     try:
         checked = _check_local(q, k, v, causal, scale, window, softcap, sinks, layout, return_lse, g)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - any error (a meta scale's .item(), …) raises on every rank
         error = e
     # Whether a backward will follow must agree too: a rank without one would leave the others waiting.
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad

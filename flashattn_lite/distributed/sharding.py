@@ -78,7 +78,7 @@ def unshard(x: torch.Tensor, dim: int, *, group=None, layout: str = "zigzag") ->
         g.check_device("x", x)
         if layout == "zigzag" and x.shape[d] % 2 != 0:
             raise ValueError(f"x size along dim {dim} ({x.shape[d]}) must be even for layout='zigzag'")
-    except (TypeError, ValueError, IndexError) as e:  # raised on every rank by agree, not here alone
+    except Exception as e:  # noqa: BLE001 - raised on every rank by agree, not here alone
         error = e
     agree(g, "unshard", error, {"x": describe(x), "dim": repr(dim), "layout": repr(layout)})
     x = x.detach().contiguous()

@@ -90,8 +90,10 @@ def _explain_invalid(q, k, v, dropout_p):
 def _validate_mask(attn_mask, q, full):
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and attn_mask.dtype not in _checks.FLOAT_DTYPES:
-        raise TypeError(f"attn_mask must be bool or a float dtype, got {attn_mask.dtype}")
+    # float64 where q is (the CPU twin's float64 calls: references, gradcheck); the kernels read 16/32 bits.
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in _checks.FLOAT_DTYPES + (q.dtype,):
+        raise TypeError(f"attn_mask must be bool, float16, bfloat16 or float32 (float64 only with float64 q, "
+                        f"on the CPU), got {attn_mask.dtype}")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask must be on q's device ({q.device}), got {attn_mask.device}")
     if attn_mask.requires_grad and torch.is_grad_enabled():
@@ -201,7 +203,11 @@ def _check_offset(offset) -> int:
 
 
 def _bounds_checked(check_seqlens, t) -> bool:
-    return (t.device.type == "cpu") if check_seqlens is None else bool(check_seqlens)
+    """The default checks where reading the values is free: CPU tensors in eager mode (a compiled
+    graph cannot read them without breaking; the kernels read unchecked bounds clamped)."""
+    if check_seqlens is None:
+        return t.device.type == "cpu" and not torch.compiler.is_compiling()
+    return bool(check_seqlens)
 
 
 def _variant(q, k, *, window, softcap, sinks, alibi_slopes, seq=SEQ_DENSE, seq_q=None, seq_k=None,
@@ -574,8 +580,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         causal, scale, window, softcap, sinks, alibi_slopes, return_lse: as in :func:`attention`,
             per sequence (bottom-right aligned within each sequence; ``alibi_slopes`` may be
             (B, Hq), one row per sequence).
-        check_seqlens: validate the cu_seqlens values (a device sync on GPU tensors). Default:
-            only where it is free, on CPU tensors. Unchecked bad values are read clamped into
+        check_seqlens: validate the cu_seqlens values (a device sync on GPU tensors; a graph break
+            under ``torch.compile``). Default: only where it is free, on CPU tensors outside
+            ``torch.compile``. Unchecked bad values are read clamped into
             [0, total], never an access outside q, k, v or o: where that gives a valid batch (past
             the total, below 0, a zero-padded tail) the call computes it; rows before the first
             bound or from the largest on (a batch ending early, e.g. a buffer padded for CUDA
