@@ -81,7 +81,7 @@ def main():
         ways = {"fused": (gluon, False), "deterministic": (gluon, True), "portable": (portable, True)}
         times = {way: [] for way in ways}
         try:
-            for order in common.rotated_rounds(ways, args.rounds):
+            for order in common.balanced_rounds(ways, args.rounds):
                 for way in order:
                     fn, deterministic = ways[way]
                     torch.use_deterministic_algorithms(deterministic)

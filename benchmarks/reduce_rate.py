@@ -156,7 +156,7 @@ def main(argv=None):
         if got != want:
             sys.exit(f"{case}: the buffer sums to {got:.0f}, not {want}")
     times = {case: [] for case in cases}
-    for order in common.rotated_rounds(cases, args.rounds):  # in turn: the clock drifts over a run
+    for order in common.balanced_rounds(cases, args.rounds):  # in turn: the clock drifts over a run
         for case in order:
             times[case].append(common.time_ms(launches[case]))
     rows = []

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import attention_varlen  # noqa: E402
 from flashattn_lite.bench.variants import mixed_lengths  # noqa: E402
-from flashattn_lite.bench.common import (add_run_arguments, format_table, host_us, rotated_rounds,  # noqa: E402
+from flashattn_lite.bench.common import (add_run_arguments, format_table, host_us, balanced_rounds,  # noqa: E402
                                          time_ms, write_json)
 from flashattn_lite.ops import attention as attention_ops  # noqa: E402
 from flashattn_lite.ops.outside_rows import clear_outside_rows  # noqa: E402
@@ -86,7 +86,7 @@ def main():
     for key in keys:  # compile and warm every path
         measure(*key)
     times = {key: [] for key in keys}
-    for order in rotated_rounds(keys, ROUNDS):
+    for order in balanced_rounds(keys, ROUNDS):
         for key in order:
             times[key].append(measure(*key))
     rows = []

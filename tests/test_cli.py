@@ -1,5 +1,6 @@
 """The command line: help, argument errors (exit status 2, one line, no traceback), and the files a
 run writes (JSON with the environment, CSV, PNG), on CPU with tiny sweeps."""
+import collections
 import csv
 import json
 import random
@@ -124,13 +125,13 @@ def test_variants_rounds_start_one_case_later(monkeypatch):
     monkeypatch.setattr(common, "gpu_state", lambda: None)
     steps = {name: (lambda name=name: name) for name in "abc"}
     times = variants._interleaved(steps, rep_ms=1.0, rounds=4)
-    assert calls == list("abc" "bca" "cab" "abc")
+    assert calls == list("abc" "bca" "cab" "cba")  # balanced_rounds: three keys take six rows
     assert times == {name: [1.0] * 4 for name in "abc"}
 
 
 def test_speed_rounds_time_the_methods_in_turn(tmp_path, capsys, torch_cpu_path, monkeypatch):
-    # --rounds 3: per point every method is built and warmed up, then timed once a round, each round
-    # starting one method later; each keeps its median round and records all of them.
+    # --rounds 3: per point every method is built, warmed up and checked, timed once in an untimed
+    # round, then once a round in a balanced order; each keeps its median round and records all of them.
     from flashattn_lite.bench import common
     calls, clock = [], iter(range(1, 1000))
     real = common.time_ms
@@ -144,11 +145,19 @@ def test_speed_rounds_time_the_methods_in_turn(tmp_path, capsys, torch_cpu_path,
     assert status == 0, err
     rows = json.loads(one(tmp_path, "attention_speed-*.json").read_text())["results"]
     assert [r["method"] for r in rows] == ["ours", "sdpa-math"] * 2 and all(r["status"] == "ok" for r in rows)
-    # Point 1's rounds: ours, math | math, ours | ours, math — ms 1..6 in that order; point 2: 7..12.
-    assert [r["rounds_ms"] for r in rows] == [[1.0, 4.0, 5.0], [2.0, 3.0, 6.0], [7.0, 10.0, 11.0], [8.0, 9.0, 12.0]]
-    assert [r["time_ms"] for r in rows] == [4.0, 3.0, 10.0, 9.0]
-    assert calls[0] is calls[3] and calls[1] is calls[2]  # the same callables each round
-    assert common.rotated_rounds("ab", 3) == [list("ab"), list("ba"), list("ab")] and common.rotated_rounds("", 2) == []
+    # Point 1: the untimed round (ms 1, 2), then ours, math | math, ours | ours, math (ms 3..8); point 2: 9..16.
+    assert [r["rounds_ms"] for r in rows] == [[3.0, 6.0, 7.0], [4.0, 5.0, 8.0], [11.0, 14.0, 15.0], [12.0, 13.0, 16.0]]
+    assert [r["rounds_position"] for r in rows] == [[0, 1, 0], [1, 0, 1]] * 2
+    assert [r["time_ms"] for r in rows] == [6.0, 5.0, 14.0, 13.0]
+    assert calls[0] is calls[2] is calls[5] and calls[1] is calls[3] is calls[4]  # the same callables each round
+    assert all(0 <= r["check_err"] < 1e-5 for r in rows)  # float32 on the CPU against float64
+    assert common.balanced_rounds("ab", 3) == [list("ab"), list("ba"), list("ab")] and common.balanced_rounds("", 2) == []
+    for n in range(1, 7):  # every key first, and after every other, equally often over a design
+        rows = common.balanced_rounds(range(n), 2 * n)
+        assert all(sorted(r) == list(range(n)) for r in rows)
+        follows = collections.Counter((r[i], r[i + 1]) for r in rows for i in range(n - 1))
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1
+        assert set(collections.Counter(r[0] for r in rows).values()) == {2}
     status, _, err = run_cli(TINY_SPEED + ["--rounds", "0"], capsys)
     assert status == 2 and "--rounds" in err
 
@@ -293,9 +302,15 @@ def test_standing_counts_the_points_at_or_above_a_peer():
             row("ours", "fwd", 2048, 9.0), row("peer", "fwd", 2048, 10.0),
             row("ours", "fwd", 4096, 12.0), row("peer", "fwd", 4096, 1.0, "error"),  # the peer failed: no point
             row("ours", "bwd", 1024, 5.0), row("peer", "bwd", 1024, 4.0)]
+    rows += [row("ours", "fwd", 8192, 1.0, "wrong"), row("peer", "fwd", 8192, 10.0),  # counted, not dropped
+             row("ours", "bwd", 8192, 1.0, "OOM"), row("peer", "bwd", 8192, 10.0)]
+    rows[-4]["rounds_ms"], rows[-3]["rounds_ms"] = [1.0, 3.0], [2.0, 2.0]  # (a wrong point: no pairs)
+    rows[0]["rounds_ms"], rows[1]["rounds_ms"] = [1.0, 3.0, 2.0], [2.0, 2.0, 2.0]
     assert standing(rows, "peer") == [
-        {"mode": "fwd", "at_or_above": 1, "points": 2, "lowest": 0.9, "lowest_at": "d=64 causal 2k"},
-        {"mode": "bwd", "at_or_above": 1, "points": 1, "lowest": 1.25, "lowest_at": "d=64 non-causal 1k"}]
+        {"mode": "fwd", "at_or_above": 1, "points": 2, "ours_failed": 1, "lowest": 0.9, "lowest_at": "d=64 causal 2k",
+         "rounds_won": 2, "rounds": 3},
+        {"mode": "bwd", "at_or_above": 1, "points": 1, "ours_failed": 1, "lowest": 1.25,
+         "lowest_at": "d=64 non-causal 1k"}]
     assert standing(rows, "absent") == []
 
 
@@ -678,3 +693,19 @@ def test_tolerance_margins_measures_a_correct_kernel_inside_the_rule(monkeypatch
     assert [r["tensor"] for r in rows] == ["o", "dq", "dk", "dv"]
     for r in rows:
         assert r["margin"] > 1 and r["err_ref"] > 0, r
+
+
+def test_speed_records_a_wrong_output_as_wrong_not_as_a_speed(tmp_path, capsys, torch_cpu_path, monkeypatch):
+    """Each method's outputs are checked against float64 once a point: one that is off (here the
+    reference is made wrong for every method) is recorded as ``wrong``, with no TFLOP/s, named in
+    the report and counted against ours in the standing."""
+    from flashattn_lite.bench import attention as bench
+    real = bench.reference_outputs
+    monkeypatch.setattr(bench, "reference_outputs", lambda problem, mode: [t * 2 for t in real(problem, mode)])
+    for rounds in ("1", "2"):
+        status, out, err = run_cli(TINY_SPEED + ["--max-n", "64", "--rounds", rounds, "--out", str(tmp_path / rounds)],
+                                   capsys)
+        assert status == 0, err
+        rows = json.loads(one(tmp_path / rounds, "attention_speed-*.json").read_text())["results"]
+        assert rows and all(r["status"] == "wrong" and r["tflops"] is None and r["check_err"] > 0.3 for r in rows)
+        assert "WRONG: ours fwd d=16 causal N=64" in out

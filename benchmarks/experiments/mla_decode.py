@@ -108,7 +108,7 @@ def main(argv=None) -> int:
                 continue
             fns[name] = run
         times = {name: [] for name in fns}
-        for order in common.rotated_rounds(list(fns), args.rounds):
+        for order in common.balanced_rounds(list(fns), args.rounds):
             for name in order:
                 times[name].append(common.time_ms_graph(fns[name]))
         for name, ts in times.items():

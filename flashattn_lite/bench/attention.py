@@ -3,14 +3,20 @@
 FLOPs are counted, not measured: 4·B·H·N²·D for the forward (QKᵀ and PV, two FLOPs per
 multiply-add), halved when causal; the backward as 2.5× the forward and forward+backward as 3.5×
 (FlashAttention's convention). Every method runs in the same process, on the same inputs, one
-point after another, each with a warm-up (compilation, autotuning) before
-``triton.testing.do_bench`` takes the median. The default grid is the one FlashAttention's papers
+point after another, each with a warm-up (compilation, autotuning) before ``common.time_ms`` takes
+the median of timed calls, each from a cold L2. The default grid is the one FlashAttention's papers
 use: B·N = 16k tokens at hidden size 2048 (H = 2048 / d), N from 1k to 16k, d = 64 and 128,
 causal and not, bf16. With ``--rounds R`` (R > 1) the methods of a point are built and warmed up
-together, then timed in turn R times, each round starting one method later
-(``common.rotated_rounds``), and each method's median round is kept: a drift of the card's clock,
-which at the 700 W cap moves a kernel by a few percent between runs, then moves every method of
-the point alike instead of the later ones.
+together, timed once each in an untimed round (so that no method gets the first run after the idle
+of the builds: it ran 3.5% faster than its median on average), then timed in turn R times in the
+orders of a balanced design (``common.balanced_rounds``: every method first as often as any other,
+and after every other as often), and each method's median round is kept: a drift of the card's
+clock, which at the 700 W cap moves a kernel by a few percent between runs, then moves every method
+of the point alike instead of the later ones.
+
+Each method's outputs are checked once a point against float64 attention over the first query
+head's group (o; with a backward dq, dk, dv too): a fast but wrong path is recorded as ``wrong``,
+never as a speed (``check_err``: the largest error relative to that tensor's largest value).
 
 ``bwd`` times the backward alone: one forward graph is kept and its backward rerun
 (``autograd.grad`` with ``retain_graph``, so no gradient accumulation is timed).
@@ -116,24 +122,72 @@ def _free(problem: Problem) -> None:
         torch.cuda.empty_cache()
 
 
-def _prepare(peer, way, problem: Problem, mode: str):
-    """(runner, timed callable, warm-up seconds) of a peer at a point, warmed up."""
+# The largest error a method's output may have, relative to the tensor's largest value, against
+# float64: a few units of the dtype's rounding where every fused kernel lands; a wrong path is O(1).
+CHECK_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float32: 1e-2}
+
+
+def reference_outputs(problem: Problem, mode: str) -> list[torch.Tensor]:
+    """Float64 attention over the first query head's group (query heads 0 … G − 1 and key/value
+    head 0) of batch row 0, from the inputs every method gets (``make_inputs``' seed): [o] and, with
+    a backward, [o, dq, dk, dv] of those heads."""
+    from ..reference import attention_reference
+    q, k, v, do = problem.make_inputs(mode)
+    g = problem.group
+    leaves = [t[:1, :h].detach().double().requires_grad_(mode != "fwd")
+              for t, h in ((q, g), (k, 1), (v, 1))]
+    o, _ = attention_reference(*leaves, causal=problem.causal)
+    if mode == "fwd":
+        return [o.detach()]
+    return [o.detach(), *torch.autograd.grad(o, leaves, do[:1, :g].double())]
+
+
+def check_error(runner, q, k, v, do, mode: str, reference: list[torch.Tensor]) -> float:
+    """The largest of max|x − ref| / max|ref| over a method's outputs against ``reference_outputs``."""
+    o = runner.fn(q, k, v)
+    got = [o] if mode == "fwd" else [o, *torch.autograd.grad(o, (q, k, v), do)]
+    err = 0.0
+    for x, ref in zip(got, reference):
+        x = x[:1, :ref.shape[1]].double()
+        err = max(err, ((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
+    return err
+
+
+def _prepare(peer, way, problem: Problem, mode: str, reference=None):
+    """(runner, timed callable, facts) of a peer at a point, warmed up; the facts: ``warmup_s``, with
+    ``reference_outputs`` the check's ``check_err``, and for our methods the ``path`` and ``kernels`` the
+    call took (``explain``)."""
     q, k, v, do = problem.make_inputs(mode)
     runner = peer.build(problem, way)
     with runner.context():
         fn = timed_callable(runner, q, k, v, do, mode)
-        warmup_s = common.warm_up(fn, f"{peer.name} {mode} d={problem.head_dim} causal={problem.causal} "
-                                      f"N={common.format_size(problem.seqlen)}")
-    return runner, fn, warmup_s
+        facts = {"warmup_s": common.warm_up(fn, f"{peer.name} {mode} d={problem.head_dim} causal={problem.causal} "
+                                                f"N={common.format_size(problem.seqlen)}")}
+        if reference is not None:
+            facts["check_err"] = check_error(runner, q, k, v, do, mode, reference)
+        if peer.name.startswith("ours"):
+            from ..explain import explain
+            how = explain(q, k, v, causal=problem.causal, backward=mode != "fwd")
+            facts.update(path=how.path, kernels=" ".join(dict.fromkeys(launch.name for launch in how.kernels)))
+    return runner, fn, facts
 
 
-def _point(peer, way, problem: Problem, mode: str, rep_ms: float) -> dict:
+def _checked(result: dict, problem: Problem) -> dict:
+    """``result``, ``wrong`` (no speed) where its check's error is past the dtype's tolerance."""
+    err = result.get("check_err")
+    if err is not None and err > CHECK_TOLERANCE.get(problem.dtype, 1e-2):
+        result = dict(result, status="wrong", time_ms=None,
+                      note=f"output off the float64 reference by {err:.3g} (relative to its largest value)")
+    return result
+
+
+def _point(peer, way, problem: Problem, mode: str, rep_ms: float, reference=None) -> dict:
     runner = fn = None
     try:
-        runner, fn, warmup_s = _prepare(peer, way, problem, mode)
+        runner, fn, facts = _prepare(peer, way, problem, mode, reference)
         with runner.context():
             ms = common.time_ms(fn, rep_ms=rep_ms)
-        return {"status": "ok", "time_ms": ms, "warmup_s": warmup_s}
+        return _checked({"status": "ok", "time_ms": ms, **facts}, problem)
     except Exception as exc:
         return _failure(exc)
     finally:
@@ -141,32 +195,38 @@ def _point(peer, way, problem: Problem, mode: str, rep_ms: float) -> dict:
         _free(problem)
 
 
-def _points_in_turn(peers: dict, problem: Problem, mode: str, rep_ms: float, rounds: int) -> dict:
-    """{name: result} of the peers ({name: (peer, way)}) at one point, timed in turn over ``rounds``
-    rounds (``common.rotated_rounds``): each keeps its median round (``time_ms``) and every round's
-    time (``rounds_ms``). A peer that fails to build, warm up or run is recorded as failed."""
+def _points_in_turn(peers: dict, problem: Problem, mode: str, rep_ms: float, rounds: int, reference=None) -> dict:
+    """{name: result} of the peers ({name: (peer, way)}) at one point: each built, warmed up and
+    checked, timed once in an untimed round, then in turn over ``rounds`` rounds
+    (``common.balanced_rounds``): each keeps its median round (``time_ms``), every round's time
+    (``rounds_ms``) and its place in each round's order (``rounds_position``). A peer that fails to
+    build, warm up or run is recorded as failed."""
     results, live = {}, {}
     try:
         for name, (peer, way) in peers.items():
             try:
-                live[name] = _prepare(peer, way, problem, mode)
+                live[name] = _prepare(peer, way, problem, mode, reference)
             except Exception as exc:
                 results[name] = _failure(exc)
+        orders = common.balanced_rounds(live, rounds)
         times = {name: [] for name in live}
-        for order in common.rotated_rounds(live, rounds):
+        for r, order in enumerate(orders[:1] + orders):
             for name in order:
                 if name in results:  # failed in an earlier round
                     continue
-                runner, fn, _ = live[name]
+                runner, fn = live[name][:2]
                 try:
                     with runner.context():
-                        times[name].append(common.time_ms(fn, rep_ms=rep_ms))
+                        ms = common.time_ms(fn, rep_ms=rep_ms)
+                    if r:  # round 0 is untimed: no method gets the first run after the builds' idle
+                        times[name].append(ms)
                 except Exception as exc:
                     results[name] = _failure(exc)
-        for name, (_, _, warmup_s) in live.items():
+        for name, (_, _, facts) in live.items():
             if name not in results:
                 ms = sorted(times[name])[len(times[name]) // 2]
-                results[name] = {"status": "ok", "time_ms": ms, "warmup_s": warmup_s, "rounds_ms": times[name]}
+                results[name] = _checked({"status": "ok", "time_ms": ms, **facts, "rounds_ms": times[name],
+                                          "rounds_position": [order.index(name) for order in orders]}, problem)
         return results
     finally:
         live.clear()
@@ -183,7 +243,7 @@ def _row(problem: Problem, mode: str, name: str, way, result: dict) -> dict:
             "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"], "time_ms": ms,
             "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None, "flops": problem.flops(mode),
             "warmup_s": result.get("warmup_s"), "note": result.get("note", ""),
-            **({"rounds_ms": result["rounds_ms"]} if "rounds_ms" in result else {})}
+            **{key: result[key] for key in ("check_err", "path", "kernels", "rounds_ms", "rounds_position") if key in result}}
 
 
 def run(args) -> list[dict]:
@@ -207,12 +267,14 @@ def run(args) -> list[dict]:
                                  total=len(grid) * len(methods), progress=not args.no_progress,
                                  columns=["method", "mode", "head_dim", "causal", "N", "status", "time_ms", "tflops",
                                           "note"])
+    unchecked = []  # points whose float64 reference did not fit
     with writer:
         for d, causal, mode, n in grid:
             heads = val["hidden"] // d
             problem = Problem(max(1, val["tokens"] // n), heads, heads // args.gqa, n, d, dtype, causal, device,
                               val["value_dim"])
             started = {}  # name -> its GQA way: the methods timed in turn (--rounds > 1)
+            reference = _reference_or_none(problem, mode, unchecked)
             for name in methods:
                 if not writer.start(method=name, mode=mode, head_dim=d, causal=causal, N=n):
                     continue
@@ -220,16 +282,32 @@ def run(args) -> list[dict]:
                 if reason is not None:
                     writer.add(_row(problem, mode, name, way, {"status": "unavailable", "note": reason}))
                 elif args.rounds == 1:  # built, timed and freed one after the other
-                    writer.add(_row(problem, mode, name, way, _point(PEERS[name], way, problem, mode, val["rep_ms"])))
+                    writer.add(_row(problem, mode, name, way, _point(PEERS[name], way, problem, mode, val["rep_ms"],
+                                                                     reference)))
                 else:
                     started[name] = way
             if started:
                 timed = _points_in_turn({name: (PEERS[name], way) for name, way in started.items()}, problem, mode,
-                                        val["rep_ms"], args.rounds)
+                                        val["rep_ms"], args.rounds, reference)
                 for name, way in started.items():
                     writer.add(_row(problem, mode, name, way, timed[name]))
+            del reference
+    if unchecked:
+        print(f"\nnot checked against float64 (its reference did not fit): {', '.join(unchecked)}")
     _report(writer, methods, dtype, args, val)
     return writer.rows
+
+
+def _reference_or_none(problem: Problem, mode: str, unchecked: list):
+    """``reference_outputs``, or None (the point named in ``unchecked``) where it does not fit."""
+    try:
+        return reference_outputs(problem, mode)
+    except torch.OutOfMemoryError:
+        unchecked.append(f"{mode} d={problem.head_dim} {'causal' if problem.causal else 'non-causal'} "
+                         f"{common.format_size(problem.seqlen)}")
+        return None
+    finally:
+        _free(problem)
 
 
 def pivot(rows: list[dict], methods: list[str], d: int, causal: bool, mode: str) -> list[dict]:
@@ -247,19 +325,38 @@ def pivot(rows: list[dict], methods: list[str], d: int, causal: bool, mode: str)
 
 
 def standing(rows: list[dict], peer: str, ours: str = "ours") -> list[dict]:
-    """Per mode, where ``ours`` stands against ``peer`` over the points both ran: how many points
-    it is at or above (TFLOP/s ≥ the peer's), of how many, and its lowest ratio with that point."""
-    ok = {(r["method"], r["mode"], r["head_dim"], r["causal"], r["N"]): r["tflops"]
-          for r in rows if r["status"] == "ok"}
+    """Per mode, where ``ours`` stands against ``peer``: over the points both ran, how many it is at
+    or above (TFLOP/s ≥ the peer's), of how many, and its lowest ratio with that point; how many of
+    the peer's points ``ours`` did not run (failed, out of memory or wrong: never left out of the
+    count silently); and, where the methods were timed in turn (``--rounds``), how many of the paired
+    rounds (the same round of the same point) ``ours`` was at least as fast in."""
+    by_point = {(r["method"], r["mode"], r["head_dim"], r["causal"], r["N"]): r for r in rows}
     result = []
     for mode in dict.fromkeys(r["mode"] for r in rows):
-        ratios = [(ok[(ours, *point)] / ok[(peer, *point)], point) for (m, *point) in ok
-                  if m == peer and point[0] == mode and (ours, *point) in ok]
-        if ratios:
-            low, (_, d, causal, n) = min(ratios, key=lambda x: x[0])
-            result.append({"mode": mode, "at_or_above": sum(r >= 1 for r, _ in ratios), "points": len(ratios),
-                           "lowest": low, "lowest_at": f"d={d} {'causal' if causal else 'non-causal'} "
-                                                       f"{common.format_size(n)}"})
+        ratios, failed, won, paired = [], 0, 0, 0
+        for (m, *point), theirs in by_point.items():
+            if m != peer or point[0] != mode or theirs["status"] != "ok":
+                continue
+            mine = by_point.get((ours, *point))
+            if mine is None or mine["status"] == "unavailable":
+                continue
+            if mine["status"] != "ok":
+                failed += 1
+                continue
+            ratios.append((mine["tflops"] / theirs["tflops"], point))
+            for a, b in zip(mine.get("rounds_ms") or (), theirs.get("rounds_ms") or ()):
+                paired += 1
+                won += a <= b
+        if ratios or failed:
+            entry = {"mode": mode, "at_or_above": sum(r >= 1 for r, _ in ratios), "points": len(ratios),
+                     "ours_failed": failed}
+            if ratios:
+                low, (_, d, causal, n) = min(ratios, key=lambda x: x[0])
+                entry.update(lowest=low, lowest_at=f"d={d} {'causal' if causal else 'non-causal'} "
+                                                   f"{common.format_size(n)}")
+            if paired:
+                entry.update(rounds_won=won, rounds=paired)
+            result.append(entry)
     return result
 
 
@@ -274,11 +371,18 @@ def _report(writer, methods, dtype, args, val) -> None:
     if "ours" in methods:
         print()
         for peer in (m for m in methods if m != "ours"):
-            parts = [f"{s['mode']} at or above at {s['at_or_above']} of {s['points']} points "
-                     f"(lowest {s['lowest']:.3g} ×: {s['lowest_at']})" for s in standing(rows, peer)]
+            parts = [f"{s['mode']} at or above at {s['at_or_above']} of {s['points']} points"
+                     + (f" (lowest {s['lowest']:.3g} ×: {s['lowest_at']})" if "lowest" in s else "")
+                     + (f", faster in {s['rounds_won']} of {s['rounds']} paired rounds" if "rounds" in s else "")
+                     + (f", ours failed at {s['ours_failed']} more" if s["ours_failed"] else "")
+                     for s in standing(rows, peer)]
             if parts:
                 print(f"ours against {peer}: " + "; ".join(parts))
     notes = {(r["method"], r["note"]) for r in rows if r["status"] in ("unavailable", "error") and r["note"]}
+    for r in rows:
+        if r["status"] == "wrong":
+            print(f"WRONG: {r['method']} {r['mode']} d={r['head_dim']} "
+                  f"{'causal' if r['causal'] else 'non-causal'} N={r['N']}: {r['note']}")
     for m, note in sorted(notes):
         print(f"  {m}: {note}")
     paths = writer.finish()

@@ -195,22 +195,60 @@ def time_ms_graph_steady(make_step: Callable[[int], Callable[[], object]], copie
 
 
 def environment() -> dict:
-    """What a reader needs to reproduce a number: device, versions, date."""
+    """What a reader needs to reproduce a number: device, driver and library versions (cuDNN's too:
+    the SDPA peer's speed moves with it), the package's version and commit, the ``FLASHATTN_LITE_*``
+    settings, the GPU's clock and power state at the start, date."""
+    from .. import __version__
     env = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "flashattn_lite": __version__,
+        "commit": _commit(),
+        "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLASHATTN_LITE_")},
         "platform": platform.platform(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         env.update(gpu=props.name, sm_count=props.multi_processor_count,
-                   gpu_memory_gib=round(props.total_memory / 2 ** 30, 1))
+                   gpu_memory_gib=round(props.total_memory / 2 ** 30, 1), driver=_nvidia_smi("driver_version"),
+                   gpu_state=gpu_state())
     else:
         env.update(gpu=None, cpu_count=os.cpu_count())
     return env
+
+
+def _commit() -> str | None:
+    """The package checkout's git commit (``+dirty`` with uncommitted changes), or None (installed
+    from a wheel, or no git)."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,  # noqa: E731
+                                        timeout=10)
+        head = run("rev-parse", "HEAD")
+        if head.returncode:
+            return None
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _nvidia_smi(field: str) -> str | None:
+    import shutil
+    import subprocess
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={torch.cuda.current_device()}", f"--query-gpu={field}",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
 
 
 def resolve_device(device: str) -> str:
@@ -451,30 +489,33 @@ def settings(args, defaults: dict, quick: dict) -> dict:
     return {k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()}
 
 
-def rotated_rounds(keys, rounds: int) -> list[list]:
-    """The order of each of ``rounds`` rounds that time every key once: round r starts r keys later,
-    so no key always follows the same one (a power-hungry case leaves the clock low for the next
-    for a while) and a drift of the card's clocks during the run moves every key alike."""
+def balanced_rounds(keys, rounds: int) -> list[list]:
+    """The order of each of ``rounds`` rounds that time every key once: the rows of a Williams
+    design: over one design (``len(keys)`` rows, twice that for an odd count, whose rows come with
+    their reverses) every key runs first equally often and follows every other key equally often. So no
+    key always follows the same one (a power-hungry case leaves the clock low for the next for a
+    while), and a drift of the card's clocks over the run moves every key alike. Past one design the
+    rows repeat."""
     keys = list(keys)
-    return [keys[r % len(keys):] + keys[:r % len(keys)] for r in range(rounds)] if keys else []
+    n = len(keys)
+    if not n:
+        return []
+    base = [0]  # 0, 1, n − 1, 2, n − 2, …: consecutive differences all distinct mod n
+    for i in range(1, n):
+        base.append((i + 1) // 2 if i % 2 else n - i // 2)
+    rows = [[keys[(b + r) % n] for b in base] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [rows[r % len(rows)] for r in range(rounds)]
 
 
 def gpu_state() -> str | None:
     """The GPU's SM clock, power draw, temperature and active clock-throttle reasons (nvidia-smi),
     or None where there is no nvidia-smi: printed between a benchmark's rounds, so a slower round
     can be told apart from a slower kernel."""
-    import shutil
-    import subprocess
-    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+    if not torch.cuda.is_available():
         return None
-    index = torch.cuda.current_device()
-    query = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
-    try:
-        out = subprocess.run(["nvidia-smi", f"--id={index}", f"--query-gpu={query}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out or None
+    return _nvidia_smi("clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")
 
 
 SLOW_WARMUP_S = 2.0

@@ -92,12 +92,12 @@ def _steps(fn, leaves):
 def _interleaved(steps: dict, rep_ms: float, rounds: int = 3) -> dict:
     """{(case, mode): each round's ms} timing every case once per round, cases in turn: a drift of
     the card's clocks or temperature during the run then moves every case alike instead of the later
-    ones (the options' costs are a few percent, the size of that drift). Each round starts one case
-    later, so no case always follows the same one: a power-hungry case (softcap) leaves the clock
+    ones (the options' costs are a few percent, the size of that drift). The rounds' orders are a
+    balanced design (``common.balanced_rounds``), so no case always follows the same one: a power-hungry case (softcap) leaves the clock
     low for the next for a while, which read as a 12–13% cost of sinks over two runs in which sinks
     always came after softcap (interleaved directly, sinks cost 0.6%; NOTES, 2026-11-25)."""
     times = {key: [] for key in steps}
-    for r, order in enumerate(common.rotated_rounds(steps, rounds)):
+    for r, order in enumerate(common.balanced_rounds(steps, rounds)):
         for key in order:
             times[key].append(common.time_ms(steps[key], rep_ms=rep_ms))
         state = common.gpu_state()
