@@ -320,12 +320,16 @@ def test_memory_plot_marks_oom_and_comparison(tmp_path):
             dict(base, method="naive", mode="fwd", N=2048, status="OOM", peak_mib=None),
             dict(base, method="ours", mode="fwd", N=1024, status="ok", peak_mib=1.0),
             dict(base, method="ours", mode="fwd", N=2048, status="ok", peak_mib=2.0),
-            dict(base, method="sdpa-flash", mode="fwd", N=2048, status="ok", peak_mib=2.5)]
+            dict(base, method="sdpa-flash", mode="fwd", N=2048, status="ok", peak_mib=2.5),
+            dict(base, method="ours", mode="fwd", N=4096, status="OOM", peak_mib=None),
+            dict(base, method="sdpa-cudnn", mode="fwd", N=4096, status="ok", peak_mib=5.0)]
     path = memory.plot(rows, tmp_path / "m.png", title="synthetic")
     assert Path(path).read_bytes()[:4] == b"\x89PNG"
     comp = memory.comparison(rows)
     assert comp == [{"mode": "fwd", "N": 2048, "ours_mib": 2.0, "best_sdpa": "sdpa-flash", "best_sdpa_mib": 2.5,
-                     "ratio": 0.8}]
+                     "ratio": 0.8},  # ours out of memory where a backend ran: a row, not a gap
+                    {"mode": "fwd", "N": 4096, "ours_mib": "OOM", "best_sdpa": "sdpa-cudnn", "best_sdpa_mib": 5.0,
+                     "ratio": None}]
 
 
 @pytest.mark.parametrize("text, value", [("4096", 4096), ("4k", 4096), ("512K", 512 * 1024), ("1M", 2 ** 20)])
@@ -709,3 +713,15 @@ def test_speed_records_a_wrong_output_as_wrong_not_as_a_speed(tmp_path, capsys, 
         rows = json.loads(one(tmp_path / rounds, "attention_speed-*.json").read_text())["results"]
         assert rows and all(r["status"] == "wrong" and r["tflops"] is None and r["check_err"] > 0.3 for r in rows)
         assert "WRONG: ours fwd d=16 causal N=64" in out
+
+
+def test_portable_theory_counts_no_hopper_buffer(monkeypatch):
+    """ours-portable runs with the Hopper paths off: its theory has no Gluon dQ buffer even when the
+    process has them on (the theory was computed outside the portable context)."""
+    from flashattn_lite.bench import peers
+    from flashattn_lite.ops import attention_fwd_hopper as hopper
+    monkeypatch.setattr(peers, "_gluon_dq_bytes", lambda p: 1000 if hopper.enabled() else 0)
+    p = peers.Problem(1, 2, 2, 64, 16, torch.float16, False, "cuda")
+    ours = peers.PEERS["ours"].theory_bytes(p, "fwd+bwd")
+    portable = peers.PEERS["ours-portable"].theory_bytes(p, "fwd+bwd")
+    assert ours - portable == 1000 and hopper.enabled()

@@ -168,10 +168,10 @@ def _cuda_point(peer, way: str, problem: Problem, mode: str, warm: bool) -> dict
             first_ms = start.elapsed_time(end)
             reps = 1
             ms = first_ms
-            if first_ms < 200:  # short calls: a proper median (do_bench); long ones: that one call is the time
+            if first_ms < 200:  # short calls: a proper median (common.time_ms); long ones: that one call is the time
                 ms = common.time_ms(lambda: run_once(runner, q, k, v, do, mode))
-                reps = 0  # do_bench chose the count
-        return {"status": "ok", "peak_bytes": peak, "time_ms": ms, "time_reps": reps or "do_bench"}
+                reps = 0  # time_ms chose the count
+        return {"status": "ok", "peak_bytes": peak, "time_ms": ms, "time_reps": reps or "time_ms"}
     except Exception as exc:  # OOM becomes a point; anything else is recorded, not raised
         status = "OOM" if _is_oom(exc) else "error"
         note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
@@ -443,20 +443,22 @@ def _row(peer, problem: Problem, mode: str, way: str, result: dict, device: str)
 
 
 def comparison(rows: list[dict]) -> list[dict]:
-    """Per (mode, N): our peak over the lowest peak among SDPA's flash, cuDNN and efficient."""
+    """Per (mode, N) where an SDPA backend among flash, cuDNN and efficient ran: our peak over the
+    lowest of theirs, or ours' status where it did not run (out of memory, error: a row, not a gap)."""
     out = []
-    keys = sorted({(r["mode"], r["N"]) for r in rows if r["method"] == "ours" and r["status"] == "ok"},
+    keys = sorted({(r["mode"], r["N"]) for r in rows if r["method"] in SDPA_FLASH_LIKE and r["status"] == "ok"},
                   key=lambda t: (MODES.index(t[0]), t[1]))
     for mode, n in keys:
-        ours = next(r for r in rows if r["method"] == "ours" and r["mode"] == mode and r["N"] == n)
+        ours = next((r for r in rows if r["method"] == "ours" and r["mode"] == mode and r["N"] == n), None)
+        if ours is None:
+            continue
         peers = [r for r in rows if r["method"] in SDPA_FLASH_LIKE and r["mode"] == mode and r["N"] == n
                  and r["status"] == "ok"]
-        if not peers:
-            continue
         best = min(peers, key=lambda r: r["peak_mib"])
-        out.append({"mode": mode, "N": n, "ours_mib": ours["peak_mib"], "best_sdpa": best["method"],
-                    "best_sdpa_mib": best["peak_mib"],
-                    "ratio": ours["peak_mib"] / best["peak_mib"] if best["peak_mib"] > 0 else None})
+        mine = ours["peak_mib"] if ours["status"] == "ok" else None
+        out.append({"mode": mode, "N": n, "ours_mib": mine if mine is not None else ours["status"],
+                    "best_sdpa": best["method"], "best_sdpa_mib": best["peak_mib"],
+                    "ratio": mine / best["peak_mib"] if mine is not None and best["peak_mib"] > 0 else None})
     return out
 
 
