@@ -146,11 +146,7 @@ def check_error(runner, q, k, v, do, mode: str, reference: list[torch.Tensor]) -
     """The largest of max|x − ref| / max|ref| over a method's outputs against ``reference_outputs``."""
     o = runner.fn(q, k, v)
     got = [o] if mode == "fwd" else [o, *torch.autograd.grad(o, (q, k, v), do)]
-    err = 0.0
-    for x, ref in zip(got, reference):
-        x = x[:1, :ref.shape[1]].double()
-        err = max(err, ((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
-    return err
+    return common.relative_error([x[:1, :ref.shape[1]] for x, ref in zip(got, reference)], reference)
 
 
 def _prepare(peer, way, problem: Problem, mode: str, reference=None):

@@ -489,6 +489,15 @@ def settings(args, defaults: dict, quick: dict) -> dict:
     return {k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()}
 
 
+def relative_error(got, ref) -> float:
+    """The largest of max|x − r| / max|r| over the pairs of tensors: how the benchmarks check a
+    method's outputs against float64 (``bench.attention.CHECK_TOLERANCE``)."""
+    err = 0.0
+    for x, r in zip(got, ref):
+        err = max(err, ((x.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item())
+    return err
+
+
 def balanced_rounds(keys, rounds: int) -> list[list]:
     """The order of each of ``rounds`` rounds that time every key once: the rows of a Williams
     design: over one design (``len(keys)`` rows, twice that for an odd count, whose rows come with
