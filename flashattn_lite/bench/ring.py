@@ -19,8 +19,27 @@ For each per-GPU length n (global N = W·n; default B 1, Hq 32, Hkv 8, d 128, bf
   ``speedup`` = one_gpu_global / ring (ideal W).
 - ``--window``, ``--softcap``, ``--sinks``: the options (the same in the one-GPU runs).
 
-Times are the slowest rank's mean over ``--iters`` runs after ``--warmup`` runs (host clock after a
-device sync: every rank must run the same number of iterations, so no adaptive repetition).
+Timing: each case (``ring``, ``compute``, ``comm``, ``one_gpu_local`` and, where it runs,
+``one_gpu_global``) is first called ``--warmup`` times, then all are called in one untimed round (no
+case gets the first run after the others' warm-up or compile idle), then timed in ``--rounds``
+rounds, each case once a round, in the orders of ``common.balanced_rounds`` (a Williams design: each
+case first, and after every other, equally often over a design). A case's time in a round is the
+slowest rank's mean over ``--iters`` calls (host clock after a device sync; every rank runs the same
+calls in the same order, as the cases are collective, so no adaptive repetition); ``<case>_ms`` is
+its median over the rounds, ``<case>_rounds_ms`` every round's time and ``rounds_order`` the orders.
+
+Memory: ``<case>_peak_gib`` (every case) is the most memory allocated at any moment of one call
+of the case above what was allocated just before it, the largest over the ranks. Before the call only
+inputs are allocated (q, k, v, dO of every case; ``comm``'s send buffers); the peak counts
+everything the call allocates: its output, what autograd saves, the K/V blocks and float32 dK/dV
+accumulators in flight (``comm``: its receive buffers), workspaces, and dQ, dK and dV, which
+``torch.autograd.grad`` returns and the step drops (never kept in ``.grad``, where an earlier
+call's gradients would sit in the baseline and be freed during the call). So at least
+O + dQ + dK + dV for the fwd + bwd cases. CUDA: ``torch.cuda.max_memory_allocated``; CPU (the gloo
+smoke run): the profiler's allocation events over the second of two calls (frees of memory the
+first call left count, as on CUDA; buffers the Triton interpreter makes itself, TRITON_INTERPRET=1,
+are not seen).
+
 FLOPs as elsewhere: 3.5 × 4·B·Hq·N²·d, halved when causal; with a window, 3.5 × 4·B·Hq·d per
 visible pair. Rank 0 prints and writes the files.
 """
@@ -28,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import torch
@@ -42,11 +62,13 @@ from .peers import dtype_name, parse_dtype
 from .variants import _tflops as pair_tflops
 
 DEFAULTS = {"cuda": dict(dtype="bf16", heads=32, kv_heads=8, head_dim=128, lengths="8k,16k,32k,64k",
-                         single_max=128 * 1024, iters=5, warmup=2),
+                         single_max=128 * 1024, iters=3, warmup=1, rounds=10),
             "cpu": dict(dtype="fp32", heads=4, kv_heads=2, head_dim=16, lengths="64,128", single_max=256,
-                        iters=2, warmup=1)}
+                        iters=2, warmup=1, rounds=3)}
 # --quick: a short and a long point (most of the time is autotuning on the first call of each shape).
-QUICK = {"cuda": dict(lengths="16k,64k", iters=3), "cpu": dict(lengths="64")}
+QUICK = {"cuda": dict(lengths="16k,64k", iters=2, rounds=5), "cpu": dict(lengths="64")}
+# The cases of a point, in the order they are keyed (the order balanced_rounds permutes).
+CASES = ("ring", "compute", "comm", "one_gpu_local", "one_gpu_global")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,8 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a sliding window of LEFT + 1 keys: window=(LEFT, 0) causal, (LEFT, LEFT) otherwise")
     p.add_argument("--softcap", type=float, help="softcap c (scores c·tanh(s / c))")
     p.add_argument("--sinks", action="store_true", help="one sink logit per head (random, the same on every rank)")
-    p.add_argument("--iters", type=int, help="timed runs per measurement (GPU default 5)")
-    p.add_argument("--warmup", type=int, help="untimed runs first (GPU default 2)")
+    p.add_argument("--iters", type=int, help="calls per case in each timed round, their mean the round's time "
+                                             "(GPU default 3)")
+    p.add_argument("--warmup", type=int, help="untimed calls of each case first, before one untimed round of "
+                                              "all cases (GPU default 1)")
+    p.add_argument("--rounds", type=int, help="timed rounds, every case once a round in a balanced order; each "
+                                              "case keeps its median round (GPU default 10)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     common.add_run_arguments(p)
 
@@ -91,8 +117,8 @@ def _resolve(args, device: str) -> dict:
         raise common.BenchArgumentError(f"--softcap must be > 0, got {args.softcap}")
     if not 1 <= val["head_dim"] <= 256:
         raise common.BenchArgumentError(f"--head-dim must be in [1, 256], got {val['head_dim']}")
-    if val["iters"] < 1 or val["warmup"] < 0:
-        raise common.BenchArgumentError("--iters must be >= 1 and --warmup >= 0")
+    if val["iters"] < 1 or val["warmup"] < 0 or val["rounds"] < 1:
+        raise common.BenchArgumentError("--iters and --rounds must be >= 1 and --warmup >= 0")
     return val
 
 
@@ -142,10 +168,8 @@ def _all_max(group: Group, value: float) -> float:
     return float(t.item())
 
 
-def _time_ms(fn, group: Group, device, iters: int, warmup: int) -> float:
+def _time_ms(fn, group: Group, device, iters: int) -> float:
     """Mean ms per call over ``iters`` calls, the slowest rank's; every rank runs the same calls."""
-    for _ in range(warmup):
-        fn()
     _sync(device)
     dist.barrier(group=group.pg)
     t0 = time.perf_counter()
@@ -155,16 +179,65 @@ def _time_ms(fn, group: Group, device, iters: int, warmup: int) -> float:
     return _all_max(group, (time.perf_counter() - t0) * 1e3 / iters)
 
 
-def _peak_gib(fn, group: Group, device) -> float | None:
-    """Peak memory of one call above what was allocated before it, the largest over the ranks."""
-    if device.type != "cuda":
-        return None
+def _timed(steps: dict, group: Group, device, iters: int, warmup: int, rounds: int) -> tuple[dict, list]:
+    """({case: each timed round's ms}, each round's order) of the ``steps`` ({case: fn}): every case
+    called ``warmup`` times, then one untimed round of all (the first of the orders), then ``rounds``
+    timed rounds in the orders of ``common.balanced_rounds``. Every rank must pass the same cases in
+    the same order (the design is deterministic, so every rank then runs the same sequence of
+    collective calls)."""
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    orders = common.balanced_rounds(list(steps), rounds)
+    times: dict = {key: [] for key in steps}
+    for r, order in enumerate(orders[:1] + orders):
+        for key in order:
+            ms = _time_ms(steps[key], group, device, iters)
+            if r:  # round 0 is untimed
+                times[key].append(ms)
+    return times, orders
+
+
+_MARK = "flashattn_lite.bench.ring.peak"
+
+
+def _cpu_peak_bytes(fn) -> int:
+    """Peak bytes allocated on the CPU during a call of ``fn`` above what was allocated before it,
+    from the profiler's allocation events. The profiler records no free of memory allocated before
+    it started, so it watches two calls and counts the second: memory an earlier call left behind
+    and the measured call frees (gradients kept in ``.grad``, say) lowers the peak, as it does in
+    ``torch.cuda.max_memory_allocated`` − ``memory_allocated``."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+        with record_function(_MARK):
+            fn()
+    events = list(prof.profiler.kineto_results.events())
+    mark = next(e for e in events if e.name() == _MARK)
+    lo, hi = mark.start_ns(), mark.start_ns() + mark.duration_ns()
+    memory = sorted((e for e in events if e.name() == "[memory]" and lo <= e.start_ns() <= hi),
+                    key=lambda e: e.start_ns())  # stable: events of one instant keep their order
+    live = peak = 0
+    for e in memory:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _peak_gib(fn, group: Group, device) -> float:
+    """Peak memory of one call above what was allocated just before it, the largest over the ranks
+    (GiB). ``fn`` must leave nothing allocated behind it (gradients returned, not kept in ``.grad``):
+    what it left from an earlier call would sit in the baseline and be freed during the call."""
     _sync(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    _sync(device)
-    return _all_max(group, (torch.cuda.max_memory_allocated(device) - base) / 2 ** 30)
+    if device.type == "cuda":
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        _sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = _cpu_peak_bytes(fn)
+    return _all_max(group, peak / 2 ** 30)
 
 
 def _fits(nbytes: int, group: Group, device) -> bool:
@@ -184,11 +257,13 @@ def _inputs(b, hq, hkv, n, d, dtype, device, seed):
 
 
 def _fwd_bwd(call, inputs):
+    """One forward + backward of ``call`` on ``inputs`` (q, k, v, dO): dQ, dK and dV come back from
+    ``torch.autograd.grad`` and are dropped with the output when the step returns, so a step starts
+    with only its inputs allocated (nothing in ``.grad``) and its peak counts its gradients."""
     q, k, v, do = inputs
 
     def step():
-        q.grad = k.grad = v.grad = None
-        call(q, k, v).backward(do)
+        torch.autograd.grad(call(q, k, v), (q, k, v), do)
     return step
 
 
@@ -259,7 +334,6 @@ def _point(val, args, group: Group, device, n: int) -> dict:
     b, hq, hkv, d, dtype = 1, val["heads"], val["kv_heads"], val["head_dim"], val["dtype"]
     causal, w = args.causal == "yes", group.world
     big_n = w * n
-    timing = dict(group=group, device=device, iters=val["iters"], warmup=val["warmup"])
     row = dict(world=w, n_local=n, n_global=big_n, layout=args.layout, causal=causal)
     itemsize = torch.empty((), dtype=dtype).element_size()
     options = _options(args, val, device)
@@ -273,19 +347,21 @@ def _point(val, args, group: Group, device, n: int) -> dict:
     local_call = lambda q, k, v: ring_mod._RingAttentionFn.apply(  # noqa: E731
         q, k, v, options["sinks"], scale, args.softcap or 0.0, _NoTransfer(group.rank, w), every[group.rank], hops)[0]
     one_gpu = lambda q, k, v: attention(q, k, v, causal=causal, **options)  # noqa: E731
-    row["ring_ms"] = _time_ms(_fwd_bwd(ring_call, inputs), **timing)
-    row["ring_peak_gib"] = _peak_gib(_fwd_bwd(ring_call, inputs), group, device)
-    row["compute_ms"] = _time_ms(_fwd_bwd(local_call, inputs), **timing)
-    row["comm_ms"] = _time_ms(_comm_only(group, hops, 2 * b * hkv * d, dtype, device), **timing)
-    row["one_gpu_local_ms"] = _time_ms(_fwd_bwd(one_gpu, inputs), **timing)
-    del inputs
-
-    if big_n <= val["single_max"] and _fits(_bytes_single(b, hq, hkv, big_n, d, itemsize), group, device):
-        whole = _inputs(b, hq, hkv, big_n, d, dtype, device, seed=1)
-        single = _fwd_bwd(one_gpu, whole)
-        row["one_gpu_global_ms"] = _time_ms(single, **timing)
-        row["one_gpu_global_peak_gib"] = _peak_gib(single, group, device)
-        del whole, single
+    steps = dict(ring=_fwd_bwd(ring_call, inputs), compute=_fwd_bwd(local_call, inputs),
+                 comm=_comm_only(group, hops, 2 * b * hkv * d, dtype, device), one_gpu_local=_fwd_bwd(one_gpu, inputs))
+    # The whole sequence on one GPU is timed in the same rounds, so its inputs live beside the
+    # ring's (and the ring's working memory beside them): every rank agrees whether that fits.
+    if big_n <= val["single_max"] and _fits(_bytes_single(b, hq, hkv, big_n, d, itemsize)
+                                            + _bytes_ring(b, hq, hkv, n, d, itemsize), group, device):
+        steps["one_gpu_global"] = _fwd_bwd(one_gpu, _inputs(b, hq, hkv, big_n, d, dtype, device, seed=1))
+    times, orders = _timed(steps, group, device, val["iters"], val["warmup"], val["rounds"])
+    for key, fn in steps.items():
+        row[f"{key}_ms"] = statistics.median(times[key])
+        row[f"{key}_peak_gib"] = _peak_gib(fn, group, device)
+    for key in steps:
+        row[f"{key}_rounds_ms"] = times[key]
+    row["rounds_order"] = orders
+    del steps, inputs
 
     # A rank's mean share of the pairs against one GPU's call at n: W without a window (attention
     # costs ∝ N²); with one, counted from every rank's schedule.
@@ -357,7 +433,7 @@ def _sweep(args, device) -> list[dict]:
     meta = dict(world=group.world, backend=group.backend, batch=1, heads=val["heads"], kv_heads=val["kv_heads"],
                 head_dim=val["head_dim"], dtype=dtype_name(val["dtype"]), layout=args.layout,
                 causal=args.causal == "yes", window=args.window, softcap=args.softcap, sinks=args.sinks,
-                iters=val["iters"], warmup=val["warmup"])
+                iters=val["iters"], warmup=val["warmup"], rounds=val["rounds"])
     out = getattr(args, "out", None) or "benchmarks/results"
     writer = common.ResultWriter(out, "ring", columns=_COLUMNS, meta=meta, budget_s=args.time_budget) if lead else None
     itemsize = torch.empty((), dtype=val["dtype"]).element_size()
