@@ -122,9 +122,7 @@ def _free(problem: Problem) -> None:
         torch.cuda.empty_cache()
 
 
-# The largest error a method's output may have, relative to the tensor's largest value, against
-# float64: a few units of the dtype's rounding where every fused kernel lands; a wrong path is O(1).
-CHECK_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float32: 1e-2}
+CHECK_TOLERANCE = common.CHECK_TOLERANCE
 
 
 def reference_outputs(problem: Problem, mode: str) -> list[torch.Tensor]:

@@ -9,13 +9,18 @@ synchronize):
 - with ``--autotune`` also ``FLASHATTN_LITE_AUTOTUNE=1`` (timing configs, then the disk cache in
   the next process: ``tuned-cold``, ``tuned-warm``).
 
-torch's own first calls (CUDA context, an SDPA forward+backward: autograd's lazy imports) run
-first in each child and are reported apart (``torch_first_s``), so the rest is what this package
-costs.
+Each child first creates the CUDA context (``cuda_context_s``, timed apart: neither side of the
+comparison pays it), then torch's own first calls (an SDPA forward+backward: its kernels' loading,
+autograd's lazy imports) run and are reported apart (``torch_first_s``), so the rest is what this
+package costs; ``torch_first_s`` and ours' first calls are thus both timed in a process whose CUDA
+context exists.
 
 And eager ``decode`` per call (Hq 32, Hkv 8, d 128, bf16; B 1 4k, B 1 32k, B 8 4k) against SDPA
 flash and cuDNN on the same cache: wall-clock per call over a loop of calls with one synchronize
-at the end (at these sizes the host path is most of it).
+at the end (at these sizes the host path is most of it). Each implementation is warmed up, timed
+once in an untimed round, then in DECODE_ROUNDS rounds in ``common.balanced_rounds`` orders (the
+best round kept, every round recorded in ``rounds_us``); an SDPA backend is forced around a
+round's loop, not inside each timed call (entering ``sdpa_kernel`` costs ~8 µs of host time).
 """
 from __future__ import annotations
 
@@ -29,14 +34,15 @@ import time
 
 import torch
 
-from .common import BenchArgumentError, ResultWriter, add_run_arguments, format_table, settings
+from .common import BenchArgumentError, ResultWriter, add_run_arguments, balanced_rounds, format_table, settings
 
-COLUMNS = ["case", "torch_first_s", "first_fwd_s", "first_bwd_s", "compiled", "new_len_fwd_s", "new_len_bwd_s",
-           "new_len_compiled", "impl", "us_per_call"]
+COLUMNS = ["case", "cuda_context_s", "torch_first_s", "first_fwd_s", "first_bwd_s", "compiled", "new_len_fwd_s",
+           "new_len_bwd_s", "new_len_compiled", "impl", "us_per_call"]
 DEFAULTS = dict(length=4096, decode_calls=300, autotune=False, profile=False)
 QUICK = dict(decode_calls=100)
 DECODE_CASES = [("B1-4k", 1, 4096), ("B1-32k", 1, 32768), ("B8-4k", 8, 4096)]
 CHILD_TIMEOUT_S = 240
+DECODE_ROUNDS = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +62,11 @@ def run(args) -> list[dict]:
     s = settings(args, DEFAULTS, QUICK)
     if s["length"] < 16 or s["decode_calls"] < 1:
         raise BenchArgumentError("--length must be ≥ 16 and --decode-calls ≥ 1")
-    writer = ResultWriter(args.out, "first_call", columns=COLUMNS, meta={"settings": s}, budget_s=args.time_budget)
+    writer = ResultWriter(args.out, "first_call", columns=COLUMNS, budget_s=args.time_budget,
+                          meta={"settings": s, "torch_first": "torch's first SDPA fwd+bwd, timed after the CUDA "
+                                                              "context was created (cuda_context_s, apart)"})
+    print("Each child creates the CUDA context first (cuda_context_s, timed apart): torch_first_s (torch's first "
+          "SDPA fwd+bwd) and ours' first calls are both timed after it.", flush=True)
     with writer, tempfile.TemporaryDirectory() as tmp:
         modes = [("", {})] + ([("tuned-", {"FLASHATTN_LITE_AUTOTUNE": "1"})] if s["autotune"] else [])
         for prefix, extra in modes:
@@ -88,10 +98,27 @@ def _child(job: dict, env: dict):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _timed(fn) -> float:
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
+def _create_cuda_context(device: str) -> float | None:
+    """Seconds to create the CUDA context (and the caching allocator's first block, a first kernel):
+    done before any first call is timed, so that neither torch's nor ours pays it. None off CUDA."""
+    if torch.device(device).type != "cuda":
+        return None
+    t0 = time.perf_counter()
+    torch.cuda.init()
+    torch.zeros(1, device=device).add_(1)
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 
@@ -120,15 +147,18 @@ def _attention_job(job: dict) -> dict:
                 f.write(text.getvalue())
     import flashattn_lite as fa
 
-    # torch's own first calls come first and are timed apart: CUDA context, SDPA, and the first
-    # backward (autograd imports sympy then, 0.4 s with compiled bytecode, ~4 s without it).
-    q, k, v = (torch.randn(1, 16, job["length"], 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    device = job.get("device", "cuda")
+    # The CUDA context first, timed apart: neither torch's first calls nor ours pay it. Then torch's
+    # own first calls, timed apart: SDPA, and the first backward (autograd imports sympy then, 0.4 s
+    # with compiled bytecode, ~4 s without it).
+    context_s = _create_cuda_context(device)
+    q, k, v = (torch.randn(1, 16, job["length"], 128, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     torch_first = _timed(lambda: torch.nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=True).backward(torch.ones_like(q)))
 
     def step(n):
-        q, k, v = (torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        q, k, v = (torch.randn(1, 16, n, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
         out = {}
         o = None
@@ -142,8 +172,8 @@ def _attention_job(job: dict) -> dict:
 
     before = _cache_entries()
     first = step(job["length"])
-    row = {"torch_first_s": torch_first, "first_fwd_s": first["fwd"], "first_bwd_s": first["bwd"],
-           "compiled": _cache_entries() - before}
+    row = {"cuda_context_s": context_s, "torch_first_s": torch_first, "first_fwd_s": first["fwd"],
+           "first_bwd_s": first["bwd"], "compiled": _cache_entries() - before}
     if job["new_length"]:
         before = _cache_entries()
         again = step(job["length"] + 1)
@@ -153,22 +183,32 @@ def _attention_job(job: dict) -> dict:
 
 def _decode_job(job: dict) -> list[dict]:
     import flashattn_lite as fa
-    from .decode import _sdpa_call, _sdpa_peers
+    from .decode import _backend_context, _sdpa_call, _sdpa_peers
     b, n, calls = job["batch"], job["length"], job["calls"]
-    q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b, 8, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    lens = torch.full((b,), n, device="cuda", dtype=torch.int32)
-    impls = [("ours", lambda: fa.decode(q, k, v, lens))]
+    device = job.get("device", "cuda")
+    q = torch.randn(b, 32, 1, 128, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, 8, n, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((b,), n, device=device, dtype=torch.int32)
+    impls = {"ours": (lambda: fa.decode(q, k, v, lens), None)}
     for name, backend in _sdpa_peers(q.device):
-        fn, how = _sdpa_call(q, k, v, backend)
+        # SDPA alone: its backend is forced around each round's loop below, not at every call.
+        fn, how = _sdpa_call(q, k, v, backend, inner_context=False)
         if fn is not None:
-            impls.append((f"{name} ({how})", fn))
-    rows = []
-    for name, fn in impls:
-        fn()
-        best = min(_timed(lambda: [fn() for _ in range(calls)]) for _ in range(3))
-        rows.append({"impl": name, "us_per_call": best / calls * 1e6})
-    return rows
+            impls[f"{name} ({how})"] = (fn, backend)
+    for fn, backend in impls.values():
+        with _backend_context(backend):
+            fn()
+    orders = balanced_rounds(list(impls), DECODE_ROUNDS)
+    times = {name: [] for name in impls}
+    for r, order in enumerate(orders[:1] + orders):
+        for name in order:
+            fn, backend = impls[name]
+            with _backend_context(backend):
+                seconds = _timed(lambda: [fn() for _ in range(calls)])
+            if r:  # round 0 is untimed: no one gets the first run after the warm-ups
+                times[name].append(seconds / calls * 1e6)
+    return [{"impl": name, "us_per_call": min(times[name]), "rounds_us": times[name],
+             "rounds_position": [order.index(name) for order in orders]} for name in impls]
 
 
 if __name__ == "__main__":

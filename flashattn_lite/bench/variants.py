@@ -51,7 +51,7 @@ from typing import Callable
 import torch
 
 from . import common
-from .attention import CHECK_TOLERANCE, _failure
+from .attention import _failure
 
 GROUPS = ("window", "options", "varlen")
 MODES = ("fwd", "fwd+bwd")
@@ -226,7 +226,7 @@ def _prepare(case: Case, dtype) -> tuple[dict, dict]:
         del o, got
         for mode in MODES:
             facts[mode]["check_err"] = errors[mode]
-            if errors[mode] > CHECK_TOLERANCE.get(dtype, 1e-2):
+            if errors[mode] > common.CHECK_TOLERANCE.get(dtype, 1e-2):
                 facts[mode].update(status="wrong", note=f"output off the float64 reference by {errors[mode]:.3g} "
                                                         "(relative to its largest value)")
     return {"fwd": fn, "fwd+bwd": step}, facts
