@@ -11,9 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -24,10 +22,10 @@ import torch
 if __name__ == "__main__":  # a worker process: the repository's package, without installing it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import ranks  # noqa: E402 (tests/ranks.py)
 from flashattn_lite.bench import common
 from flashattn_lite.bench import ring as bench_ring
 
-_MARK = "RESULT "
 WORLD = 2
 # Heads of d 256 over few tokens: dQ, dK and dV (fp32) outweigh the CPU twin's N × N scores, so a
 # peak without them reads far below O + dQ + dK + dV.
@@ -133,45 +131,18 @@ def _worker() -> None:
             result = dict(case=name, rank=rank, ok=True, data=case(rank, world))
         except Exception:
             result = dict(case=name, rank=rank, ok=False, error=traceback.format_exc())
-        print(_MARK + json.dumps(result), flush=True)
+        ranks.report(result)
     dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ test side
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> dict:
     """{case: {rank: result}} of one spawn of two ranks running every worker case."""
     out = tmp_path_factory.mktemp("ring")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(WORLD),
-           "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1", "RING_TEST_OUT": str(out),
-           "FLASHATTN_LITE_AUTOTUNE": "0"}
-    procs = [subprocess.Popen([sys.executable, __file__], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent)
-             for r in range(WORLD)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    results: dict = {}
-    for text in outputs:
-        for line in text.splitlines():
-            if line.startswith(_MARK):
-                r = json.loads(line[len(_MARK):])
-                results.setdefault(r["case"], {})[r["rank"]] = r
-    results["_log"] = "\n".join(outputs)[-4000:]
-    return results
+    return ranks.spawn(__file__, [], WORLD, {"TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1", "RING_TEST_OUT": str(out),
+                                             "FLASHATTN_LITE_AUTOTUNE": "0"})
 
 
 def _ok(spawned, case) -> dict:

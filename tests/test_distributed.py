@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import traceback
@@ -24,10 +23,10 @@ import torch
 if __name__ == "__main__":  # a worker process: the repository's package, without installing it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import ranks  # noqa: E402 (tests/ranks.py)
 from flashattn_lite.distributed.ring import schedule
 from flashattn_lite.distributed.sharding import runs
 
-_MARK = "RESULT "
 
 
 # ------------------------------------------------------------------ the schedule (no processes)
@@ -532,42 +531,16 @@ def _worker(world_key: str) -> None:
             result = dict(case=name, rank=rank, ok=True)
         except (Exception, pytest.fail.Exception):  # a failed pytest.raises is not an Exception
             result = dict(case=name, rank=rank, ok=False, error=traceback.format_exc())
-        print(_MARK + json.dumps(result), flush=True)
+        ranks.report(result)
     dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ test side
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world_key, world: int, interpret: bool, out: Path, timeout_s: float = 300) -> dict:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world),
-           "TRITON_INTERPRET": "1" if interpret else "0", "OMP_NUM_THREADS": "1", "RING_TEST_OUT": str(out),
-           "FLASHATTN_LITE_AUTOTUNE": "0"}
-    procs = [subprocess.Popen([sys.executable, __file__, str(world_key)], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent)
-             for r in range(world)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout_s)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    results: dict = {}
-    for text in outputs:
-        for line in text.splitlines():
-            if line.startswith(_MARK):
-                r = json.loads(line[len(_MARK):])
-                results.setdefault(r["case"], {})[r["rank"]] = r
-    results["_log"] = "\n".join(outputs)[-4000:]
-    return results
+    return ranks.spawn(__file__, [str(world_key)], world,
+                       {"TRITON_INTERPRET": "1" if interpret else "0", "OMP_NUM_THREADS": "1",
+                        "RING_TEST_OUT": str(out), "FLASHATTN_LITE_AUTOTUNE": "0"}, timeout_s)
 
 
 def _check_world(world_key, world: int, interpret: bool, out: Path) -> None:
