@@ -725,3 +725,24 @@ def test_portable_theory_counts_no_hopper_buffer(monkeypatch):
     ours = peers.PEERS["ours"].theory_bytes(p, "fwd+bwd")
     portable = peers.PEERS["ours-portable"].theory_bytes(p, "fwd+bwd")
     assert ours - portable == 1000 and hopper.enabled()
+
+
+def test_a_nan_output_fails_the_benchmarks_check(tmp_path, capsys, torch_cpu_path, monkeypatch):
+    """max() keeps its first argument against a NaN: the error of a NaN output must still be NaN,
+    and a NaN error is ``wrong`` (``not err <= tolerance``); a point whose reference did not fit says so."""
+    import math
+    from flashattn_lite.bench import attention as bench, common
+    ones = torch.ones(2, 3, dtype=torch.float64)
+    assert math.isnan(common.relative_error([ones, ones * float("nan")], [ones, ones]))
+    assert math.isnan(common.relative_error([ones * float("nan")], [ones]))
+    problem = bench.Problem(1, 1, 1, 8, 16, torch.bfloat16, False, "cpu")
+    assert bench._checked({"status": "ok", "check_err": math.nan}, problem)["status"] == "wrong"
+
+    def no_room(problem, mode):
+        raise torch.OutOfMemoryError("no room")
+    monkeypatch.setattr(bench, "reference_outputs", no_room)
+    status, out, err = run_cli(TINY_SPEED + ["--max-n", "64", "--modes", "fwd", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    rows = json.loads(one(tmp_path, "attention_speed-*.json").read_text())["results"]
+    assert all(r["status"] == "ok" and r["check"].startswith("skipped") for r in rows)
+    assert "not checked against float64" in out

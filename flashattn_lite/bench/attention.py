@@ -169,7 +169,7 @@ def _prepare(peer, way, problem: Problem, mode: str, reference=None):
 def _checked(result: dict, problem: Problem) -> dict:
     """``result``, ``wrong`` (no speed) where its check's error is past the dtype's tolerance."""
     err = result.get("check_err")
-    if err is not None and err > CHECK_TOLERANCE.get(problem.dtype, 1e-2):
+    if err is not None and not err <= CHECK_TOLERANCE.get(problem.dtype, 1e-2):  # (NaN: wrong)
         result = dict(result, status="wrong", time_ms=None,
                       note=f"output off the float64 reference by {err:.3g} (relative to its largest value)")
     return result
@@ -237,7 +237,9 @@ def _row(problem: Problem, mode: str, name: str, way, result: dict) -> dict:
             "gqa": (way or "-") if problem.group > 1 else "-", "status": result["status"], "time_ms": ms,
             "tflops": problem.flops(mode) / (ms * 1e-3) / 1e12 if ms else None, "flops": problem.flops(mode),
             "warmup_s": result.get("warmup_s"), "note": result.get("note", ""),
-            **{key: result[key] for key in ("check_err", "path", "kernels", "rounds_ms", "rounds_position") if key in result}}
+            **{key: result[key] for key in ("check_err", "path", "kernels", "rounds_ms", "rounds_position") if key in result},
+            **({"check": "skipped: its float64 reference did not fit"}
+               if result["status"] == "ok" and "check_err" not in result else {})}
 
 
 def run(args) -> list[dict]:

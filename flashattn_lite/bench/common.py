@@ -497,10 +497,14 @@ CHECK_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float32: 1e-
 
 def relative_error(got, ref) -> float:
     """The largest of max|x − r| / max|r| over the pairs of tensors: how the benchmarks check a
-    method's outputs against float64 (``CHECK_TOLERANCE``)."""
+    method's outputs against float64 (``CHECK_TOLERANCE``); NaN where an output has a NaN the
+    reference does not. Callers test ``not err <= tolerance``, which a NaN fails."""
     err = 0.0
     for x, r in zip(got, ref):
-        err = max(err, ((x.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item())
+        e = ((x.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+        if math.isnan(e):  # (max() would keep the earlier value: a NaN output must fail the check)
+            return math.nan
+        err = max(err, e)
     return err
 
 
