@@ -46,6 +46,7 @@ visible pair. Rank 0 prints and writes the files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -438,18 +439,22 @@ def _sweep(args, device) -> list[dict]:
     writer = common.ResultWriter(out, "ring", columns=_COLUMNS, meta=meta, budget_s=args.time_budget) if lead else None
     itemsize = torch.empty((), dtype=val["dtype"]).element_size()
     rows = []
-    for n in val["lengths"]:
-        # Rank 0 keeps the time budget; every rank follows its decision (the points are collective).
-        if _all_max(group, float(lead and writer.start(n_local=n))) == 0:
-            continue
-        if not _fits(_bytes_ring(1, val["heads"], val["kv_heads"], n, val["head_dim"], itemsize), group, device):
+    # On rank 0 an exception leaves the files marked incomplete, with what stopped the run. (A rank
+    # that fails inside a point's collectives leaves the others waiting until the process group's
+    # timeout: the points' memory is agreed beforehand, ``_fits``, so that the likely failure is not.)
+    with writer if lead else contextlib.nullcontext():
+        for n in val["lengths"]:
+            # Rank 0 keeps the time budget; every rank follows its decision (the points are collective).
+            if _all_max(group, float(lead and writer.start(n_local=n))) == 0:
+                continue
+            if not _fits(_bytes_ring(1, val["heads"], val["kv_heads"], n, val["head_dim"], itemsize), group, device):
+                if lead:
+                    print(f"n_local={n}: skipped, does not fit in GPU memory", flush=True)
+                continue
+            row = _point(val, args, group, device, n)
+            rows.append(row)
             if lead:
-                print(f"n_local={n}: skipped, does not fit in GPU memory", flush=True)
-            continue
-        row = _point(val, args, group, device, n)
-        rows.append(row)
-        if lead:
-            writer.add(row)
+                writer.add(row)
     if not lead:
         return rows
     longest = dict(ring_n_global=max((r["n_global"] for r in rows), default=None),
