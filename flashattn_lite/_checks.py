@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from typing import Sequence
 
 import torch
@@ -123,3 +124,12 @@ def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
     if not -ndim <= dim < ndim:
         raise IndexError(f"{name} out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {dim})")
     return dim % ndim
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off ``FLASHATTN_LITE_*`` setting: unset or empty is ``default``, ``0`` off, ``1`` on;
+    anything else (``true``, ``off``, ``yes``) is a ``ValueError`` naming it, not a guess."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return default if value == "" else value == "1"

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
+from ._checks import env_flag
 from ._log import Recorder, log_enabled, log_once
 
 try:  # Triton ≥ 3.4 keeps launch hooks in knobs; older versions take the plain path.
@@ -149,7 +150,7 @@ def _raw_stream(device: int) -> int:
 
 
 def fast_launch_enabled() -> bool:
-    return (_knobs is not None and os.environ.get("FLASHATTN_LITE_FAST_LAUNCH", "1") != "0"
+    return (env_flag("FLASHATTN_LITE_FAST_LAUNCH", True) and _knobs is not None
             and os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 

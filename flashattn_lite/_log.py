@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import warnings
 from collections import Counter
+
+from ._checks import env_flag
 
 logger = logging.getLogger("flashattn_lite")
 
@@ -46,7 +47,7 @@ recording = _notes.recording  # every fallback and dispatch note inside the bloc
 
 def log_enabled() -> bool:
     """``FLASHATTN_LITE_LOG=1`` (read at each call, so tests and users may toggle it)."""
-    return os.environ.get("FLASHATTN_LITE_LOG", "0") not in ("", "0")
+    return env_flag("FLASHATTN_LITE_LOG", False)
 
 
 def log_once(key, message: str, _seen: set = set()) -> None:

@@ -53,22 +53,25 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
             backward: bool | None = None, show: bool = False, **options) -> Explanation:
     """Run ``attention(q, k, v, causal=causal, scale=scale, **options)`` and say how it ran.
 
-    ``backward``: also run the backward (default: when q, k or v requires grad), on detached copies
+    ``backward``: also run the backward (default: when grad mode is on and q, k, v or a tensor option
+    such as ``sinks`` requires grad), on detached copies
     with an all-ones output gradient, so the caller's tensors and their ``.grad`` are untouched.
     ``show``: print the explanation too. Bad arguments raise what the call raises.
     """
     from .ops.attention import attention
     inputs = (q, k, v)
-    if backward is None:
-        backward = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    if backward is None:  # as the call itself: a backward follows where autograd records one
+        backward = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                   for t in (*inputs, *options.values()))
 
     def call():
         if not backward:
             return attention(q, k, v, causal=causal, scale=scale, **options)
-        copies = [t.detach().requires_grad_(True) for t in inputs]
-        o = attention(*copies, causal=causal, scale=scale, **options)
-        out = o[0] if isinstance(o, tuple) else o
-        torch.autograd.grad(out, copies, torch.ones_like(out))
+        with torch.enable_grad():  # (asked for under no_grad too)
+            copies = [t.detach().requires_grad_(True) for t in inputs]
+            o = attention(*copies, causal=causal, scale=scale, **options)
+            out = o[0] if isinstance(o, tuple) else o
+            torch.autograd.grad(out, copies, torch.ones_like(out))
     return _explained("attention" + (" forward+backward" if backward else ""), q, call, show)
 
 

@@ -262,11 +262,12 @@ def _attention_call(batch, d, dv, dtype, group, kv_heads, causal, backward, leng
     if padded:
         rows = torch.tensor([[0, length]] * batch, dtype=torch.int32, device=device)
         options.update(q_ranges=rows, k_ranges=rows)
-    o = attention_core(q, k, v, causal=causal, **options)
-    if options.get("return_lse") is True:
-        o = o[0]  # (o, lse): the forward that returns lse is compiled; the backward only needs o
-    if backward:
-        torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    out = attention_core(q, k, v, causal=causal, **options)
+    if backward:  # with lse returned, a loss of o alone and one that uses lse too: two backward variants
+        outs = out if isinstance(out, tuple) else (out,)
+        torch.autograd.grad(outs[0], (q, k, v), torch.ones_like(outs[0]), retain_graph=len(outs) > 1)
+        if len(outs) > 1:
+            torch.autograd.grad(outs, (q, k, v), [torch.ones_like(t) for t in outs])
         with torch.no_grad():  # the forward that stores no lse (evaluation, inference) is its own kernel
             attention_core(q, k, v, causal=causal, **options)
 

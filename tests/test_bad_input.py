@@ -508,3 +508,20 @@ def test_rel_err_floor_must_be_a_positive_number(floor):
     with pytest.raises(ValueError, match="floor_rms"):
         rel_err(x, x, floor)
     assert rel_err(x, x, 1e-3) == 0.0
+
+
+@pytest.mark.parametrize("name, read", [
+    ("FLASHATTN_LITE_LOG", lambda: __import__("flashattn_lite._log", fromlist=["x"]).log_enabled()),
+    ("FLASHATTN_LITE_AUTOTUNE", lambda: __import__("flashattn_lite.configs.tuning", fromlist=["x"]).autotune_requested()),
+    ("FLASHATTN_LITE_HOPPER", lambda: __import__("flashattn_lite.ops.attention_fwd_hopper", fromlist=["x"]).enabled()),
+    ("FLASHATTN_LITE_FAST_LAUNCH", lambda: __import__("flashattn_lite._launcher", fromlist=["x"]).fast_launch_enabled()),
+])
+@pytest.mark.parametrize("value", ["true", "off", "yes", "2"])
+def test_on_off_settings_refuse_values_they_do_not_know(monkeypatch, name, read, value):
+    """``true`` meant off for AUTOTUNE and ``off`` meant on for LOG: a value neither 0 nor 1 names the
+    variable instead of passing as one or the other."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name} must be 0 or 1, got '{value}'"):
+        read()
+    monkeypatch.setenv(name, " 1 ")
+    read()  # surrounding blanks are fine

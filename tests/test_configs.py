@@ -146,3 +146,22 @@ def test_unspecialized_lengths_reuse_one_launch_entry(monkeypatch):
         kern[(1,)](x, n, 1.0, BLOCK=4)
     kern[(1,)](x, 2 ** 40, 1.0, BLOCK=4)  # beyond int32: another type, as for Triton
     assert [e[0] for e in jit.log] == ["slow", "fast", "fast", "fast", "slow"]
+
+
+def test_an_override_table_of_another_arch_is_refused_and_a_tune_module_is_read(tmp_path, monkeypatch):
+    """A table tuned on another GPU was served as this one's (its "arch" unread), and the ``.py``
+    table ``flashattn-lite tune`` writes raised a JSONDecodeError at the first launch."""
+    path = tmp_path / "a100.json"
+    path.write_text(json.dumps({"arch": "sm80", "kernels": {"k": ROWS}}))
+    monkeypatch.setenv("FLASHATTN_LITE_CONFIG_TABLE", str(path))
+    configs.load_table.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="holds the configs of sm80; this GPU is sm90"):
+            configs.load_table("sm90")
+        module = tmp_path / "sm90.py"
+        module.write_text("TABLE = " + repr({"arch": "sm90", "kernels": {"k": ROWS}}) + "\n")
+        monkeypatch.setenv("FLASHATTN_LITE_CONFIG_TABLE", str(module))
+        configs.load_table.cache_clear()
+        assert configs.load_table("sm90") == {"k": ROWS}
+    finally:
+        configs.load_table.cache_clear()

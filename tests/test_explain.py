@@ -122,3 +122,17 @@ def test_an_untested_triton_on_hopper_is_said_once(monkeypatch):
         "the portable kernels run (0.3-0.9 x as fast, by head dim); install triton 3.6.x for them"]
     monkeypatch.setattr(hopper.triton, "__version__", "3.6.0")
     assert hopper.triton_tested(q)
+
+
+def test_explain_runs_a_backward_exactly_where_the_call_would():
+    """Under no_grad a call records no backward (explain crashed there: it ran one on tensors that
+    require grad); a sinks tensor that requires grad makes the call's backward run (explain ran the
+    forward only); backward=True under no_grad still explains the backward."""
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    sinks = torch.zeros(2, requires_grad=True)
+    with torch.no_grad():
+        assert fa.explain(q, q, q).op == "attention"
+        assert fa.explain(q, q, q, backward=True).op == "attention forward+backward"
+    plain = q.detach()
+    assert fa.explain(plain, plain, plain, sinks=sinks).op == "attention forward+backward"
+    assert fa.explain(plain, plain, plain, sinks=sinks.detach()).op == "attention"

@@ -47,9 +47,17 @@ def load_table(arch: str) -> dict:
     """{kernel name: [row, …]} for ``arch`` ({} when none is shipped). A row is
     ``{"key": {field: value}, "config": {...}, "source": "…"}``; see :func:`config_from_dict`."""
     override = os.environ.get("FLASHATTN_LITE_CONFIG_TABLE")
-    if override:
-        with open(override) as f:
-            return json.load(f)["kernels"]
+    if override:  # JSON, or the Python module ``flashattn-lite tune`` writes (``TABLE = {…}``)
+        if override.endswith(".py"):
+            import runpy
+            table = runpy.run_path(override)["TABLE"]
+        else:
+            with open(override) as f:
+                table = json.load(f)
+        if table.get("arch", arch) != arch:  # another GPU's configs: refused, not served as this one's
+            raise ValueError(f"FLASHATTN_LITE_CONFIG_TABLE ({override}) holds the configs of {table['arch']}; "
+                             f"this GPU is {arch}")
+        return table["kernels"]
     try:
         module = importlib.import_module(f"{__name__}.{arch}")
     except ModuleNotFoundError:

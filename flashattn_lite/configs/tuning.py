@@ -10,12 +10,12 @@ call (another GPU's limits, a stale row) is not used.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from typing import NamedTuple
 
 import torch
 
+from .._checks import env_flag
 from . import arch_of, cache, config_from_dict, config_to_dict, lookup, same_config
 
 TIE = 1.02  # timed configs within 2% of the fastest count as tied: the prune order's earliest wins
@@ -29,7 +29,7 @@ class Choice(NamedTuple):
 
 def autotune_requested() -> bool:
     """``FLASHATTN_LITE_AUTOTUNE=1``: time the configs (once per key, then from the disk cache)."""
-    return os.environ.get("FLASHATTN_LITE_AUTOTUNE", "0") == "1"
+    return env_flag("FLASHATTN_LITE_AUTOTUNE", False)
 
 
 class Tuning:

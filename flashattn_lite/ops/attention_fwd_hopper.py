@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _checks
 from .._runtime import cdiv, interpreter_active
 from ..merge import LOG2E, add_sink, finalize, online_softmax_update_scaled
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
@@ -295,10 +296,7 @@ MIN_WORK = 2 ** 32
 def enabled() -> bool:
     """``FLASHATTN_LITE_HOPPER``: unset or 1 (default) on, 0 off; anything else is an error, not
     a guess."""
-    value = os.environ.get("FLASHATTN_LITE_HOPPER", "1").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"FLASHATTN_LITE_HOPPER must be 0 or 1, got {value!r}")
-    return value != "0"
+    return _checks.env_flag("FLASHATTN_LITE_HOPPER", True)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,6 @@ CPU tensors run float32 PyTorch ops with the same semantics, or the Triton kerne
 from __future__ import annotations
 
 import math
-import os
 from typing import Sequence
 
 import torch
@@ -64,7 +63,7 @@ ROW_MAX = 16384          # longest row the auto choice keeps in registers
 ROW_LIMIT = 65536        # longest row a forced "row" strategy accepts
 # The one-launch split (its programs wait for each other) or the two-launch form that never waits;
 # tests turn it off too.
-_ALLOW_SPIN = os.environ.get("FLASHATTN_LITE_SPLIT_WAIT", "1") != "0"
+_ALLOW_SPIN = _checks.env_flag("FLASHATTN_LITE_SPLIT_WAIT", True)
 # The split kernel's L2 prefetch is PTX inline asm (``_runtime.l2_prefetch``): none on ROCm.
 _L2_PREFETCH = torch.version.hip is None
 
