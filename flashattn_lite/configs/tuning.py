@@ -65,7 +65,8 @@ class Tuning:
         if interpreted:
             return Choice(self.interpreter_config, "interpreter config", fields)
         dtypes = tuple(str(a.dtype) for a in named.values() if isinstance(a, torch.Tensor))
-        memo = (tuple(fields.items()), dtypes)
+        # (the device too: two GPUs of different archs in one process each get their own table's row)
+        memo = (tuple(fields.items()), dtypes, torch.cuda.current_device())
         choice = self.chosen.get(memo)
         if choice is None:
             with self._lock:
