@@ -101,7 +101,10 @@ def warmup(model=None, *, head_dims=None, dtypes=None, gqa=None, causal=(True,),
             ``head_dims``, ``dtypes``, ``gqa`` and ``causal`` each also take a single value
             (``dtypes=torch.float16`` is ``dtypes=(torch.float16,)``).
         backward: also compile the backward kernels.
-        decode: also compile ``decode`` (one new token against a cache of ``length`` positions).
+        decode: also compile ``decode`` (one new token against a contiguous cache of ``length``
+            positions, unsplit and at split counts that take each of the merge's split tiles; a batch
+            of another size may still compile a merge at its own row tile, and a paged cache its own
+            stage-1 variant).
         softmax: also compile ``softmax`` rows of ``length`` elements (forward and backward).
         mla_decode: also compile ``decode`` against MLA's latent cache (q and the cache 576 wide, v its
             first 512 columns; 128 heads, one new token), for the 16-bit ``dtypes``: a contiguous cache
@@ -273,11 +276,17 @@ def _attention_call(batch, d, dv, dtype, group, kv_heads, causal, backward, leng
 
 
 def _decode(d, dv, dtype, group, kv_heads, length, device):
+    """One new token a sequence against a contiguous cache, at the split count the call chooses and at
+    counts that take each of the merge's split tiles (a power of two up to 32) and none (one split:
+    stage 1 writes o itself), as a serving loop's batches of other sizes choose them."""
     from .ops.decode import decode
     q = torch.randn(1, group * kv_heads, 1, d, device=device, dtype=dtype)
     k = torch.randn(1, kv_heads, length, d, device=device, dtype=dtype)
     v = torch.randn(1, kv_heads, length, dv, device=device, dtype=dtype)
-    decode(q, k, v, torch.full((1,), length, device=device, dtype=torch.int32))
+    lens = torch.full((1,), length, device=device, dtype=torch.int32)
+    decode(q, k, v, lens)
+    for splits in (1, 2, 3, 5, 9, 17):
+        decode(q, k, v, lens, num_splits=splits)
 
 
 def _mla_decode(dtype, length, device):
