@@ -30,14 +30,19 @@ VARIANT_WINDOW = 4096  # keys of the sliding window tuned (W − 1 to the left, 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="FILE", help="the table to write (.json or .py)")
     parser.add_argument("--head-dims", default=None, metavar="D,...", help="attention head dims (default 64,128)")
-    parser.add_argument("--dtypes", default=None, metavar="DTYPE,...", help="from bf16, fp16, fp32 (default bf16,fp16)")
+    parser.add_argument("--dtypes", default=None, metavar="DTYPE,...",
+                        help="from bf16, fp16, fp32 (default bf16,fp16); softmax tunes fp32 too, always "
+                             "(logits are often float32)")
     parser.add_argument("--lengths", default=None, metavar="N,...",
                         help="attention lengths, B·N = 16k tokens (default 1024,4096,16384)")
     parser.add_argument("--ops", default="attention,decode,softmax", metavar="OP,...",
                         help="from attention, decode, softmax, variants (default: the first three; variants "
                              "tunes causal attention with each of softcap, ALiBi, sinks, all three, and a "
-                             f"{VARIANT_WINDOW}-key window, at the attention grid's head dims, dtypes and lengths)")
-    parser.add_argument("--quick", action="store_true", help="d 128, bf16, N 4096 only")
+                             f"{VARIANT_WINDOW}-key window, at the attention grid's head dims, dtypes and lengths; "
+                             "attention is tuned without GQA, whose backward calls take the first config that fits)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the attention and variants grids at d 128, bf16, N 4096 only (decode and softmax "
+                             "keep their fixed grids)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="tune into this tuning cache (kept: FLASHATTN_LITE_AUTOTUNE=1 with "
                              "FLASHATTN_LITE_CACHE_DIR=DIR reuses it) instead of a temporary one")
