@@ -58,6 +58,9 @@ def test_help_exits_zero_and_explains(argv, capsys):
     (["speed", "--hidden", "100", "--head-dims", "64"], "--hidden"),
     (["speed", "--value-dim", "0"], "--value-dim"),
     (["variants", "--rounds", "0"], "--rounds"),
+    (["softmax", "--rounds", "0"], "--rounds"),
+    (["decode", "--rounds", "two"], "--rounds"),
+    (["ring", "--rounds", "0"], "--rounds"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_bad_arguments_are_usage_errors(argv, needle, capsys, tmp_path):
     status, out, err = run_cli(argv + ["--out", str(tmp_path)] if argv else argv, capsys)

@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                              "(GPU default 3)")
     p.add_argument("--warmup", type=int, help="untimed calls of each case first, before one untimed round of "
                                               "all cases (GPU default 1)")
-    p.add_argument("--rounds", type=int, help="timed rounds, every case once a round in a balanced order; each "
+    p.add_argument("--rounds", type=common.round_count, help="timed rounds, every case once a round in a balanced order; each "
                                               "case keeps its median round (GPU default 10)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     common.add_run_arguments(p)
@@ -118,8 +118,8 @@ def _resolve(args, device: str) -> dict:
         raise common.BenchArgumentError(f"--softcap must be > 0, got {args.softcap}")
     if not 1 <= val["head_dim"] <= 256:
         raise common.BenchArgumentError(f"--head-dim must be in [1, 256], got {val['head_dim']}")
-    if val["iters"] < 1 or val["warmup"] < 0 or val["rounds"] < 1:
-        raise common.BenchArgumentError("--iters and --rounds must be >= 1 and --warmup >= 0")
+    if val["iters"] < 1 or val["warmup"] < 0:  # (--rounds: checked as it is parsed)
+        raise common.BenchArgumentError("--iters must be >= 1 and --warmup >= 0")
     return val
 
 
