@@ -202,20 +202,13 @@ def _points_in_turn(peers: dict, problem: Problem, mode: str, rep_ms: float, rou
                 live[name] = _prepare(peer, way, problem, mode, reference)
             except Exception as exc:
                 results[name] = _failure(exc)
-        orders = common.balanced_rounds(live, rounds)
-        times = {name: [] for name in live}
-        for r, order in enumerate(orders[:1] + orders):
-            for name in order:
-                if name in results:  # failed in an earlier round
-                    continue
-                runner, fn = live[name][:2]
-                try:
-                    with runner.context():
-                        ms = common.time_ms(fn, rep_ms=rep_ms)
-                    if r:  # round 0 is untimed: no method gets the first run after the builds' idle
-                        times[name].append(ms)
-                except Exception as exc:
-                    results[name] = _failure(exc)
+        def measure(name):
+            runner, fn = live[name][:2]
+            with runner.context():
+                return common.time_ms(fn, rep_ms=rep_ms)
+        failed = {}
+        times, orders = common.in_rounds(live, rounds, measure, failed=failed)
+        results.update({name: _failure(exc) for name, exc in failed.items()})
         for name, (_, _, facts) in live.items():
             if name not in results:
                 ms = sorted(times[name])[len(times[name]) // 2]

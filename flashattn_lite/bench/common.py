@@ -528,6 +528,35 @@ def balanced_rounds(keys, rounds: int) -> list[list]:
     return [rows[r % len(rows)] for r in range(rounds)]
 
 
+def in_rounds(keys, rounds: int, measure, *, untimed: bool = True, failed: dict | None = None,
+              after_round=None) -> tuple[dict, list]:
+    """({key: each timed round's measure(key)}, each timed round's order): every key measured once a
+    round, ``rounds`` rounds in the orders of ``balanced_rounds``, after one ``untimed`` round in the
+    first round's order whose values are dropped (no key gets the first run after the builds' or
+    compiles' idle: that run read ~3.5% fast). ``failed``: a key whose measure raises is recorded
+    there ({key: exception}) and left out of the later rounds (without it, the exception propagates).
+    ``after_round(label)``: called after each round ("untimed round", "round 1/R", …)."""
+    keys = list(keys)
+    orders = balanced_rounds(keys, rounds)
+    times: dict = {key: [] for key in keys}
+    for r, order in enumerate(orders[:1] + orders if untimed else orders):
+        for key in order:
+            if failed is not None and key in failed:
+                continue
+            try:
+                value = measure(key)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed[key] = exc
+                continue
+            if r or not untimed:
+                times[key].append(value)
+        if after_round is not None:
+            after_round("untimed round" if untimed and r == 0 else f"round {r + (not untimed)}/{rounds}")
+    return times, orders
+
+
 def gpu_state() -> str | None:
     """The GPU's SM clock, power draw, temperature and active clock-throttle reasons (nvidia-smi),
     or None where there is no nvidia-smi: printed between a benchmark's rounds, so a slower round

@@ -302,15 +302,11 @@ def _measure_point(impls: list[dict], q, k, v, base: dict, kv_bytes: int, rounds
             rows[key] = dict(row, status="wrong", note=f"WRONG: not timed (off the float64 reference by {err:.3g} "
                                                         f"relative to its largest value, tolerance {tol:g})")
     del fresh, ref
-    orders = common.balanced_rounds(list(live), rounds)
-    times = {key: [] for key in live}
-    for r, order in enumerate(orders[:1] + orders):
-        for key in order:
-            imp = live[key]
-            with _backend_context(imp.get("backend")):
-                got = _time_once(imp["fn"], imp.get("steady"), device)
-            if r:  # round 0 is untimed: no implementation gets the first run after the compiles' idle
-                times[key].append(got)
+    def measure(key):
+        imp = live[key]
+        with _backend_context(imp.get("backend")):
+            return _time_once(imp["fn"], imp.get("steady"), device)
+    times, orders = common.in_rounds(live, rounds, measure)
     for key, imp in live.items():
         rows[key] = _summary(rows[key], times[key], [order.index(key) for order in orders], kv_bytes,
                              imp.get("steady"))

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from .common import BenchArgumentError, ResultWriter, add_run_arguments, balanced_rounds, format_table, settings
+from .common import BenchArgumentError, ResultWriter, add_run_arguments, format_table, in_rounds, settings
 
 COLUMNS = ["case", "cuda_context_s", "torch_first_s", "first_fwd_s", "first_bwd_s", "compiled", "new_len_fwd_s",
            "new_len_bwd_s", "new_len_compiled", "impl", "us_per_call"]
@@ -198,15 +198,11 @@ def _decode_job(job: dict) -> list[dict]:
     for fn, backend in impls.values():
         with _backend_context(backend):
             fn()
-    orders = balanced_rounds(list(impls), DECODE_ROUNDS)
-    times = {name: [] for name in impls}
-    for r, order in enumerate(orders[:1] + orders):
-        for name in order:
-            fn, backend = impls[name]
-            with _backend_context(backend):
-                seconds = _timed(lambda: [fn() for _ in range(calls)])
-            if r:  # round 0 is untimed: no one gets the first run after the warm-ups
-                times[name].append(seconds / calls * 1e6)
+    def measure(name):
+        fn, backend = impls[name]
+        with _backend_context(backend):
+            return _timed(lambda: [fn() for _ in range(calls)]) / calls * 1e6
+    times, orders = in_rounds(impls, DECODE_ROUNDS, measure)
     return [{"impl": name, "us_per_call": min(times[name]), "rounds_us": times[name],
              "rounds_position": [order.index(name) for order in orders]} for name in impls]
 

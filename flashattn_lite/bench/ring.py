@@ -189,14 +189,7 @@ def _timed(steps: dict, group: Group, device, iters: int, warmup: int, rounds: i
     for fn in steps.values():
         for _ in range(warmup):
             fn()
-    orders = common.balanced_rounds(list(steps), rounds)
-    times: dict = {key: [] for key in steps}
-    for r, order in enumerate(orders[:1] + orders):
-        for key in order:
-            ms = _time_ms(steps[key], group, device, iters)
-            if r:  # round 0 is untimed
-                times[key].append(ms)
-    return times, orders
+    return common.in_rounds(steps, rounds, lambda key: _time_ms(steps[key], group, device, iters))
 
 
 _MARK = "flashattn_lite.bench.ring.peak"

@@ -168,13 +168,7 @@ def _measure(op: str, direction: str, dtype: torch.dtype, n: int, total_bytes: i
     wrong = not ours_err <= tol  # NaN too
     if wrong:
         del calls["ours"]  # a wrong result gets no speed
-    orders = common.balanced_rounds(list(calls), rounds)
-    times = {name: [] for name in calls}
-    for r, order in enumerate(orders[:1] + orders):
-        for name in order:
-            ms = common.time_ms(calls[name])
-            if r:  # round 0 is untimed: none of them gets the first run after the warm-ups' idle
-                times[name].append(ms)
+    times, orders = common.in_rounds(calls, rounds, lambda name: common.time_ms(calls[name]))
     t_torch, t_copy = _median(times["torch"]), _median(times["copy"])
     copy_gbps = copy_bytes / t_copy * 1e-6
     row = {"op": op, "direction": direction, "dtype": dname, "N": n, "rows": rows,

@@ -111,26 +111,12 @@ def _interleaved(steps: dict, rep_ms: float, rounds: int = 3, *, untimed: bool =
     round's order whose times are dropped (the first run after the builds' idle ran ~3.5% fast).
     ``failed``: a step that raises is recorded there ({key: exception}) and left out of the later
     rounds instead of stopping the group."""
-    times = {key: [] for key in steps}
-    orders = common.balanced_rounds(steps, rounds)
-    for r, order in enumerate(orders[:1] + orders if untimed else orders):
-        for key in order:
-            if failed is not None and key in failed:
-                continue
-            try:
-                ms = common.time_ms(steps[key], rep_ms=rep_ms)
-            except Exception as exc:
-                if failed is None:
-                    raise
-                failed[key] = exc
-                continue
-            if not (untimed and r == 0):
-                times[key].append(ms)
+    def report(label):
         state = common.gpu_state()
         if state:
-            label = "untimed round" if untimed and r == 0 else f"round {r + (not untimed)}/{rounds}"
             print(f"  {label}: {state}", flush=True)
-    return times
+    return common.in_rounds(steps, rounds, lambda key: common.time_ms(steps[key], rep_ms=rep_ms), untimed=untimed,
+                            failed=failed, after_round=report)[0]
 
 
 def _qkv(b, h, n, d, dtype, device, seed=0):
