@@ -85,8 +85,8 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE), "rotate half" convention (GPT-NeoX, Llama): the pair
     (x[i], x[i + D/2]) of each head is rotated by position · base^(−2i/D).
 
-    The frequencies are computed at each call (float32; float64 for a float64 ``x``), not kept in a
-    buffer: a buffer would be cast to 16 bits by ``module.half()`` (angles off by radians at long
+    The frequencies are computed at the first call on each device (float32; float64 for a float64
+    ``x``) and kept in a plain dict, not in a buffer: a buffer would be cast to 16 bits by ``module.half()`` (angles off by radians at long
     positions) and left uninitialised by meta-device construction (``to_empty``), as it is not in the
     state dict. ``device`` is accepted for the ``nn.Module`` convention; nothing is allocated."""
 
@@ -96,6 +96,7 @@ class RotaryEmbedding(nn.Module):
         if _checks.check_positive_int("head_dim", head_dim) % 2:
             raise ValueError(f"head_dim must be even (rotary embedding rotates pairs), got {head_dim}")
         base = _check_base("base", base)
+        self._inv_freq: dict = {}  # {(device, dtype): frequencies}, made at the first call there
         self.head_dim = head_dim
         self.base = base
 
@@ -111,7 +112,10 @@ class RotaryEmbedding(nn.Module):
                              f"{tuple(x.shape)}, got {tuple(positions.shape)}")
         _checks.check_same(("x", "positions"), (x, positions), "device")
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, device=x.device, dtype=dtype) / self.head_dim)
+        inv_freq = self._inv_freq.get((x.device, dtype))
+        if inv_freq is None:  # once per device and precision, outside the module's state
+            inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, device=x.device, dtype=dtype) / self.head_dim)
+            self._inv_freq[x.device, dtype] = inv_freq
         angles = positions.to(dtype)[..., None] * inv_freq  # (…, N, D/2)
         cos, sin = angles.cos(), angles.sin()
         if cos.dim() == 2:
