@@ -12,9 +12,9 @@ best of ROUNDS blocks, every item in balanced rounds. Items:
 - ``decode``: ``flashattn_lite.decode`` (num_splits chosen); ``decode_unsplit``: num_splits = 1
   (one launch, no partials);
 - ``decode_forward``: the same without the argument checks (``ops.decode.decode_forward``);
-- ``plan_run``: the call's cached plan alone (4 allocations, 2 bound launches);
+- ``plan_run``: the call's cached plan alone (lse not asked for, as ``decode``'s default);
 - ``stage1_bound`` / ``merge_bound``: each bound launch alone, on tensors made once;
-- ``empty_strided_x4``: the plan's four allocations alone;
+- ``empty_strided_x4``: four allocations of the plan's layouts (o, lse and the two partials) alone;
 - ``validate``: the shape / dtype / device checks alone (``ops.decode._validate``);
 - ``signature``: the plan cache's key alone.
 
@@ -89,7 +89,7 @@ def main():
         "decode_unsplit": (None, lambda: decode(q, k, v, seqlens, num_splits=1)),
         "decode_forward": (None, lambda: decode_ops.decode_forward(q, k, v, seqlens, None, scale=scale,
                                                                     num_splits=None)),
-        "plan_run": (None, lambda: plan.run(q, k, v, seqlens, None)),
+        "plan_run": (None, lambda: plan.run(q, k, v, seqlens, None, False)),
         "stage1_bound": (None, (lambda: plan.stage1(q, k, v, *parts, seqlens, seqlens)) if split
                          else (lambda: plan.stage1(q, k, v, o, lse, seqlens, seqlens))),
         "merge_bound": (None, (lambda: plan.merge(*parts, o, lse)) if split else None),

@@ -149,6 +149,11 @@ def _raw_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)  # what Triton's own launcher asks for
 
 
+# The current CUDA device's index: ``torch.cuda.current_device()`` without its initialisation check
+# (a third of a bound launch's Python on the H200's host; every caller here already holds CUDA tensors).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
 def fast_launch_enabled() -> bool:
     return (env_flag("FLASHATTN_LITE_FAST_LAUNCH", True) and _knobs is not None
             and os.environ.get("TRITON_INTERPRET", "0") != "1")
@@ -194,7 +199,7 @@ class Launcher:
     def launch(self, grid, args, kwargs):
         if not self.enabled or len(args) > self.n_runtime:
             return self._first(grid, args, kwargs)[0]
-        device = torch.cuda.current_device()
+        device = _current_device()
         try:
             knobs = _knob_state()
         except AttributeError:  # a Triton whose knobs differ: its own launch path from now on
@@ -277,7 +282,7 @@ class Launcher:
         entry."""
         if not self.enabled:
             return None
-        device = torch.cuda.current_device()
+        device = _current_device()
         try:
             knobs = _knob_state()
         except AttributeError:
@@ -289,26 +294,11 @@ class Launcher:
             return None
         # The positions whose addresses must stay 16-byte aligned (None: all of them).
         aligned = [i for i, a in enumerate(args[:n_tensors]) if a.data_ptr() % 16 == 0]
-        pick = None if len(aligned) == n_tensors else _getter(aligned)
         kernel, tail, meta, _ = entry
         g = grid(meta) if callable(grid) else grid
-        g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
-        rest = (*args[n_tensors:], *tail)
-        run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
-        runtime = _knobs.runtime
-
-        def launch(*tensors):
-            # Addresses as ints: Triton's C launcher then skips its per-tensor data_ptr() call and
-            # driver pointer query (the tensors are the call site's validated CUDA tensors).
-            ptrs = tuple(map(_data_ptr, tensors))
-            if (reduce(or_, ptrs if pick is None else pick(ptrs), 0) & 15 or torch.cuda.current_device() != device
-                    or _launches.items is not None
-                    or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook)
-                    or _knob_state() != knobs):
-                return False
-            run(g0, g1, g2, _raw_stream(device), function, packed, None, None, None, *ptrs, *rest)
-            return True
-        return launch
+        grid3 = (g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
+        return BoundLaunch(device, knobs, None if len(aligned) == n_tensors else _getter(aligned), grid3,
+                           (*args[n_tensors:], *tail), kernel)
 
     def _remember(self, exact, entry):
         if entry is not _SLOW:
@@ -355,6 +345,49 @@ class Launcher:
             else:
                 return _SLOW
         return kernel, tuple(tail), meta, choice
+
+
+class BoundLaunch:
+    """A launch ``Launcher.bind`` made: ``launch(*tensors)`` runs the compiled kernel on its grid with
+    its scalars and these tensors, or returns False, launching nothing, where a check fails.
+    ``ready()`` is the checks that depend on no tensor and ``launch_ready(stream, tensors)`` the
+    rest and the launch, for a caller making several bound launches after one ``ready()``
+    (``ops/decode.py``'s two stages)."""
+    __slots__ = ("device", "knobs", "pick", "grid", "rest", "run", "function", "packed")
+
+    def __init__(self, device: int, knobs: tuple, pick, grid: tuple, rest: tuple, kernel):
+        self.device, self.knobs, self.pick, self.grid, self.rest = device, knobs, pick, grid, rest
+        self.run, self.function, self.packed = kernel.run, kernel.function, kernel.packed_metadata
+
+    def ready(self) -> bool:
+        """The device it was bound on is current, explain() is not recording, no launch hook is set
+        and Triton's knobs are as they were."""
+        runtime = _knobs.runtime
+        return (_current_device() == self.device and _launches.items is None
+                and not _hook_active(runtime.launch_enter_hook) and not _hook_active(runtime.launch_exit_hook)
+                and _knob_state() == self.knobs)
+
+    def same_checks(self, other: "BoundLaunch") -> bool:
+        """Whether ``other.ready()`` is ``ready()``: bound on the same device with the same knobs."""
+        return other.device == self.device and other.knobs == self.knobs
+
+    def stream(self) -> int:
+        """The current stream of its device, as Triton's launcher takes it."""
+        return _raw_stream(self.device)
+
+    def launch_ready(self, stream: int, tensors: tuple) -> bool:
+        """After ``ready()``: the launch on ``stream``, unless a tensor's address is not 16-byte
+        aligned in a position that was aligned at binding (the binary may assume it)."""
+        # Addresses as ints: Triton's C launcher then skips its per-tensor data_ptr() call and
+        # driver pointer query (the tensors are the call site's validated CUDA tensors).
+        ptrs = tuple(map(_data_ptr, tensors))
+        if reduce(or_, ptrs if self.pick is None else self.pick(ptrs), 0) & 15:
+            return False
+        self.run(*self.grid, stream, self.function, self.packed, None, None, None, *ptrs, *self.rest)
+        return True
+
+    def __call__(self, *tensors) -> bool:
+        return self.ready() and self.launch_ready(_raw_stream(self.device), tensors)
 
 
 def _getter(positions):

@@ -3,7 +3,8 @@
 ``explain(q, k, v, causal=True)`` runs the call itself (forward, and backward when an input
 requires grad) while recording every kernel launch (``_launcher.recording``) and every fallback or
 dispatch note (``_log.recording``), so what it reports is what ran, not a second guess of the
-dispatch logic. Paths:
+dispatch logic. The forward and the backward are recorded apart, so a call whose backward takes
+another path than its forward (a Hopper forward, a portable backward) says so. Paths:
 
 - ``triton``: the portable Triton kernels, compiled (CUDA tensors);
 - ``interpreter``: the same kernels in Triton's CPU interpreter (CPU tensors, ``TRITON_INTERPRET=1``);
@@ -38,13 +39,21 @@ class KernelLaunch:
 
 @dataclass(frozen=True)
 class Explanation:
+    """``path``, ``reason``: the call's path and why; with a backward, the last path announced (the
+    backward's where it announced one, else the forward's), else how the kernels ran. ``forward``,
+    ``backward``: each direction's own (path, reason); ``backward`` is None without a backward.
+    ``kernels``: each distinct launch, the forward's first."""
     op: str
     path: str
     reason: str
     kernels: tuple[KernelLaunch, ...]
+    forward: tuple[str, str] | None = None
+    backward: tuple[str, str] | None = None
 
     def __str__(self) -> str:
         lines = [f"{self.op}: {self.path} ({self.reason})"]
+        if self.backward not in (None, self.forward):  # each direction its own line
+            lines = [f"{self.op}:", "  forward: %s (%s)" % self.forward, "  backward: %s (%s)" % self.backward]
         lines += [f"  {k}" for k in self.kernels]
         return "\n".join(lines)
 
@@ -55,7 +64,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
 
     ``backward``: also run the backward (default: when grad mode is on and q, k, v or a tensor option
     such as ``sinks`` requires grad), on detached copies
-    with an all-ones output gradient, so the caller's tensors and their ``.grad`` are untouched.
+    with an all-ones output gradient, so the caller's tensors and their ``.grad`` are untouched; the
+    :class:`Explanation`'s ``forward`` and ``backward`` then say each one's path and why.
     ``show``: print the explanation too. Bad arguments raise what the call raises.
     """
     from .ops.attention import attention
@@ -70,9 +80,9 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         with torch.enable_grad():  # (asked for under no_grad too)
             copies = [t.detach().requires_grad_(True) for t in inputs]
             o = attention(*copies, causal=causal, scale=scale, **options)
-            out = o[0] if isinstance(o, tuple) else o
-            torch.autograd.grad(out, copies, torch.ones_like(out))
-    return _explained("attention" + (" forward+backward" if backward else ""), q, call, show)
+        return (o[0] if isinstance(o, tuple) else o), copies
+    return _explained("attention" + (" forward+backward" if backward else ""), q, call, show,
+                      _grad if backward else None)
 
 
 def explain_softmax(x: torch.Tensor, dim: int = -1, *, log: bool = False, backward: bool | None = None,
@@ -87,10 +97,9 @@ def explain_softmax(x: torch.Tensor, dim: int = -1, *, log: bool = False, backwa
         if not backward:
             return fn(x, dim)
         xc = x.detach().requires_grad_(True)
-        y = fn(xc, dim)
-        torch.autograd.grad(y, xc, torch.ones_like(y))
+        return fn(xc, dim), xc
     name = "log_softmax" if log else "softmax"
-    return _explained(name + (" forward+backward" if backward else ""), x, call, show)
+    return _explained(name + (" forward+backward" if backward else ""), x, call, show, _grad if backward else None)
 
 
 def explain_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
@@ -104,12 +113,29 @@ explain.softmax = explain_softmax
 explain.decode = explain_decode
 
 
-def _explained(op: str, t, call, show: bool) -> Explanation:
+def _grad(run) -> None:
+    """The backward of a forward that returned (output, inputs): an all-ones output gradient."""
+    out, inputs = run
+    torch.autograd.grad(out, inputs, torch.ones_like(out))
+
+
+def _recorded(call, *args):
     with _launcher.recording() as launches, _log.recording() as notes:
-        call()
+        result = call(*args)
+    return result, launches, notes
+
+
+def _explained(op: str, t, call, show: bool, backward=None) -> Explanation:
+    """Explain ``call()`` (the forward) and, where given, ``backward(what call returned)``, each
+    recorded apart."""
+    run, launches, notes = _recorded(call)
+    directions = [_path(t, launches, notes)]
+    if backward is not None:
+        _, back_launches, back_notes = _recorded(backward, run)
+        directions.append(_path(t, back_launches, back_notes))
+        launches, notes = launches + back_launches, notes + back_notes
     kernels = tuple(dict.fromkeys(_kernel(launch) for launch in launches))
-    path, reason = _path(t, launches, notes)
-    result = Explanation(op, path, reason, kernels)
+    result = Explanation(op, *_path(t, launches, notes), kernels, *directions)
     if show:
         print(result)
     return result

@@ -171,22 +171,54 @@ def test_which_calls_the_short_kernel_takes():
     assert bwd._short_config(PLAIN, None, 0.0, 8, 17, *head_tiles(64, 64), 4) is None
 
 
+class _InterpretedLaunch:
+    """A stand-in for ``_launcher.BoundLaunch`` under the interpreter, which has no compiled kernel
+    to bind: ``launch_ready`` launches around the launcher's (spied) ``launch``, new tensors in the
+    first positions, the bound call's grid, scalars and config. ``log`` gets ("ready", name) per
+    check and (name, launched) per ``launch_ready``; a name in ``declines`` declines, launching
+    nothing, as a tensor not 16-byte aligned does."""
+
+    def __init__(self, launcher, grid, rest, kwargs, log, declines):
+        self.launcher, self.grid, self.rest, self.kwargs = launcher, grid, rest, kwargs
+        self.log, self.declines = log, declines
+        self.device, self.knobs = 0, ()
+
+    def ready(self):
+        self.log.append(("ready", self.launcher.name))
+        return True
+
+    def same_checks(self, other):
+        return other.device == self.device and other.knobs == self.knobs
+
+    def stream(self):
+        return 0
+
+    def launch_ready(self, stream, tensors):
+        launched = self.launcher.name not in self.declines
+        self.log.append((self.launcher.name, launched))
+        if launched:
+            type(self.launcher).launch(self.launcher, self.grid, (*tensors, *self.rest), self.kwargs)
+        return launched
+
+    def __call__(self, *tensors):
+        return self.ready() and self.launch_ready(self.stream(), tensors)
+
+
 class _BindableInTheInterpreter:
-    """A launcher standing in for itself under the interpreter, which has no compiled kernel to
-    bind: it launches as the launcher does, and its ``bind`` keeps ``Launcher.bind``'s contract (new
-    tensors in the first ``n_tensors`` positions; the bound call's grid, scalars and config),
-    launching around the launcher's ``launch`` as a bound launch does."""
+    """A launcher standing in for itself under the interpreter: it launches as the launcher does,
+    and its ``bind`` keeps ``Launcher.bind``'s contract, returning an ``_InterpretedLaunch`` that
+    logs to ``log`` and declines for the kernel names in ``declines``."""
     enabled = True
 
-    def __init__(self, launcher):
+    def __init__(self, launcher, log=None, declines=()):
         self.launcher, self.name = launcher, launcher.name
+        self.log, self.declines = [] if log is None else log, declines
 
     def __getitem__(self, grid):
         return self.launcher[grid]
 
     def bind(self, grid, args, kwargs, n_tensors):
-        rest, launcher = args[n_tensors:], self.launcher
-        return lambda *tensors: type(launcher).launch(launcher, grid, (*tensors, *rest), kwargs) or True
+        return _InterpretedLaunch(self.launcher, grid, args[n_tensors:], kwargs, self.log, self.declines)
 
 
 @pytest.mark.parametrize("n_k, kernels", [(17, SHORT), (bwd.SHORT_MAX_N + 1, THREE)])
@@ -210,4 +242,29 @@ def test_a_repeated_plain_call_takes_its_bound_launches(n_k, kernels, launches, 
     second = torch.autograd.grad(o, (q, k, v), do)
     assert launches == kernels  # nothing more through the launchers
     for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(ON_GPU, reason="stand-ins for bound launches under the interpreter (the GPU binds compiled ones)")
+@pytest.mark.parametrize("declining", [None, *THREE], ids=lambda n: f"declines-{n or 'none'}")
+def test_a_repeated_call_checks_once_and_a_declined_launch_redoes_the_whole_backward(declining, launches,
+                                                                                     monkeypatch):
+    # The three bound launches: one ready() for all, then each on one stream. Where one declines
+    # (dq's, after δ and dK, dV were launched), the call takes the full path: its gradients are the
+    # plain path's, bit for bit, and its launches rebind.
+    log, declines = [], set()
+    for name in THREE:
+        monkeypatch.setattr(bwd, name, _BindableInTheInterpreter(getattr(bwd, name), log, declines))
+    q, k, v = make_qkv((1, 4, 2, 9, bwd.SHORT_MAX_N + 1, 16, 16), torch.float16, requires_grad=True, seed=9)
+    o = attention(q, k, v, causal=True)
+    do = torch.randn_like(o)
+    plain = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    assert launches == THREE and log == [] and len(bwd._BOUND) == 1
+    if declining is not None:
+        declines.add(declining)
+    again = torch.autograd.grad(o, (q, k, v), do)
+    upto = THREE[:THREE.index(declining) + 1] if declining is not None else THREE
+    assert log == [("ready", THREE[0])] + [(name, name != declining) for name in upto]
+    assert launches == THREE * (1 if declining is None else 2)
+    for a, b in zip(plain, again):
         assert torch.equal(a, b)

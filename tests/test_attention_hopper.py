@@ -418,6 +418,7 @@ def test_backward_after_the_hopper_forward(hopper_dispatch):
     sinks = options["sinks"].requires_grad_()
     e = explain(*(t.requires_grad_() for t in (q, k, v)), causal=True, **options)
     assert e.path == "hopper" and "_attn_fwd_kernel" not in str(e)
+    assert e.forward[0] == "hopper" and e.backward[0] == "interpreter"  # explain() says each direction's
 
     def grads():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)] + [sinks]

@@ -206,22 +206,44 @@ def test_launch_settings_are_checked():
         decode_module._check_launch(settings)
 
 
+class _CountingLaunch:
+    """A stand-in for ``_launcher.BoundLaunch`` (under the interpreter ``bind`` binds nothing): it
+    logs each launch's tensors and relaunches the kernel on them with the bound arguments;
+    ``refuse`` makes ``launch_ready`` decline, as a misaligned tensor does."""
+
+    def __init__(self, kernel, grid, rest, constexprs, launches):
+        self.kernel, self.grid, self.rest, self.constexprs, self.launches = kernel, grid, rest, constexprs, launches
+        self.device, self.knobs, self.refuse = 0, (), False
+
+    def ready(self):
+        return True
+
+    def same_checks(self, other):
+        return other.device == self.device and other.knobs == self.knobs
+
+    def stream(self):
+        return 0
+
+    def launch_ready(self, stream, tensors):
+        if self.refuse:
+            return False
+        self.launches.append((self.kernel.name, tensors))
+        self.kernel.launch(self.grid, (*tensors, *self.rest), self.constexprs)
+        return True
+
+    def __call__(self, *tensors):
+        return self.launch_ready(0, tensors)
+
+
 def _counting_binds(monkeypatch):
-    """Replace the two kernels' ``Launcher.bind`` by one that logs each binding and whose launch
-    logs its tensors and relaunches the kernel on them with the bound arguments (under the
-    interpreter ``bind`` binds nothing: this stands in for it). Returns (binds, launches)."""
+    """Replace the two kernels' ``Launcher.bind`` by one that logs each binding and returns a
+    ``_CountingLaunch``. Returns (binds, launches)."""
     binds, launches = [], []
 
     def counting(kernel):
         def bind(grid, args, constexprs, n_tensors):
             binds.append(kernel.name)
-            rest = args[n_tensors:]
-
-            def launch(*tensors):
-                launches.append((kernel.name, tensors))
-                kernel.launch(grid, (*tensors, *rest), constexprs)
-                return True
-            return launch
+            return _CountingLaunch(kernel, grid, args[n_tensors:], constexprs, launches)
         return bind
     monkeypatch.setattr(decode_module, "_PLANS", {})
     for kernel in (decode_module._decode_split_kernel, decode_module._merge_stacked_kernel):
@@ -275,6 +297,41 @@ def test_repeated_calls_reuse_their_bound_launches(monkeypatch):
     decode_module.decode_forward(q2, kc2, vc2, seqlens2, None, scale=0.25, num_splits=3, launch={})
     decode_module.decode_forward(q2, kc2, vc2, seqlens2, None, scale=0.25, num_splits=3, launch=dict(no_pdl=True))
     assert len(binds) == before
+
+
+def test_scratch_is_kept_per_stream_and_thread_and_never_returned(monkeypatch):
+    """The partials, and lse where the caller does not ask for it, are the plan's scratch: reused
+    by the next call (results exact for new values), never handed back (a returned lse survives
+    later calls), one per thread, none past SCRATCH_BYTES; a merge launch that declines its bound
+    path (a misaligned tensor) runs the plain launch."""
+    binds, launches = _counting_binds(monkeypatch)
+    q, kc, vc, seqlens, _, dk, dv = make_cache(2, 4, 2, 1, 32, 32, [40, 64], capacity=64, seed=20)
+    o, lse = decode(q, kc, vc, seqlens, num_splits=3, return_lse=True)
+    kept_lse = lse.clone()
+    plan = next(iter(decode_module._PLANS.values()))
+    assert len(plan.kept) == 1
+    scratch = next(iter(plan.kept.values()))
+    assert all(t.data_ptr() != lse.data_ptr() for t in scratch)
+    q2, kc2, vc2, seqlens2, _, dk2, dv2 = make_cache(2, 4, 2, 1, 32, 32, [17, 50], capacity=64, seed=21)
+    o2 = decode(q2, kc2, vc2, seqlens2, num_splits=3)
+    assert torch.equal(lse, kept_lse)  # the returned lse is the caller's
+    assert torch.equal(o2, decode(q2, kc2, vc2, seqlens2, num_splits=3, return_lse=True)[0])
+    check(*decode(q2, kc2, vc2, seqlens2, num_splits=3, return_lse=True), q2, dk2, dv2)
+    assert len(plan.kept) == 1 and next(iter(plan.kept.values())) is scratch
+    plan.merge.bound.refuse = True  # the merge's plain launch after stage 1's bound one
+    check(*decode(q, kc, vc, seqlens, num_splits=3, return_lse=True), q, dk, dv)
+    plan.merge.bound.refuse = False
+    # Another thread: scratch of its own.
+    import threading
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(o=decode(q2, kc2, vc2, seqlens2, num_splits=3)))
+    worker.start()
+    worker.join()
+    assert torch.equal(out["o"], o2) and len(plan.kept) == 2
+    # Past SCRATCH_BYTES a plan keeps none.
+    monkeypatch.setattr(decode_module, "SCRATCH_BYTES", 16)
+    check(*decode(q, kc, vc, seqlens, num_splits=2, return_lse=True), q, dk, dv)
+    assert decode_module._PLANS[decode_module._signature(q, kc, vc, None, 32 ** -0.5, 2)].kept == {}
 
 
 def test_non_contiguous_lengths():
@@ -689,3 +746,49 @@ def test_paged_cache_allocator():
         cache.append([-1], 1)                  # no Python negative indexing into the last slot
     cache.free(0)
     assert cache.free_blocks == 3 and cache.seqlens[0].item() == 0 and (cache.block_table[0] == -1).all()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs and streams")
+def test_scratch_under_cuda_graphs_and_concurrent_streams():
+    """A decode step captured in a CUDA graph keeps its own partials (allocated in the capture), so
+    eager steps of the same signature between replays (the plan's kept scratch) leave the graph's
+    results right; steps on two streams at once each use their own stream's scratch."""
+    dtype = torch.bfloat16
+    q, kc, vc, seqlens, _, dk, dv = make_cache(2, 8, 2, 1, 64, 64, [300, 1000], capacity=1024, dtype=dtype, seed=30)
+    q2, kc2, vc2, seqlens2, _, dk2, dv2 = make_cache(2, 8, 2, 1, 64, 64, [999, 17], capacity=1024, dtype=dtype,
+                                                     seed=31)
+
+    def check_o(o, q, dense_k, dense_v):
+        (o_ref, _), (o_same, _) = reference(q, dense_k, dense_v)
+        assert_close_to_ref(o, o_same, o_ref, eps=EPS[q.dtype])
+
+    decode(q, kc, vc, seqlens, num_splits=4)  # plan made and bound before capturing
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        decode(q, kc, vc, seqlens, num_splits=4)
+    torch.cuda.current_stream().wait_stream(side)
+    plan = decode_module._PLANS[decode_module._signature(q, kc, vc, None, 64 ** -0.5, 4)]
+    kept = dict(plan.kept)
+    assert len(kept) == 2  # the current stream's and the side stream's
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph = decode(q, kc, vc, seqlens, num_splits=4)
+    assert plan.kept.keys() == kept.keys()  # nothing kept from the capture: the graph's partials are its own
+    for _ in range(3):
+        graph.replay()
+        o_eager = decode(q2, kc2, vc2, seqlens2, num_splits=4)  # same signature, other values, eager
+        torch.cuda.synchronize()
+        check_o(o_graph, q, dk, dv)
+        check_o(o_eager, q2, dk2, dv2)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = []
+    for s, args in zip(streams, [(q, kc, vc, seqlens), (q2, kc2, vc2, seqlens2)]):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            outs.append([decode(*args, num_splits=4) for _ in range(20)][-1])
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    check_o(outs[0], q, dk, dv)
+    check_o(outs[1], q2, dk2, dv2)

@@ -70,6 +70,45 @@ def test_a_fallback_is_the_path_with_its_reason():
     assert e.path == "torch fallback" and e.reason == "test-explain: a reason only this test gives"
 
 
+def test_a_forward_only_call_has_one_path():
+    def call():
+        _log.note_path("hopper", "attention forward", "a forward note")
+    e = _explained("op", torch.empty(1), call, show=False)
+    assert (e.path, e.reason) == ("hopper", "attention forward: a forward note") == e.forward
+    assert e.backward is None and str(e) == "op: hopper (attention forward: a forward note)"
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter path: CPU tensors")
+@pytest.mark.parametrize("noted", ["forward", "backward"])
+def test_forward_and_backward_on_different_paths_each_say_theirs(monkeypatch, noted):
+    """A forward on one path and a backward on another (as a Hopper forward and the portable
+    backward): each direction reports its own; ``path``/``reason`` stay the last one announced."""
+    from flashattn_lite.ops import attention as attention_ops
+    name = f"attention_{noted}"
+    real = getattr(attention_ops, name)
+
+    def noting(*args, **kwargs):
+        _log.note_path("hopper", f"attention {noted}", "a stand-in")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(attention_ops, name, noting)
+    e = fa.explain(*qkv(requires_grad=True))
+    hopper = ("hopper", f"attention {noted}: a stand-in")
+    interpreter = ("interpreter", "CPU tensors with TRITON_INTERPRET=1: the Triton kernels in Triton's CPU interpreter")
+    assert (e.forward, e.backward) == ((hopper, interpreter) if noted == "forward" else (interpreter, hopper))
+    assert (e.path, e.reason) == hopper  # as before: the last path announced
+    lines = str(e).splitlines()
+    assert lines[:3] == ["attention forward+backward:", "  forward: %s (%s)" % e.forward,
+                         "  backward: %s (%s)" % e.backward]
+    assert [k.name for k in e.kernels] == ["_attn_fwd_kernel", "_bwd_short_kernel"]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter path: CPU tensors")
+def test_forward_and_backward_on_one_path_say_it_once():
+    e = fa.explain(*qkv(), backward=True)
+    assert e.forward == e.backward == (e.path, e.reason) and e.path == "interpreter"
+    assert str(e).splitlines()[0] == f"attention forward+backward: interpreter ({e.reason})"
+
+
 @pytest.fixture
 def fresh_log(monkeypatch):
     monkeypatch.setenv("FLASHATTN_LITE_LOG", "1")

@@ -51,7 +51,7 @@ def fake_fast_path(monkeypatch):
     """The fast launch path as on a GPU, with no GPU: stream 0, device 0, default Triton knobs."""
     monkeypatch.setattr(_launcher, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(_launcher, "_raw_stream", lambda device: 0)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_launcher, "_current_device", lambda: 0)
     monkeypatch.setattr(_launcher, "_knobs", SimpleNamespace(
         runtime=SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None, debug=False),
         compilation=SimpleNamespace(instrumentation_mode="")))
@@ -168,6 +168,62 @@ def test_a_bound_launch_reuses_grid_scalars_and_tail_with_new_tensors(fake):
     _launcher._knobs.runtime.debug = True
     assert launch(y) is False
     assert len(jit.log) == 2
+
+
+def test_a_bound_launch_checked_once_for_several_launches(fake, monkeypatch):
+    # ready(): the checks that depend on no tensor (device, recording, hooks, knobs); launch_ready:
+    # the alignment and the launch, for a caller making several launches after one check.
+    jit, kern = fake
+    x = torch.randn(64)
+    kern[(2,)](x, 32, 0.5, BLOCK=4)
+    launch = kern.bind((2,), (x, 32, 0.5), dict(BLOCK=4), 1)
+    y = torch.randn(64)
+    assert launch.ready()
+    assert launch.launch_ready(7, (y,)) is True and jit.log[-1] == ("fast", (2, 1, 1), (y.data_ptr(), 32, 0.5, 4, True))
+    assert launch.launch_ready(7, (y[1:],)) is False
+    monkeypatch.setattr(_launcher, "_current_device", lambda: 1)  # another device current
+    assert not launch.ready() and launch(y) is False
+    monkeypatch.setattr(_launcher, "_current_device", lambda: 0)
+    with _launcher.recording():
+        assert not launch.ready()
+    assert launch.ready()
+    assert [e[0] for e in jit.log] == ["slow", "fast"]
+
+
+def test_the_three_bound_backward_launches_make_one_check_on_one_stream(monkeypatch):
+    # attention_bwd's entry of three bound launches: one ready() (one current-device query), then
+    # the three on the stream it read; a launch that declines ends the entry (False: the caller
+    # redoes the whole backward), and a failed check launches nothing.
+    from flashattn_lite.ops import attention_bwd
+    from flashattn_lite.ops.attention_fwd import PLAIN
+    fake_fast_path(monkeypatch)
+    checks = []
+    monkeypatch.setattr(_launcher, "_current_device", lambda: checks.append(0) or 0)
+    monkeypatch.setattr(_launcher, "_raw_stream", lambda device: 7)
+    log = []
+    knobs = _launcher._knob_state()
+    pre, kv, qt = (_launcher.BoundLaunch(0, knobs, None, (i + 1, 1, 1), (), _Compiled(log)) for i in range(3))
+    run = attention_bwd._bound_three(pre, kv, qt)
+    q, k, v, do, o, dq, dk, dv = (torch.randn(1, 2, 8, 16) for _ in range(8))
+    lse = torch.randn(1, 2, 8)
+    delta = run(q, k, v, do, o, lse, dq, dk, dv, PLAIN)
+    assert isinstance(delta, torch.Tensor) and delta.shape == lse.shape
+    assert len(checks) == 1 and [e[1][0] for e in log] == [1, 2, 3]
+    assert log[0][2][:4] == tuple(t.data_ptr() for t in (o, do, lse, lse))
+    assert log[2][2][4] == dq.data_ptr()
+    del log[:], checks[:]
+    assert run(q, k, v, do, o, lse, dq[..., 1:], dk, dv, PLAIN) is False  # dq misaligned: dq's launch declines
+    assert len(checks) == 1 and [e[1][0] for e in log] == [1, 2]
+    del log[:], checks[:]
+    with _launcher.recording():  # explain(): nothing launched
+        assert run(q, k, v, do, o, lse, dq, dk, dv, PLAIN) is False
+    assert len(checks) == 1 and log == []
+    # Launches bound under other knobs (never within one call): each makes its own check.
+    other = _launcher.BoundLaunch(0, (*knobs[:-1], "hook"), None, (3, 1, 1), (), _Compiled(log))
+    assert run(q, k, v, do, o, lse, dq, dk, dv, PLAIN) is not False
+    del log[:], checks[:]
+    assert attention_bwd._bound_three(pre, kv, other)(q, k, v, do, o, lse, dq, dk, dv, PLAIN) is False
+    assert len(checks) == 3 and [e[1][0] for e in log] == [1, 2]
 
 
 def test_a_bound_launch_of_a_misaligned_tensor_keeps_the_aligned_positions_aligned(monkeypatch):

@@ -612,12 +612,24 @@ def _bound_short(launch):
 
 
 def _bound_three(pre, kv, qt):
-    """The three-launch backward's bound launches as one ``_BOUND`` entry (δ and lse₂ allocated per call)."""
+    """The three-launch backward's bound launches as one ``_BOUND`` entry (δ and lse₂ allocated per
+    call): one check of what none of them reads from a tensor (``BoundLaunch.ready``), then the three
+    on one stream. Launches bound in one call share that check; were they ever not to
+    (``same_checks``), each makes its own."""
+    one_check = pre.same_checks(kv) and pre.same_checks(qt)
+
     def run(q, k, v, do, o, lse, dq, dk, dv, variant):
+        if one_check and not pre.ready():
+            return False
         delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
         read = (q, score_tensors(variant, q)[1], *seq_args(variant, q)[:4])  # mask, slopes, bounds
-        done = (pre(o, do, lse, lse, delta, lse2) and kv(q, k, v, do, dk, dv, lse2, delta, *read)
-                and qt(q, k, v, do, dq, lse2, delta, *read))
+        pre_t = (o, do, lse, lse, delta, lse2)
+        kv_t, qt_t = (q, k, v, do, dk, dv, lse2, delta, *read), (q, k, v, do, dq, lse2, delta, *read)
+        if one_check:
+            stream = pre.stream()
+            done = pre.launch_ready(stream, pre_t) and kv.launch_ready(stream, kv_t) and qt.launch_ready(stream, qt_t)
+        else:
+            done = pre(*pre_t) and kv(*kv_t) and qt(*qt_t)
         return done and delta
     return run
 

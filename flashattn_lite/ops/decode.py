@@ -35,13 +35,16 @@ B·Hq·Nq·num_splits·(Dv + 1) floats.
 Host path. At short caches a step's time is mostly the host's, so everything a call launches that
 its signature fixes (shapes, strides, dtype, device, table shape, split count, scale) is planned
 once: the split count, the buffers' layouts and both launches, bound to their compiled binaries
-(``Launcher.bind``). A repeated call validates (one compound test), allocates and makes two
-bound launches.
+(``Launcher.bind``). A repeated call validates (one compound test), allocates its output and makes
+two bound launches after one check of what they depend on (``BoundLaunch.ready``); the split
+partials, and lse where the caller does not ask for it, are scratch the plan keeps per CUDA stream
+(``_Plan.kept_scratch``).
 """
 from __future__ import annotations
 
 import functools
 import math
+import threading
 import warnings
 
 import torch
@@ -420,22 +423,72 @@ class _Stage:
 class _Plan:
     """Everything a decode call launches that its signature (``_signature``) fixes: the output's
     and the partials' shapes and strides, and the two launches."""
-    __slots__ = ("device", "dtype", "o_layout", "lse_layout", "o_part_layout", "lse_part_layout", "stage1", "merge")
+    __slots__ = ("device", "dtype", "o_layout", "lse_layout", "o_part_layout", "lse_part_layout", "stage1", "merge",
+                 "keep_scratch", "kept")
 
-    def run(self, q, k_cache, v_cache, cache_seqlens, block_table):
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, need_lse: bool = True):
+        """(o, lse) of one call; without ``need_lse`` lse may be the plan's scratch, which the next
+        call on the same stream overwrites."""
         device = self.device
         o = torch.empty_strided(*self.o_layout, device=device, dtype=self.dtype)
-        lse = torch.empty_strided(*self.lse_layout, device=device, dtype=torch.float32)
-        bt = cache_seqlens if block_table is None else block_table  # never read when not paged
-        if self.merge is None:
-            # One split: stage 1 writes o and lse themselves (its partial strides are theirs).
-            self.stage1(q, k_cache, v_cache, o, lse, cache_seqlens, bt)
+        kept = self.kept_scratch() if self.keep_scratch else None
+        if kept is not None:
+            lse, o_part, lse_part = kept
         else:
-            o_part = torch.empty_strided(*self.o_part_layout, device=device, dtype=torch.float32)
-            lse_part = torch.empty_strided(*self.lse_part_layout, device=device, dtype=torch.float32)
-            self.stage1(q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt)
-            self.merge(o_part, lse_part, o, lse)
+            lse, (o_part, lse_part) = None, self.new_partials()
+        if need_lse or lse is None:
+            lse = torch.empty_strided(*self.lse_layout, device=device, dtype=torch.float32)
+        bt = cache_seqlens if block_table is None else block_table  # never read when not paged
+        stage1, merge = self.stage1, self.merge
+        if merge is None:
+            # One split: stage 1 writes o and lse themselves (its partial strides are theirs).
+            stage1(q, k_cache, v_cache, o, lse, cache_seqlens, bt)
+            return o, lse
+        first, second = getattr(stage1, "bound", None), merge.bound
+        if first is not None and second is not None and first.same_checks(second) and first.ready():
+            stream = first.stream()  # (one check for both bound launches)
+            if first.launch_ready(stream, (q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt)):
+                if not second.launch_ready(stream, (o_part, lse_part, o, lse)):
+                    merge(o_part, lse_part, o, lse)
+                return o, lse
+        stage1(q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt)
+        merge(o_part, lse_part, o, lse)
         return o, lse
+
+    def kept_scratch(self) -> tuple | None:
+        """(lse, o_part, lse_part) the plan keeps for the current stream and thread (the partials
+        None with one split), made at their first call there, for the launches to write and no
+        caller to keep: a later call of that thread on that stream runs after this one's kernels
+        (two threads on one stream could interleave their launches: each has its own). None while
+        the stream is capturing a CUDA graph (the graph's are its own: a replay may run beside
+        eager calls) and past SCRATCH_COPIES streams and threads."""
+        if self.device.type != "cuda":
+            stream = None
+        elif torch._C._cuda_isCurrentStreamCapturing():
+            return None
+        else:
+            stream = torch._C._cuda_getCurrentRawStream(self.device.index)
+        key = (stream, threading.get_ident())
+        kept = self.kept.get(key)
+        if kept is None and len(self.kept) < SCRATCH_COPIES:
+            lse = torch.empty_strided(*self.lse_layout, device=self.device, dtype=torch.float32)
+            kept = self.kept[key] = (lse, *self.new_partials())
+        return kept
+
+    def new_partials(self) -> tuple:
+        """(o_part, lse_part), new; (None, None) with one split."""
+        if self.merge is None:
+            return None, None
+        device = self.device
+        return (torch.empty_strided(*self.o_part_layout, device=device, dtype=torch.float32),
+                torch.empty_strided(*self.lse_part_layout, device=device, dtype=torch.float32))
+
+
+# Scratch (a call's partials, and lse when not returned) a plan keeps per stream (``_Plan.kept_scratch``)
+# up to this size; larger ones are allocated per call, where the kernels' time dwarfs the
+# allocations' host time.
+SCRATCH_BYTES = 2 << 20
+SCRATCH_COPIES = 8  # (stream, thread) pairs a plan keeps scratch for
 
 
 def _contiguous(shape) -> tuple:
@@ -472,6 +525,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
     plan.device, plan.dtype = q.device, q.dtype
     plan.o_layout, plan.lse_layout = _contiguous((B, Hq, Nq, Dv)), _contiguous((B, Hq, Nq))
     plan.o_part_layout = plan.lse_part_layout = None
+    plan.kept = {}
     if splits == 1:
         o_part_strides, lse_part_strides = (0, *plan.o_layout[1]), (0, *plan.lse_layout[1])
     else:
@@ -482,6 +536,7 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
         lse_part_strides = (ls, lb, lh, ln)
         plan.o_part_layout = ((splits, B, Hq, Nq, Dv), o_part_strides)
         plan.lse_part_layout = ((splits, B, Hq, Nq), lse_part_strides)
+    plan.keep_scratch = 4 * B * Hq * Nq * (1 + (splits > 1) * splits * (Dv + 1)) <= SCRATCH_BYTES
     bt_strides = block_table.stride() if paged else (0, 0)
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
     # The merge launched as a programmatic dependent of stage 1 (Hopper+): its launch and start
@@ -539,10 +594,11 @@ def _signature(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, num_splits: int | None,
-                   launch: dict | None = None):
+                   launch: dict | None = None, need_lse: bool = True):
     """Launch stage 1 (and stage 2 when split). Inputs already validated; cache_seqlens
-    contiguous. Returns (o, lse). ``launch``: experiment settings (``LAUNCH_SETTINGS``), planned
-    afresh at every call; without them the plan of the call's signature is reused."""
+    contiguous. Returns (o, lse); without ``need_lse`` that lse is scratch the next call on the
+    stream overwrites. ``launch``: experiment settings (``LAUNCH_SETTINGS``), planned afresh at
+    every call; without them the plan of the call's signature is reused."""
     if launch is None:
         signature = _signature(q, k_cache, v_cache, block_table, scale, num_splits)
         plan = _PLANS.get(signature)
@@ -554,7 +610,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, *, scale: fl
     else:
         _check_launch(launch)
         plan = _make_plan(q, k_cache, v_cache, block_table, scale, num_splits, launch, False)
-    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, need_lse)
 
 
 # ------------------------------------------------------------------ CPU twin
@@ -624,7 +680,7 @@ def _looks_valid(q, k_cache, v_cache, cache_seqlens, block_table, num_splits) ->
                 and min(qs) > 0 and min(ks[:3]) > 0 and ks[:3] == vs[:3] and ks[3] == qs[3] and vs[3] > 0
                 and ((qs[3] <= 256 and vs[3] <= 256) or ((qs[3], vs[3]) == MLA_HEAD_DIMS and q.dtype != torch.float32))
                 and qs[1] % ks[1] == 0
-                and cache_seqlens.dim() == 1 and cache_seqlens.dtype == torch.int32 and len(cache_seqlens) == qs[0]
+                and cache_seqlens.dim() == 1 and cache_seqlens.dtype == torch.int32 and cache_seqlens.shape[0] == qs[0]
                 and (ks[0] == qs[0] if block_table is None else
                      (block_table.dim() == 2 and block_table.dtype == torch.int32 and block_table.shape[0] == qs[0]
                       and block_table.shape[1] > 0 and block_table.device == dev))
@@ -781,7 +837,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     if not cache_seqlens.is_contiguous():  # the kernels read length b at offset b
         cache_seqlens = cache_seqlens.contiguous()
     if runs_triton(q):  # kernels only: nothing for autograd to record
-        o, lse = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits)
+        o, lse = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits,
+                                need_lse=return_lse)
     else:
         with torch.no_grad():
             o, lse = _cpu_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits)
