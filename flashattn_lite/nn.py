@@ -85,8 +85,8 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE), "rotate half" convention (GPT-NeoX, Llama): the pair
     (x[i], x[i + D/2]) of each head is rotated by position · base^(−2i/D).
 
-    The frequencies are computed at the first call on each device (float32; float64 for a float64
-    ``x``) and kept in a plain dict, not in a buffer: a buffer would be cast to 16 bits by ``module.half()`` (angles off by radians at long
+    The frequencies are computed at the first eager call on each device (float32; float64 for a
+    float64 ``x``; at every call inside a compiled graph) and kept in a plain dict, not in a buffer: a buffer would be cast to 16 bits by ``module.half()`` (angles off by radians at long
     positions) and left uninitialised by meta-device construction (``to_empty``), as it is not in the
     state dict. ``device`` is accepted for the ``nn.Module`` convention; nothing is allocated."""
 
@@ -112,10 +112,14 @@ class RotaryEmbedding(nn.Module):
                              f"{tuple(x.shape)}, got {tuple(positions.shape)}")
         _checks.check_same(("x", "positions"), (x, positions), "device")
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        inv_freq = self._inv_freq.get((x.device, dtype))
-        if inv_freq is None:  # once per device and precision, outside the module's state
+        # Kept once per device and precision in eager calls only: a compiled graph's output may live
+        # in a CUDA graph's memory (mode="reduce-overhead"), which its next replay overwrites.
+        compiling = torch.compiler.is_compiling()
+        inv_freq = None if compiling else self._inv_freq.get((x.device, dtype))
+        if inv_freq is None:
             inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, device=x.device, dtype=dtype) / self.head_dim)
-            self._inv_freq[x.device, dtype] = inv_freq
+            if not compiling:
+                self._inv_freq[x.device, dtype] = inv_freq
         angles = positions.to(dtype)[..., None] * inv_freq  # (…, N, D/2)
         cos, sin = angles.cos(), angles.sin()
         if cos.dim() == 2:

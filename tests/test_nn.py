@@ -125,6 +125,22 @@ def test_rotary_frequencies_survive_dtype_moves_and_meta_construction():
     assert torch.equal(m(xs), normal(xs))
 
 
+def test_rotary_keeps_no_frequencies_from_a_compiled_graph():
+    """Inside a compiled graph the frequencies are computed, never stored: a stored graph output
+    may live in a CUDA graph's memory (mode="reduce-overhead"), overwritten at its next replay
+    (torch's cudagraph trees raised on the eager call that read it). Eager calls keep them."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 5, 2, 16, generator=g)
+    positions = torch.arange(5)
+    rope = RotaryEmbedding(16)
+    compiled = torch.compile(rope, backend="eager", fullgraph=True)
+    out = compiled(x, positions)
+    assert rope._inv_freq == {}
+    assert torch.allclose(out, rope(x, positions), atol=1e-6)
+    assert len(rope._inv_freq) == 1  # the eager call kept its own
+    assert torch.allclose(compiled(x, positions), out, atol=1e-6)
+
+
 def test_bad_head_configuration():
     with pytest.raises(ValueError, match="num_kv_heads"):
         MultiheadAttention(32, 4, 3)
