@@ -35,27 +35,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import decode  # noqa: E402
-from flashattn_lite.bench.common import add_run_arguments, format_table, host_us, in_rounds, write_json  # noqa: E402
+from flashattn_lite.bench.common import (add_run_arguments, format_table, host_us, in_rounds,  # noqa: E402
+                                         profile_rows, write_json)
 from flashattn_lite.ops import decode as decode_ops  # noqa: E402
 
 ROUNDS, CALLS = 7, 200
 B, HQ, HKV, L, D = 1, 32, 8, 4096, 128
-
-
-def profile_rows(fn, steps: int, top: int = 25) -> list[dict]:
-    """cProfile of ``steps`` calls of ``fn``: the ``top`` functions by own time, µs per call."""
-    import cProfile
-    import pstats
-    prof = cProfile.Profile()
-    torch.cuda.synchronize()
-    prof.enable()
-    for _ in range(steps):
-        fn()
-    torch.cuda.synchronize()
-    prof.disable()
-    ranked = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return [dict(function=f"{Path(file).name}:{line}({name})", calls_per_step=nc / steps, own_us=tt / steps * 1e6,
-                 cum_us=ct / steps * 1e6) for (file, line, name), (cc, nc, tt, ct, _) in ranked]
 
 
 def main():

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import attention, attention_varlen, scaled_dot_product_attention  # noqa: E402
-from flashattn_lite.bench.common import add_run_arguments, format_table, host_us, write_json  # noqa: E402
+from flashattn_lite.bench.common import add_run_arguments, format_table, host_us, profile_rows, write_json  # noqa: E402
 from flashattn_lite.ops import attention_bwd as bwd_ops  # noqa: E402
 
 ROUNDS, CALLS = 11, 100
@@ -61,24 +61,6 @@ class _Preallocated(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         return _Preallocated.grads
-
-
-def profile_rows(fn, steps: int, top: int = 30) -> list[dict]:
-    """cProfile of ``steps`` calls of ``fn`` (a forward+backward): the ``top`` functions by own time,
-    µs per step. From Python 3.12 cProfile sees every thread (sys.monitoring), the autograd engine's
-    included; before, only the calling thread (the backward is then missing)."""
-    import cProfile
-    import pstats
-    prof = cProfile.Profile()
-    torch.cuda.synchronize()
-    prof.enable()
-    for _ in range(steps):
-        fn()
-    torch.cuda.synchronize()
-    prof.disable()
-    ranked = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return [dict(function=f"{Path(file).name}:{line}({name})", calls_per_step=nc / steps, own_us=tt / steps * 1e6,
-                 cum_us=ct / steps * 1e6) for (file, line, name), (cc, nc, tt, ct, _) in ranked]
 
 
 def main():

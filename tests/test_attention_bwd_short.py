@@ -3,6 +3,7 @@ float64 reference, which calls take it (and which the three launches), and its b
 import pytest
 import torch
 
+from bound_launch import InterpretedLaunch
 from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only, rel_err
 from flashattn_lite import attention
 from flashattn_lite.ops import attention_bwd as bwd
@@ -171,42 +172,9 @@ def test_which_calls_the_short_kernel_takes():
     assert bwd._short_config(PLAIN, None, 0.0, 8, 17, *head_tiles(64, 64), 4) is None
 
 
-class _InterpretedLaunch:
-    """A stand-in for ``_launcher.BoundLaunch`` under the interpreter, which has no compiled kernel
-    to bind: ``launch_ready`` launches around the launcher's (spied) ``launch``, new tensors in the
-    first positions, the bound call's grid, scalars and config. ``log`` gets ("ready", name) per
-    check and (name, launched) per ``launch_ready``; a name in ``declines`` declines, launching
-    nothing, as a tensor not 16-byte aligned does."""
-
-    def __init__(self, launcher, grid, rest, kwargs, log, declines):
-        self.launcher, self.grid, self.rest, self.kwargs = launcher, grid, rest, kwargs
-        self.log, self.declines = log, declines
-        self.device, self.knobs = 0, ()
-
-    def ready(self):
-        self.log.append(("ready", self.launcher.name))
-        return True
-
-    def same_checks(self, other):
-        return other.device == self.device and other.knobs == self.knobs
-
-    def stream(self):
-        return 0
-
-    def launch_ready(self, stream, tensors):
-        launched = self.launcher.name not in self.declines
-        self.log.append((self.launcher.name, launched))
-        if launched:
-            type(self.launcher).launch(self.launcher, self.grid, (*tensors, *self.rest), self.kwargs)
-        return launched
-
-    def __call__(self, *tensors):
-        return self.ready() and self.launch_ready(self.stream(), tensors)
-
-
 class _BindableInTheInterpreter:
     """A launcher standing in for itself under the interpreter: it launches as the launcher does,
-    and its ``bind`` keeps ``Launcher.bind``'s contract, returning an ``_InterpretedLaunch`` that
+    and its ``bind`` keeps ``Launcher.bind``'s contract, returning an ``InterpretedLaunch`` that
     logs to ``log`` and declines for the kernel names in ``declines``."""
     enabled = True
 
@@ -218,7 +186,11 @@ class _BindableInTheInterpreter:
         return self.launcher[grid]
 
     def bind(self, grid, args, kwargs, n_tensors):
-        return _InterpretedLaunch(self.launcher, grid, args[n_tensors:], kwargs, self.log, self.declines)
+        rest, launcher = args[n_tensors:], self.launcher
+
+        def run(tensors):
+            type(launcher).launch(launcher, grid, (*tensors, *rest), kwargs)
+        return InterpretedLaunch(launcher.name, run, self.log, self.declines)
 
 
 @pytest.mark.parametrize("n_k, kernels", [(17, SHORT), (bwd.SHORT_MAX_N + 1, THREE)])

@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+from bound_launch import InterpretedLaunch
 from conftest import DEVICE, DTYPES, ON_GPU, assert_close_to_ref, gpu_fp32_only
 from flashattn_lite import attention, decode
 from flashattn_lite.ops import decode as decode_module
@@ -206,44 +207,21 @@ def test_launch_settings_are_checked():
         decode_module._check_launch(settings)
 
 
-class _CountingLaunch:
-    """A stand-in for ``_launcher.BoundLaunch`` (under the interpreter ``bind`` binds nothing): it
-    logs each launch's tensors and relaunches the kernel on them with the bound arguments;
-    ``refuse`` makes ``launch_ready`` decline, as a misaligned tensor does."""
-
-    def __init__(self, kernel, grid, rest, constexprs, launches):
-        self.kernel, self.grid, self.rest, self.constexprs, self.launches = kernel, grid, rest, constexprs, launches
-        self.device, self.knobs, self.refuse = 0, (), False
-
-    def ready(self):
-        return True
-
-    def same_checks(self, other):
-        return other.device == self.device and other.knobs == self.knobs
-
-    def stream(self):
-        return 0
-
-    def launch_ready(self, stream, tensors):
-        if self.refuse:
-            return False
-        self.launches.append((self.kernel.name, tensors))
-        self.kernel.launch(self.grid, (*tensors, *self.rest), self.constexprs)
-        return True
-
-    def __call__(self, *tensors):
-        return self.launch_ready(0, tensors)
-
-
 def _counting_binds(monkeypatch):
-    """Replace the two kernels' ``Launcher.bind`` by one that logs each binding and returns a
-    ``_CountingLaunch``. Returns (binds, launches)."""
+    """Replace the two kernels' ``Launcher.bind`` by one that logs each binding and returns an
+    ``InterpretedLaunch`` that logs its tensors to ``launches`` and relaunches the kernel on them
+    with the bound arguments. Returns (binds, launches)."""
     binds, launches = [], []
 
     def counting(kernel):
         def bind(grid, args, constexprs, n_tensors):
             binds.append(kernel.name)
-            return _CountingLaunch(kernel, grid, args[n_tensors:], constexprs, launches)
+            rest = args[n_tensors:]
+
+            def run(tensors):
+                launches.append((kernel.name, tensors))
+                kernel.launch(grid, (*tensors, *rest), constexprs)
+            return InterpretedLaunch(kernel.name, run)
         return bind
     monkeypatch.setattr(decode_module, "_PLANS", {})
     for kernel in (decode_module._decode_split_kernel, decode_module._merge_stacked_kernel):
@@ -318,9 +296,9 @@ def test_scratch_is_kept_per_stream_and_thread_and_never_returned(monkeypatch):
     assert torch.equal(o2, decode(q2, kc2, vc2, seqlens2, num_splits=3, return_lse=True)[0])
     check(*decode(q2, kc2, vc2, seqlens2, num_splits=3, return_lse=True), q2, dk2, dv2)
     assert len(plan.kept) == 1 and next(iter(plan.kept.values())) is scratch
-    plan.merge.bound.refuse = True  # the merge's plain launch after stage 1's bound one
+    plan.merge.bound.declines = {MERGE}  # the merge's plain launch after stage 1's bound one
     check(*decode(q, kc, vc, seqlens, num_splits=3, return_lse=True), q, dk, dv)
-    plan.merge.bound.refuse = False
+    plan.merge.bound.declines = ()
     # Another thread: scratch of its own.
     import threading
     out = {}

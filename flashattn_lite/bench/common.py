@@ -123,6 +123,26 @@ def host_us(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def profile_rows(fn: Callable[[], object], steps: int, top: int = 30) -> list[dict]:
+    """cProfile of ``steps`` calls of ``fn``: the ``top`` functions by own time, µs per call
+    (``benchmarks/host_breakdown.py``, ``benchmarks/decode_host.py``). cProfile's own cost inflates
+    every function alike: read the ranking. From Python 3.12 it sees every thread (sys.monitoring),
+    the autograd engine's included; before, only the calling thread."""
+    import cProfile
+    import pstats
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    prof = cProfile.Profile()
+    sync()
+    prof.enable()
+    for _ in range(steps):
+        fn()
+    sync()
+    prof.disable()
+    ranked = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [dict(function=f"{Path(file).name}:{line}({name})", calls_per_step=nc / steps, own_us=tt / steps * 1e6,
+                 cum_us=ct / steps * 1e6) for (file, line, name), (cc, nc, tt, ct, _) in ranked]
+
+
 def kernel_times_us(fn: Callable[[], object], device: torch.device | str = "cuda") -> dict[str, float]:
     """Each kernel's device time (µs) over one call of ``fn``, after one warm call (torch.profiler),
     costliest first: where a call's time goes, kernel by kernel (launch gaps are not in it). Off
