@@ -11,7 +11,8 @@ best of ROUNDS blocks, every item in balanced rounds. Items:
   once around the block, as ``flashattn-lite decode`` times it;
 - ``decode``: ``flashattn_lite.decode`` (num_splits chosen); ``decode_unsplit``: num_splits = 1
   (one launch, no partials);
-- ``decode_forward``: the same without the argument checks (``ops.decode.decode_forward``);
+- ``decode_forward``: the same without the argument checks (``ops.decode.decode_forward``, lse
+  not asked for, as ``decode``'s default);
 - ``plan_run``: the call's cached plan alone (lse not asked for, as ``decode``'s default);
 - ``stage1_bound`` / ``merge_bound``: each bound launch alone, on tensors made once;
 - ``empty_strided_x4``: four allocations of the plan's layouts (o, lse and the two partials) alone;
@@ -73,7 +74,7 @@ def main():
         "decode": (None, lambda: decode(q, k, v, seqlens)),
         "decode_unsplit": (None, lambda: decode(q, k, v, seqlens, num_splits=1)),
         "decode_forward": (None, lambda: decode_ops.decode_forward(q, k, v, seqlens, None, scale=scale,
-                                                                    num_splits=None)),
+                                                                    num_splits=None, need_lse=False)),
         "plan_run": (None, lambda: plan.run(q, k, v, seqlens, None, False)),
         "stage1_bound": (None, (lambda: plan.stage1(q, k, v, *parts, seqlens, seqlens)) if split
                          else (lambda: plan.stage1(q, k, v, o, lse, seqlens, seqlens))),

@@ -149,8 +149,8 @@ def _raw_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)  # what Triton's own launcher asks for
 
 
-# The current CUDA device's index: ``torch.cuda.current_device()`` without its initialisation check
-# (a third of a bound launch's Python on the H200's host; every caller here already holds CUDA tensors).
+# The current CUDA device's index: ``torch.cuda.current_device()`` without its Python wrapper (which
+# was a third of a bound launch's Python on the H200's host); the C call initialises CUDA itself.
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 

@@ -1,5 +1,6 @@
 """decode(): split-KV attention of new tokens against contiguous and paged KV caches, checked per
 sequence against float64 attention over that sequence's valid keys (causal, bottom-right)."""
+import threading
 import warnings
 
 import pytest
@@ -300,16 +301,25 @@ def test_scratch_is_kept_per_stream_and_thread_and_never_returned(monkeypatch):
     check(*decode(q, kc, vc, seqlens, num_splits=3, return_lse=True), q, dk, dv)
     plan.merge.bound.declines = ()
     # Another thread: scratch of its own.
-    import threading
     out = {}
     worker = threading.Thread(target=lambda: out.update(o=decode(q2, kc2, vc2, seqlens2, num_splits=3)))
     worker.start()
     worker.join()
     assert torch.equal(out["o"], o2) and len(plan.kept) == 2
-    # Past SCRATCH_BYTES a plan keeps none.
+    # A plan full of pairs drops those of threads that ended before it keeps none for a new one.
+    monkeypatch.setattr(decode_module, "SCRATCH_COPIES", 2)
+    worker = threading.Thread(target=lambda: out.update(o=decode(q2, kc2, vc2, seqlens2, num_splits=3)))
+    worker.start()
+    worker.join()
+    assert torch.equal(out["o"], o2) and len(plan.kept) == 2 and worker.ident in {t for _, t in plan.kept}
+    # Past SCRATCH_BYTES a plan keeps none; nor past SCRATCH_TOTAL_BYTES over all plans.
     monkeypatch.setattr(decode_module, "SCRATCH_BYTES", 16)
     check(*decode(q, kc, vc, seqlens, num_splits=2, return_lse=True), q, dk, dv)
     assert decode_module._PLANS[decode_module._signature(q, kc, vc, None, 32 ** -0.5, 2)].kept == {}
+    monkeypatch.setattr(decode_module, "SCRATCH_BYTES", 2 << 20)
+    monkeypatch.setattr(decode_module, "SCRATCH_TOTAL_BYTES", decode_module.kept_scratch_bytes())
+    check(*decode(q, kc, vc, seqlens, num_splits=4, return_lse=True), q, dk, dv)
+    assert decode_module._PLANS[decode_module._signature(q, kc, vc, None, 32 ** -0.5, 4)].kept == {}
 
 
 def test_non_contiguous_lengths():
@@ -727,10 +737,11 @@ def test_paged_cache_allocator():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs and streams")
-def test_scratch_under_cuda_graphs_and_concurrent_streams():
+def test_scratch_under_cuda_graphs_and_concurrent_streams(monkeypatch):
     """A decode step captured in a CUDA graph keeps its own partials (allocated in the capture), so
     eager steps of the same signature between replays (the plan's kept scratch) leave the graph's
     results right; steps on two streams at once each use their own stream's scratch."""
+    monkeypatch.setattr(decode_module, "_PLANS", {})
     dtype = torch.bfloat16
     q, kc, vc, seqlens, _, dk, dv = make_cache(2, 8, 2, 1, 64, 64, [300, 1000], capacity=1024, dtype=dtype, seed=30)
     q2, kc2, vc2, seqlens2, _, dk2, dv2 = make_cache(2, 8, 2, 1, 64, 64, [999, 17], capacity=1024, dtype=dtype,
@@ -764,9 +775,11 @@ def test_scratch_under_cuda_graphs_and_concurrent_streams():
     for s, args in zip(streams, [(q, kc, vc, seqlens), (q2, kc2, vc2, seqlens2)]):
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            outs.append([decode(*args, num_splits=4) for _ in range(20)][-1])
+            outs.append([decode(*args, num_splits=4) for _ in range(20)])
     for s in streams:
         torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    check_o(outs[0], q, dk, dv)
-    check_o(outs[1], q2, dk2, dv2)
+    for o in outs[0]:
+        check_o(o, q, dk, dv)
+    for o in outs[1]:
+        check_o(o, q2, dk2, dv2)

@@ -38,7 +38,7 @@ once: the split count, the buffers' layouts and both launches, bound to their co
 (``Launcher.bind``). A repeated call validates (one compound test), allocates its output and makes
 two bound launches after one check of what they depend on (``BoundLaunch.ready``); the split
 partials, and lse where the caller does not ask for it, are scratch the plan keeps per CUDA stream
-(``_Plan.kept_scratch``).
+and thread (``_Plan.kept_scratch``).
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
+from .._launcher import _current_device, _raw_stream
 from .._runtime import (allow_tf32, cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton,
                         tuned)
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
@@ -424,14 +425,15 @@ class _Plan:
     """Everything a decode call launches that its signature (``_signature``) fixes: the output's
     and the partials' shapes and strides, and the two launches."""
     __slots__ = ("device", "dtype", "o_layout", "lse_layout", "o_part_layout", "lse_part_layout", "stage1", "merge",
-                 "keep_scratch", "kept")
+                 "scratch_bytes", "kept")
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table, need_lse: bool = True):
         """(o, lse) of one call; without ``need_lse`` lse may be the plan's scratch, which the next
-        call on the same stream overwrites."""
+        call of this thread on this stream overwrites."""
         device = self.device
         o = torch.empty_strided(*self.o_layout, device=device, dtype=self.dtype)
-        kept = self.kept_scratch() if self.keep_scratch else None
+        merge = self.merge
+        kept = self.kept_scratch() if self.scratch_bytes and (merge is not None or not need_lse) else None
         if kept is not None:
             lse, o_part, lse_part = kept
         else:
@@ -439,7 +441,7 @@ class _Plan:
         if need_lse or lse is None:
             lse = torch.empty_strided(*self.lse_layout, device=device, dtype=torch.float32)
         bt = cache_seqlens if block_table is None else block_table  # never read when not paged
-        stage1, merge = self.stage1, self.merge
+        stage1 = self.stage1
         if merge is None:
             # One split: stage 1 writes o and lse themselves (its partial strides are theirs).
             stage1(q, k_cache, v_cache, o, lse, cache_seqlens, bt)
@@ -459,18 +461,26 @@ class _Plan:
         """(lse, o_part, lse_part) the plan keeps for the current stream and thread (the partials
         None with one split), made at their first call there, for the launches to write and no
         caller to keep: a later call of that thread on that stream runs after this one's kernels
-        (two threads on one stream could interleave their launches: each has its own). None while
-        the stream is capturing a CUDA graph (the graph's are its own: a replay may run beside
-        eager calls) and past SCRATCH_COPIES streams and threads."""
+        (two threads on one stream could interleave their launches: each has its own). The stream
+        is the current device's, where the launches go. None while that stream is capturing a CUDA
+        graph (the graph's are its own: a replay may run beside eager calls), inside a compiled
+        graph (its tensors may live in a CUDA graph's memory), and past the plan's SCRATCH_COPIES
+        (stream, thread) pairs or the package's SCRATCH_TOTAL_BYTES."""
         if self.device.type != "cuda":
             stream = None
-        elif torch._C._cuda_isCurrentStreamCapturing():
+        elif torch.compiler.is_compiling() or torch._C._cuda_isCurrentStreamCapturing():
             return None
         else:
-            stream = torch._C._cuda_getCurrentRawStream(self.device.index)
+            stream = _raw_stream(_current_device())
         key = (stream, threading.get_ident())
         kept = self.kept.get(key)
-        if kept is None and len(self.kept) < SCRATCH_COPIES:
+        if kept is None:
+            if len(self.kept) >= SCRATCH_COPIES:  # a thread that ended leaves its pair: drop those
+                alive = {t.ident for t in threading.enumerate()}
+                for gone in [k for k in self.kept if k[1] not in alive]:
+                    del self.kept[gone]
+            if len(self.kept) >= SCRATCH_COPIES or kept_scratch_bytes() + self.scratch_bytes > SCRATCH_TOTAL_BYTES:
+                return None
             lse = torch.empty_strided(*self.lse_layout, device=self.device, dtype=torch.float32)
             kept = self.kept[key] = (lse, *self.new_partials())
         return kept
@@ -484,11 +494,19 @@ class _Plan:
                 torch.empty_strided(*self.lse_part_layout, device=device, dtype=torch.float32))
 
 
-# Scratch (a call's partials, and lse when not returned) a plan keeps per stream (``_Plan.kept_scratch``)
-# up to this size; larger ones are allocated per call, where the kernels' time dwarfs the
-# allocations' host time.
+# Scratch (a call's partials, and lse when not returned) a plan keeps per stream and thread
+# (``_Plan.kept_scratch``) up to SCRATCH_BYTES a copy; larger ones are allocated per call, where the
+# kernels' time dwarfs the allocations' host time. All plans together keep at most
+# SCRATCH_TOTAL_BYTES (a serving loop makes a plan per batch size); the plans' cache starting over
+# lets theirs go.
 SCRATCH_BYTES = 2 << 20
 SCRATCH_COPIES = 8  # (stream, thread) pairs a plan keeps scratch for
+SCRATCH_TOTAL_BYTES = 64 << 20
+
+
+def kept_scratch_bytes() -> int:
+    """The scratch the plans in ``_PLANS`` keep (counted when a plan would keep more)."""
+    return sum(plan.scratch_bytes * len(plan.kept) for plan in _PLANS.values())
 
 
 def _contiguous(shape) -> tuple:
@@ -536,7 +554,8 @@ def _make_plan(q, k_cache, v_cache, block_table, scale: float, num_splits: int |
         lse_part_strides = (ls, lb, lh, ln)
         plan.o_part_layout = ((splits, B, Hq, Nq, Dv), o_part_strides)
         plan.lse_part_layout = ((splits, B, Hq, Nq), lse_part_strides)
-    plan.keep_scratch = 4 * B * Hq * Nq * (1 + (splits > 1) * splits * (Dv + 1)) <= SCRATCH_BYTES
+    scratch_bytes = 4 * B * Hq * Nq * (1 + (splits > 1) * splits * (Dv + 1))
+    plan.scratch_bytes = scratch_bytes if bindable and scratch_bytes <= SCRATCH_BYTES else 0  # 0: none kept
     bt_strides = block_table.stride() if paged else (0, 0)
     len_bucket = 0 if interpreter_active() else next_pow2(max(1, cdiv(capacity, splits)))
     # The merge launched as a programmatic dependent of stage 1 (Hopper+): its launch and start
