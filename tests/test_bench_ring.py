@@ -82,6 +82,25 @@ def test_rounds_option_is_checked_and_defaults_are_set():
         strict.parse_args(["--rounds", "0"])
 
 
+def test_group_timeout_is_the_created_groups(monkeypatch):
+    # A rank that fails inside a point's collectives leaves the others waiting for the group's
+    # timeout: the run's own group takes --group-timeout (torch's default, 10 minutes, is a whole
+    # device call); 0 is refused.
+    import argparse
+    parser = argparse.ArgumentParser()
+    bench_ring.add_arguments(parser)
+    seen = {}
+    monkeypatch.setattr(bench_ring.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(bench_ring.dist, "init_process_group", lambda backend, **kw: seen.update(kw, backend=backend))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    bench_ring._init(parser.parse_args(["--backend", "gloo", "--group-timeout", "45"]))
+    assert seen == dict(backend="gloo", timeout=datetime.timedelta(seconds=45))
+    bench_ring._init(parser.parse_args(["--backend", "gloo"]))
+    assert seen["timeout"] == datetime.timedelta(seconds=bench_ring.GROUP_TIMEOUT_S)
+    with pytest.raises(common.BenchArgumentError, match="--group-timeout"):
+        bench_ring._init(parser.parse_args(["--backend", "gloo", "--group-timeout", "0"]))
+
+
 # ------------------------------------------------------------------ worker cases (two ranks, gloo)
 
 def _case_timed_order(rank, world):

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
 import statistics
 import time
@@ -70,6 +71,9 @@ DEFAULTS = {"cuda": dict(dtype="bf16", heads=32, kv_heads=8, head_dim=128, lengt
 QUICK = {"cuda": dict(lengths="16k,64k", iters=2, rounds=5), "cpu": dict(lengths="64")}
 # The cases of a point, in the order they are keyed (the order balanced_rounds permutes).
 CASES = ("ring", "compute", "comm", "one_gpu_local", "one_gpu_global")
+
+
+GROUP_TIMEOUT_S = 300.0  # past a point's longest legitimate wait (its first compiles), within a device call
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=common.round_count, help="timed rounds, every case once a round in a balanced order; each "
                                               "case keeps its median round (GPU default 10)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--group-timeout", type=common.seconds, default=GROUP_TIMEOUT_S, metavar="SECONDS",
+                   help="the process group's timeout, where this run creates the group: how long the other ranks "
+                        "wait in a collective for a rank that failed before they stop too (default "
+                        f"{GROUP_TIMEOUT_S:g}; torch's own is 10 minutes, a whole device call)")
     common.add_run_arguments(p)
 
 
@@ -136,7 +144,9 @@ def _init(args) -> tuple[torch.device, bool]:
         if not torch.cuda.is_available():
             raise common.BenchArgumentError("--backend nccl needs CUDA GPUs")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
+    if not args.group_timeout > 0:
+        raise common.BenchArgumentError(f"--group-timeout must be > 0 seconds, got {args.group_timeout:g}")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.group_timeout))
     return (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")), True
 
 
@@ -434,7 +444,8 @@ def _sweep(args, device) -> list[dict]:
     rows = []
     # On rank 0 an exception leaves the files marked incomplete, with what stopped the run. (A rank
     # that fails inside a point's collectives leaves the others waiting until the process group's
-    # timeout: the points' memory is agreed beforehand, ``_fits``, so that the likely failure is not.)
+    # timeout, ``--group-timeout``: the points' memory is agreed beforehand, ``_fits``, so that the
+    # likely failure is not.)
     with writer if lead else contextlib.nullcontext():
         for n in val["lengths"]:
             # Rank 0 keeps the time budget; every rank follows its decision (the points are collective).
