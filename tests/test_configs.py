@@ -132,6 +132,58 @@ def test_shipped_rows_name_configs_their_kernels_can_run():
             assert row["config"] in candidates, (name, row)
 
 
+def test_tune_grid_tunes_attention_at_each_gqa_ratio(monkeypatch, capsys):
+    """``tune --gqa``: the attention and variants grids at Hkv = Hq / r KV heads (Hq = 2048 / d) for
+    each ratio, one ratio after another; a ratio that does not divide Hq skipped with a note. The
+    steps run on the meta device with a stand-in attention that records what it was called with."""
+    from flashattn_lite.configs import tune
+    from flashattn_lite.ops import attention as attention_module
+    calls = []
+
+    def stand_in(q, k, v, causal=False, **options):
+        calls.append((tuple(q.shape), tuple(k.shape), tuple(v.shape), causal,
+                      {n: tuple(x.shape) if isinstance(x, torch.Tensor) else x for n, x in options.items()}))
+        g = q.shape[1] // k.shape[1]
+        return q * k.repeat_interleave(g, 1).sum(-1, keepdim=True) + v.repeat_interleave(g, 1)
+
+    monkeypatch.setattr(attention_module, "attention", stand_in)
+    grid = list(tune._grid(["attention", "variants", "decode"], [128, 64], [torch.bfloat16], [4096],
+                           [1, 3, 4, 32], dev="meta"))
+    out = capsys.readouterr().out
+    assert "--gqa 3: skipped at d 128" in out and "--gqa 3: skipped at d 64" in out
+    assert "--gqa 32: skipped at d 128" in out and "--gqa 32: skipped at d 64" not in out  # 32 heads at d 64
+    attention = [(label, step) for label, step in grid if label.startswith("attention")]
+    assert not any(label.endswith("gqa3") or label.startswith("attention d128") and label.endswith("gqa32")
+                   for label, _ in attention)
+    assert [label for label, _ in attention[:6]] == [
+        "attention d128 torch.bfloat16 N4096 gqa1", "attention d128 torch.bfloat16 N4096 causal gqa1",
+        "attention d64 torch.bfloat16 N4096 gqa1", "attention d64 torch.bfloat16 N4096 causal gqa1",
+        "attention d128 torch.bfloat16 N4096 gqa4", "attention d128 torch.bfloat16 N4096 causal gqa4"]
+    assert len(attention) == 2 * 2 + 2 * 2 + 2 + 5 * (2 + 2 + 1)  # plain (d × r × causal), then the variants
+    assert sum(label.startswith("decode") for label, _ in grid) == len(tune.DECODE)  # decode: its own grid
+    heads = {128: 16, 64: 32}
+    for label, step in attention:
+        calls.clear()
+        step()
+        (q, k, v, causal, options), = calls
+        d, r = int(label.split()[1][1:]), int(label.split()[-1][3:])
+        b, n = 4, 4096
+        assert q == (b, heads[d], n, d) and k == v == (b, heads[d] // r, n, d), label
+        assert causal == ("causal" in label), label
+        for name in ("alibi_slopes", "sinks"):  # per query head
+            assert options.get(name, (heads[d],)) == (heads[d],), label
+    assert {label.split()[-1] for label, _ in attention if "sinks" in label} == {"gqa1", "gqa4", "gqa32"}
+
+
+def test_tune_gqa_ratios():
+    from flashattn_lite.bench.common import BenchArgumentError
+    from flashattn_lite.configs import tune
+    assert tune.gqa_ratios("1") == [1] and tune.gqa_ratios("8,1,4,8") == [8, 1, 4]
+    for bad in ("0", "1,-4", "x", "", "1,", "2.5"):
+        with pytest.raises(BenchArgumentError, match="--gqa"):
+            tune.gqa_ratios(bad)
+
+
 # ---------------------------------------------------------------- lengths do not re-key launches
 
 def test_unspecialized_lengths_reuse_one_launch_entry(monkeypatch):

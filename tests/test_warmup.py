@@ -145,6 +145,12 @@ def test_warmup_from_a_model_compiles_its_layer_kinds_dense_and_padded():
     (["tune", "--out", "t.json", "--ops", "bogus"], "--ops"),
     (["tune", "--out", "t.json", "--cache-dir", __file__], "--cache-dir"),  # a file, not a folder
     (["tune", "--out", "t.json", "--cache-dir", ""], "--cache-dir"),
+    (["tune", "--out", "t.json", "--gqa", "0"], "--gqa"),
+    (["tune", "--out", "t.json", "--gqa", "4,-8"], "--gqa"),
+    (["tune", "--out", "t.json", "--gqa", "4,x"], "--gqa"),
+    (["tune", "--out", "t.json", "--gqa", "2.5"], "--gqa"),
+    (["tune", "--out", "t.json", "--gqa", ""], "--gqa"),
+    (["tune", "--out", "t.json", "--gqa", "1,"], "--gqa"),
     (["first-call", "--length", "lots"], "--length"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_cli_argument_errors(argv, needle, capsys):
@@ -155,7 +161,8 @@ def test_cli_argument_errors(argv, needle, capsys):
 @pytest.mark.skipif(ON_GPU, reason="without a GPU")
 def test_gpu_only_subcommands_say_so(capsys, tmp_path):
     for argv in (["first-call", "--out", str(tmp_path)], ["tune", "--out", str(tmp_path / "t.json")],
-                 ["tune", "--out", str(tmp_path / "t.json"), "--ops", "attention,variants"]):  # a valid op list
+                 ["tune", "--out", str(tmp_path / "t.json"), "--ops", "attention,variants"],  # a valid op list
+                 ["tune", "--out", str(tmp_path / "t.json"), "--gqa", "1,4,8"]):  # valid ratios
         status, _, err = run_cli(argv, capsys)
         assert status == 2 and "GPU" in err
 

@@ -38,8 +38,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ops", default="attention,decode,softmax", metavar="OP,...",
                         help="from attention, decode, softmax, variants (default: the first three; variants "
                              "tunes causal attention with each of softcap, ALiBi, sinks, all three, and a "
-                             f"{VARIANT_WINDOW}-key window, at the attention grid's head dims, dtypes and lengths; "
-                             "attention is tuned without GQA, whose backward calls take the first config that fits)")
+                             f"{VARIANT_WINDOW}-key window, at the attention grid's head dims, dtypes, lengths "
+                             "and --gqa ratios)")
+    parser.add_argument("--gqa", default="1", metavar="RATIO,...",
+                        help="Hq/Hkv ratios the attention and variants grids are tuned at (default 1: no GQA; "
+                             "e.g. 1,4,8 for Llama-style models), one after another: 2048/d query heads and "
+                             "2048/d/RATIO KV heads, a ratio that does not divide the query heads skipped with a "
+                             "note. The portable backward kernels' configs are keyed by the ratio (GROUP): a "
+                             "backward at a ratio the table lacks takes the first config that fits; the "
+                             "forward's are not (its rows are timed at the first ratio given). Decode keeps its "
+                             "own grid (Hq 32, Hkv 8)")
     parser.add_argument("--quick", action="store_true",
                         help="the attention and variants grids at d 128, bf16, N 4096 only (decode and softmax "
                              "keep their fixed grids)")
@@ -64,6 +72,7 @@ def run(args) -> dict:
         dtypes = [_DTYPES[x] for x in (args.dtypes.split(",") if args.dtypes else base["dtypes"])]
     except (ValueError, KeyError) as e:
         raise BenchArgumentError(f"--head-dims/--lengths take ints, --dtypes names from bf16, fp16, fp32: {e}") from None
+    gqa = gqa_ratios(args.gqa)
     if args.cache_dir is not None and (not args.cache_dir or os.path.isfile(args.cache_dir)):
         raise BenchArgumentError(f"--cache-dir must be a folder (new or existing), got {args.cache_dir!r}")
     if not torch.cuda.is_available():
@@ -71,7 +80,7 @@ def run(args) -> dict:
     deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
     with tempfile.TemporaryDirectory() as tmp, \
             _env(FLASHATTN_LITE_AUTOTUNE="1", FLASHATTN_LITE_CACHE_DIR=args.cache_dir or tmp):
-        for label, step in _grid(ops, head_dims, dtypes, lengths):
+        for label, step in _grid(ops, head_dims, dtypes, lengths, gqa):
             if deadline is not None and time.monotonic() > deadline:
                 print(f"time budget spent: not tuned {label}", flush=True)
                 continue
@@ -86,6 +95,18 @@ def run(args) -> dict:
     _write(args.out, table)
     print(f"wrote {sum(map(len, table['kernels'].values()))} rows to {args.out}")
     return table
+
+
+def gqa_ratios(text: str) -> list:
+    """``--gqa``'s ratios (Hq/Hkv), in the order given, each once; BenchArgumentError unless ints ≥ 1."""
+    from ..bench.common import BenchArgumentError
+    try:
+        ratios = [int(x) for x in text.split(",")]
+    except ValueError:
+        ratios = []
+    if not ratios or min(ratios) < 1:
+        raise BenchArgumentError(f"--gqa takes Hq/Hkv ratios, ints >= 1 (e.g. 1,4,8), got {text!r}")
+    return list(dict.fromkeys(ratios))
 
 
 def tuned_kernels() -> dict:
@@ -142,41 +163,52 @@ class _env:
                 os.environ[k] = v
 
 
-def _grid(ops, head_dims, dtypes, lengths):
+def _grid(ops, head_dims, dtypes, lengths, gqa=(1,), dev="cuda"):
     """(label, step) for every shape to tune: the speed benchmark's attention grid (B·N = 16k tokens,
-    hidden 2048), the decode sweep's cases, softmax rows kept on chip. Attention runs the portable
-    kernels (the Hopper fast path off): the table serves them; the Hopper kernels take fixed configs."""
+    hidden 2048: 2048/d query heads, 2048/d/r KV heads at each GQA ratio r of ``gqa``, one ratio
+    after another in its order, a ratio that does not divide the query heads skipped with a printed
+    note), the decode sweep's cases, softmax rows kept on chip. Attention runs the portable kernels
+    (the Hopper fast path off): the table serves them; the Hopper kernels take fixed configs.
+    ``dev``: where the steps make their tensors (tests run them on CPU with a stand-in attention)."""
     from ..ops.attention import attention
     from ..ops.attention_fwd_hopper import disabled as hopper_disabled
     from ..ops.decode import decode
     from ..ops.softmax import softmax
-    dev = "cuda"
+
+    def qkv(b, h, h_kv, n, d, dt):
+        return (torch.randn(b, heads, n, d, device=dev, dtype=dt, requires_grad=True) for heads in (h, h_kv, h_kv))
+
+    shapes = []  # (ratio, d, query heads, KV heads): every shape of one ratio before the next (a time budget)
+    if "attention" in ops or "variants" in ops:
+        for r in gqa:
+            for d in head_dims:
+                h = max(1, 2048 // d)
+                if h % r:
+                    print(f"--gqa {r}: skipped at d {d} ({h} query heads are not a multiple of {r})", flush=True)
+                else:
+                    shapes.append((r, d, h, max(1, h // r)))
     if "attention" in ops:
-        for d in head_dims:
+        for r, d, h, h_kv in shapes:
             for dt in dtypes:
                 for n in lengths:
                     for causal in (False, True):
-                        def step(d=d, dt=dt, n=n, causal=causal):
-                            b, h = max(1, 16384 // n), max(1, 2048 // d)
-                            q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=dt, requires_grad=True)
-                                       for _ in range(3))
+                        def step(d=d, h=h, h_kv=h_kv, dt=dt, n=n, causal=causal):
+                            q, k, v = qkv(max(1, 16384 // n), h, h_kv, n, d, dt)
                             with hopper_disabled():
                                 o = attention(q, k, v, causal=causal)
                                 torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
-                        yield f"attention d{d} {dt} N{n}{' causal' if causal else ''}", step
+                        yield f"attention d{d} {dt} N{n}{' causal' if causal else ''} gqa{r}", step
     if "variants" in ops:
-        for d in head_dims:
+        for r, d, h, h_kv in shapes:
             for dt in dtypes:
                 for n in lengths:
-                    for name, options in _variant_options(2048 // d):
-                        def step(d=d, dt=dt, n=n, options=options):
-                            b, h = max(1, 16384 // n), max(1, 2048 // d)
-                            q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=dt, requires_grad=True)
-                                       for _ in range(3))
+                    for name, options in _variant_options(h, dev):
+                        def step(d=d, h=h, h_kv=h_kv, dt=dt, n=n, options=options):
+                            q, k, v = qkv(max(1, 16384 // n), h, h_kv, n, d, dt)
                             with hopper_disabled():
                                 o = attention(q, k, v, causal=True, **options())
                                 torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
-                        yield f"attention d{d} {dt} N{n} causal {name}", step
+                        yield f"attention d{d} {dt} N{n} causal {name} gqa{r}", step
     if "decode" in ops:
         for dt in dtypes:
             for b, n in DECODE:
@@ -195,11 +227,10 @@ def _grid(ops, head_dims, dtypes, lengths):
                 yield f"softmax {dt} N{n}", step
 
 
-def _variant_options(heads: int):
+def _variant_options(heads: int, dev: str = "cuda"):
     """(name, a function giving ``attention``'s keyword arguments) for each variant tuned: the
     options the variants benchmark measures (softcap 30 as Gemma 2, ALiBi's geometric slopes, sinks
-    of a trained gpt-oss's magnitude), with their own tensors per call."""
-    dev = "cuda"
+    of a trained gpt-oss's magnitude), with their own tensors per call; ``heads``: query heads."""
     slopes = lambda: 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=dev) / heads)  # noqa: E731
     sinks = lambda: torch.randn(heads, device=dev)  # noqa: E731
     return [("softcap", lambda: dict(softcap=30.0)),
