@@ -108,6 +108,9 @@ class PagedStep:
         if q.shape[0] != len(self.seq_ids) or not 1 <= q.shape[2] <= self.num_new:
             raise ValueError(f"q must have shape (B, Hq, n, D) with B = {len(self.seq_ids)} sequences and n in "
                              f"[1, num_new = {self.num_new}] (the step's last n new tokens), got {tuple(q.shape)}")
+        if q.dtype != self.cache.dtype:  # (decode's own message would name k_cache, not the cache's dtype=)
+            raise ValueError(f"q must have the cache's dtype ({str(self.cache.dtype).replace('torch.', '')}: "
+                             f"PagedKVCache(dtype=...)), got {str(q.dtype).replace('torch.', '')}")
         return decode(q, self.cache.k[layer], self.cache.v[layer], self.seqlens, block_table=self.block_table,
                       **kwargs)
 

@@ -642,6 +642,8 @@ def test_paged_cache_refuses_what_would_name_another_slot():
         step.attend(0, torch.randn(1, 1, 3, 8))  # more rows than the step's 2 new tokens
     step.write(0, k, k)
     assert step.attend(0, k[:, :, 1:]).shape == (1, 1, 1, 8)  # the last new token alone
+    with pytest.raises(ValueError, match=r"q must have the cache's dtype \(float32: PagedKVCache\(dtype=...\)\)"):
+        step.attend(0, k[:, :, 1:].half())
     for kwargs, error, needle in ((dict(num_layers=2.0), TypeError, "num_layers"),
                                   (dict(head_dim="8"), TypeError, "head_dim"),
                                   (dict(max_seqs=0), ValueError, "max_seqs"),

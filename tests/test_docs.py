@@ -87,3 +87,39 @@ def test_no_development_history_numbering(path):
     """Measurements are dated and named by their result files, not numbered by working session."""
     hits = re.findall(r".{0,30}\bsessions? \d.{0,30}", path.read_text(), flags=re.IGNORECASE)
     assert not hits, f"{path.name}: {hits[:3]}"
+
+
+def _slug(heading: str) -> str:
+    """A heading as GitHub anchors it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _recipe_blocks():
+    """(heading slug, first line, code) of every ```python block of docs/recipes.md, in order; a block
+    whose info string says no-run (e.g. one that needs the network) is left out."""
+    blocks, heading, code, start, info = [], "top", None, 0, []
+    for number, line in enumerate((DOCS / "recipes.md").read_text().splitlines(), 1):
+        if code is None:
+            if line.startswith("#"):
+                heading = _slug(line.lstrip("#"))
+            elif line.startswith("```"):  # any fenced block is read to its end (its # lines are no headings)
+                code, start, info = [], number + 1, line[3:].split()
+        elif line.startswith("```"):
+            if info[:1] == ["python"] and "no-run" not in info:
+                blocks.append((heading, start, "\n".join(code)))
+            code = None
+        else:
+            code.append(line)
+    return blocks
+
+
+_RECIPES = _recipe_blocks()
+
+
+@pytest.mark.parametrize("index", range(len(_RECIPES)), ids=[heading for heading, _, _ in _RECIPES])
+def test_recipes_run(index):
+    """Each recipe's block runs in a fresh namespace and checks itself against the model's own
+    attention in plain PyTorch (its asserts). Tracebacks give the line in docs/recipes.md."""
+    heading, start, code = _RECIPES[index]
+    assert code.strip(), f"docs/recipes.md, {heading}: empty block"
+    exec(compile("\n" * (start - 1) + code, str(DOCS / "recipes.md"), "exec"), {"__name__": f"recipe_{index}"})
