@@ -253,14 +253,14 @@ def test_varlen_equals_dense_on_equal_lengths():
     assert rel_err(ov, pack(o)) < 1e-6
 
 
-def test_padded_ranges_match_each_sequence_and_zero_the_padding():
+@pytest.mark.parametrize("call", [attention_core, attention], ids=["core", "public"])
+def test_padded_ranges_match_each_sequence_and_zero_the_padding(call):
     B, L, S = 3, 20, 26
     qr = torch.tensor([[3, 20], [0, 12], [19, 20]], dtype=torch.int32, device=DEVICE)
     kr = torch.tensor([[9, 26], [0, 12], [2, 26]], dtype=torch.int32, device=DEVICE)
     q, k, v = _qkv((B, 4, 2, L, S, 16, 16), torch.float32)
     sinks = torch.randn(4, device=DEVICE)
-    o, lse = attention_core(q, k, v, causal=True, window=(4, 0), sinks=sinks, q_ranges=qr, k_ranges=kr,
-                            return_lse=True)
+    o, lse = call(q, k, v, causal=True, window=(4, 0), sinks=sinks, q_ranges=qr, k_ranges=kr, return_lse=True)
     do = _like(o)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     for b in range(B):
@@ -344,6 +344,13 @@ def test_bad_ranges_raise():
                        check_seqlens=True)
     with pytest.raises(ValueError, match="cannot be combined"):
         attention_core(q, k, v, q_ranges=r, k_ranges=r, causal_offset=0)
+    with pytest.raises(ValueError, match="together"):  # the public attention takes them as the core does
+        attention(q, k, v, k_ranges=r)
+    with pytest.raises(TypeError, match="q_ranges"):
+        attention(q, k, v, q_ranges=r.long(), k_ranges=r)
+    with pytest.raises(ValueError, match="q_ranges must hold"):
+        attention(q, k, v, q_ranges=torch.tensor([[2, 9]], dtype=torch.int32, device=DEVICE), k_ranges=r,
+                  check_seqlens=True)
 
 
 # ------------------------------------------------------------------ GPU only

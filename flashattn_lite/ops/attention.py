@@ -492,7 +492,8 @@ class _AttentionFn(torch.autograd.Function):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, window: tuple | None = None, softcap: float | None = None,
               sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-              return_lse: bool = False):
+              return_lse: bool = False, q_ranges: torch.Tensor | None = None,
+              k_ranges: torch.Tensor | None = None, check_seqlens: bool | None = None):
     """Exact softmax attention, memory O(N·D), forward and backward fused in Triton.
 
     Args:
@@ -516,6 +517,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         alibi_slopes: (Hq,) or (B, Hq) float32: s ← s − slope·|i + off − j| (after softcap).
         return_lse: also return the log-sum-exp of the final scores, (B, Hq, Nq) float32, natural
             log, including the sink term. It is differentiable.
+        q_ranges, k_ranges: a padded batch without an (Nq, Nk) mask: int32 (B, 2) on q's device,
+            [start, end) of each batch row's valid query and key positions (left padding: start
+            = the pad count, end = N; right padding: start 0). Keys outside are invisible, query
+            rows outside give o = 0 and lse = −inf (and no gradient), and causal, window and
+            ALiBi positions are measured per row from the range starts, bottom-right. Given
+            together. Range values are checked where that costs no device sync (CPU tensors) or
+            with ``check_seqlens=True``; unchecked bad values are read clamped into [0, N].
 
     float64 inputs are accepted on the CPU twin only (``gradcheck``, references). A scale whose
     product with log2 e overflows float32 (|scale| > 2.36e38) is a ValueError.
@@ -556,7 +564,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         True
     """
     return attention_core(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
-                          alibi_slopes=alibi_slopes, return_lse=return_lse)
+                          alibi_slopes=alibi_slopes, return_lse=return_lse, q_ranges=q_ranges, k_ranges=k_ranges,
+                          check_seqlens=check_seqlens)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
