@@ -351,8 +351,7 @@ class BoundLaunch:
     """A launch ``Launcher.bind`` made: ``launch(*tensors)`` runs the compiled kernel on its grid with
     its scalars and these tensors, or returns False, launching nothing, where a check fails.
     ``ready()`` is the checks that depend on no tensor and ``launch_ready(stream, tensors)`` the
-    rest and the launch, for a caller making several bound launches after one ``ready()``
-    (``ops/decode.py``'s two stages)."""
+    rest and the launch, for several bound launches after one ``ready()`` (``launch_bound``)."""
     __slots__ = ("device", "knobs", "pick", "grid", "rest", "run", "function", "packed")
 
     def __init__(self, device: int, knobs: tuple, pick, grid: tuple, rest: tuple, kernel):
@@ -388,6 +387,23 @@ class BoundLaunch:
 
     def __call__(self, *tensors) -> bool:
         return self.ready() and self.launch_ready(_raw_stream(self.device), tensors)
+
+
+def launch_bound(launches: tuple, tensors: tuple) -> int:
+    """Bound launches (``Launcher.bind``) made one after another, ``launches[i]`` on ``tensors[i]``,
+    after one ``ready()`` where they share it (``same_checks``; else each checks its own), on one
+    stream: how many ran before the first that declined (0 where the check failed). The caller
+    makes the rest its plain way."""
+    first = launches[0]
+    shared = all(first.same_checks(other) for other in launches[1:])
+    if shared:
+        if not first.ready():
+            return 0
+        stream = first.stream()
+    for n, (bound, args) in enumerate(zip(launches, tensors)):
+        if not (bound.launch_ready(stream, args) if shared else bound(*args)):
+            return n
+    return len(launches)
 
 
 def _getter(positions):

@@ -85,10 +85,11 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE), "rotate half" convention (GPT-NeoX, Llama): the pair
     (x[i], x[i + D/2]) of each head is rotated by position · base^(−2i/D).
 
-    The frequencies are computed at the first eager call on each device (float32; float64 for a
-    float64 ``x``; at every call inside a compiled graph) and kept in a plain dict, not in a buffer: a buffer would be cast to 16 bits by ``module.half()`` (angles off by radians at long
-    positions) and left uninitialised by meta-device construction (``to_empty``), as it is not in the
-    state dict. ``device`` is accepted for the ``nn.Module`` convention; nothing is allocated."""
+    The frequencies are computed at the first eager call on each device and precision (float32;
+    float64 for a float64 ``x``; at every call inside a compiled graph) and kept in a plain dict,
+    not in a buffer: a buffer would be cast to 16 bits by ``module.half()`` (angles off by radians at
+    long positions) and left uninitialised by meta-device construction (``to_empty``), as it is not
+    in the state dict. ``device`` is accepted for the ``nn.Module`` convention; nothing is allocated."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, device=None):
         super().__init__()

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launcher import keep_bound, launcher
+from .._launcher import keep_bound, launch_bound, launcher
 from .._log import note_path
 from .._runtime import cdiv, interpreter_active, next_pow2, tile_and_slab, tuned
 from ..dropout import dropout_keep, keep_threshold
@@ -613,24 +613,13 @@ def _bound_short(launch):
 
 def _bound_three(pre, kv, qt):
     """The three-launch backward's bound launches as one ``_BOUND`` entry (δ and lse₂ allocated per
-    call): one check of what none of them reads from a tensor (``BoundLaunch.ready``), then the three
-    on one stream. Launches bound in one call share that check; were they ever not to
-    (``same_checks``), each makes its own."""
-    one_check = pre.same_checks(kv) and pre.same_checks(qt)
-
+    call), made after one check (``launch_bound``)."""
     def run(q, k, v, do, o, lse, dq, dk, dv, variant):
-        if one_check and not pre.ready():
-            return False
         delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
         read = (q, score_tensors(variant, q)[1], *seq_args(variant, q)[:4])  # mask, slopes, bounds
-        pre_t = (o, do, lse, lse, delta, lse2)
-        kv_t, qt_t = (q, k, v, do, dk, dv, lse2, delta, *read), (q, k, v, do, dq, lse2, delta, *read)
-        if one_check:
-            stream = pre.stream()
-            done = pre.launch_ready(stream, pre_t) and kv.launch_ready(stream, kv_t) and qt.launch_ready(stream, qt_t)
-        else:
-            done = pre(*pre_t) and kv(*kv_t) and qt(*qt_t)
-        return done and delta
+        tensors = ((o, do, lse, lse, delta, lse2), (q, k, v, do, dk, dv, lse2, delta, *read),
+                   (q, k, v, do, dq, lse2, delta, *read))
+        return launch_bound((pre, kv, qt), tensors) == 3 and delta
     return run
 
 

@@ -36,7 +36,7 @@ Host path. At short caches a step's time is mostly the host's, so everything a c
 its signature fixes (shapes, strides, dtype, device, table shape, split count, scale) is planned
 once: the split count, the buffers' layouts and both launches, bound to their compiled binaries
 (``Launcher.bind``). A repeated call validates (one compound test), allocates its output and makes
-two bound launches after one check of what they depend on (``BoundLaunch.ready``); the split
+two bound launches after one check of what they depend on (``launch_bound``); the split
 partials, and lse where the caller does not ask for it, are scratch the plan keeps per CUDA stream
 and thread (``_Plan.kept_scratch``).
 """
@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from .._launcher import _current_device, _raw_stream
+from .._launcher import _current_device, _raw_stream, launch_bound
 from .._runtime import (allow_tf32, cdiv, device_sm_count, interpreter_active, l2_prefetch, next_pow2, runs_triton,
                         tuned)
 from ..merge import LOG2E, finalize, lse_of_torch, online_softmax_update, online_softmax_update_torch
@@ -446,15 +446,14 @@ class _Plan:
             # One split: stage 1 writes o and lse themselves (its partial strides are theirs).
             stage1(q, k_cache, v_cache, o, lse, cache_seqlens, bt)
             return o, lse
-        first, second = getattr(stage1, "bound", None), merge.bound
-        if first is not None and second is not None and first.same_checks(second) and first.ready():
-            stream = first.stream()  # (one check for both bound launches)
-            if first.launch_ready(stream, (q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt)):
-                if not second.launch_ready(stream, (o_part, lse_part, o, lse)):
-                    merge(o_part, lse_part, o, lse)
-                return o, lse
-        stage1(q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt)
-        merge(o_part, lse_part, o, lse)
+        stage1_args, merge_args = (q, k_cache, v_cache, o_part, lse_part, cache_seqlens, bt), (o_part, lse_part, o, lse)
+        first = getattr(stage1, "bound", None)  # (the MLA Gluon stage binds nothing)
+        done = 0 if first is None or merge.bound is None else launch_bound((first, merge.bound),
+                                                                           (stage1_args, merge_args))
+        if done < 1:
+            stage1(*stage1_args)
+        if done < 2:
+            merge(*merge_args)
         return o, lse
 
     def kept_scratch(self) -> tuple | None:
