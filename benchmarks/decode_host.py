@@ -5,7 +5,7 @@
 At ``flashattn-lite decode``'s smallest point, B 1 × 4k positions (Hq 32, Hkv 8, d 128, bf16), the
 step is host-bound: its kernels take ~15 µs under a CUDA graph, its eager call three times that.
 Host wall clock per call of back-to-back calls (synchronised once per block, ``common.host_us``),
-best of ROUNDS blocks, every item in balanced rounds. Items:
+best of ``--rounds`` blocks (default 5), every item in balanced rounds. Items:
 
 - ``sdpa_cudnn`` / ``sdpa_flash``: ``F.scaled_dot_product_attention`` (GQA) with its backend chosen
   once around the block, as ``flashattn-lite decode`` times it;
@@ -23,7 +23,6 @@ best of ROUNDS blocks, every item in balanced rounds. Items:
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -36,21 +35,20 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import decode  # noqa: E402
-from flashattn_lite.bench.common import (add_run_arguments, format_table, host_us, in_rounds,  # noqa: E402
-                                         profile_rows, write_json)
+from flashattn_lite.bench.common import (add_run_arguments, format_table, gpu_script_args, host_us,  # noqa: E402
+                                         in_rounds, profile_rows, write_json)
 from flashattn_lite.ops import decode as decode_ops  # noqa: E402
 
-ROUNDS, CALLS = 7, 200
+CALLS = 200
 B, HQ, HKV, L, D = 1, 32, 8, 4096, 128
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--profile", action="store_true", help="also cProfile decode")
-    add_run_arguments(ap)  # accepted for benchmarks/gpu_check.sh; this run is short either way
-    args = ap.parse_args()
-    assert torch.cuda.is_available(), "decode_host measures the GPU host path"
+    def add(ap):
+        ap.add_argument("--profile", action="store_true", help="also cProfile decode")
+        add_run_arguments(ap)  # accepted for benchmarks/gpu_check.sh; this run is short either way
+    args = gpu_script_args(__doc__, Path(__file__).parent / "results", add)
+    rounds = args.rounds
     from torch.nn.attention import SDPBackend, sdpa_kernel
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -91,7 +89,7 @@ def main():
             return host_us(fn, CALLS)
 
     failed = {}
-    times, _ = in_rounds(list(items), ROUNDS, measure, failed=failed)
+    times, _ = in_rounds(list(items), rounds, measure, failed=failed)
     rows = [dict(item=name, best_us=min(t), median_us=sorted(t)[len(t) // 2]) for name, t in times.items() if t]
     rows += [dict(item=name, note=f"{type(e).__name__}: {e}"[:120]) for name, e in failed.items()]
     extra = dict(splits=plan.o_part_layout[0][0] if split else 1,
@@ -99,7 +97,7 @@ def main():
                  merge_bound=split and plan.merge.bound is not None)
     profile = profile_rows(lambda: decode(q, k, v, seqlens), 2000) if args.profile else None
     path = write_json(args.out, "decode_host", rows, shape=dict(B=B, Hq=HQ, Hkv=HKV, L=L, D=D, dtype="bfloat16"),
-                      rounds=ROUNDS, calls=CALLS, profile=profile, **extra)
+                      rounds=rounds, calls=CALLS, profile=profile, **extra)
     print(extra)
     print(format_table(rows, ["item", "best_us", "median_us", "note"]))
     if profile:

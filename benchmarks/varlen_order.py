@@ -14,7 +14,6 @@ second run of itself.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -25,11 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashattn_lite import attention_varlen  # noqa: E402
-from flashattn_lite.bench.common import (add_run_arguments, format_table, in_rounds, relative_error, time_ms,  # noqa: E402
-                                         write_json)
+from flashattn_lite.bench.common import (add_run_arguments, format_table, gpu_script_args, in_rounds,  # noqa: E402
+                                         relative_error, time_ms, write_json)
 from flashattn_lite.bench.variants import mixed_lengths  # noqa: E402
 
-ROUNDS = 7
 TOKENS, HEADS, D = 32768, 16, 128
 
 
@@ -49,11 +47,9 @@ def _unpacked(x, lens, order):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    add_run_arguments(ap)  # accepted for benchmarks/gpu_check.sh; this run is short either way
-    args = ap.parse_args()
-    assert torch.cuda.is_available(), "varlen_order measures the GPU"
+    # (--quick and --time-budget are accepted for benchmarks/gpu_check.sh; this run is short either way)
+    args = gpu_script_args(__doc__, Path(__file__).parent / "results", add_run_arguments)
+    rounds = args.rounds
     lens = mixed_lengths(TOKENS)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(TOKENS, HEADS, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
@@ -82,18 +78,18 @@ def main():
         return relative_error(grads, outputs["drawn"][1:])
     keys = [(name, mode) for name in orders for mode in ("fwd", "fwd_bwd")]
     run = {"fwd": fwd, "fwd_bwd": fwd_bwd}
-    times, _ = in_rounds(keys, ROUNDS, lambda key: time_ms(lambda: run[key[1]](key[0])))
+    times, _ = in_rounds(keys, rounds, lambda key: time_ms(lambda: run[key[1]](key[0])))
     rows = []
     for name in orders:
         row = dict(order=name, o_equal=torch.equal(outputs[name][0], outputs["drawn"][0]),
                    grad_err=grad_err(outputs[name][1:]), grad_err_repeat=grad_err(repeat[1:]))
         for mode in ("fwd", "fwd_bwd"):
-            ms = sorted(times[(name, mode)])[ROUNDS // 2]
-            base = sorted(times[("drawn", mode)])[ROUNDS // 2]
+            ms = sorted(times[(name, mode)])[rounds // 2]
+            base = sorted(times[("drawn", mode)])[rounds // 2]
             row.update({f"{mode}_ms": ms, f"{mode}_speedup": base / ms})
         rows.append(row)
     path = write_json(args.out, "varlen_order", rows, tokens=TOKENS, sequences=len(lens), lengths=lens, heads=HEADS,
-                      d=D, dtype="bfloat16", causal=True, rounds=ROUNDS,
+                      d=D, dtype="bfloat16", causal=True, rounds=rounds,
                       timing="common.time_ms medians, balanced rounds after an untimed one")
     print(format_table(rows, ["order", "o_equal", "grad_err", "grad_err_repeat", "fwd_ms", "fwd_speedup", "fwd_bwd_ms", "fwd_bwd_speedup"]))
     print(f"wrote {path}")
