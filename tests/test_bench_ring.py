@@ -99,6 +99,9 @@ def test_group_timeout_is_the_created_groups(monkeypatch):
     assert seen["timeout"] == datetime.timedelta(seconds=bench_ring.GROUP_TIMEOUT_S)
     with pytest.raises(common.BenchArgumentError, match="--group-timeout"):
         bench_ring._init(parser.parse_args(["--backend", "gloo", "--group-timeout", "0"]))
+    monkeypatch.setattr(bench_ring.dist, "is_initialized", lambda: True)  # a group made by the caller
+    with pytest.raises(common.BenchArgumentError, match="--group-timeout sets the timeout of the process group"):
+        bench_ring._init(parser.parse_args(["--group-timeout", "45"]))
 
 
 # ------------------------------------------------------------------ worker cases (two ranks, gloo)

@@ -151,6 +151,7 @@ def test_warmup_from_a_model_compiles_its_layer_kinds_dense_and_padded():
     (["tune", "--out", "t.json", "--gqa", "2.5"], "--gqa"),
     (["tune", "--out", "t.json", "--gqa", ""], "--gqa"),
     (["tune", "--out", "t.json", "--gqa", "1,"], "--gqa"),
+    (["tune", "--out", "t.json", "--gqa", "4", "--ops", "decode,softmax"], "--gqa applies to the attention"),
     (["first-call", "--length", "lots"], "--length"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_cli_argument_errors(argv, needle, capsys):

@@ -101,10 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=common.round_count, help="timed rounds, every case once a round in a balanced order; each "
                                               "case keeps its median round (GPU default 10)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--group-timeout", type=common.seconds, default=GROUP_TIMEOUT_S, metavar="SECONDS",
-                   help="the process group's timeout, where this run creates the group: how long the other ranks "
-                        "wait in a collective for a rank that failed before they stop too (default "
-                        f"{GROUP_TIMEOUT_S:g}; torch's own is 10 minutes, a whole device call)")
+    p.add_argument("--group-timeout", type=common.seconds, default=None, metavar="SECONDS",
+                   help="the timeout of the process group this run creates: how long the other ranks wait in a "
+                        "collective for a rank that failed before they stop too (default "
+                        f"{GROUP_TIMEOUT_S:g}; torch's own is 10 minutes, a whole device call); refused where the "
+                        "group exists already (its creator set its timeout)")
     common.add_run_arguments(p)
 
 
@@ -133,7 +134,11 @@ def _resolve(args, device: str) -> dict:
 
 def _init(args) -> tuple[torch.device, bool]:
     """The device this rank runs on, and whether this call created the process group."""
+    timeout = getattr(args, "group_timeout", None)
     if dist.is_initialized():
+        if timeout is not None:  # not applied: refused, not ignored
+            raise common.BenchArgumentError("--group-timeout sets the timeout of the process group this run "
+                                            "creates; one exists already (its creator set its timeout)")
         nccl = "nccl" in str(dist.get_backend())
         return (torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")), False
     if "WORLD_SIZE" not in os.environ:
@@ -144,9 +149,10 @@ def _init(args) -> tuple[torch.device, bool]:
         if not torch.cuda.is_available():
             raise common.BenchArgumentError("--backend nccl needs CUDA GPUs")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not args.group_timeout > 0:
-        raise common.BenchArgumentError(f"--group-timeout must be > 0 seconds, got {args.group_timeout:g}")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.group_timeout))
+    timeout = GROUP_TIMEOUT_S if timeout is None else timeout
+    if not timeout > 0:
+        raise common.BenchArgumentError(f"--group-timeout must be > 0 seconds, got {timeout:g}")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     return (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")), True
 
 

@@ -73,6 +73,8 @@ def run(args) -> dict:
     except (ValueError, KeyError) as e:
         raise BenchArgumentError(f"--head-dims/--lengths take ints, --dtypes names from bf16, fp16, fp32: {e}") from None
     gqa = gqa_ratios(args.gqa)
+    if gqa != [1] and not {"attention", "variants"} & set(ops):  # (not applied: refused, not ignored)
+        raise BenchArgumentError(f"--gqa applies to the attention and variants grids; --ops is {args.ops!r}")
     if args.cache_dir is not None and (not args.cache_dir or os.path.isfile(args.cache_dir)):
         raise BenchArgumentError(f"--cache-dir must be a folder (new or existing), got {args.cache_dir!r}")
     if not torch.cuda.is_available():
