@@ -149,8 +149,9 @@ def gluon(opts, causal=True, d=128):
 
 def gluon_seq(opts, causal=True, d=128):
     """The Gluon forward on a packed varlen batch (``seq="varlen"``: (1, H, total, D) views of
-    (total, H, D), three sequences) or with per-row ranges (``seq="ranges"``), as
-    ``attention_forward_gluon`` launches it, at its default config for the sequences' mean length
+    (total, H, D), three sequences) or with per-row ranges (``seq="ranges"``), one tile a program
+    (as ranges run, and varlen did before its persistent schedule; ``persistent=True``: the config
+    as it is), at its default config for the sequences' mean length
     (varlen) or the tensors' length (ranges) as a call without v's width gets it (``dv``: the d 256
     default), or ``NARROW_QK_CONFIG`` named ``config``. A checkout whose Gluon forward refuses these layouts
     says "unavailable"."""
@@ -158,6 +159,7 @@ def gluon_seq(opts, causal=True, d=128):
     opts = dict(opts)
     causal, d, seq, dv = opts.pop("causal", causal), opts.pop("d", d), opts.pop("seq"), opts.pop("dv", None)
     config = opts.pop("config", None)  # (with ``dv``) ``NARROW_QK_CONFIG`` by name, one tile a program
+    persistent = opts.pop("persistent", False)  # varlen as attention_forward_gluon runs it now (persistent)
     import flashattn_lite.ops.attention_fwd_gluon as g
     B, H, N = 2, 4, 1024
     tensors = dict(alibi=torch.zeros(H), alibi_bh=torch.zeros(3 if seq == "varlen" else B, H, dtype=torch.float64),
@@ -179,8 +181,10 @@ def gluon_seq(opts, causal=True, d=128):
     cfg = g.default_config(width, causal, n, variant.alibi is not None, variant.softcap > 0, variant.left >= 0)
     if config is not None:
         cfg = next(c for c in (g.NARROW_QK_CONFIG,) if c.name == config)
-    # as attention_forward_gluon runs ranges and varlen
-    cfg = g.one_tile_per_program(cfg) if hasattr(g, "one_tile_per_program") else cfg._replace(persistent=False)
+    # one tile a program: as attention_forward_gluon runs ranges (and, before the persistent varlen
+    # schedule, varlen); ``persistent``: the config as it is
+    if not persistent:
+        cfg = g.one_tile_per_program(cfg) if hasattr(g, "one_tile_per_program") else cfg._replace(persistent=False)
     v = kv if dv is None else _width(kv, dv)
     o, lse = f.output_buffers(q, v.shape[3], variant, True)
     _, args, kwargs = g._launch(q, kv, v, o, lse, 0.088, causal, cfg, variant)
@@ -519,7 +523,28 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon bwd d256 varlen window+all", gluon_bwd, dict(d=256, seq="varlen", left=300, softcap=30.0,
                                                               alibi=True, sinks=True)),
          ("gluon bwd d256 dq varlen", gluon_bwd, dict(d=256, seq="varlen", config="dq")),
-         ("gluon bwd d256 dq varlen full", gluon_bwd, dict(d=256, seq="varlen", config="dq", causal=False))]
+         ("gluon bwd d256 dq varlen full", gluon_bwd, dict(d=256, seq="varlen", config="dq", causal=False)),
+         # Varlen batches on the persistent schedule (``varlen_unit``; "unavailable" before it), at the
+         # default config of the batch's mean length (341: persistent for every head dim).
+         ("gluon ps varlen causal", gluon_seq, dict(seq="varlen", persistent=True)),
+         ("gluon ps varlen", gluon_seq, dict(seq="varlen", causal=False, persistent=True)),
+         ("gluon ps d64 varlen causal", gluon_seq, dict(seq="varlen", d=64, persistent=True)),
+         ("gluon ps d64 varlen", gluon_seq, dict(seq="varlen", d=64, causal=False, persistent=True)),
+         ("gluon ps varlen causal window+all", gluon_seq, dict(seq="varlen", left=300, softcap=30.0, alibi_bh=True,
+                                                               sinks=True, persistent=True)),
+         ("gluon ps d64 varlen causal window+all", gluon_seq, dict(seq="varlen", d=64, left=300, softcap=30.0,
+                                                                   alibi_bh=True, sinks=True, persistent=True)),
+         ("gluon ps d128 dv64 varlen causal", gluon_seq, dict(seq="varlen", dv=64, persistent=True)),
+         ("gluon ps d96 varlen causal", gluon_seq, dict(seq="varlen", d=96, persistent=True)),
+         ("gluon ps d256 varlen causal", gluon_seq, dict(seq="varlen", d=256, persistent=True)),
+         ("gluon ps d256 varlen causal window+all", gluon_seq, dict(seq="varlen", d=256, left=300, softcap=30.0,
+                                                                    alibi_bh=True, sinks=True, persistent=True)),
+         ("gluon ps d192 dv128 narrow qk varlen causal", gluon_seq, dict(seq="varlen", d=192, dv=128, config=QK2,
+                                                                         persistent=True)),
+         ("gluon ps d192 dv128 narrow qk varlen window+all", gluon_seq, dict(seq="varlen", d=192, dv=128,
+                                                                             config=QK2, left=300, softcap=30.0,
+                                                                             alibi_bh=True, sinks=True,
+                                                                             persistent=True))]
 
 
 def ptxas(ptx):

@@ -144,6 +144,74 @@ def test_causal_units_balance(d, n, block_m, block_n, bound):
     assert max(sum(costs[pid::programs]) for pid in range(programs)) > max(loads)
 
 
+@triton.jit
+def _varlen_queue_kernel(out, cu, n_seq, total, n_heads, BLOCK_M: tl.constexpr, SCAN: tl.constexpr):
+    # The loader's side of the varlen work queue, units taken in order: each unit t's (h, b, start_m)
+    # as ``_loader_varlen`` maps it, after the unit count.
+    lanes = tl.arange(0, SCAN)
+    units = gluon_fwd.varlen_tile_count(cu, cu + 1, n_seq, total, lanes, BLOCK_M) * n_heads
+    for t in range(units):
+        b, start_m = attention_fwd.varlen_scan(cu, cu + 1, n_seq, total, t // n_heads, lanes, BLOCK_M)
+        tl.store(out + 1 + 3 * t, t % n_heads)
+        tl.store(out + 2 + 3 * t, b)
+        tl.store(out + 3 + 3 * t, start_m)
+    tl.store(out, units)
+
+
+def varlen_queue(lens, H, block_m, scan=32, total=None):
+    """The queue's units [(h, b, start_m), …] in order, as the loader maps them."""
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(DEVICE)
+    total = int(cu[-1]) if total is None else total
+    out = torch.full((1 + 3 * (sum(triton.cdiv(n, block_m) for n in lens) + len(lens)) * H,), -1, dtype=torch.int32,
+                     device=DEVICE)
+    _varlen_queue_kernel[(1,)](out, cu, len(lens), total, H, block_m, scan)
+    flat = out.tolist()
+    return [tuple(flat[1 + 3 * t:4 + 3 * t]) for t in range(flat[0])]
+
+
+def queue_reference(lens, H, block_m):
+    """The one-tile grid's programs without its empty slots: sequence by sequence, each one's last
+    tile first, heads fastest."""
+    return [(h, b, (triton.cdiv(n, block_m) - 1 - i) * block_m)
+            for b, n in enumerate(lens) for i in range(triton.cdiv(n, block_m)) for h in range(H)]
+
+
+@pytest.mark.parametrize("lens, H, block_m, scan", [
+    ([300, 800, 948], 4, 128, 32), ([1], 1, 128, 32), ([0, 129, 0, 0, 17], 3, 192, 32),
+    ([5] * 40 + [700], 2, 128, 16), ([1000, 17, 4097 - 1017], 2, 128, 4)],
+    ids=["three", "one-row", "empty-sequences", "more-sequences-than-a-chunk", "four-lanes"])
+def test_varlen_queue_holds_every_tile_once(lens, H, block_m, scan):
+    # The queue's units are every (head, sequence, query tile) once, in the one-tile grid's order
+    # without its empty slots (empty sequences have none); chunked scans give the same as one.
+    assert varlen_queue(lens, H, block_m, scan) == queue_reference(lens, H, block_m)
+    assert varlen_queue(lens, H, block_m, scan) == varlen_queue(lens, H, block_m, scan=64)
+
+
+def test_varlen_queue_reads_bounds_clamped_into_the_rows():
+    # Unchecked bounds past the packed rows (check_seqlens=False) are read clamped, as the one-tile
+    # scan reads them: the tiles of the rows that exist, no more.
+    assert varlen_queue([300, 500], 2, 128, total=600) == queue_reference([300, 300], 2, 128)
+
+
+def test_a_queue_balances_the_mixed_batch_where_a_static_deal_cannot():
+    # Why varlen takes its tiles from a queue: the benchmark's 22 mixed sequences (32k tokens, 16
+    # heads, 128-row tiles, causal: a tile's cost its key tiles) on 132 programs. Taken in the
+    # queue's order by whichever program is free first, the most loaded program is within 1% of
+    # the mean; dealt in that order round-robin, 5% over, in a snake 14% (a sequence's falling
+    # costs do not line up with the rounds).
+    import heapq
+    from flashattn_lite.bench.variants import mixed_lengths
+    units, programs = queue_reference(mixed_lengths(32768), 16, 128), 132
+    cost = [start_m // 128 + 1 for _, _, start_m in units]
+    mean = sum(cost) / programs
+    free = [(0, pid) for pid in range(programs)]
+    for c in cost:
+        load, pid = heapq.heappop(free)
+        heapq.heappush(free, (load + c, pid))
+    assert max(load for load, _ in free) <= 1.01 * mean
+    assert max(sum(cost[pid::programs]) for pid in range(programs)) >= 1.05 * mean
+
+
 def sorted_tail_reference(n_bh, n_m, programs):
     """Each program's (bh, heavy) list of a causal launch with a sorted tail, by the rule
     ``sorted_tail_slot`` states, written with sorts and lists (heavy 0: a head's last query tile)."""
@@ -545,24 +613,33 @@ def test_persistent_launch(d, cfg):
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
-def test_persistent_refuses_ranges_and_varlen():
-    # One tile per program for per-row ranges and packed varlen batches: a persistent config asked
-    # for explicitly is refused (ValueError), never silently swapped.
+def test_persistent_takes_varlen_and_refuses_ranges():
+    # One tile per program for per-row ranges: a persistent config asked for explicitly is refused
+    # (ValueError), never silently swapped. Packed varlen batches take it: min(the one-tile grid's
+    # slots, SMs) programs, the one-tile launch's arguments and SEQ.
     d, cfg = PERSISTENT[0]
     ranges = torch.tensor([[0, 5], [2, 7]], dtype=torch.int32)
     q, k = torch.zeros(2, 4, 7, d, dtype=torch.float16), torch.zeros(2, 2, 9, d, dtype=torch.float16)
     variant = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     o, lse = attention_fwd.output_buffers(q, d, variant, True)
-    with pytest.raises(ValueError, match="dense batches only"):
+    with pytest.raises(ValueError, match="not per-row ranges"):
         gluon_fwd._launch(q, k, k, o, lse, 0.125, False, cfg, variant)
     cu = torch.tensor([0, 3, 7], dtype=torch.int32)
     varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
     q1, k1 = torch.zeros(1, 4, 7, d, dtype=torch.float16), torch.zeros(1, 2, 7, d, dtype=torch.float16)
     o, lse = attention_fwd.output_buffers(q1, d, varlen, True)
-    with pytest.raises(ValueError, match="varlen"):
-        gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, cfg, varlen)
-    _, _, kwargs = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, gluon_fwd.one_tile_per_program(cfg), varlen)
-    assert "PERSISTENT" not in kwargs and kwargs["SEQ"] == SEQ_VARLEN
+    grid1, args1, kwargs1 = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, gluon_fwd.one_tile_per_program(cfg),
+                                              varlen)
+    assert "PERSISTENT" not in kwargs1 and kwargs1["SEQ"] == SEQ_VARLEN and grid1 == ((1 + 2) * 4,)
+    assert args1[-1] is None  # no work queue
+    for sms, programs in ((None, 12), (5, 5)):
+        grid, args, kwargs = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, cfg, varlen, sms=sms)
+        same = [a.data_ptr() == b.data_ptr() if isinstance(a, torch.Tensor) else a == b
+                for a, b in zip(args[4:-1], args1[4:-1])]
+        assert grid == (programs,) and all(same)
+        assert args[-1].dtype == torch.int32 and args[-1].tolist() == [0]  # the queue's counter, from 0
+        assert kwargs == {**kwargs1, "STAGES": cfg.stages, "PERSISTENT": True, "Q_SETS": cfg.q_sets(d),
+                          "V_STAGES": cfg.v_stages or cfg.stages}
     # A V ring of its own depth is a persistent config's: refused one tile per program.
     with pytest.raises(ValueError, match="v_stages"):
         gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, gluon_fwd.Config(2, 128, 2, True, v_stages=3), varlen)

@@ -98,8 +98,9 @@ def as_4d(t):
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
 def test_launch_grid_and_arguments():
     # Varlen: (cdiv(total, BLOCK_M) + sequences) · Hq slots, the bounds and the output's strides
-    # passed, SEQ set; ranges: the dense (head-major) grid; a dense call passes None for every one of
-    # them and no SEQ (the kernel it compiled to before: benchmarks/ptx_hashes.py).
+    # passed, SEQ set, no work queue one tile a program (a persistent launch's: a zeroed int32);
+    # ranges: the dense (head-major) grid; a dense call passes None for every one of them and no SEQ
+    # (the kernel it compiled to before: benchmarks/ptx_hashes.py).
     q, k, v, cq, ck = packed([5, 300, 17], [9, 300, 40], 4, 2, 64, torch.float16, device="cpu")
     q4, k4, v4 = as_4d(q), as_4d(k), as_4d(v)
     variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
@@ -107,19 +108,22 @@ def test_launch_grid_and_arguments():
     o, lse = attention_fwd.output_buffers(q4, 64, variant, True)
     grid, args, kwargs = gluon_fwd._launch(q4, k4, v4, o, lse, 0.125, True, cfg, variant)
     assert grid == ((triton.cdiv(322, 128) + 3) * 4,) and kwargs["SEQ"] == SEQ_VARLEN
-    bounds = args[-9:-5]
+    bounds = args[-10:-6]
     assert [b.data_ptr() for b in bounds] == [cq.data_ptr(), cq[1:].data_ptr(), ck.data_ptr(), ck[1:].data_ptr()]
-    assert args[-5:-3] == (1, 3) and args[-3] is o and args[-2:] == (64, 4 * 64)
+    assert args[-6:-4] == (1, 3) and args[-4] is o and args[-3:-1] == (64, 4 * 64) and args[-1] is None
+    grid, args, kwargs = gluon_fwd._launch(q4, k4, v4, o, lse, 0.125, True, cfg._replace(persistent=True), variant,
+                                           sms=5)
+    assert grid == (5,) and kwargs["PERSISTENT"] and args[-1].dtype == torch.int32 and args[-1].tolist() == [0]
     ranges = torch.tensor([[0, 5], [2, 7]], dtype=torch.int32)
     qd, kd = torch.zeros(2, 4, 7, 64, dtype=torch.float16), torch.zeros(2, 2, 9, 64, dtype=torch.float16)
     variant = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     o, lse = attention_fwd.output_buffers(qd, 64, variant, True)
     grid, args, kwargs = gluon_fwd._launch(qd, kd, kd, o, lse, 0.125, False, cfg, variant)
-    assert grid == (8,) and kwargs["SEQ"] == SEQ_RANGES and args[-5:-3] == (2, 2)
+    assert grid == (8,) and kwargs["SEQ"] == SEQ_RANGES and args[-6:-4] == (2, 2) and args[-1] is None
     assert (o == 0).all() and (lse == float("-inf")).all()  # the padding rows no program writes
     grid, args, kwargs = gluon_fwd._launch(qd, kd, kd, torch.empty_like(qd), torch.empty(2, 4, 7), 0.125, False,
                                            cfg, PLAIN)
-    assert "SEQ" not in kwargs and args[-9:] == (None,) * 9
+    assert "SEQ" not in kwargs and args[-10:] == (None,) * 10
 
 
 # ---------------------------------------------------------------- dispatch (faked sm_90 device)
@@ -265,6 +269,41 @@ def test_varlen_matches_reference_and_portable(lens, d, dtype, causal, hq, hkv):
     o_p, lse_p = _portable(q4, k4, v4, scale, causal, variant)
     assert_close_to_ref(o3, o_p[0].transpose(0, 1), o_ref.to(DEVICE), eps=EPS[dtype], what="output vs portable")
     check_lse(lse[0], lse_p[0].double(), dtype)
+
+
+# The persistent schedule's work queue (``_loader_varlen``) at its configs: two Q sets, one, three
+# consumers, no turns.
+QUEUE_CONFIGS = [(128, gluon_fwd.Config(2, 128, 2, True, persistent=True, v_stages=3), True),
+                 (128, gluon_fwd.Config(2, 128, 3, True, persistent=True), False),
+                 (64, gluon_fwd.Config(3, 128, 3, True, 160, persistent=True), False),
+                 (64, gluon_fwd.Config(2, 128, 3, False, persistent=True), True)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("sms", [1, 7, None], ids=["one-program", "seven-programs", "every-sm"])
+@pytest.mark.parametrize("d, cfg, causal", QUEUE_CONFIGS, ids=[f"d{d}-{c.name}-{'causal' if x else 'full'}"
+                                                               for d, c, x in QUEUE_CONFIGS])
+def test_persistent_varlen_takes_every_tile_once(d, cfg, causal, sms):
+    # 100 sequences of 0 … 300 rows (the loader's scan over several chunks of bounds, empty
+    # sequences, Nq ≠ Nk), taken from the queue by one program (every tile, the Q sets wrapping
+    # around many times), by seven, by one per SM: o and lse, written into NaN-filled buffers,
+    # match the float64 reference everywhere.
+    g = torch.Generator().manual_seed(5)
+    lens_q = torch.randint(0, 301, (100,), generator=g).tolist()
+    lens_k = [n + int(x) for n, x in zip(lens_q, torch.randint(0, 40, (100,), generator=g))]
+    q, k, v, cq, ck = packed(lens_q, lens_k, 4, 2, d, torch.bfloat16, seed=5)
+    variant = Variant(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
+    q4, k4, v4 = as_4d(q), as_4d(k), as_4d(v)
+    o, lse = attention_fwd.output_buffers(q4, d, variant, True)
+    o.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    grid, args, kwargs = gluon_fwd._launch(q4, k4, v4, o, lse, d ** -0.5, causal, cfg, variant, sms=sms)
+    assert kwargs["PERSISTENT"] and (sms is None or grid == (sms,))
+    gluon_fwd._attn_fwd_gluon_launcher[grid](*args, **kwargs)
+    o_ref, lse_ref = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=causal)
+    o_same, _ = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=causal, dtype=torch.bfloat16)
+    assert_close_to_ref(o[0].transpose(0, 1), o_same.to(DEVICE), o_ref.to(DEVICE), eps=EPS[torch.bfloat16])
+    check_lse(lse[0], lse_ref.to(DEVICE), torch.bfloat16)
 
 
 @needs_gpu

@@ -58,10 +58,11 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   partial query tile of a sequence is stored by a masked store (a TMA store would overwrite the
   next sequence's rows), as is every tile under ALiBi (the TMA store's coordinates spill its
   consumers); lse by a masked store always.
-* Persistent schedule (``Config.persistent`` → ``PERSISTENT``, dense batches only; a config without
-  it compiles to the kernel it compiled to before): min(tiles, SMs) programs, each looping over
-  its units of the head-major tile order (``persistent_tile``: causal tiles paired heaviest with
-  lightest, so units dealt round-robin balance). Loader and consumers walk the same tiles; the K/V
+* Persistent schedule (``Config.persistent`` → ``PERSISTENT``, dense and varlen batches; a config
+  without it compiles to the kernel it compiled to before): min(tiles, SMs) programs, each looping
+  over its units of the head-major tile order (``persistent_tile``: causal tiles paired heaviest with
+  lightest, so units dealt round-robin balance); a varlen batch's tiles from a work queue
+  (``_loader_varlen``). Loader and consumers walk the same tiles; the K/V
   ring's slots and
   phases, the ping-pong turns and Q's barriers run on across tiles (counted over the program), so
   the next tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
@@ -98,7 +99,7 @@ from .._runtime import cdiv, sm_count
 from ..merge import LOG2E, add_sink
 
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
-                            key_range, output_buffers, score_args, seq_args, sequence, varlen_scan)
+                            key_range, output_buffers, score_args, seq_args, seq_bounds, sequence, varlen_scan)
 from .attention_fwd_hopper import storable_like
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -156,7 +157,7 @@ class Config(NamedTuple):
     ``block_n``, ``stages`` K/V slots, ``pingpong`` (two consumers take turns issuing GEMMs),
     ``consumer_regs`` (setmaxnreg for the consumer warpgroups; the loader gets ``LOADER_REGS``),
     ``persistent`` (one program per SM looping over the query tiles: ``_attn_fwd_gluon_kernel``;
-    dense batches only)."""
+    dense and varlen batches)."""
     consumers: int
     block_n: int
     stages: int
@@ -282,8 +283,8 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     causal calls without ALiBi below 12k (``CAUSAL_PERSISTENT_MAX_N``), midway between 8k, where it
     leads the one-tile config by 3.9–4.6% in three runs, and 16k, where it trails by 0.8% on average
     (``gluon_fwd-20261129-074213.json``, ``-074224.json``, ``-074232.json``). A persistent config
-    takes dense batches only:
-    ``attention_forward_gluon`` runs ranges and varlen one tile per program (``one_tile_per_program``).
+    takes dense and varlen batches:
+    ``attention_forward_gluon`` runs ranges one tile per program (``one_tile_per_program``).
     d 256 (H200, three sweeps each, ``gluon_fwd-20261129-091536.json``, ``-091615.json``,
     ``-091655.json``): two consumers with 64-key tiles and a 2-deep ring, persistent with turns
     (causal 1k–8k +3 to +12% over the same config one tile per program; non-causal within ±3% of
@@ -291,10 +292,10 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``:
     v's head dim; MLA's 192 / 128), ``plain`` (``_is_plain``: no option, a dense batch) non-causal
     calls from ``NARROW_V_MIN_N`` take 128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``:
-    measured plain only; ranges and varlen have no one-tile form of them that fits), and where q's
+    measured plain only; ranges have no one-tile form of them that fits), and where q's
     head dim (``q_dim``) lets K's ring hold its columns in 64-column chunks (``k_chunks``: 192), calls
     from ``NARROW_QK_MIN_N``, causal or not, with any option, take 128-key tiles with two slots for K
-    and V (``NARROW_QK_CONFIG``; ranges and varlen one tile a program).
+    and V (``NARROW_QK_CONFIG``; ranges one tile a program).
     """
     if head_dim == 256:
         if value_dim is not None and padded_head_dim(value_dim) <= 128:  # V's narrow boxes leave room
@@ -499,6 +500,20 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
     return bh, bh // n_heads, bh % n_heads, start_m, lo, n_tiles, mid_lo, mid_hi
 
 
+@triton.jit
+def varlen_tile_count(starts, ends, n_seq, total, lanes, BLOCK: tl.constexpr):
+    """The query tiles of one head of a packed batch, Σ cdiv(n_b, BLOCK) over its sequences, read as
+    ``varlen_scan`` reads them (clamped into the ``total`` rows; ``lanes``: its chunk's lanes)."""
+    SCAN: tl.constexpr = lanes.shape[0]
+    count = 0
+    for c in range(0, n_seq, SCAN):
+        idx = c + lanes
+        ok = idx < n_seq
+        _, n = seq_bounds(tl.load(starts + idx, mask=ok, other=0), tl.load(ends + idx, mask=ok, other=0), total)
+        count += tl.sum(tl.where(ok, tl.cdiv(n, BLOCK), 0), 0)
+    return count
+
+
 if _HAS_GLUON:
     # The ping-pong turns' named barriers: TURN_BARRIER − consumer (15, 14, 13). Triton's own
     # partition barriers take the low ids (0–3 in these kernels' PTX).
@@ -609,13 +624,16 @@ if _HAS_GLUON:
     @gluon.jit
     def _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv0, first, last, b, h_kv,
                        lo, HAS_LEFT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       V_STAGES: gl.constexpr):
+                       V_STAGES: gl.constexpr, k0=0, SEQ: gl.constexpr = 0):
         """K/V tiles j ∈ [first, last) of a tile whose first is the program's ``kv0``-th (keys from
-        ``lo`` under a window's left side, else from 0, as ``_loader``)."""
+        ``lo`` under a window's left side, else from 0, as ``_loader``; varlen: from the sequence's
+        first key ``k0``)."""
         for j in range(first, last):
             key = j * BLOCK_N
             if HAS_LEFT:
                 key = lo + j * BLOCK_N
+            if SEQ != 0:
+                key = k0 + key
             _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv0 + j, b, h_kv, key,
                      STAGES, V_STAGES)
 
@@ -1085,14 +1103,184 @@ if _HAS_GLUON:
             qi += 1
         tma.store_wait(0)  # the last O store has read its slot before the program ends
 
+    # ---- Varlen batches on the persistent schedule: a work queue. A static deal of a packed batch's
+    # tiles cannot balance them as the GPU's block scheduler does the one-tile grid (tile costs vary
+    # with every sequence's length; 22 mixed sequences on 132 programs: the most loaded program 5–14%
+    # over the mean in the batch's order, 0.7% taken greedily: tests/test_attention_gluon_persistent.py).
+    # The loader takes the next tile from a counter (``_next_unit``), maps it and hands its
+    # coordinates to the consumers with its Q (``_put_tile``, ``_take_tile``); after the last tile it
+    # hands them a -1.
+
+    @gluon.jit
+    def _next_unit(work, lanes):
+        """The next unit of the queue ``work`` (an int32 counter, 0 at launch): lane 0 of the loader's
+        warp adds 1; every lane reads the old count (a shuffle, no shared memory)."""
+        old = gl.atomic_add(work + lanes * 0, gl.full(lanes.shape, 1, gl.int32, lanes.type.layout), mask=lanes == 0)
+        return gl.sum(gl.where(lanes == 0, old, 0), axis=0)
+
+    @gluon.jit
+    def _put_tile(meta, qs, fields, t, h, b, start_m, q0, n_q, n_k):
+        """Tile t's coordinates into Q set qs's slot of ``meta`` (before its Q's barrier arrival, whose
+        release orders them for the consumers' wait)."""
+        vals = gl.where(fields == 0, t, gl.where(fields == 1, h, gl.where(fields == 2, b, gl.where(
+            fields == 3, start_m, gl.where(fields == 4, q0, gl.where(fields == 5, n_q, n_k))))))
+        meta.index(qs).store(vals)
+
+    @gluon.jit
+    def _take_tile(meta, qs, layout: gl.constexpr):
+        """(t, h, b, start_m, q0, n_q, n_k) of the tile in Q set qs (``_put_tile``; t = -1: no more),
+        every thread reading all eight fields (the sums stay in the thread)."""
+        fields = gl.arange(0, 8, layout=layout)
+        vals = meta.index(qs).load(layout)
+        return (gl.sum(gl.where(fields == 0, vals, 0), axis=0), gl.sum(gl.where(fields == 1, vals, 0), axis=0),
+                gl.sum(gl.where(fields == 2, vals, 0), axis=0), gl.sum(gl.where(fields == 3, vals, 0), axis=0),
+                gl.sum(gl.where(fields == 4, vals, 0), axis=0), gl.sum(gl.where(fields == 5, vals, 0), axis=0),
+                gl.sum(gl.where(fields == 6, vals, 0), axis=0))
+
+    @gluon.jit
+    def _loader_varlen(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                       v_empty, meta, work, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q,
+                       n_k, win_left, win_right, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
+                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       V_STAGES: gl.constexpr, Q_SETS: gl.constexpr):
+        """The loader warp of a persistent program over a packed varlen batch: while the queue has
+        units (the one-tile grid's slots without its empty ones, t = slot · Hq + head, so the order
+        is ``varlen_scan``'s, heads fastest), maps the next (``varlen_scan``, ``sequence``), loads its Q
+        and K/V tiles as ``_loader_persistent`` does (rows from the sequence's first query and key),
+        and puts its coordinates in its Q set's slot of ``meta``; then puts t = -1 there."""
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+        fields = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [1], [0]))
+        units = varlen_tile_count(q_starts, q_ends, n_seq, n_q, lanes, BLOCK_M) * n_heads
+        kv = 0
+        qi = 0
+        t = _next_unit(work, lanes)
+        while t < units:
+            h = t % n_heads
+            b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, t // n_heads, lanes, BLOCK_M)
+            q0, seq_q, k0, seq_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, 0, 2)
+            lo, n_tiles, _, _ = key_tiles(start_m, seq_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                                          BLOCK_M, BLOCK_N)
+            h_kv = h // group
+            qs = qi % Q_SETS
+            first = 0
+            if Q_SETS == 1:  # (``_loader_persistent``: the first K/V tiles before Q, else a deadlock)
+                FIRST: gl.constexpr = STAGES if STAGES < V_STAGES else V_STAGES
+                first = gl.minimum(n_tiles, FIRST)
+                _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, 0, first, 0,
+                               h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES, k0, 2)
+            mbarrier.wait(q_empty.index(qs), ((qi // Q_SETS) & 1) ^ 1)  # a fresh barrier: no wait
+            _put_tile(meta, qs, fields, t, h, b, start_m, q0, seq_q, seq_k)
+            mbarrier.expect(q_ready.index(qs), CONSUMERS * q_desc.block_type.nbytes)
+            for c in gl.static_range(CONSUMERS):
+                tma.async_copy_global_to_shared(q_desc, [0, h, q0 + start_m + 64 * c, 0], q_ready.index(qs),
+                                                q_smem.index(qs * CONSUMERS + c))
+            _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, first, n_tiles, 0,
+                           h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES, k0, 2)
+            kv += n_tiles
+            qi += 1
+            t = _next_unit(work, lanes)
+        qs = qi % Q_SETS
+        mbarrier.wait(q_empty.index(qs), ((qi // Q_SETS) & 1) ^ 1)
+        _put_tile(meta, qs, fields, -1, 0, 0, 0, 0, 0, 0)
+        mbarrier.arrive(q_ready.index(qs))
+
+    @gluon.jit
+    def _consumer_varlen(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, meta,
+                         o_desc, lse, o, stride_oh, stride_om, n_q, win_left, win_right, qk_scale, softcap_scale,
+                         softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                         ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
+                         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                         SINKS: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, D_REAL: gl.constexpr):
+        """One consumer warpgroup of a persistent program over a packed varlen batch:
+        ``_consumer_persistent``'s tile loop over the tiles the loader hands over (``_take_tile``, after
+        the wait for their Q), until t = -1; each tile's rows, lengths and diagonal its sequence's, O
+        stored as ``_consumer`` stores a varlen tile (one crossing the sequence's end by a masked
+        store, o's ``D_REAL`` columns), lse (1, Hq, total) by a masked store."""
+        dtype: gl.constexpr = q_smem.dtype
+        DV: gl.constexpr = v_smem.shape[4]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, DV, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        meta_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        kv = 0
+        qi = 0
+        if PINGPONG and ME == CONSUMERS - 1:
+            _pass_turn(turn, n_q, 0, True)  # consumer 0 issues first
+        mbarrier.wait(q_ready.index(0), 0)
+        t, h, b, start_m, q0, seq_q, seq_k = _take_tile(meta, 0, meta_layout)
+        while t >= 0:
+            qs = qi % Q_SETS
+            off = seq_k - seq_q
+            lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, seq_k, off, win_left, win_right, CAUSAL, HAS_LEFT,
+                                                    HAS_RIGHT, BLOCK_M, BLOCK_N)
+            row0 = start_m + 64 * ME
+            rows = row0 + gl.arange(0, 64, layout=row_layout)
+            q_slot = q_smem.index(qs * CONSUMERS + ME)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+            l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
+            acc = gl.zeros([64, DV], gl.float32, layout=o_layout)
+            p = gl.zeros([64, BLOCK_N], dtype, layout=p_layout)
+            s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+            slope = 0.0
+            cols_f = 0.0
+            if ALIBI:
+                slope, cols_f = _alibi_slope(alibi, b, h, stride_alibi_b, stride_alibi_h, qk_scale, softcap2,
+                                             SOFTCAP, BLOCK_N, s_layout)
+            j0 = _opaque_zero(qi)  # (``_consumer_persistent``: the first key tile's masks stay in the loop)
+            prev_set = q_empty.index((qi + 1) % Q_SETS)
+            q_tile = q_slot.reshape([64, q_smem.shape[4]])
+            m_i, l_i, acc = _attend(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                    turn, kv, rows, cols_f, slope, m_i, l_i, acc, p, s_zero, seq_k, off, win_left,
+                                    win_right, lo, n_tiles, mid_lo, mid_hi, qk_scale, softcap_scale, softcap2,
+                                    ME, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT, HAS_RIGHT, SOFTCAP, ALIBI, FAST_TANH,
+                                    HEAD_DIM, BLOCK_N, STAGES, V_STAGES, s_layout, o_layout, p_layout, j0,
+                                    prev_set, qi > 0, Q_SETS == 2)
+            acc, inv_l, lse_row = _finish(acc, m_i, l_i, sinks, h, SINKS, o_layout, row_layout)
+            out = acc * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout)), 1)
+            if Q_SETS == 2:
+                tma.store_wait(0)
+                mbarrier.arrive(prev_set, pred=(qi > 0) & (n_tiles == 0))
+            if row0 + 64 <= seq_q:  # staged in the Q slot (its last wgmma retired), one TMA store
+                o_slot = q_slot
+                if DV != q_smem.shape[4]:
+                    o_slot = q_slot._reinterpret(dtype, o_desc.block_type.shape, o_desc.layout)
+                o_slot.reshape([64, DV]).store(out.to(dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [0, h, q0 + row0, 0], o_slot)
+            else:  # a TMA store would overwrite the next sequence's rows
+                out_rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+                out_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+                ptrs = (o + h.to(gl.int64) * stride_oh + gl.expand_dims((q0 + out_rows).to(gl.int64) * stride_om, 1)
+                        + gl.expand_dims(out_cols, 0))
+                keep = gl.expand_dims(out_rows < seq_q, 1)
+                if D_REAL != 0:
+                    keep = keep & gl.expand_dims(out_cols < D_REAL, 0)
+                gl.store(ptrs, out.to(dtype), mask=keep)
+            gl.store(lse + h.to(gl.int64) * n_q + q0 + rows, lse_row, mask=rows < seq_q)
+            if Q_SETS == 1:  # the loader reloads this set next: release it once the store read it
+                tma.store_wait(0)
+                mbarrier.arrive(q_empty.index(qs))
+            kv += n_tiles
+            qi += 1
+            qs = qi % Q_SETS
+            mbarrier.wait(q_ready.index(qs), (qi // Q_SETS) & 1)
+            t, h, b, start_m, q0, seq_q, seq_k = _take_tile(meta, qs, meta_layout)
+        tma.store_wait(0)  # the last O store has read its slot before the program ends
+
     # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
     # Window sides too (a side the call does not have is None: a constexpr, no parameter).
     # Ranges / varlen: the sequences' bounds, their count and the output's strides (None for a dense
-    # batch: constexprs, no parameters).
+    # batch: constexprs, no parameters); ``work``: a persistent varlen launch's queue (else None).
     @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads", "win_left", "win_right", "n_seq"])
     def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                n_heads, group, n_q, n_k, win_left, win_right, qk_scale, softcap_scale, softcap2,
-                               q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, o, stride_oh, stride_om,
+                               q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, o, stride_oh, stride_om, work,
                                HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                                ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
@@ -1171,7 +1359,71 @@ if _HAS_GLUON:
             # left side, whose tiles' costs are not the triangle the sort assumes (H200,
             # ``gluon_checkout-20261129-2156.json``, ``-2203.json``).
             SORTED_TAIL: gl.constexpr = q_smem.shape[4] == 64 and not HAS_LEFT  # (the boxes' width: d 64's)
-            if CONSUMERS == 1:
+            if SEQ == 2:
+                # A varlen batch: the tiles from the queue ``work``, handed over in ``meta`` (one slot
+                # of eight fields a Q set: ``_put_tile``).
+                meta = gl.allocate_shared_memory(gl.int32, [Q_SETS, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+                if CONSUMERS == 1:
+                    gl.warp_specialize([
+                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
+                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            stride_alibi_b, stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
+                                            HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
+                                            V_STAGES, Q_SETS, D_REAL)),
+                        (_loader_varlen, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                          v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
+                                          stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
+                                          CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
+                                          Q_SETS)),
+                    ], [1], [LOADER_REGS])
+                elif CONSUMERS == 2:
+                    gl.warp_specialize([
+                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
+                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            stride_alibi_b, stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
+                                            HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
+                                            V_STAGES, Q_SETS, D_REAL)),
+                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
+                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            stride_alibi_b, stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
+                                            HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
+                                            V_STAGES, Q_SETS, D_REAL)),
+                        (_loader_varlen, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                          v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
+                                          stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
+                                          CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
+                                          Q_SETS)),
+                    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                else:
+                    gl.warp_specialize([
+                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
+                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            stride_alibi_b, stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
+                                            HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
+                                            V_STAGES, Q_SETS, D_REAL)),
+                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
+                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            stride_alibi_b, stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
+                                            HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
+                                            V_STAGES, Q_SETS, D_REAL)),
+                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
+                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            stride_alibi_b, stride_alibi_h, 2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
+                                            HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
+                                            V_STAGES, Q_SETS, D_REAL)),
+                        (_loader_varlen, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                          v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
+                                          stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
+                                          CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
+                                          Q_SETS)),
+                    ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+            elif CONSUMERS == 1:
                 gl.warp_specialize([
                     (_consumer_persistent, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                             v_empty, turn, o_desc, lse, n_bh, n_heads, n_q, n_k, win_left, win_right,
@@ -1522,7 +1774,7 @@ def k_chunks(cfg: Config, box_width: int, q_dim: int) -> int:
     """K's 64-column chunks a ring slot (``K_CHUNKS``): where the boxes are 256 wide and q's head dim
     192 (MLA's; the one multiple of 64 between 128 and 256), the 128-key configs hold K's columns
     only, as three 64-column boxes (48 KiB a slot, not 64; none of them past k's columns), persistent
-    or one tile a program (ranges, varlen); 1 (K whole, one box) elsewhere."""
+    or one tile a program (ranges); 1 (K whole, one box) elsewhere."""
     chunked = box_width == 256 and 128 < q_dim < box_width and q_dim % 64 == 0 and cfg.block_n == 128
     return q_dim // 64 if chunked else 1
 
@@ -1534,7 +1786,7 @@ def _descriptor(t: torch.Tensor, rows: int, width: int) -> "TensorDescriptor":
 
 
 _PLAIN_ARGS = (None,) * 8
-_DENSE_SEQ_ARGS = (None,) * 9
+_DENSE_SEQ_ARGS = (None,) * 10
 _PLAIN_FLAGS = dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, ALIBI=False, SINKS=False, FAST_TANH=False)
 
 
@@ -1606,9 +1858,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
     grid = (cdiv(Nq, cfg.block_m) * B * Hq,)  # head-major (the kernel's dense branch)
     seq = variant.seq
-    if cfg.persistent and seq != SEQ_DENSE:
-        raise ValueError(f"attention_forward_gluon: the persistent config {cfg.name} takes dense batches only, "
-                         f"not {'ranges' if seq == SEQ_RANGES else 'varlen'}")
+    if cfg.persistent and seq == SEQ_RANGES:
+        raise ValueError(f"attention_forward_gluon: the persistent config {cfg.name} takes dense and varlen batches, "
+                         "not per-row ranges")
     if cfg.v_stages and not cfg.persistent:
         raise ValueError(f"attention_forward_gluon: config {cfg.name}: a V ring of its own depth (v_stages) "
                          "needs a persistent config")
@@ -1617,7 +1869,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         # Ranges: the dense grid, each batch row's tiles from its range's start. Varlen (tensors
         # (1, H, total, D)): cdiv(total, BLOCK_M) + sequences tile slots per head (``varlen_tile``).
         *bounds, stride_seq, n_seq = seq_args(variant, q)
-        seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2))
+        # (a persistent varlen launch's work queue: a counter from 0, ``_loader_varlen``)
+        work = torch.zeros(1, dtype=torch.int32, device=q.device) if seq == SEQ_VARLEN and cfg.persistent else None
+        seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2), work)
         if seq == SEQ_VARLEN:
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
     qk = min(D, qk_width(q.shape[3]))  # Q·Kᵀ's reduction width (a quarter of that GEMM saved at MLA's 192)
@@ -1658,7 +1912,7 @@ def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Va
 
 
 def one_tile_per_program(cfg: Config) -> Config:
-    """``cfg`` as ranges and varlen batches run it (the persistent schedule takes dense ones only):
+    """``cfg`` as per-row ranges run it (the persistent schedule takes dense and varlen batches):
     one tile per program, one ring depth for K and V (the deeper of the two)."""
     return cfg._replace(persistent=False, stages=max(cfg.stages, cfg.v_stages), v_stages=0)
 
@@ -1695,7 +1949,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
                              variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
-        if cfg.persistent and variant.seq != SEQ_DENSE:
+        if cfg.persistent and variant.seq == SEQ_RANGES:
             cfg = one_tile_per_program(cfg)
     if out is not None:
         if not writes_into(out, q, v, variant):

@@ -1,0 +1,70 @@
+"""The Gluon forward on a packed varlen batch: one tile a program against the persistent schedule's
+work queue (``_loader_varlen``), same batch, same config otherwise.
+
+    python benchmarks/varlen_schedule.py [--out benchmarks/results]
+
+``variants.py``'s mixed batch (``mixed_lengths``: 32k tokens, H 16, bf16), d 128 and 64, causal and
+not, at the default config of the batch's mean length (persistent at these lengths): ``one_tile``
+runs it as ``one_tile_per_program`` makes it, ``queue`` as it is. Device time (``common.time_ms``)
+of ``attention_forward_gluon`` in balanced rounds after an untimed one; the row's ``speedup`` is
+one_tile / queue. ``o_diff``: the largest |o_queue − o_one_tile| (each tile is computed by the same
+code either way: 0 expected) and ``lse_equal``.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("FLASHATTN_LITE_AUTOTUNE", "0")
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashattn_lite.bench.common import (add_run_arguments, format_table, gpu_script_args, in_rounds,  # noqa: E402
+                                         time_ms, write_json)
+from flashattn_lite.bench.variants import mixed_lengths  # noqa: E402
+from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
+from flashattn_lite.ops.attention_fwd import SEQ_VARLEN, Variant  # noqa: E402
+
+TOKENS, HEADS = 32768, 16
+
+
+def main():
+    args = gpu_script_args(__doc__, Path(__file__).parent / "results", add_run_arguments)
+    rounds = args.rounds
+    lens = mixed_lengths(TOKENS)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32).cuda()
+    variant = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cases = {}
+    for d in (128, 64):
+        q, k, v = (torch.randn(TOKENS, HEADS, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                   .transpose(0, 1).unsqueeze(0) for _ in range(3))
+        for causal in (True, False):
+            default = gluon_fwd.default_config(d, causal, TOKENS // len(lens))
+            configs = {"one_tile": gluon_fwd.one_tile_per_program(default), "queue": default}
+            for name, cfg in configs.items():
+                cases[(d, causal, name)] = functools.partial(gluon_fwd.attention_forward_gluon, q, k, v, d ** -0.5,
+                                                             causal, config=cfg, variant=variant)
+    outputs = {key: fn() for key, fn in cases.items()}
+    times, _ = in_rounds(list(cases), rounds, lambda key: time_ms(cases[key]))
+    rows = []
+    for d in (128, 64):
+        for causal in (True, False):
+            one, queue = ((d, causal, name) for name in ("one_tile", "queue"))
+            ms = {key: sorted(times[key])[rounds // 2] for key in (one, queue)}
+            rows.append(dict(d=d, causal=causal, config=gluon_fwd.default_config(d, causal, TOKENS // len(lens)).name,
+                             one_tile_ms=ms[one], queue_ms=ms[queue], speedup=ms[one] / ms[queue],
+                             o_diff=(outputs[queue][0].float() - outputs[one][0].float()).abs().max().item(),
+                             lse_equal=torch.equal(outputs[queue][1], outputs[one][1])))
+    path = write_json(args.out, "varlen_schedule", rows, tokens=TOKENS, sequences=len(lens), lengths=lens,
+                      heads=HEADS, dtype="bfloat16", rounds=rounds,
+                      timing="common.time_ms medians, balanced rounds after an untimed one")
+    print(format_table(rows, ["d", "causal", "config", "one_tile_ms", "queue_ms", "speedup", "o_diff", "lse_equal"]))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
