@@ -524,8 +524,8 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
                                                               alibi=True, sinks=True)),
          ("gluon bwd d256 dq varlen", gluon_bwd, dict(d=256, seq="varlen", config="dq")),
          ("gluon bwd d256 dq varlen full", gluon_bwd, dict(d=256, seq="varlen", config="dq", causal=False)),
-         # Varlen batches on the persistent schedule (``varlen_unit``; "unavailable" before it), at the
-         # default config of the batch's mean length (341: persistent for every head dim).
+         # Varlen batches on the persistent schedule's work queue (``_loader_queue``; "unavailable" before
+         # it), at the default config of the batch's mean length (682: persistent for every head dim).
          ("gluon ps varlen causal", gluon_seq, dict(seq="varlen", persistent=True)),
          ("gluon ps varlen", gluon_seq, dict(seq="varlen", causal=False, persistent=True)),
          ("gluon ps d64 varlen causal", gluon_seq, dict(seq="varlen", d=64, persistent=True)),
@@ -544,7 +544,15 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
          ("gluon ps d192 dv128 narrow qk varlen window+all", gluon_seq, dict(seq="varlen", d=192, dv=128,
                                                                              config=QK2, left=300, softcap=30.0,
                                                                              alibi_bh=True, sinks=True,
-                                                                             persistent=True))]
+                                                                             persistent=True)),
+         # Per-row ranges on the same queue.
+         ("gluon ps ranges causal", gluon_seq, dict(seq="ranges", persistent=True)),
+         ("gluon ps d64 ranges", gluon_seq, dict(seq="ranges", d=64, causal=False, persistent=True)),
+         ("gluon ps ranges window both+alibi+sinks", gluon_seq, dict(seq="ranges", left=300, right=40, causal=False,
+                                                                     alibi_bh=True, sinks=True, persistent=True)),
+         ("gluon ps d256 ranges", gluon_seq, dict(seq="ranges", d=256, causal=False, persistent=True)),
+         ("gluon ps d192 dv128 narrow qk ranges", gluon_seq, dict(seq="ranges", d=192, dv=128, config=QK2,
+                                                                  causal=False, persistent=True))]
 
 
 def ptxas(ptx):

@@ -1,10 +1,13 @@
-"""The Gluon forward on a packed varlen batch: one tile a program against the persistent schedule's
-work queue (``_loader_varlen``), same batch, same config otherwise.
+"""The Gluon forward on a packed varlen batch and on a left-padded batch (per-row ranges): one tile a
+program against the persistent schedule's work queue (``_loader_queue``), same batch, the default
+config and its one-tile form (``one_tile_per_program``: one ring depth, the deeper, and one Q set).
 
     python benchmarks/varlen_schedule.py [--out benchmarks/results]
 
 ``variants.py``'s mixed batch (``mixed_lengths``: 32k tokens, H 16, bf16), d 128 and 64, causal and
-not, at the default config of the batch's mean length (persistent at these lengths): ``one_tile``
+not, at the default config of the batch's mean length (persistent at these lengths); and 16 rows
+of 2048 tokens left-padded to 25–100% valid (seeded; HuggingFace's padded generation), d 128 causal,
+at the default config of 2048: ``one_tile``
 runs it as ``one_tile_per_program`` makes it, ``queue`` as it is. Device time (``common.time_ms``)
 of ``attention_forward_gluon`` in balanced rounds after an untimed one; the row's ``speedup`` is
 one_tile / queue. ``o_diff``: the largest |o_queue − o_one_tile| (each tile is computed by the same
@@ -26,7 +29,7 @@ from flashattn_lite.bench.common import (add_run_arguments, format_table, gpu_sc
                                          time_ms, write_json)
 from flashattn_lite.bench.variants import mixed_lengths  # noqa: E402
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
-from flashattn_lite.ops.attention_fwd import SEQ_VARLEN, Variant  # noqa: E402
+from flashattn_lite.ops.attention_fwd import SEQ_RANGES, SEQ_VARLEN, Variant  # noqa: E402
 
 TOKENS, HEADS = 32768, 16
 
@@ -46,23 +49,35 @@ def main():
             default = gluon_fwd.default_config(d, causal, TOKENS // len(lens))
             configs = {"one_tile": gluon_fwd.one_tile_per_program(default), "queue": default}
             for name, cfg in configs.items():
-                cases[(d, causal, name)] = functools.partial(gluon_fwd.attention_forward_gluon, q, k, v, d ** -0.5,
-                                                             causal, config=cfg, variant=variant)
+                cases[("varlen", d, causal, name)] = functools.partial(gluon_fwd.attention_forward_gluon, q, k, v,
+                                                                       d ** -0.5, causal, config=cfg, variant=variant)
+    # A left-padded batch: row b's valid queries and keys [pad_b, 2048).
+    B, N = 16, 2048
+    pads = (torch.rand(B, generator=torch.Generator().manual_seed(1)) * 0.75 * N).long()
+    ranges = torch.stack([pads, torch.full_like(pads, N)], 1).to(torch.int32).cuda()
+    padded = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
+    q, k, v = (torch.randn(B, HEADS, N, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    default = gluon_fwd.default_config(128, True, N)
+    for name, cfg in {"one_tile": gluon_fwd.one_tile_per_program(default), "queue": default}.items():
+        cases[("ranges", 128, True, name)] = functools.partial(gluon_fwd.attention_forward_gluon, q, k, v, 128 ** -0.5,
+                                                               True, config=cfg, variant=padded)
     outputs = {key: fn() for key, fn in cases.items()}
     times, _ = in_rounds(list(cases), rounds, lambda key: time_ms(cases[key]))
     rows = []
-    for d in (128, 64):
-        for causal in (True, False):
-            one, queue = ((d, causal, name) for name in ("one_tile", "queue"))
-            ms = {key: sorted(times[key])[rounds // 2] for key in (one, queue)}
-            rows.append(dict(d=d, causal=causal, config=gluon_fwd.default_config(d, causal, TOKENS // len(lens)).name,
-                             one_tile_ms=ms[one], queue_ms=ms[queue], speedup=ms[one] / ms[queue],
-                             o_diff=(outputs[queue][0].float() - outputs[one][0].float()).abs().max().item(),
-                             lse_equal=torch.equal(outputs[queue][1], outputs[one][1])))
+    for layout, d, causal in [("varlen", d, causal) for d in (128, 64) for causal in (True, False)] + [
+            ("ranges", 128, True)]:
+        one, queue = ((layout, d, causal, name) for name in ("one_tile", "queue"))
+        ms = {key: sorted(times[key])[rounds // 2] for key in (one, queue)}
+        n = TOKENS // len(lens) if layout == "varlen" else N
+        rows.append(dict(layout=layout, d=d, causal=causal, config=gluon_fwd.default_config(d, causal, n).name,
+                         one_tile_ms=ms[one], queue_ms=ms[queue], speedup=ms[one] / ms[queue],
+                         o_diff=(outputs[queue][0].float() - outputs[one][0].float()).abs().max().item(),
+                         lse_equal=torch.equal(outputs[queue][1], outputs[one][1])))
     path = write_json(args.out, "varlen_schedule", rows, tokens=TOKENS, sequences=len(lens), lengths=lens,
-                      heads=HEADS, dtype="bfloat16", rounds=rounds,
+                      padded_rows=B, padded_n=N, pads=pads.tolist(), heads=HEADS, dtype="bfloat16", rounds=rounds,
                       timing="common.time_ms medians, balanced rounds after an untimed one")
-    print(format_table(rows, ["d", "causal", "config", "one_tile_ms", "queue_ms", "speedup", "o_diff", "lse_equal"]))
+    print(format_table(rows, ["layout", "d", "causal", "config", "one_tile_ms", "queue_ms", "speedup", "o_diff",
+                              "lse_equal"]))
     print(f"wrote {path}")
 
 

@@ -187,6 +187,32 @@ def test_varlen_queue_holds_every_tile_once(lens, H, block_m, scan):
     assert varlen_queue(lens, H, block_m, scan) == varlen_queue(lens, H, block_m, scan=64)
 
 
+@triton.jit
+def _ranges_queue_kernel(out, ranges, n_rows, n_q, n_heads, BLOCK_M: tl.constexpr):
+    # The loader's mapping over per-row ranges ((B, 2) int32: bounds two apart), as for varlen.
+    lanes = tl.arange(0, 32)
+    units = gluon_fwd.varlen_tile_count(ranges, ranges + 1, n_rows, n_q, lanes, BLOCK_M, 2) * n_heads
+    for t in range(units):
+        b, start_m = attention_fwd.varlen_scan(ranges, ranges + 1, n_rows, n_q, t // n_heads, lanes, BLOCK_M, 2)
+        tl.store(out + 1 + 3 * t, t % n_heads)
+        tl.store(out + 2 + 3 * t, b)
+        tl.store(out + 3 + 3 * t, start_m)
+    tl.store(out, units)
+
+
+def test_ranges_queue_holds_every_rows_tiles_once():
+    # Per-row ranges (the bounds read two apart, clamped into the row's n_q): each row's tiles from
+    # its range's start, none past its end, none of an empty range; 40 rows span two scan chunks.
+    rows = [(0, 700), (5, 5), (699, 700), (3, 300), (650, 900), (-4, 10)] * 6 + [(0, 64)] * 4
+    n_q, H, bm = 700, 3, 128
+    ranges = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+    out = torch.full((1 + 3 * len(rows) * triton.cdiv(n_q, bm) * H,), -1, dtype=torch.int32, device=DEVICE)
+    _ranges_queue_kernel[(1,)](out, ranges, len(rows), n_q, H, bm)
+    flat = out.tolist()
+    lens = [min(max(b, 0), n_q) - min(max(a, 0), n_q) if b > a else 0 for a, b in rows]
+    assert [tuple(flat[1 + 3 * t:4 + 3 * t]) for t in range(flat[0])] == queue_reference(lens, H, bm)
+
+
 def test_varlen_queue_reads_bounds_clamped_into_the_rows():
     # Unchecked bounds past the packed rows (check_seqlens=False) are read clamped, as the one-tile
     # scan reads them: the tiles of the rows that exist, no more.
@@ -613,36 +639,59 @@ def test_persistent_launch(d, cfg):
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
-def test_persistent_takes_varlen_and_refuses_ranges():
-    # One tile per program for per-row ranges: a persistent config asked for explicitly is refused
-    # (ValueError), never silently swapped. Packed varlen batches take it: min(the one-tile grid's
-    # slots, SMs) programs, the one-tile launch's arguments and SEQ.
+def test_persistent_takes_ranges_and_varlen():
+    # Per-row ranges and packed varlen batches take a persistent config through the work queue:
+    # min(the one-tile grid's programs, SMs) programs, the one-tile launch's arguments but the
+    # queue's counter (a zeroed int32; None one tile a program), SEQ.
     d, cfg = PERSISTENT[0]
     ranges = torch.tensor([[0, 5], [2, 7]], dtype=torch.int32)
     q, k = torch.zeros(2, 4, 7, d, dtype=torch.float16), torch.zeros(2, 2, 9, d, dtype=torch.float16)
-    variant = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
-    o, lse = attention_fwd.output_buffers(q, d, variant, True)
-    with pytest.raises(ValueError, match="not per-row ranges"):
-        gluon_fwd._launch(q, k, k, o, lse, 0.125, False, cfg, variant)
     cu = torch.tensor([0, 3, 7], dtype=torch.int32)
     varlen = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
     q1, k1 = torch.zeros(1, 4, 7, d, dtype=torch.float16), torch.zeros(1, 2, 7, d, dtype=torch.float16)
-    o, lse = attention_fwd.output_buffers(q1, d, varlen, True)
-    grid1, args1, kwargs1 = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, gluon_fwd.one_tile_per_program(cfg),
-                                              varlen)
-    assert "PERSISTENT" not in kwargs1 and kwargs1["SEQ"] == SEQ_VARLEN and grid1 == ((1 + 2) * 4,)
-    assert args1[-1] is None  # no work queue
-    for sms, programs in ((None, 12), (5, 5)):
-        grid, args, kwargs = gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, cfg, varlen, sms=sms)
-        same = [a.data_ptr() == b.data_ptr() if isinstance(a, torch.Tensor) else a == b
-                for a, b in zip(args[4:-1], args1[4:-1])]
-        assert grid == (programs,) and all(same)
-        assert args[-1].dtype == torch.int32 and args[-1].tolist() == [0]  # the queue's counter, from 0
-        assert kwargs == {**kwargs1, "STAGES": cfg.stages, "PERSISTENT": True, "Q_SETS": cfg.q_sets(d),
-                          "V_STAGES": cfg.v_stages or cfg.stages}
+    for variant, qq, kk, slots in ((Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges), q, k, 2 * 4),
+                                   (varlen, q1, k1, (1 + 2) * 4)):
+        o, lse = attention_fwd.output_buffers(qq, d, variant, True)
+        grid1, args1, kwargs1 = gluon_fwd._launch(qq, kk, kk, o, lse, 0.125, True,
+                                                  gluon_fwd.one_tile_per_program(cfg), variant)
+        assert "PERSISTENT" not in kwargs1 and kwargs1["SEQ"] == variant.seq and grid1 == (slots,)
+        assert args1[-1] is None  # no work queue
+        for sms, programs in ((None, slots), (5, 5)):
+            grid, args, kwargs = gluon_fwd._launch(qq, kk, kk, o, lse, 0.125, True, cfg, variant, sms=sms)
+            same = [a.data_ptr() == b.data_ptr() if isinstance(a, torch.Tensor) else a == b
+                    for a, b in zip(args[4:-1], args1[4:-1])]
+            assert grid == (programs,) and all(same)
+            assert args[-1].dtype == torch.int32 and args[-1].tolist() == [0]  # the queue's counter, from 0
+            assert kwargs == {**kwargs1, "STAGES": cfg.stages, "PERSISTENT": True, "Q_SETS": cfg.q_sets(d),
+                              "V_STAGES": cfg.v_stages or cfg.stages}
     # A V ring of its own depth is a persistent config's: refused one tile per program.
     with pytest.raises(ValueError, match="v_stages"):
         gluon_fwd._launch(q1, k1, k1, o, lse, 0.125, True, gluon_fwd.Config(2, 128, 2, True, v_stages=3), varlen)
     # The same tensors as a dense batch: taken (8 tiles, 8 programs).
     grid, _, _ = gluon_fwd._launch(q, k, k, torch.empty_like(q), torch.empty(2, 4, 7), 0.125, False, cfg, PLAIN)
     assert grid == (2 * 4,)
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_the_queue_is_the_default_up_to_its_sequence_count(monkeypatch):
+    # By default ranges and varlen batches take a persistent config through the queue up to
+    # QUEUE_MAX_SEQUENCES sequences (measured and tested below it), one tile a program past it.
+    taken = []
+
+    def launch(q, k, v, o, lse, scale, causal, cfg, variant=PLAIN):
+        taken.append(cfg)
+        raise RuntimeError("recorded")
+    monkeypatch.setattr(gluon_fwd, "_launch", launch)
+    most = gluon_fwd.QUEUE_MAX_SEQUENCES
+    for n_seq in (1, most, most + 1):
+        cu = torch.arange(0, 10 * n_seq + 1, 10, dtype=torch.int32)  # 10 rows a sequence
+        q = torch.zeros(1, 2, 10 * n_seq, 128, dtype=torch.bfloat16)
+        variant = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
+        with pytest.raises(RuntimeError, match="recorded"):
+            gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=variant)
+    rows = torch.tensor([[0, 100]] * (most + 1), dtype=torch.int32)
+    q = torch.zeros(most + 1, 2, 100, 128, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="recorded"):
+        gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows))
+    assert [cfg.persistent for cfg in taken] == [True, True, False, False]
+    assert taken[2] == gluon_fwd.one_tile_per_program(taken[1])

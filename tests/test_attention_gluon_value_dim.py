@@ -132,13 +132,13 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
                        seq_k=torch.tensor([[0, 4096]], dtype=torch.int32)))
     options = (Variant(sinks=torch.zeros(2)), Variant(right=100), Variant(left=100), Variant(softcap=30.0),
                Variant(alibi=torch.zeros(2)))
-    # through the forward at q's 192: K 2 / V 2 plain and with each option, one tile a program on
-    # ranges and varlen batches
+    # through the forward at q's 192: K 2 / V 2 plain, with each option, and on ranges and varlen
+    # batches (persistent through the work queue)
     q, v = torch.zeros(1, 2, 4096, 192, dtype=bf), torch.zeros(1, 2, 4096, 128, dtype=bf)
     for variant in (PLAIN, Variant(), *options, *layouts):
         with pytest.raises(RuntimeError, match="recorded"):
             gluon_fwd.attention_forward_gluon(q, q, v, 0.1, False, variant=variant)
-    assert taken == [k2v2] * 7 + [gluon_fwd.one_tile_per_program(k2v2)] * 2, taken
+    assert taken == [k2v2] * 9, taken
     # at q's 160 (K whole): the 3-deep V ring for the plain call only
     taken.clear()
     q = torch.zeros(1, 2, 4096, 160, dtype=bf)
@@ -553,7 +553,8 @@ def test_narrow_v_forward_configs_carry_their_rings_across_tiles(monkeypatch, co
 
 
 # MLA's forward with options and packed layouts through K 2 / V 2 (K in chunks of q's 192 columns):
-# persistent on dense batches, one tile a program on varlen and ranges ones (as the default runs them).
+# persistent on dense batches (7 programs, each taking several tiles), through the work queue on varlen
+# and ranges ones (as the default runs them; one tile a program before).
 # (name, options, v's head dim, dtype); softcap 2.5 and sinks of scale 2 move o past the tolerance.
 K2V2_CASES = [("softcap-sinks", dict(softcap=2.5, sinks=True), 128, torch.bfloat16),
               ("alibi", dict(alibi="h"), 128, torch.bfloat16),
@@ -585,14 +586,15 @@ def test_k2v2_forward_with_options_and_packed_layouts(monkeypatch, case, causal)
     # Against float64: each option (ALiBi's bias, a window's bounds) and a varlen or ranges batch's
     # sequence ends in the chunked-K kernel, GQA 2, Nq ≠ Nk (causal with Nq > Nk: rows with no key, o
     # = 0); dense batches on 7 programs, each taking several tiles (the rings run on across them);
-    # the options change o by more than the tolerance (so an option dropped fails).
+    # the options change o by more than the tolerance (so an option dropped fails); varlen and ranges
+    # through the work queue, on 7 programs too.
     from test_attention_gluon_varlen import as_4d
     from test_attention_hopper import as_variant
     name, opts, dv, dt = case
     g = torch.Generator().manual_seed(8)
     hq, hkv = 4, 2
     options = _k2v2_options(opts, hq, g)
-    flat = gluon_fwd.one_tile_per_program(K2V2)
+    monkeypatch.setattr(gluon_fwd, "gpu_sm_count", lambda device: 7)
     if name.startswith("varlen"):
         lens_q, lens_k = [17, 1000, 1, 2100], [40, 1000, 5, 2100]
         cq, ck = (torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
@@ -602,7 +604,7 @@ def test_k2v2_forward_with_options_and_packed_layouts(monkeypatch, case, causal)
         v = torch.randn(sum(lens_k), hkv, dv, generator=g).to("cuda", dt)
         variant = as_variant(as_4d(q), as_4d(k), options)._replace(seq=SEQ_VARLEN, seq_q=cq, seq_k=ck)
         o, lse = gluon_fwd.attention_forward_gluon(as_4d(q), as_4d(k), as_4d(v), 192 ** -0.5, causal, variant=variant,
-                                                   config=flat)
+                                                   config=K2V2)
         o_ref, lse_ref = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=causal, **options)
         o_same, _ = attention_varlen_reference(q, k, v, cq.cpu(), ck.cpu(), causal=causal, dtype=dt, **options)
         assert_close_to_ref(o[0].transpose(0, 1), o_same.cuda(), o_ref.cuda(), eps=EPS[dt])
@@ -616,7 +618,7 @@ def test_k2v2_forward_with_options_and_packed_layouts(monkeypatch, case, causal)
         qr = torch.tensor([[3, 1000], [0, 129]], dtype=torch.int32, device="cuda")
         kr = torch.tensor([[9, 1000], [0, 700]], dtype=torch.int32, device="cuda")
         variant = as_variant(q, k, options)._replace(seq=SEQ_RANGES, seq_q=qr, seq_k=kr)
-        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal, variant=variant, config=flat)
+        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal, variant=variant, config=K2V2)
         for b in range(2):
             (a0, a1), (b0, b1) = qr[b].tolist(), kr[b].tolist()
             sl = [t[b:b + 1, :, r0:r1] for t, (r0, r1) in ((q, (a0, a1)), (k, (b0, b1)), (v, (b0, b1)))]
@@ -628,7 +630,6 @@ def test_k2v2_forward_with_options_and_packed_layouts(monkeypatch, case, causal)
             outside[a0:a1] = False
             assert (o[b][:, outside] == 0).all() and (lse[b][:, outside] == float("-inf")).all()
         return
-    monkeypatch.setattr(gluon_fwd, "gpu_sm_count", lambda device: 7)
     variant = as_variant(q, k, options)
     o, lse = gluon_fwd.attention_forward_gluon(q, k, v, 192 ** -0.5, causal, variant=variant, config=K2V2)
     o_ref, lse_ref = attention_reference(q, k, v, causal=causal, **options)

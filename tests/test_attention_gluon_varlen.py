@@ -307,6 +307,43 @@ def test_persistent_varlen_takes_every_tile_once(d, cfg, causal, sms):
 
 
 @needs_gpu
+@pytest.mark.parametrize("sms", [1, 7, None], ids=["one-program", "seven-programs", "every-sm"])
+@pytest.mark.parametrize("d, cfg, causal", QUEUE_CONFIGS[:3:2], ids=[f"d{d}-{c.name}-{'causal' if x else 'full'}"
+                                                                     for d, c, x in QUEUE_CONFIGS[:3:2]])
+def test_persistent_ranges_take_every_tile_once(d, cfg, causal, sms):
+    # Per-row ranges on the queue: 9 rows (an empty range, a one-row one, whole rows, ranges ending
+    # mid-tile), each row's tiles only (none past its range's end), rows inside the ranges written
+    # into NaN, the padding left at 0 / −inf.
+    B, L, S = 9, 700, 900
+    qr = torch.tensor([[0, 700], [5, 5], [699, 700], [3, 300], [0, 129], [128, 700], [1, 2], [17, 650], [0, 64]],
+                      dtype=torch.int32, device=DEVICE)
+    kr = torch.tensor([[0, 900], [0, 17], [2, 900], [9, 300], [0, 129], [100, 900], [0, 1], [0, 650], [0, 64]],
+                      dtype=torch.int32, device=DEVICE)
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(B, 4, L, d, generator=g).to(DEVICE, torch.bfloat16)
+    k, v = (torch.randn(B, 2, S, d, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    variant = Variant(seq=SEQ_RANGES, seq_q=qr, seq_k=kr)
+    o, lse = attention_fwd.output_buffers(q, d, variant, True)
+    for b, (a0, a1) in enumerate(qr.tolist()):
+        o[b, :, a0:a1] = float("nan")
+        lse[b, :, a0:a1] = float("nan")
+    grid, args, kwargs = gluon_fwd._launch(q, k, v, o, lse, d ** -0.5, causal, cfg, variant, sms=sms)
+    assert kwargs["PERSISTENT"] and (sms is None or grid == (sms,))
+    gluon_fwd._attn_fwd_gluon_launcher[grid](*args, **kwargs)
+    for b in range(B):
+        (a0, a1), (b0, b1) = qr[b].tolist(), kr[b].tolist()
+        outside = torch.ones(L, dtype=torch.bool, device=DEVICE)
+        outside[a0:a1] = False
+        assert (o[b][:, outside] == 0).all() and (lse[b][:, outside] == float("-inf")).all()
+        if a1 > a0:
+            sl = [t[b:b + 1, :, r0:r1] for t, (r0, r1) in ((q, (a0, a1)), (k, (b0, b1)), (v, (b0, b1)))]
+            o_ref, lse_ref = attention_reference(*sl, causal=causal)
+            o_same, _ = attention_reference(*sl, causal=causal, dtype=torch.bfloat16)
+            assert_close_to_ref(o[b:b + 1, :, a0:a1], o_same, o_ref, eps=EPS[torch.bfloat16])
+            check_lse(lse[b:b + 1, :, a0:a1], lse_ref, torch.bfloat16)
+
+
+@needs_gpu
 @pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (64, torch.float16), (256, torch.bfloat16),
                                       (96, torch.bfloat16), (48, torch.float16)],
                          ids=["d128-bf16", "d64-fp16", "d256-bf16", "d96-bf16", "d48-fp16"])

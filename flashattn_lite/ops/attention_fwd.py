@@ -206,12 +206,12 @@ def varlen_tile(starts, ends, n_seq, total, t, BLOCK: tl.constexpr, SCAN: tl.con
 
 
 @triton.jit
-def varlen_scan(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr):
+def varlen_scan(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr, stride=1):
     """``varlen_tile`` with the chunk's lanes (0 … SCAN − 1) passed in: the Gluon forward passes
     them in a layout of its own (a Gluon arange needs one). The same scan, written out twice: the
     portable kernel calling this one compiles to other PTX (the arange hoisted out of the loop),
     and its PTX is kept as it ran on the GPU (``benchmarks/ptx_hashes.py``); the tests run both
-    against brute force."""
+    against brute force. ``stride``: the bounds' step (2: per-row ranges, ``seq_args``)."""
     SCAN: tl.constexpr = lanes.shape[0]
     b = 0
     before = 0  # tiles of the sequences before b
@@ -220,7 +220,8 @@ def varlen_scan(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr):
     for c in range(0, n_seq, SCAN):
         idx = c + lanes
         ok = idx < n_seq
-        _, n = seq_bounds(tl.load(starts + idx, mask=ok, other=0), tl.load(ends + idx, mask=ok, other=0), total)
+        first, end = tl.load(starts + idx * stride, mask=ok, other=0), tl.load(ends + idx * stride, mask=ok, other=0)
+        _, n = seq_bounds(first, end, total)
         tiles = tl.where(ok, tl.cdiv(n, BLOCK), 0)
         ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's tiles end, over the whole batch
         done = (ends_t <= t) & ok

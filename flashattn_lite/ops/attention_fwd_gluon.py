@@ -58,14 +58,14 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   partial query tile of a sequence is stored by a masked store (a TMA store would overwrite the
   next sequence's rows), as is every tile under ALiBi (the TMA store's coordinates spill its
   consumers); lse by a masked store always.
-* Persistent schedule (``Config.persistent`` → ``PERSISTENT``, dense and varlen batches; a config
+* Persistent schedule (``Config.persistent`` → ``PERSISTENT``, any batch layout; a config
   without it compiles to the kernel it compiled to before): min(tiles, SMs) programs, each looping
   over its units of the head-major tile order (``persistent_tile``: causal tiles paired heaviest with
-  lightest, so units dealt round-robin balance); a varlen batch's tiles from a work queue
-  (``_loader_varlen``). Loader and consumers walk the same tiles; the K/V
-  ring's slots and
-  phases, the ping-pong turns and Q's barriers run on across tiles (counted over the program), so
-  the next tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
+  lightest, so units dealt round-robin balance); the tiles of ranges and varlen batches from a work
+  queue (``_loader_queue``: their costs vary with every sequence's length, which no static deal
+  balances). Loader and consumers walk the same tiles; the K/V ring's slots and phases, the
+  ping-pong turns and Q's barriers run on across tiles (counted over the program), so the next
+  tile's first K/V tiles load while the consumers finish this one. Q is double-buffered
   where shared memory allows (``Config.q_sets``): the next tile's Q loads while this tile's O is
   staged in the other set (released in the next tile, once its first scores retired: the wait for
   the store stays off the tile boundary); with one set it loads after the next tile's first STAGES
@@ -157,7 +157,7 @@ class Config(NamedTuple):
     ``block_n``, ``stages`` K/V slots, ``pingpong`` (two consumers take turns issuing GEMMs),
     ``consumer_regs`` (setmaxnreg for the consumer warpgroups; the loader gets ``LOADER_REGS``),
     ``persistent`` (one program per SM looping over the query tiles: ``_attn_fwd_gluon_kernel``;
-    dense and varlen batches)."""
+    any batch layout: ranges and varlen from a work queue)."""
     consumers: int
     block_n: int
     stages: int
@@ -251,7 +251,8 @@ NARROW_V_MIN_N = 4096
 # default: plain, +4.5 to +18% from 1k to 16k, causal or not, in two runs at 2k–16k and one at 1k
 # (``mla_fwd_configs-20261130-124729.json``, ``-135201.json``, ``-135948.json``; 1.05–1.14 × cuDNN from
 # 2k); with softcap, sinks, ALiBi or a window +4.3 to +18.7%, on varlen batches one tile a program
-# +11 to +15% (``-140049.json``, ``-142035.json``, 4k / 8k). Below 1k: not measured.
+# +11 to +15% (``-140049.json``, ``-142035.json``, 4k / 8k; the work queue's form of it, now the
+# default there, not timed). Below 1k: not measured.
 NARROW_QK_CONFIG = Config(2, 128, 2, True, persistent=True)
 NARROW_QK_MIN_N = 1024
 
@@ -283,8 +284,7 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     causal calls without ALiBi below 12k (``CAUSAL_PERSISTENT_MAX_N``), midway between 8k, where it
     leads the one-tile config by 3.9–4.6% in three runs, and 16k, where it trails by 0.8% on average
     (``gluon_fwd-20261129-074213.json``, ``-074224.json``, ``-074232.json``). A persistent config
-    takes dense and varlen batches:
-    ``attention_forward_gluon`` runs ranges one tile per program (``one_tile_per_program``).
+    takes dense batches, and ranges and varlen through a work queue (``_loader_queue``).
     d 256 (H200, three sweeps each, ``gluon_fwd-20261129-091536.json``, ``-091615.json``,
     ``-091655.json``): two consumers with 64-key tiles and a 2-deep ring, persistent with turns
     (causal 1k–8k +3 to +12% over the same config one tile per program; non-causal within ±3% of
@@ -295,7 +295,7 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     measured plain only; ranges have no one-tile form of them that fits), and where q's
     head dim (``q_dim``) lets K's ring hold its columns in 64-column chunks (``k_chunks``: 192), calls
     from ``NARROW_QK_MIN_N``, causal or not, with any option, take 128-key tiles with two slots for K
-    and V (``NARROW_QK_CONFIG``; ranges one tile a program).
+    and V (``NARROW_QK_CONFIG``).
     """
     if head_dim == 256:
         if value_dim is not None and padded_head_dim(value_dim) <= 128:  # V's narrow boxes leave room
@@ -501,15 +501,17 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
 
 
 @triton.jit
-def varlen_tile_count(starts, ends, n_seq, total, lanes, BLOCK: tl.constexpr):
-    """The query tiles of one head of a packed batch, Σ cdiv(n_b, BLOCK) over its sequences, read as
-    ``varlen_scan`` reads them (clamped into the ``total`` rows; ``lanes``: its chunk's lanes)."""
+def varlen_tile_count(starts, ends, n_seq, total, lanes, BLOCK: tl.constexpr, stride=1):
+    """The query tiles of one head of a packed batch (or of per-row ranges), Σ cdiv(n_b, BLOCK) over
+    its sequences, read as ``varlen_scan`` reads them (clamped into the ``total`` rows; ``lanes``: its
+    chunk's lanes; ``stride``: the bounds' step)."""
     SCAN: tl.constexpr = lanes.shape[0]
     count = 0
     for c in range(0, n_seq, SCAN):
         idx = c + lanes
         ok = idx < n_seq
-        _, n = seq_bounds(tl.load(starts + idx, mask=ok, other=0), tl.load(ends + idx, mask=ok, other=0), total)
+        first, end = tl.load(starts + idx * stride, mask=ok, other=0), tl.load(ends + idx * stride, mask=ok, other=0)
+        _, n = seq_bounds(first, end, total)
         count += tl.sum(tl.where(ok, tl.cdiv(n, BLOCK), 0), 0)
     return count
 
@@ -1138,27 +1140,32 @@ if _HAS_GLUON:
                 gl.sum(gl.where(fields == 6, vals, 0), axis=0))
 
     @gluon.jit
-    def _loader_varlen(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+    def _loader_queue(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                        v_empty, meta, work, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q,
                        n_k, win_left, win_right, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       V_STAGES: gl.constexpr, Q_SETS: gl.constexpr):
-        """The loader warp of a persistent program over a packed varlen batch: while the queue has
-        units (the one-tile grid's slots without its empty ones, t = slot · Hq + head, so the order
-        is ``varlen_scan``'s, heads fastest), maps the next (``varlen_scan``, ``sequence``), loads its Q
-        and K/V tiles as ``_loader_persistent`` does (rows from the sequence's first query and key),
-        and puts its coordinates in its Q set's slot of ``meta``; then puts t = -1 there."""
+                       V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, SEQ: gl.constexpr):
+        """The loader warp of a persistent program over a packed varlen batch or per-row ranges
+        (``SEQ``): while the queue has units (the query tiles of every sequence or range, t = slot · Hq
+        + head in ``varlen_scan``'s order, heads fastest: no empty slot, no tile past a range's end),
+        maps the next (``varlen_scan``, ``sequence``), loads its Q and K/V tiles as
+        ``_loader_persistent`` does (rows from the sequence's first query and key, in batch row 0 of a
+        varlen batch's tensors, row b of ranges'), and puts its coordinates in its Q set's slot of
+        ``meta``; then puts t = -1 there."""
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
         fields = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [1], [0]))
-        units = varlen_tile_count(q_starts, q_ends, n_seq, n_q, lanes, BLOCK_M) * n_heads
+        units = varlen_tile_count(q_starts, q_ends, n_seq, n_q, lanes, BLOCK_M, stride_seq) * n_heads
         kv = 0
         qi = 0
         t = _next_unit(work, lanes)
         while t < units:
             h = t % n_heads
-            b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, t // n_heads, lanes, BLOCK_M)
-            q0, seq_q, k0, seq_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, 0, 2)
+            b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, t // n_heads, lanes, BLOCK_M, stride_seq)
+            q0, seq_q, k0, seq_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, 0, SEQ)
+            tb = b  # the tensors' batch row: ranges' b, a varlen batch's 0
+            if SEQ == 2:
+                tb = 0
             lo, n_tiles, _, _ = key_tiles(start_m, seq_k, off, win_left, win_right, CAUSAL, HAS_LEFT, HAS_RIGHT,
                                           BLOCK_M, BLOCK_N)
             h_kv = h // group
@@ -1167,16 +1174,16 @@ if _HAS_GLUON:
             if Q_SETS == 1:  # (``_loader_persistent``: the first K/V tiles before Q, else a deadlock)
                 FIRST: gl.constexpr = STAGES if STAGES < V_STAGES else V_STAGES
                 first = gl.minimum(n_tiles, FIRST)
-                _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, 0, first, 0,
-                               h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES, k0, 2)
+                _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, 0, first, tb,
+                               h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES, k0, SEQ)
             mbarrier.wait(q_empty.index(qs), ((qi // Q_SETS) & 1) ^ 1)  # a fresh barrier: no wait
             _put_tile(meta, qs, fields, t, h, b, start_m, q0, seq_q, seq_k)
             mbarrier.expect(q_ready.index(qs), CONSUMERS * q_desc.block_type.nbytes)
             for c in gl.static_range(CONSUMERS):
-                tma.async_copy_global_to_shared(q_desc, [0, h, q0 + start_m + 64 * c, 0], q_ready.index(qs),
+                tma.async_copy_global_to_shared(q_desc, [tb, h, q0 + start_m + 64 * c, 0], q_ready.index(qs),
                                                 q_smem.index(qs * CONSUMERS + c))
-            _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, first, n_tiles, 0,
-                           h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES, k0, 2)
+            _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv, first, n_tiles, tb,
+                           h_kv, lo, HAS_LEFT, BLOCK_N, STAGES, V_STAGES, k0, SEQ)
             kv += n_tiles
             qi += 1
             t = _next_unit(work, lanes)
@@ -1186,18 +1193,21 @@ if _HAS_GLUON:
         mbarrier.arrive(q_ready.index(qs))
 
     @gluon.jit
-    def _consumer_varlen(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, meta,
-                         o_desc, lse, o, stride_oh, stride_om, n_q, win_left, win_right, qk_scale, softcap_scale,
-                         softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+    def _consumer_queue(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, meta,
+                         o_desc, lse, o, stride_oh, stride_om, n_heads, n_q, win_left, win_right, qk_scale,
+                         softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
                          ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
                          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                          SINKS: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, D_REAL: gl.constexpr):
-        """One consumer warpgroup of a persistent program over a packed varlen batch:
-        ``_consumer_persistent``'s tile loop over the tiles the loader hands over (``_take_tile``, after
-        the wait for their Q), until t = -1; each tile's rows, lengths and diagonal its sequence's, O
-        stored as ``_consumer`` stores a varlen tile (one crossing the sequence's end by a masked
-        store, o's ``D_REAL`` columns), lse (1, Hq, total) by a masked store."""
+                         STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, D_REAL: gl.constexpr,
+                         SEQ: gl.constexpr):
+        """One consumer warpgroup of a persistent program over a packed varlen batch or per-row
+        ranges (``SEQ``): ``_consumer_persistent``'s tile loop over the tiles the loader hands over
+        (``_take_tile``, after the wait for their Q), until t = -1; each tile's rows, lengths and
+        diagonal its sequence's, O stored as ``_consumer`` stores such a tile (one crossing the
+        sequence's end by a masked store, o's ``D_REAL`` columns), lse by a masked store (lse and o
+        hold the (batch row, head) planes of ``output_buffers``: (1, Hq) for varlen, (B, Hq) for
+        ranges)."""
         dtype: gl.constexpr = q_smem.dtype
         DV: gl.constexpr = v_smem.shape[4]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -1216,6 +1226,10 @@ if _HAS_GLUON:
         t, h, b, start_m, q0, seq_q, seq_k = _take_tile(meta, 0, meta_layout)
         while t >= 0:
             qs = qi % Q_SETS
+            tb = b  # the tensors' batch row (``_loader_queue``) and the (row, head) plane of o and lse
+            if SEQ == 2:
+                tb = 0
+            bh = tb * n_heads + h
             off = seq_k - seq_q
             lo, n_tiles, mid_lo, mid_hi = key_tiles(start_m, seq_k, off, win_left, win_right, CAUSAL, HAS_LEFT,
                                                     HAS_RIGHT, BLOCK_M, BLOCK_N)
@@ -1252,17 +1266,17 @@ if _HAS_GLUON:
                     o_slot = q_slot._reinterpret(dtype, o_desc.block_type.shape, o_desc.layout)
                 o_slot.reshape([64, DV]).store(out.to(dtype))
                 fence_async_shared()
-                tma.async_copy_shared_to_global(o_desc, [0, h, q0 + row0, 0], o_slot)
+                tma.async_copy_shared_to_global(o_desc, [tb, h, q0 + row0, 0], o_slot)
             else:  # a TMA store would overwrite the next sequence's rows
                 out_rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
                 out_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
-                ptrs = (o + h.to(gl.int64) * stride_oh + gl.expand_dims((q0 + out_rows).to(gl.int64) * stride_om, 1)
+                ptrs = (o + bh.to(gl.int64) * stride_oh + gl.expand_dims((q0 + out_rows).to(gl.int64) * stride_om, 1)
                         + gl.expand_dims(out_cols, 0))
                 keep = gl.expand_dims(out_rows < seq_q, 1)
                 if D_REAL != 0:
                     keep = keep & gl.expand_dims(out_cols < D_REAL, 0)
                 gl.store(ptrs, out.to(dtype), mask=keep)
-            gl.store(lse + h.to(gl.int64) * n_q + q0 + rows, lse_row, mask=rows < seq_q)
+            gl.store(lse + bh.to(gl.int64) * n_q + q0 + rows, lse_row, mask=rows < seq_q)
             if Q_SETS == 1:  # the loader reloads this set next: release it once the store read it
                 tma.store_wait(0)
                 mbarrier.arrive(q_empty.index(qs))
@@ -1291,9 +1305,10 @@ if _HAS_GLUON:
                                V_STAGES: gl.constexpr = 0, D_REAL: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 1):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if PERSISTENT:
-            # One program per SM (``_launch``), each taking units pid, pid + programs, … of the
-            # (B·Hq) × query-tile space (``persistent_units``, ``persistent_tile``); dense batches
-            # only. Every partition walks the same tiles and computes their coordinates itself.
+            # One program per SM (``_launch``). Dense: each takes units pid, pid + programs, … of the
+            # (B·Hq) × query-tile space (``persistent_units``, ``persistent_tile``), every partition
+            # walking the same tiles and computing their coordinates itself. Ranges and varlen: the
+            # loader takes them from a queue and hands them over (``_loader_queue``).
             #
             # Barrier invariants across tiles. Waits test a phase's parity, so a barrier must never
             # run two phases ahead of a waiter: every fill waits for the release of the previous
@@ -1359,69 +1374,69 @@ if _HAS_GLUON:
             # left side, whose tiles' costs are not the triangle the sort assumes (H200,
             # ``gluon_checkout-20261129-2156.json``, ``-2203.json``).
             SORTED_TAIL: gl.constexpr = q_smem.shape[4] == 64 and not HAS_LEFT  # (the boxes' width: d 64's)
-            if SEQ == 2:
-                # A varlen batch: the tiles from the queue ``work``, handed over in ``meta`` (one slot
-                # of eight fields a Q set: ``_put_tile``).
+            if SEQ != 0:
+                # A varlen batch or per-row ranges: the tiles from the queue ``work``, handed over in
+                # ``meta`` (one slot of eight fields a Q set: ``_put_tile``).
                 meta = gl.allocate_shared_memory(gl.int32, [Q_SETS, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
                 if CONSUMERS == 1:
                     gl.warp_specialize([
-                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
-                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                        (_consumer_queue, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_heads, n_q,
+                                            win_left, win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
                                             stride_alibi_b, stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
-                                            V_STAGES, Q_SETS, D_REAL)),
-                        (_loader_varlen, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                            V_STAGES, Q_SETS, D_REAL, SEQ)),
+                        (_loader_queue, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
                                           stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
                                           CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
-                                          Q_SETS)),
+                                          Q_SETS, SEQ)),
                     ], [1], [LOADER_REGS])
                 elif CONSUMERS == 2:
                     gl.warp_specialize([
-                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
-                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                        (_consumer_queue, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_heads, n_q,
+                                            win_left, win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
                                             stride_alibi_b, stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
-                                            V_STAGES, Q_SETS, D_REAL)),
-                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
-                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            V_STAGES, Q_SETS, D_REAL, SEQ)),
+                        (_consumer_queue, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_heads, n_q,
+                                            win_left, win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
                                             stride_alibi_b, stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
-                                            V_STAGES, Q_SETS, D_REAL)),
-                        (_loader_varlen, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                            V_STAGES, Q_SETS, D_REAL, SEQ)),
+                        (_loader_queue, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
                                           stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
                                           CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
-                                          Q_SETS)),
+                                          Q_SETS, SEQ)),
                     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
                 else:
                     gl.warp_specialize([
-                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
-                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                        (_consumer_queue, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_heads, n_q,
+                                            win_left, win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
                                             stride_alibi_b, stride_alibi_h, 0, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
-                                            V_STAGES, Q_SETS, D_REAL)),
-                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
-                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            V_STAGES, Q_SETS, D_REAL, SEQ)),
+                        (_consumer_queue, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_heads, n_q,
+                                            win_left, win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
                                             stride_alibi_b, stride_alibi_h, 1, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
-                                            V_STAGES, Q_SETS, D_REAL)),
-                        (_consumer_varlen, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_q, win_left,
-                                            win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
+                                            V_STAGES, Q_SETS, D_REAL, SEQ)),
+                        (_consumer_queue, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                            v_empty, turn, meta, o_desc, lse, o, stride_oh, stride_om, n_heads, n_q,
+                                            win_left, win_right, qk_scale, softcap_scale, softcap2, sinks, alibi,
                                             stride_alibi_b, stride_alibi_h, 2, CONSUMERS, PINGPONG, CAUSAL, HAS_LEFT,
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
-                                            V_STAGES, Q_SETS, D_REAL)),
-                        (_loader_varlen, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                            V_STAGES, Q_SETS, D_REAL, SEQ)),
+                        (_loader_queue, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                           v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
                                           stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
                                           CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
-                                          Q_SETS)),
+                                          Q_SETS, SEQ)),
                     ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
             elif CONSUMERS == 1:
                 gl.warp_specialize([
@@ -1774,7 +1789,7 @@ def k_chunks(cfg: Config, box_width: int, q_dim: int) -> int:
     """K's 64-column chunks a ring slot (``K_CHUNKS``): where the boxes are 256 wide and q's head dim
     192 (MLA's; the one multiple of 64 between 128 and 256), the 128-key configs hold K's columns
     only, as three 64-column boxes (48 KiB a slot, not 64; none of them past k's columns), persistent
-    or one tile a program (ranges); 1 (K whole, one box) elsewhere."""
+    or one tile a program; 1 (K whole, one box) elsewhere."""
     chunked = box_width == 256 and 128 < q_dim < box_width and q_dim % 64 == 0 and cfg.block_n == 128
     return q_dim // 64 if chunked else 1
 
@@ -1844,10 +1859,11 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     """(grid, args, keyword args) of the kernel writing o and lse for this call
     (``attention_forward_gluon``'s launch; ``benchmarks/ptx_hashes.py`` compiles from it without a
     GPU). A persistent config: min(tiles, ``sms``) programs (default: q's device's SMs,
-    ``DEFAULT_SMS`` off the GPU) and ``PERSISTENT``/``Q_SETS`` (``Config.q_sets``)/``V_STAGES``,
-    passed only then; ``K_CHUNKS`` where K's ring holds q's columns in 64-column boxes
-    (``k_chunks``). ValueError for ranges or varlen (one tile per program there), for a ``v_stages``
-    config one tile per program, and for a config whose shared memory does not fit at these widths."""
+    ``DEFAULT_SMS`` off the GPU; ranges and varlen: of the one-tile grid's programs, a bound on their
+    tiles, and ``work``, the queue's zeroed counter) and ``PERSISTENT``/``Q_SETS``
+    (``Config.q_sets``)/``V_STAGES``, passed only then; ``K_CHUNKS`` where K's ring holds q's columns
+    in 64-column boxes (``k_chunks``). ValueError for a ``v_stages`` config one tile per program, and
+    for a config whose shared memory does not fit at these widths."""
     B, Hq, Nq, _ = q.shape
     Dv = v.shape[3]
     # Q, K boxes at the wider padded width; V, O boxes (P·V) at v's own, narrower or the same: O is
@@ -1858,9 +1874,6 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
     sinks, alibi, stride_alibi_b, stride_alibi_h, win_left, win_right, softcap_scale, softcap2 = options
     grid = (cdiv(Nq, cfg.block_m) * B * Hq,)  # head-major (the kernel's dense branch)
     seq = variant.seq
-    if cfg.persistent and seq == SEQ_RANGES:
-        raise ValueError(f"attention_forward_gluon: the persistent config {cfg.name} takes dense and varlen batches, "
-                         "not per-row ranges")
     if cfg.v_stages and not cfg.persistent:
         raise ValueError(f"attention_forward_gluon: config {cfg.name}: a V ring of its own depth (v_stages) "
                          "needs a persistent config")
@@ -1869,8 +1882,9 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         # Ranges: the dense grid, each batch row's tiles from its range's start. Varlen (tensors
         # (1, H, total, D)): cdiv(total, BLOCK_M) + sequences tile slots per head (``varlen_tile``).
         *bounds, stride_seq, n_seq = seq_args(variant, q)
-        # (a persistent varlen launch's work queue: a counter from 0, ``_loader_varlen``)
-        work = torch.zeros(1, dtype=torch.int32, device=q.device) if seq == SEQ_VARLEN and cfg.persistent else None
+        # (a persistent launch's work queue: a counter from 0, ``_loader_queue``; these arguments launch
+        # once: a second launch would find the queue empty)
+        work = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.persistent else None
         seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2), work)
         if seq == SEQ_VARLEN:
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
@@ -1911,9 +1925,16 @@ def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Va
     return variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and storable_like(out, q)
 
 
+# Ranges and varlen batches of up to this many sequences take the work queue by default. Its loader
+# scans the bounds 32 at a time for every tile (``_loader_queue``), the one-tile kernel 128 at a time
+# once a program: measured up to 22 sequences (+2 to +18%, ``varlen_schedule.py``) and tested up to
+# 100; past 256 (a scan of 8 chunks a tile, on the loader's path) not measured, so not taken.
+QUEUE_MAX_SEQUENCES = 256
+
+
 def one_tile_per_program(cfg: Config) -> Config:
-    """``cfg`` as per-row ranges run it (the persistent schedule takes dense and varlen batches):
-    one tile per program, one ring depth for K and V (the deeper of the two)."""
+    """``cfg`` one tile per program, one ring depth for K and V (the deeper of the two): how ranges
+    and varlen batches ran before the work queue (``benchmarks/varlen_schedule.py`` compares)."""
     return cfg._replace(persistent=False, stages=max(cfg.stages, cfg.v_stages), v_stages=0)
 
 
@@ -1933,8 +1954,9 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     ``attention_forward`` takes it; with per-row ranges o and lse are (B, Hq, Nq) buffers whose rows
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
-    ``output_buffers``, as the portable kernel writes them. ValueError for what ``_variant_reason``
-    refuses, and for a persistent ``config`` with ranges or varlen (``_launch``). ``out``: where
+    ``output_buffers``, as the portable kernel writes them; ranges and varlen take a persistent config
+    through the work queue, up to ``QUEUE_MAX_SEQUENCES`` of them (more run it one tile a program).
+    ValueError for what ``_variant_reason`` refuses. ``out``: where
     given (a dense batch, v's head dim q's; ``writes_into``), o is written into it and returned: a
     (B, Hq, Nq, Dv) view in q's dtype, such as rows of a larger output (ring attention's sums)."""
     if variant is not PLAIN:
@@ -1949,7 +1971,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
                              variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
-        if cfg.persistent and variant.seq == SEQ_RANGES:
+        sequences = variant.seq_q.shape[0] - (variant.seq == SEQ_VARLEN) if variant.seq != SEQ_DENSE else 0
+        if cfg.persistent and sequences > QUEUE_MAX_SEQUENCES:
             cfg = one_tile_per_program(cfg)
     if out is not None:
         if not writes_into(out, q, v, variant):
