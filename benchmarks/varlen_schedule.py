@@ -7,7 +7,8 @@ config and its one-tile form (``one_tile_per_program``: one ring depth, the deep
 ``variants.py``'s mixed batch (``mixed_lengths``: 32k tokens, H 16, bf16), d 128 and 64, causal and
 not, at the default config of the batch's mean length (persistent at these lengths); and 16 rows
 of 2048 tokens left-padded to 25–100% valid (seeded; HuggingFace's padded generation), d 128 causal,
-at the default config of 2048: ``one_tile``
+at the default config of 2048; and 32k tokens as 512 sequences of 64 and as 2048 of 16, d 128 causal
+(the loader's scan over many chunks of bounds), at the default config of their length: ``one_tile``
 runs it as ``one_tile_per_program`` makes it, ``queue`` as it is. Device time (``common.time_ms``)
 of ``attention_forward_gluon`` in balanced rounds after an untimed one; the row's ``speedup`` is
 one_tile / queue. ``o_diff``: the largest |o_queue − o_one_tile| (each tile is computed by the same
@@ -61,14 +62,24 @@ def main():
     for name, cfg in {"one_tile": gluon_fwd.one_tile_per_program(default), "queue": default}.items():
         cases[("ranges", 128, True, name)] = functools.partial(gluon_fwd.attention_forward_gluon, q, k, v, 128 ** -0.5,
                                                                True, config=cfg, variant=padded)
+    many = {}
+    for n_seq in (512, 2048):
+        cu_many = torch.arange(0, TOKENS + 1, TOKENS // n_seq, dtype=torch.int32).cuda()
+        many[n_seq] = Variant(seq=SEQ_VARLEN, seq_q=cu_many, seq_k=cu_many)
+        q, k, v = (torch.randn(TOKENS, HEADS, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                   .transpose(0, 1).unsqueeze(0) for _ in range(3))
+        default = gluon_fwd.default_config(128, True, TOKENS // n_seq)
+        for name, cfg in {"one_tile": gluon_fwd.one_tile_per_program(default), "queue": default}.items():
+            cases[(f"varlen {n_seq}", 128, True, name)] = functools.partial(
+                gluon_fwd.attention_forward_gluon, q, k, v, 128 ** -0.5, True, config=cfg, variant=many[n_seq])
     outputs = {key: fn() for key, fn in cases.items()}
     times, _ = in_rounds(list(cases), rounds, lambda key: time_ms(cases[key]))
     rows = []
     for layout, d, causal in [("varlen", d, causal) for d in (128, 64) for causal in (True, False)] + [
-            ("ranges", 128, True)]:
+            ("ranges", 128, True), ("varlen 512", 128, True), ("varlen 2048", 128, True)]:
         one, queue = ((layout, d, causal, name) for name in ("one_tile", "queue"))
         ms = {key: sorted(times[key])[rounds // 2] for key in (one, queue)}
-        n = TOKENS // len(lens) if layout == "varlen" else N
+        n = {"varlen": TOKENS // len(lens), "ranges": N}.get(layout) or TOKENS // int(layout.split()[1])
         rows.append(dict(layout=layout, d=d, causal=causal, config=gluon_fwd.default_config(d, causal, n).name,
                          one_tile_ms=ms[one], queue_ms=ms[queue], speedup=ms[one] / ms[queue],
                          o_diff=(outputs[queue][0].float() - outputs[one][0].float()).abs().max().item(),

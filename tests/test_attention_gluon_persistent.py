@@ -145,28 +145,32 @@ def test_causal_units_balance(d, n, block_m, block_n, bound):
 
 
 @triton.jit
-def _varlen_queue_kernel(out, cu, n_seq, total, n_heads, BLOCK_M: tl.constexpr, SCAN: tl.constexpr):
-    # The loader's side of the varlen work queue, units taken in order: each unit t's (h, b, start_m)
-    # as ``_loader_varlen`` maps it, after the unit count.
+def _varlen_queue_kernel(out, cu, n_seq, total, n_heads, step, BLOCK_M: tl.constexpr, SCAN: tl.constexpr):
+    # The loader's side of the varlen work queue: units 0, step, 2·step, … (a program's units only
+    # increase), each unit t's (h, b, start_m) as ``_loader_queue`` maps it (``scan_from``, its
+    # place kept from unit to unit), after the unit count.
     lanes = tl.arange(0, SCAN)
     units = gluon_fwd.varlen_tile_count(cu, cu + 1, n_seq, total, lanes, BLOCK_M) * n_heads
-    for t in range(units):
-        b, start_m = attention_fwd.varlen_scan(cu, cu + 1, n_seq, total, t // n_heads, lanes, BLOCK_M)
+    c = 0
+    seen = 0
+    for t in range(0, units, step):
+        b, start_m, c, seen = gluon_fwd.scan_from(cu, cu + 1, n_seq, total, t // n_heads, lanes, BLOCK_M, 1, c, seen)
         tl.store(out + 1 + 3 * t, t % n_heads)
         tl.store(out + 2 + 3 * t, b)
         tl.store(out + 3 + 3 * t, start_m)
     tl.store(out, units)
 
 
-def varlen_queue(lens, H, block_m, scan=32, total=None):
-    """The queue's units [(h, b, start_m), …] in order, as the loader maps them."""
+def varlen_queue(lens, H, block_m, scan=32, total=None, step=1):
+    """The queue's units [(h, b, start_m), …] in order, as the loader maps them (every ``step``-th
+    one taken, the others None)."""
     cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(DEVICE)
     total = int(cu[-1]) if total is None else total
     out = torch.full((1 + 3 * (sum(triton.cdiv(n, block_m) for n in lens) + len(lens)) * H,), -1, dtype=torch.int32,
                      device=DEVICE)
-    _varlen_queue_kernel[(1,)](out, cu, len(lens), total, H, block_m, scan)
+    _varlen_queue_kernel[(1,)](out, cu, len(lens), total, H, step, block_m, scan)
     flat = out.tolist()
-    return [tuple(flat[1 + 3 * t:4 + 3 * t]) for t in range(flat[0])]
+    return [tuple(flat[1 + 3 * t:4 + 3 * t]) if t % step == 0 else None for t in range(flat[0])]
 
 
 def queue_reference(lens, H, block_m):
@@ -183,8 +187,13 @@ def queue_reference(lens, H, block_m):
 def test_varlen_queue_holds_every_tile_once(lens, H, block_m, scan):
     # The queue's units are every (head, sequence, query tile) once, in the one-tile grid's order
     # without its empty slots (empty sequences have none); chunked scans give the same as one.
-    assert varlen_queue(lens, H, block_m, scan) == queue_reference(lens, H, block_m)
+    want = queue_reference(lens, H, block_m)
+    assert varlen_queue(lens, H, block_m, scan) == want
     assert varlen_queue(lens, H, block_m, scan) == varlen_queue(lens, H, block_m, scan=64)
+    # a program's units jump ahead (others took the ones between): the scan's place moves on
+    for step in (5, 131):
+        assert varlen_queue(lens, H, block_m, scan, step=step) == [u if i % step == 0 else None
+                                                                   for i, u in enumerate(want)]
 
 
 @triton.jit
@@ -192,8 +201,11 @@ def _ranges_queue_kernel(out, ranges, n_rows, n_q, n_heads, BLOCK_M: tl.constexp
     # The loader's mapping over per-row ranges ((B, 2) int32: bounds two apart), as for varlen.
     lanes = tl.arange(0, 32)
     units = gluon_fwd.varlen_tile_count(ranges, ranges + 1, n_rows, n_q, lanes, BLOCK_M, 2) * n_heads
+    c = 0
+    seen = 0
     for t in range(units):
-        b, start_m = attention_fwd.varlen_scan(ranges, ranges + 1, n_rows, n_q, t // n_heads, lanes, BLOCK_M, 2)
+        b, start_m, c, seen = gluon_fwd.scan_from(ranges, ranges + 1, n_rows, n_q, t // n_heads, lanes, BLOCK_M, 2, c,
+                                                  seen)
         tl.store(out + 1 + 3 * t, t % n_heads)
         tl.store(out + 2 + 3 * t, b)
         tl.store(out + 3 + 3 * t, start_m)
@@ -672,26 +684,25 @@ def test_persistent_takes_ranges_and_varlen():
     assert grid == (2 * 4,)
 
 
+
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
-def test_the_queue_is_the_default_up_to_its_sequence_count(monkeypatch):
-    # By default ranges and varlen batches take a persistent config through the queue up to
-    # QUEUE_MAX_SEQUENCES sequences (measured and tested below it), one tile a program past it.
+def test_ranges_and_varlen_take_the_queue_by_default(monkeypatch):
+    # Whatever the sequence count (the loader keeps its place in the bounds: 2048 sequences of 16
+    # ran 5.3 × the one-tile kernel), a persistent default config stays persistent for varlen and
+    # ranges batches.
     taken = []
 
     def launch(q, k, v, o, lse, scale, causal, cfg, variant=PLAIN):
         taken.append(cfg)
         raise RuntimeError("recorded")
     monkeypatch.setattr(gluon_fwd, "_launch", launch)
-    most = gluon_fwd.QUEUE_MAX_SEQUENCES
-    for n_seq in (1, most, most + 1):
+    for n_seq in (1, 3000):
         cu = torch.arange(0, 10 * n_seq + 1, 10, dtype=torch.int32)  # 10 rows a sequence
         q = torch.zeros(1, 2, 10 * n_seq, 128, dtype=torch.bfloat16)
-        variant = Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
         with pytest.raises(RuntimeError, match="recorded"):
-            gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=variant)
-    rows = torch.tensor([[0, 100]] * (most + 1), dtype=torch.int32)
-    q = torch.zeros(most + 1, 2, 100, 128, dtype=torch.bfloat16)
+            gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))
+    rows = torch.tensor([[0, 100]] * 300, dtype=torch.int32)
+    q = torch.zeros(300, 2, 100, 128, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="recorded"):
         gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows))
-    assert [cfg.persistent for cfg in taken] == [True, True, False, False]
-    assert taken[2] == gluon_fwd.one_tile_per_program(taken[1])
+    assert len(taken) == 3 and all(cfg.persistent for cfg in taken)

@@ -271,7 +271,7 @@ def test_varlen_matches_reference_and_portable(lens, d, dtype, causal, hq, hkv):
     check_lse(lse[0], lse_p[0].double(), dtype)
 
 
-# The persistent schedule's work queue (``_loader_varlen``) at its configs: two Q sets, one, three
+# The persistent schedule's work queue (``_loader_queue``) at its configs: two Q sets, one, three
 # consumers, no turns.
 QUEUE_CONFIGS = [(128, gluon_fwd.Config(2, 128, 2, True, persistent=True, v_stages=3), True),
                  (128, gluon_fwd.Config(2, 128, 3, True, persistent=True), False),

@@ -501,18 +501,46 @@ def persistent_tile(j, n_bh, n_heads, n_q, n_k, win_left, win_right, CAUSAL: tl.
 
 
 @triton.jit
+def _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK: tl.constexpr, stride):
+    """The query tiles of sequences c … c + len(lanes) − 1 (0 past the last), read as ``varlen_scan``
+    reads them."""
+    idx = c + lanes
+    ok = idx < n_seq
+    first, end = tl.load(starts + idx * stride, mask=ok, other=0), tl.load(ends + idx * stride, mask=ok, other=0)
+    _, n = seq_bounds(first, end, total)
+    return tl.where(ok, tl.cdiv(n, BLOCK), 0)
+
+
+@triton.jit
+def scan_from(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr, stride, c, seen):
+    """``varlen_scan`` for a program whose slots only increase: the scan starts at chunk ``c`` (a
+    multiple of len(lanes); ``seen``: the tiles of the sequences before it, t ≥ seen) and returns
+    (b, start_m, c, seen) with the chunk that holds slot t, for the next call. Over a program's
+    tiles it reads each chunk of bounds about once, where ``varlen_scan`` reads them all for every
+    tile. Slot t must hold a tile (t < the batch's tiles)."""
+    SCAN: tl.constexpr = lanes.shape[0]
+    tiles = _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK, stride)
+    chunk = tl.sum(tiles, 0)
+    while (seen + chunk <= t) & (c < n_seq):
+        seen += chunk
+        c += SCAN
+        tiles = _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK, stride)
+        chunk = tl.sum(tiles, 0)
+    ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's tiles end, over the whole batch
+    done = ends_t <= t
+    before = seen + tl.sum(tl.where(done, tiles, 0), 0)
+    own = tl.sum(tl.where(~done & (ends_t - tiles <= t), tiles, 0), 0)
+    return c + tl.sum(done.to(tl.int32), 0), (own - 1 - (t - before)) * BLOCK, c, seen
+
+
+@triton.jit
 def varlen_tile_count(starts, ends, n_seq, total, lanes, BLOCK: tl.constexpr, stride=1):
     """The query tiles of one head of a packed batch (or of per-row ranges), Σ cdiv(n_b, BLOCK) over
     its sequences, read as ``varlen_scan`` reads them (clamped into the ``total`` rows; ``lanes``: its
     chunk's lanes; ``stride``: the bounds' step)."""
-    SCAN: tl.constexpr = lanes.shape[0]
     count = 0
-    for c in range(0, n_seq, SCAN):
-        idx = c + lanes
-        ok = idx < n_seq
-        first, end = tl.load(starts + idx * stride, mask=ok, other=0), tl.load(ends + idx * stride, mask=ok, other=0)
-        _, n = seq_bounds(first, end, total)
-        count += tl.sum(tl.where(ok, tl.cdiv(n, BLOCK), 0), 0)
+    for c in range(0, n_seq, lanes.shape[0]):
+        count += tl.sum(_chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK, stride), 0)
     return count
 
 
@@ -1158,10 +1186,13 @@ if _HAS_GLUON:
         units = varlen_tile_count(q_starts, q_ends, n_seq, n_q, lanes, BLOCK_M, stride_seq) * n_heads
         kv = 0
         qi = 0
+        place = 0  # the scan's place (``scan_from``): this program's units only increase
+        seen = 0
         t = _next_unit(work, lanes)
         while t < units:
             h = t % n_heads
-            b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, t // n_heads, lanes, BLOCK_M, stride_seq)
+            b, start_m, place, seen = scan_from(q_starts, q_ends, n_seq, n_q, t // n_heads, lanes, BLOCK_M, stride_seq,
+                                                place, seen)
             q0, seq_q, k0, seq_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, 0, SEQ)
             tb = b  # the tensors' batch row: ranges' b, a varlen batch's 0
             if SEQ == 2:
@@ -1925,13 +1956,6 @@ def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Va
     return variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and storable_like(out, q)
 
 
-# Ranges and varlen batches of up to this many sequences take the work queue by default. Its loader
-# scans the bounds 32 at a time for every tile (``_loader_queue``), the one-tile kernel 128 at a time
-# once a program: measured up to 22 sequences (+2 to +18%, ``varlen_schedule.py``) and tested up to
-# 100; past 256 (a scan of 8 chunks a tile, on the loader's path) not measured, so not taken.
-QUEUE_MAX_SEQUENCES = 256
-
-
 def one_tile_per_program(cfg: Config) -> Config:
     """``cfg`` one tile per program, one ring depth for K and V (the deeper of the two): how ranges
     and varlen batches ran before the work queue (``benchmarks/varlen_schedule.py`` compares)."""
@@ -1955,8 +1979,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
     ``output_buffers``, as the portable kernel writes them; ranges and varlen take a persistent config
-    through the work queue, up to ``QUEUE_MAX_SEQUENCES`` of them (more run it one tile a program).
-    ValueError for what ``_variant_reason`` refuses. ``out``: where
+    through the work queue. ValueError for what ``_variant_reason`` refuses. ``out``: where
     given (a dense batch, v's head dim q's; ``writes_into``), o is written into it and returned: a
     (B, Hq, Nq, Dv) view in q's dtype, such as rows of a larger output (ring attention's sums)."""
     if variant is not PLAIN:
@@ -1971,9 +1994,6 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
                              variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
-        sequences = variant.seq_q.shape[0] - (variant.seq == SEQ_VARLEN) if variant.seq != SEQ_DENSE else 0
-        if cfg.persistent and sequences > QUEUE_MAX_SEQUENCES:
-            cfg = one_tile_per_program(cfg)
     if out is not None:
         if not writes_into(out, q, v, variant):
             raise ValueError(f"attention_forward_gluon: out must be a (B, Hq, Nq, Dv) tensor in q's dtype that TMA can "
