@@ -706,3 +706,28 @@ def test_ranges_and_varlen_take_the_queue_by_default(monkeypatch):
     with pytest.raises(RuntimeError, match="recorded"):
         gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows))
     assert len(taken) == 3 and all(cfg.persistent for cfg in taken)
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_long_padded_rows_run_one_tile_a_program(monkeypatch):
+    # The queue runs heads fastest: per-row ranges whose row of K and V passes
+    # QUEUE_RANGES_MAX_ROW_BYTES (not measured there; head-major one tile a program measured better on
+    # long dense rows) keep the one-tile form by default; an explicit persistent config is taken.
+    taken = []
+
+    def launch(q, k, v, o, lse, scale, causal, cfg, variant=PLAIN):
+        taken.append(cfg)
+        raise RuntimeError("recorded")
+    monkeypatch.setattr(gluon_fwd, "_launch", launch)
+    for n in (2048, 8192):  # 16 KV heads, d 128, bf16: 16 MiB and 64 MiB of K and V a row
+        rows = torch.tensor([[0, n], [5, n]], dtype=torch.int32)
+        q = torch.zeros(2, 16, n, 128, dtype=torch.bfloat16)
+        variant = Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows)
+        with pytest.raises(RuntimeError, match="recorded"):
+            gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=variant)
+    default = gluon_fwd.default_config(128, True, 8192)
+    assert default.persistent  # (d 128 causal: persistent below 12k)
+    assert taken[0].persistent and taken[1] == gluon_fwd.one_tile_per_program(default)
+    with pytest.raises(RuntimeError, match="recorded"):
+        gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=variant, config=taken[0])
+    assert taken[2].persistent

@@ -94,7 +94,7 @@ def test_dispatch_takes_q_above_128_beside_v_at_most_64(sm90, monkeypatch):
 def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
     # Kernel width 256 beside V's boxes at most 128 wide. q's head dim 192 (MLA's: K in 64-column
     # chunks, ``k_chunks``): K 2 / V 2 from 1k keys, causal or not, with any option, ranges and varlen
-    # one tile a program. Where K cannot be chunked (q's 136–184, whose last chunk would run past k's
+    # batches too (persistent, through the work queue). Where K cannot be chunked (q's 136–184, whose last chunk would run past k's
     # columns; q's 256): plain non-causal dense calls from 4k take 128-key tiles with V's own 3-deep
     # ring (its shared memory fits only beside a narrow V); causal calls, options, shorter ones, a wide
     # V and ranges or varlen batches keep the d 256 default.
@@ -152,7 +152,7 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
 def test_every_forward_default_fits_in_shared_memory():
     # Whatever (q, v) head dims, length, causal setting and options a call brings, the config the
     # forward's default picks fits in shared memory at the widths its boxes run (Q and K at the wider
-    # padded width, V at v's own), and so does the one-tile form ranges and varlen batches run.
+    # padded width, V at v's own), and so does its one-tile form (``one_tile_per_program``).
     dims = (40, 64, 96, 128, 136, 192, 256)
     for d in dims:
         for dv in dims:
@@ -193,7 +193,7 @@ def test_128_key_configs_hold_k_in_chunks_of_q_columns():
                                         gluon_fwd.NARROW_V_CONFIGS[1])
     assert "K_CHUNKS" not in kwargs and list(args[1].block_shape)[3] == 256  # (q's 160: K whole)
     # (K's ring at q's 192 columns: the two-slot config fits beside one Q set only so), one tile a
-    # program too (ranges and varlen); where it does not fit (q's 160 or 256, K whole): ValueError
+    # program too; where it does not fit (q's 160 or 256, K whole): ValueError
     assert K2V2.smem_bytes(256, 1, 128, 192) <= gluon_fwd.SMEM_BYTES < K2V2.smem_bytes(256, 1, 128)
     _, args, kwargs = gluon_fwd._launch(q192, q192, v128, v128.clone(), torch.zeros(1, 2, 300), 0.1, True,
                                         gluon_fwd.one_tile_per_program(K2V2))

@@ -48,16 +48,17 @@ Triton's tile-level language with explicit layouts, shared memory, barriers and 
   through their @triton.jit helpers (a Gluon function may call one whose ops are elementwise:
   ``fold_factor``'s tanh, ``add_sink``), in the consumers' softmax, which overlaps the wgmma.
 * Batch layouts (``SEQ``, a constexpr: a dense call compiles to the kernel it compiled to before):
-  per-row key ranges (SEQ_RANGES: the dense grid, each batch row's tiles from its range's start)
-  and packed varlen batches (SEQ_VARLEN: tensors (1, H, total, D) viewed from (total, H, D), the
-  grid cdiv(total, BLOCK_M) + sequences slots per head, mapped to (sequence, query tile) by the
-  portable kernel's scan of cu_seqlens, ``varlen_scan``). Rows are counted from the sequence's
+  per-row key ranges (SEQ_RANGES: one tile a program, the dense grid, each batch row's tiles from
+  its range's start) and packed varlen batches (SEQ_VARLEN: tensors (1, H, total, D) viewed from
+  (total, H, D); one tile a program, the grid cdiv(total, BLOCK_M) + sequences slots per head,
+  mapped to (sequence, query tile) by the portable kernel's scan of cu_seqlens, ``varlen_scan``);
+  persistent, both through a work queue (below). Rows are counted from the sequence's
   start, so the masks and windows above apply per sequence (its own Nk − Nq diagonal); a key tile
   crossing the sequence's end reads the next sequence's (or the padding's) rows, masked to −inf (with
   P = 0 their values still enter P·V: a non-finite value there reaches the output). The last,
   partial query tile of a sequence is stored by a masked store (a TMA store would overwrite the
-  next sequence's rows), as is every tile under ALiBi (the TMA store's coordinates spill its
-  consumers); lse by a masked store always.
+  next sequence's rows), as is, one tile a program, every tile under ALiBi (the TMA store's
+  coordinates spill its consumers); lse by a masked store always.
 * Persistent schedule (``Config.persistent`` → ``PERSISTENT``, any batch layout; a config
   without it compiles to the kernel it compiled to before): min(tiles, SMs) programs, each looping
   over its units of the head-major tile order (``persistent_tile``: causal tiles paired heaviest with
@@ -292,7 +293,7 @@ def default_config(head_dim: int, causal: bool = False, n: int = 4096, alibi: bo
     (659–660 against 646–647 persistent at 16k); beside V's boxes at most 128 wide (``value_dim``:
     v's head dim; MLA's 192 / 128), ``plain`` (``_is_plain``: no option, a dense batch) non-causal
     calls from ``NARROW_V_MIN_N`` take 128-key tiles with V's ring 3 deep (``NARROW_V_CONFIGS``:
-    measured plain only; ranges have no one-tile form of them that fits), and where q's
+    measured plain only), and where q's
     head dim (``q_dim``) lets K's ring hold its columns in 64-column chunks (``k_chunks``: 192), calls
     from ``NARROW_QK_MIN_N``, causal or not, with any option, take 128-key tiles with two slots for K
     and V (``NARROW_QK_CONFIG``).
@@ -1133,7 +1134,7 @@ if _HAS_GLUON:
             qi += 1
         tma.store_wait(0)  # the last O store has read its slot before the program ends
 
-    # ---- Varlen batches on the persistent schedule: a work queue. A static deal of a packed batch's
+    # ---- Ranges and varlen batches on the persistent schedule: a work queue. A static deal of a packed batch's
     # tiles cannot balance them as the GPU's block scheduler does the one-tile grid (tile costs vary
     # with every sequence's length; 22 mixed sequences on 132 programs: the most loaded program 5–14%
     # over the mean in the batch's order, 0.7% taken greedily: tests/test_attention_gluon_persistent.py).
@@ -1176,7 +1177,7 @@ if _HAS_GLUON:
         """The loader warp of a persistent program over a packed varlen batch or per-row ranges
         (``SEQ``): while the queue has units (the query tiles of every sequence or range, t = slot · Hq
         + head in ``varlen_scan``'s order, heads fastest: no empty slot, no tile past a range's end),
-        maps the next (``varlen_scan``, ``sequence``), loads its Q and K/V tiles as
+        maps the next (``scan_from``, ``sequence``), loads its Q and K/V tiles as
         ``_loader_persistent`` does (rows from the sequence's first query and key, in batch row 0 of a
         varlen batch's tensors, row b of ranges'), and puts its coordinates in its Q set's slot of
         ``meta``; then puts t = -1 there."""
@@ -1321,7 +1322,7 @@ if _HAS_GLUON:
     # Lengths, the GQA group and the head count change from call to call: one binary for all of them.
     # Window sides too (a side the call does not have is None: a constexpr, no parameter).
     # Ranges / varlen: the sequences' bounds, their count and the output's strides (None for a dense
-    # batch: constexprs, no parameters); ``work``: a persistent varlen launch's queue (else None).
+    # batch: constexprs, no parameters); ``work``: a persistent ranges or varlen launch's queue (else None).
     @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads", "win_left", "win_right", "n_seq"])
     def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                n_heads, group, n_q, n_k, win_left, win_right, qk_scale, softcap_scale, softcap2,
@@ -1956,6 +1957,14 @@ def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Va
     return variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and storable_like(out, q)
 
 
+# The queue takes its units heads fastest, so the programs running at once read every KV head of a
+# row or two. For per-row ranges that was measured where a row's K and V fit in L2 many times over
+# (16 × 2048 tokens, 16 heads, d 128: 16 MiB a row, +18 to +22%, ``varlen_schedule.py``); the
+# one-tile grid they ran before is head-major, and heads fastest measured 1–48% slower on dense rows
+# of 8k (NOTES 2026-11-24 23:52). Rows whose K and V take more than this run one tile a program.
+QUEUE_RANGES_MAX_ROW_BYTES = 16 << 20
+
+
 def one_tile_per_program(cfg: Config) -> Config:
     """``cfg`` one tile per program, one ring depth for K and V (the deeper of the two): how ranges
     and varlen batches ran before the work queue (``benchmarks/varlen_schedule.py`` compares)."""
@@ -1979,7 +1988,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
     ``output_buffers``, as the portable kernel writes them; ranges and varlen take a persistent config
-    through the work queue. ValueError for what ``_variant_reason`` refuses. ``out``: where
+    through the work queue (ranges by default only up to ``QUEUE_RANGES_MAX_ROW_BYTES`` of K and V
+    a row). ValueError for what ``_variant_reason`` refuses. ``out``: where
     given (a dense batch, v's head dim q's; ``writes_into``), o is written into it and returned: a
     (B, Hq, Nq, Dv) view in q's dtype, such as rows of a larger output (ring attention's sums)."""
     if variant is not PLAIN:
@@ -1994,6 +2004,9 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
                              variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
+        row_bytes = k.shape[1] * k.shape[2] * (k.shape[3] + v.shape[3]) * k.element_size()
+        if cfg.persistent and variant.seq == SEQ_RANGES and row_bytes > QUEUE_RANGES_MAX_ROW_BYTES:
+            cfg = one_tile_per_program(cfg)
     if out is not None:
         if not writes_into(out, q, v, variant):
             raise ValueError(f"attention_forward_gluon: out must be a (B, Hq, Nq, Dv) tensor in q's dtype that TMA can "
