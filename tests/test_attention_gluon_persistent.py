@@ -685,26 +685,35 @@ def test_persistent_takes_ranges_and_varlen():
 
 
 
-@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
-def test_ranges_and_varlen_take_the_queue_by_default(monkeypatch):
-    # Whatever the sequence count (the loader keeps its place in the bounds: 2048 sequences of 16
-    # ran 5.3 × the one-tile kernel), a persistent default config stays persistent for varlen and
-    # ranges batches.
+def record_configs(monkeypatch) -> list:
+    """The configs ``attention_forward_gluon`` launches with, from here on (each launch then raises)."""
     taken = []
 
     def launch(q, k, v, o, lse, scale, causal, cfg, variant=PLAIN):
         taken.append(cfg)
         raise RuntimeError("recorded")
     monkeypatch.setattr(gluon_fwd, "_launch", launch)
+    return taken
+
+
+def forward(q, variant, config=None):
+    """A causal self-attention call of q through the Gluon forward, up to its (recorded) launch."""
+    with pytest.raises(RuntimeError, match="recorded"):
+        gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=variant, config=config)
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_ranges_and_varlen_take_the_queue_by_default(monkeypatch):
+    # Whatever the sequence count (the loader keeps its place in the bounds: 2048 sequences of 16
+    # ran 5.3 × the one-tile kernel), a persistent default config stays persistent for varlen and
+    # ranges batches.
+    taken = record_configs(monkeypatch)
     for n_seq in (1, 3000):
         cu = torch.arange(0, 10 * n_seq + 1, 10, dtype=torch.int32)  # 10 rows a sequence
         q = torch.zeros(1, 2, 10 * n_seq, 128, dtype=torch.bfloat16)
-        with pytest.raises(RuntimeError, match="recorded"):
-            gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))
+        forward(q, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))
     rows = torch.tensor([[0, 100]] * 300, dtype=torch.int32)
     q = torch.zeros(300, 2, 100, 128, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="recorded"):
-        gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows))
+    forward(q, Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows))
     assert len(taken) == 3 and all(cfg.persistent for cfg in taken)
 
 
@@ -713,21 +722,14 @@ def test_long_padded_rows_run_one_tile_a_program(monkeypatch):
     # The queue runs heads fastest: per-row ranges whose row of K and V passes
     # QUEUE_RANGES_MAX_ROW_BYTES (not measured there; head-major one tile a program measured better on
     # long dense rows) keep the one-tile form by default; an explicit persistent config is taken.
-    taken = []
-
-    def launch(q, k, v, o, lse, scale, causal, cfg, variant=PLAIN):
-        taken.append(cfg)
-        raise RuntimeError("recorded")
-    monkeypatch.setattr(gluon_fwd, "_launch", launch)
+    taken = record_configs(monkeypatch)
     for n in (2048, 8192):  # 16 KV heads, d 128, bf16: 16 MiB and 64 MiB of K and V a row
         rows = torch.tensor([[0, n], [5, n]], dtype=torch.int32)
         q = torch.zeros(2, 16, n, 128, dtype=torch.bfloat16)
         variant = Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows)
-        with pytest.raises(RuntimeError, match="recorded"):
-            gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=variant)
+        forward(q, variant)
     default = gluon_fwd.default_config(128, True, 8192)
     assert default.persistent  # (d 128 causal: persistent below 12k)
     assert taken[0].persistent and taken[1] == gluon_fwd.one_tile_per_program(default)
-    with pytest.raises(RuntimeError, match="recorded"):
-        gluon_fwd.attention_forward_gluon(q, q, q, 0.1, True, variant=variant, config=taken[0])
+    forward(q, variant, config=taken[0])
     assert taken[2].persistent
