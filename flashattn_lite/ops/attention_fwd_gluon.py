@@ -1170,10 +1170,10 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _loader_queue(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                       v_empty, meta, work, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q,
-                       n_k, win_left, win_right, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
-                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, SEQ: gl.constexpr):
+                      v_empty, meta, work, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q,
+                      n_k, win_left, win_right, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
+                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, SEQ: gl.constexpr):
         """The loader warp of a persistent program over a packed varlen batch or per-row ranges
         (``SEQ``): while the queue has units (the query tiles of every sequence or range, t = slot · Hq
         + head in ``varlen_scan``'s order, heads fastest: no empty slot, no tile past a range's end),
@@ -1226,13 +1226,13 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _consumer_queue(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, meta,
-                         o_desc, lse, o, stride_oh, stride_om, n_heads, n_q, win_left, win_right, qk_scale,
-                         softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
-                         ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
-                         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                         SINKS: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, D_REAL: gl.constexpr,
-                         SEQ: gl.constexpr):
+                        o_desc, lse, o, stride_oh, stride_om, n_heads, n_q, win_left, win_right, qk_scale,
+                        softcap_scale, softcap2, sinks, alibi, stride_alibi_b, stride_alibi_h,
+                        ME: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
+                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                        SINKS: gl.constexpr, FAST_TANH: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, D_REAL: gl.constexpr,
+                        SEQ: gl.constexpr):
         """One consumer warpgroup of a persistent program over a packed varlen batch or per-row
         ranges (``SEQ``): ``_consumer_persistent``'s tile loop over the tiles the loader hands over
         (``_take_tile``, after the wait for their Q), until t = -1; each tile's rows, lengths and
