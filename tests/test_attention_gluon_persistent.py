@@ -707,9 +707,9 @@ def test_ranges_and_varlen_take_the_queue_by_default(monkeypatch):
     # ran 5.3 × the one-tile kernel), a persistent default config stays persistent for varlen and
     # ranges batches.
     taken = record_configs(monkeypatch)
-    for n_seq in (1, 3000):
-        cu = torch.arange(0, 10 * n_seq + 1, 10, dtype=torch.int32)  # 10 rows a sequence
-        q = torch.zeros(1, 2, 10 * n_seq, 128, dtype=torch.bfloat16)
+    for n_seq, rows in ((1, 10000), (3000, 10)):
+        cu = torch.arange(0, rows * n_seq + 1, rows, dtype=torch.int32)
+        q = torch.zeros(1, 2, rows * n_seq, 128, dtype=torch.bfloat16)
         forward(q, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))
     rows = torch.tensor([[0, 100]] * 300, dtype=torch.int32)
     q = torch.zeros(300, 2, 100, 128, dtype=torch.bfloat16)
@@ -733,3 +733,22 @@ def test_long_padded_rows_run_one_tile_a_program(monkeypatch):
     assert taken[0].persistent and taken[1] == gluon_fwd.one_tile_per_program(default)
     forward(q, variant, config=taken[0])
     assert taken[2].persistent
+
+
+@pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
+def test_small_calls_run_one_tile_a_program(monkeypatch):
+    # Where the one-tile grid has no more programs than SMs (132 off the GPU) no program would take
+    # a second tile: the default runs one tile a program there (the queue would only add its
+    # counter's fill: a left-padded generation step's single query row); one more program, the queue.
+    taken = record_configs(monkeypatch)
+    rows = torch.tensor([[3, 1], [0, 1]], dtype=torch.int32)  # (empty and one-row ranges)
+    for heads in (66, 67):  # 2 rows × 1 tile × heads programs: 132, 133
+        q = torch.zeros(2, heads, 1, 128, dtype=torch.bfloat16)
+        k = torch.zeros(2, heads, 400, 128, dtype=torch.bfloat16)  # (13 MiB of K and V a row)
+        with pytest.raises(RuntimeError, match="recorded"):
+            gluon_fwd.attention_forward_gluon(q, k, k, 0.1, True, variant=Variant(seq=SEQ_RANGES, seq_q=rows,
+                                                                                   seq_k=rows))
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)  # (cdiv(300, 128) + 2) × heads programs
+    for heads in (26, 27):  # 130, 135
+        forward(torch.zeros(1, heads, 300, 128, dtype=torch.bfloat16), Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))
+    assert [cfg.persistent for cfg in taken] == [False, True, False, True]

@@ -94,8 +94,8 @@ def test_dispatch_takes_q_above_128_beside_v_at_most_64(sm90, monkeypatch):
 def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
     # Kernel width 256 beside V's boxes at most 128 wide. q's head dim 192 (MLA's: K in 64-column
     # chunks, ``k_chunks``): K 2 / V 2 from 1k keys, causal or not, with any option, ranges and varlen
-    # batches too (persistent, through the work queue). Where K cannot be chunked (q's 136–184, whose last chunk would run past k's
-    # columns; q's 256): plain non-causal dense calls from 4k take 128-key tiles with V's own 3-deep
+    # batches too (persistent, through the work queue). Where K cannot be chunked (q's 136–184,
+    # whose last chunk would run past k's columns; q's 256): plain non-causal dense calls from 4k take 128-key tiles with V's own 3-deep
     # ring (its shared memory fits only beside a narrow V); causal calls, options, shorter ones, a wide
     # V and ranges or varlen batches keep the d 256 default.
     narrow, wide, k2v2 = gluon_fwd.NARROW_V_CONFIGS[1], gluon_fwd.default_config(256, False, 4096), K2V2
@@ -134,10 +134,19 @@ def test_narrow_v_configs_are_the_default_only_where_measured(monkeypatch):
                Variant(alibi=torch.zeros(2)))
     # through the forward at q's 192: K 2 / V 2 plain, with each option, and on ranges and varlen
     # batches (persistent through the work queue)
+    # (the layouts at 8k rows and 4 query heads: more one-tile programs than SMs, and one KV head,
+    # where ranges and varlen take the queue: ``_queue_pays``)
     q, v = torch.zeros(1, 2, 4096, 192, dtype=bf), torch.zeros(1, 2, 4096, 128, dtype=bf)
-    for variant in (PLAIN, Variant(), *options, *layouts):
+    long_q, long_k, long_v = (torch.zeros(1, h, 8192, w, dtype=bf) for h, w in ((4, 192), (1, 192), (1, 128)))
+    cu_long, whole = torch.tensor([0, 1000, 8192], dtype=torch.int32), torch.tensor([[0, 8192]], dtype=torch.int32)
+    long_layouts = (Variant(seq=SEQ_VARLEN, seq_q=cu_long, seq_k=cu_long),
+                    Variant(seq=SEQ_RANGES, seq_q=whole, seq_k=whole))
+    for variant in (PLAIN, Variant(), *options):
         with pytest.raises(RuntimeError, match="recorded"):
             gluon_fwd.attention_forward_gluon(q, q, v, 0.1, False, variant=variant)
+    for variant in long_layouts:
+        with pytest.raises(RuntimeError, match="recorded"):
+            gluon_fwd.attention_forward_gluon(long_q, long_k, long_v, 0.1, False, variant=variant)
     assert taken == [k2v2] * 9, taken
     # at q's 160 (K whole): the 3-deep V ring for the plain call only
     taken.clear()

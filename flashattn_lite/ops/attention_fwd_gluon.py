@@ -1965,6 +1965,21 @@ def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Va
 QUEUE_RANGES_MAX_ROW_BYTES = 16 << 20
 
 
+def _queue_pays(q, k, v, cfg: Config, variant: Variant) -> bool:
+    """Whether a ranges or varlen call whose default config is persistent takes it through the work
+    queue: not where the one-tile grid has no more programs than the GPU has SMs (no program would
+    take a second tile, and the queue's counter costs a fill: a padded generation step), nor per-row
+    ranges past ``QUEUE_RANGES_MAX_ROW_BYTES`` of K and V a row."""
+    B, Hq, Nq, _ = q.shape
+    if variant.seq == SEQ_VARLEN:
+        programs = (cdiv(Nq, cfg.block_m) + variant.seq_q.shape[0] - 1) * Hq
+    else:
+        programs = cdiv(Nq, cfg.block_m) * B * Hq
+    row_bytes = k.shape[1] * k.shape[2] * (k.shape[3] + v.shape[3]) * k.element_size()
+    too_long = variant.seq == SEQ_RANGES and row_bytes > QUEUE_RANGES_MAX_ROW_BYTES
+    return programs > gpu_sm_count(q.device) and not too_long
+
+
 def one_tile_per_program(cfg: Config) -> Config:
     """``cfg`` one tile per program, one ring depth for K and V (the deeper of the two): how ranges
     and varlen batches ran before the work queue (``benchmarks/varlen_schedule.py`` compares)."""
@@ -1988,8 +2003,8 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     outside the ranges are 0 and −inf, with a varlen batch (q, k, v (1, H, total, D) views of
     (total, H, D)) o is a (1, Hq, total, D) view of a (total, Hq, D) tensor and lse (1, Hq, total):
     ``output_buffers``, as the portable kernel writes them; ranges and varlen take a persistent config
-    through the work queue (ranges by default only up to ``QUEUE_RANGES_MAX_ROW_BYTES`` of K and V
-    a row). ValueError for what ``_variant_reason`` refuses. ``out``: where
+    through the work queue where it pays (``_queue_pays``). ValueError for what ``_variant_reason``
+    refuses. ``out``: where
     given (a dense batch, v's head dim q's; ``writes_into``), o is written into it and returned: a
     (B, Hq, Nq, Dv) view in q's dtype, such as rows of a larger output (ring attention's sums)."""
     if variant is not PLAIN:
@@ -2004,8 +2019,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
                              variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
-        row_bytes = k.shape[1] * k.shape[2] * (k.shape[3] + v.shape[3]) * k.element_size()
-        if cfg.persistent and variant.seq == SEQ_RANGES and row_bytes > QUEUE_RANGES_MAX_ROW_BYTES:
+        if cfg.persistent and variant.seq != SEQ_DENSE and not _queue_pays(q, k, v, cfg, variant):
             cfg = one_tile_per_program(cfg)
     if out is not None:
         if not writes_into(out, q, v, variant):
