@@ -333,6 +333,17 @@ def banded_key_tile(pid, n_programs, n_key_tiles, band, banded_heads):
 
 
 @triton.jit
+def varlen_slot(pid, n_programs, n_heads, HEADS_FASTEST: tl.constexpr = False):
+    """(head, slot) of program ``pid`` of a varlen grid of n_programs = slots · ``n_heads``: one head's
+    slots after another, so the programs running at once read one head's rows (in L2), as the dense
+    grids' head-major order has them. ``HEADS_FASTEST``: every head of a slot together."""
+    if HEADS_FASTEST:
+        return pid % n_heads, pid // n_heads
+    n_slots = n_programs // n_heads
+    return pid // n_slots, pid % n_slots
+
+
+@triton.jit
 def seq_key_tile(pid_t, pid_b, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, total_q, total_k,
                  BLOCK_N: tl.constexpr, SEQ: tl.constexpr):
     """The key tile of a ranges (``SEQ`` 1) or varlen (``SEQ`` 2) program: (b, start_n, q0, n_q, k0,
@@ -926,7 +937,7 @@ if _HAS_GLUON:
                                FUSED_DQ: gl.constexpr, DS_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, DEFER_DQ: gl.constexpr, SEQ: gl.constexpr = 0,
                                KV_SHARE: gl.constexpr = 1, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0,
-                               QK: gl.constexpr = 0):
+                               QK: gl.constexpr = 0, HEADS_FASTEST: gl.constexpr = False):
         BLOCK_N: gl.constexpr = 64 * CONSUMERS
         # Rotated starts where every program's rows begin at 0 (no causal diagonal, no right side);
         # with one, the programs' ranges start apart already (and the rotation costs registers).
@@ -937,9 +948,9 @@ if _HAS_GLUON:
         q0 = 0
         k0 = 0
         if SEQ == 2:  # varlen: slots of key tiles over the packed batch (``seq_key_tile``), per KV head
-            h_kv = pid % n_kv_heads
-            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(pid // n_kv_heads, 0, q_starts, q_ends, k_starts,
-                                                             k_ends, stride_seq, n_seq, n_q, n_k, BLOCK_N, SEQ)
+            h_kv, slot = varlen_slot(pid, gl.num_programs(0), n_kv_heads, HEADS_FASTEST)
+            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(slot, 0, q_starts, q_ends, k_starts, k_ends, stride_seq,
+                                                             n_seq, n_q, n_k, BLOCK_N, SEQ)
             tile = start_n // BLOCK_N
         else:
             n_key_tiles = gl.cdiv(n_k, BLOCK_N)

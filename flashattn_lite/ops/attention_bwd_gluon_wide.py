@@ -76,7 +76,7 @@ if _HAS_GLUON:
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_dq_stage, _dq_zeros, _loader, _masked, _query_tile, _reduce_rows, _row,
                                       _step_barriers, _store_rows, _tma_reduce_add, _to_16bit, banded_key_tile,
-                                      query_tiles, seq_key_tile, seq_rows)
+                                      query_tiles, seq_key_tile, seq_rows, varlen_slot)
     from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
@@ -222,9 +222,9 @@ if _HAS_GLUON:
         pid = gl.program_id(0)
         q0 = 0
         if SEQ == 2:  # varlen: slots of key tiles over the packed batch (``seq_key_tile``), per KV head
-            h_kv = pid % n_kv_heads
-            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(pid // n_kv_heads, 0, q_starts, q_ends, k_starts,
-                                                             k_ends, stride_seq, n_seq, n_q, n_k, 64, SEQ)
+            h_kv, slot = varlen_slot(pid, gl.num_programs(0), n_kv_heads)
+            b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(slot, 0, q_starts, q_ends, k_starts, k_ends, stride_seq,
+                                                             n_seq, n_q, n_k, 64, SEQ)
             tile = start_n // 64
         else:
             n_key_tiles = gl.cdiv(n_k, 64)
@@ -436,9 +436,9 @@ if _HAS_GLUON:
             # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
             # (sequence, query tile) by the forward's scan of cu_seqlens, each sequence's last tile
             # first; a slot past the last tile is an empty program.
-            h = pid % n_heads
+            h, slot = varlen_slot(pid, gl.num_programs(0), n_heads)
             lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-            b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, pid // n_heads, lanes, BLOCK_M)
+            b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, slot, lanes, BLOCK_M)
             live = b < n_seq
             b = gl.minimum(b, n_seq - 1)
         else:

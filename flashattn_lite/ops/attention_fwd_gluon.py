@@ -513,25 +513,43 @@ def _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK: tl.constexpr, stri
 
 
 @triton.jit
-def scan_from(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr, stride, c, seen):
-    """``varlen_scan`` for a program whose slots only increase: the scan starts at chunk ``c`` (a
-    multiple of len(lanes); ``seen``: the tiles of the sequences before it, t ≥ seen) and returns
-    (b, start_m, c, seen) with the chunk that holds slot t, for the next call. Over a program's
-    tiles it reads each chunk of bounds about once, where ``varlen_scan`` reads them all for every
-    tile. Slot t must hold a tile (t < the batch's tiles)."""
+def scan_from(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr, stride, c, seen, heads=1):
+    """``varlen_scan`` for a program whose units only increase, sequence b holding tiles(b) · ``heads``
+    units: the scan starts at chunk ``c`` (a multiple of len(lanes); ``seen``: the units of the
+    sequences before it, t ≥ seen) and returns (b, u, n_b, c, seen): unit t's sequence, its index
+    among b's units, b's tile count, and the chunk that holds unit t, for the next call. Over a
+    program's units it reads each chunk of bounds about once, where ``varlen_scan`` reads them all
+    for every tile. Unit t must exist (t < the batch's units)."""
     SCAN: tl.constexpr = lanes.shape[0]
-    tiles = _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK, stride)
+    tiles = _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK, stride) * heads
     chunk = tl.sum(tiles, 0)
     while (seen + chunk <= t) & (c < n_seq):
         seen += chunk
         c += SCAN
-        tiles = _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK, stride)
+        tiles = _chunk_tiles(starts, ends, n_seq, total, c, lanes, BLOCK, stride) * heads
         chunk = tl.sum(tiles, 0)
-    ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's tiles end, over the whole batch
+    ends_t = tl.cumsum(tiles, 0) + seen  # where each sequence's units end, over the whole batch
     done = ends_t <= t
     before = seen + tl.sum(tl.where(done, tiles, 0), 0)
     own = tl.sum(tl.where(~done & (ends_t - tiles <= t), tiles, 0), 0)
-    return c + tl.sum(done.to(tl.int32), 0), (own - 1 - (t - before)) * BLOCK, c, seen
+    return c + tl.sum(done.to(tl.int32), 0), t - before, own // heads, c, seen
+
+
+@triton.jit
+def queue_tile(u, n_b, n_heads, group, band, BLOCK: tl.constexpr):
+    """(h, start_m) of unit u of a sequence with n_b query tiles (``scan_from``), its last (under
+    causal heaviest) tiles first: in bands of ``band`` tiles, each band one KV head's tiles after
+    another, each tile's ``group`` query heads together. Wide bands: the programs running at once
+    read few KV heads' K/V (L2 hits), as the dense grid's head-major order has them; narrow ones:
+    every head's heaviest tiles come first, which keeps the queue's tail light (band 1: every head
+    of a tile together)."""
+    band = tl.minimum(band, n_b)
+    j = u // (band * n_heads)  # the band, its first tile j · band
+    width = tl.minimum(band, n_b - j * band)  # (the last band's may be narrower)
+    v = u - j * band * n_heads
+    h = v // (width * group) * group + v % group
+    i = j * band + v // group % width
+    return h, (n_b - 1 - i) * BLOCK
 
 
 @triton.jit
@@ -1170,14 +1188,14 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _loader_queue(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                      v_empty, meta, work, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q,
-                      n_k, win_left, win_right, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
+                      v_empty, meta, work, queue_band, q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq,
+                      n_heads, group, n_q, n_k, win_left, win_right, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       V_STAGES: gl.constexpr, Q_SETS: gl.constexpr, SEQ: gl.constexpr):
         """The loader warp of a persistent program over a packed varlen batch or per-row ranges
-        (``SEQ``): while the queue has units (the query tiles of every sequence or range, t = slot · Hq
-        + head in ``varlen_scan``'s order, heads fastest: no empty slot, no tile past a range's end),
-        maps the next (``scan_from``, ``sequence``), loads its Q and K/V tiles as
+        (``SEQ``): while the queue has units (the query tiles of every head of every sequence or
+        range, sequence by sequence, in ``queue_tile``'s order: no empty slot, no tile past a range's
+        end), maps the next (``scan_from``, ``queue_tile``, ``sequence``), loads its Q and K/V tiles as
         ``_loader_persistent`` does (rows from the sequence's first query and key, in batch row 0 of a
         varlen batch's tensors, row b of ranges'), and puts its coordinates in its Q set's slot of
         ``meta``; then puts t = -1 there."""
@@ -1191,9 +1209,9 @@ if _HAS_GLUON:
         seen = 0
         t = _next_unit(work, lanes)
         while t < units:
-            h = t % n_heads
-            b, start_m, place, seen = scan_from(q_starts, q_ends, n_seq, n_q, t // n_heads, lanes, BLOCK_M, stride_seq,
-                                                place, seen)
+            b, u, n_b, place, seen = scan_from(q_starts, q_ends, n_seq, n_q, t, lanes, BLOCK_M, stride_seq, place, seen,
+                                               n_heads)
+            h, start_m = queue_tile(u, n_b, n_heads, group, queue_band, BLOCK_M)
             q0, seq_q, k0, seq_k, off = sequence(b, n_q, n_k, q_starts, q_ends, k_starts, k_ends, stride_seq, 0, SEQ)
             tb = b  # the tensors' batch row: ranges' b, a varlen batch's 0
             if SEQ == 2:
@@ -1323,10 +1341,12 @@ if _HAS_GLUON:
     # Window sides too (a side the call does not have is None: a constexpr, no parameter).
     # Ranges / varlen: the sequences' bounds, their count and the output's strides (None for a dense
     # batch: constexprs, no parameters); ``work``: a persistent ranges or varlen launch's queue (else None).
-    @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads", "win_left", "win_right", "n_seq"])
+    @gluon.jit(do_not_specialize=["n_q", "n_k", "group", "n_heads", "win_left", "win_right", "n_seq",
+                                  "queue_band"])
     def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse, sinks, alibi, stride_alibi_b, stride_alibi_h,
                                n_heads, group, n_q, n_k, win_left, win_right, qk_scale, softcap_scale, softcap2,
                                q_starts, q_ends, k_starts, k_ends, stride_seq, n_seq, o, stride_oh, stride_om, work,
+                               queue_band,
                                HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
                                HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                                ALIBI: gl.constexpr, SINKS: gl.constexpr, FAST_TANH: gl.constexpr,
@@ -1419,9 +1439,9 @@ if _HAS_GLUON:
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
                                             V_STAGES, Q_SETS, D_REAL, SEQ)),
                         (_loader_queue, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                          v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
-                                          stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
-                                          CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
+                                          v_ready, k_empty, v_empty, meta, work, queue_band, q_starts, q_ends,
+                                          k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q, n_k, win_left,
+                                          win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
                                           Q_SETS, SEQ)),
                     ], [1], [LOADER_REGS])
                 elif CONSUMERS == 2:
@@ -1439,9 +1459,9 @@ if _HAS_GLUON:
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
                                             V_STAGES, Q_SETS, D_REAL, SEQ)),
                         (_loader_queue, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                          v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
-                                          stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
-                                          CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
+                                          v_ready, k_empty, v_empty, meta, work, queue_band, q_starts, q_ends,
+                                          k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q, n_k, win_left,
+                                          win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
                                           Q_SETS, SEQ)),
                     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
                 else:
@@ -1465,9 +1485,9 @@ if _HAS_GLUON:
                                             HAS_RIGHT, SOFTCAP, ALIBI, SINKS, FAST_TANH, HEAD_DIM, BLOCK_N, STAGES,
                                             V_STAGES, Q_SETS, D_REAL, SEQ)),
                         (_loader_queue, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                          v_ready, k_empty, v_empty, meta, work, q_starts, q_ends, k_starts, k_ends,
-                                          stride_seq, n_seq, n_heads, group, n_q, n_k, win_left, win_right,
-                                          CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
+                                          v_ready, k_empty, v_empty, meta, work, queue_band, q_starts, q_ends,
+                                          k_starts, k_ends, stride_seq, n_seq, n_heads, group, n_q, n_k, win_left,
+                                          win_right, CONSUMERS, CAUSAL, HAS_LEFT, HAS_RIGHT, BLOCK_N, STAGES, V_STAGES,
                                           Q_SETS, SEQ)),
                     ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
             elif CONSUMERS == 1:
@@ -1833,7 +1853,7 @@ def _descriptor(t: torch.Tensor, rows: int, width: int) -> "TensorDescriptor":
 
 
 _PLAIN_ARGS = (None,) * 8
-_DENSE_SEQ_ARGS = (None,) * 10
+_DENSE_SEQ_ARGS = (None,) * 11
 _PLAIN_FLAGS = dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, ALIBI=False, SINKS=False, FAST_TANH=False)
 
 
@@ -1916,8 +1936,10 @@ def _launch(q, k, v, o, lse, scale: float, causal: bool, cfg: Config, variant: V
         *bounds, stride_seq, n_seq = seq_args(variant, q)
         # (a persistent launch's work queue: a counter from 0, ``_loader_queue``; these arguments launch
         # once: a second launch would find the queue empty)
-        work = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.persistent else None
-        seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2), work)
+        work, band = None, None
+        if cfg.persistent:
+            work, band = torch.zeros(1, dtype=torch.int32, device=q.device), queue_band_tiles(q, k)
+        seq_args_ = (*bounds, stride_seq, n_seq, o, o.stride(1), o.stride(2), work, band)
         if seq == SEQ_VARLEN:
             grid = ((cdiv(Nq, cfg.block_m) + n_seq) * Hq,)
     qk = min(D, qk_width(q.shape[3]))  # Q·Kᵀ's reduction width (a quarter of that GEMM saved at MLA's 192)
@@ -1957,27 +1979,26 @@ def writes_into(out: torch.Tensor, q: torch.Tensor, v: torch.Tensor, variant: Va
     return variant.seq == SEQ_DENSE and v.shape[3] == q.shape[3] and storable_like(out, q)
 
 
-# The queue takes its units heads fastest, so the programs running at once read every KV head of a
-# row or two. For per-row ranges that was measured where a row's K and V fit in L2 many times over
-# (16 × 2048 tokens, 16 heads, d 128: 16 MiB a row, +18 to +22%, ``varlen_schedule.py``); the
-# one-tile grid they ran before is head-major, and heads fastest measured 1–48% slower on dense rows
-# of 8k (NOTES 2026-11-24 23:52). Rows whose K and V take more than this run one tile a program.
-QUEUE_RANGES_MAX_ROW_BYTES = 16 << 20
+# The queue's bands (``queue_tile``): this many units of one KV head (its tiles · the GQA group).
+QUEUE_BAND_UNITS = 32
 
 
-def _queue_pays(q, k, v, cfg: Config, variant: Variant) -> bool:
+def queue_band_tiles(q, k) -> int:
+    """The tiles of a band of the queue's order (``queue_tile``): ``QUEUE_BAND_UNITS`` over the GQA
+    group, at least 1."""
+    return max(QUEUE_BAND_UNITS // (q.shape[1] // k.shape[1]), 1)
+
+
+def _queue_pays(q, cfg: Config, variant: Variant) -> bool:
     """Whether a ranges or varlen call whose default config is persistent takes it through the work
     queue: not where the one-tile grid has no more programs than the GPU has SMs (no program would
-    take a second tile, and the queue's counter costs a fill: a padded generation step), nor per-row
-    ranges past ``QUEUE_RANGES_MAX_ROW_BYTES`` of K and V a row."""
+    take a second tile, and the queue's counter costs a fill: a padded generation step)."""
     B, Hq, Nq, _ = q.shape
     if variant.seq == SEQ_VARLEN:
         programs = (cdiv(Nq, cfg.block_m) + variant.seq_q.shape[0] - 1) * Hq
     else:
         programs = cdiv(Nq, cfg.block_m) * B * Hq
-    row_bytes = k.shape[1] * k.shape[2] * (k.shape[3] + v.shape[3]) * k.element_size()
-    too_long = variant.seq == SEQ_RANGES and row_bytes > QUEUE_RANGES_MAX_ROW_BYTES
-    return programs > gpu_sm_count(q.device) and not too_long
+    return programs > gpu_sm_count(q.device)
 
 
 def one_tile_per_program(cfg: Config) -> Config:
@@ -2019,7 +2040,7 @@ def attention_forward_gluon(q, k, v, scale: float, causal: bool, *, config: Conf
     if cfg is None:
         cfg = default_config(padded_head_dim(D, v.shape[3]), causal, n, variant.alibi is not None, variant.softcap > 0,
                              variant.left >= 0, v.shape[3], D, plain=_is_plain(variant, causal))
-        if cfg.persistent and variant.seq != SEQ_DENSE and not _queue_pays(q, k, v, cfg, variant):
+        if cfg.persistent and variant.seq != SEQ_DENSE and not _queue_pays(q, cfg, variant):
             cfg = one_tile_per_program(cfg)
     if out is not None:
         if not writes_into(out, q, v, variant):
