@@ -3,15 +3,17 @@ the same sequences.
 
     python benchmarks/varlen_heads.py [--out benchmarks/results] [--rounds 5]
 
-Forward: the work queue (``_loader_queue``) in bands (``queue_tile``) of ``QUEUE_BAND_UNITS`` units
-of one KV head (``units 1``: every head of a tile together; ``units 1M``: one KV head's tiles after
-another), at the default config of the batch's mean length forced persistent (``config=``), and its
-one-tile form (``one_tile_per_program``). Backward: the d ≤ 128 kernel's varlen slots
-(``varlen_slot``), every KV head of a slot together (``HEADS_FASTEST``) or one KV head's slots after
-another (the default). ``dense``: the same sequences as a dense (B, H, N, D) batch at its default
-config (batches of equal lengths). bf16, d 128, GQA as named (Hq, Hkv); a 2 × 16k left-padded batch
-(ranges, forward only). Device time (``common.time_ms``) in balanced rounds after an untimed one;
-medians. ``o_equal``: o bit-identical in every order (each tile is computed by the same code).
+Forward, one tile a program (``one_tile_per_program`` of the default config; the default at and past
+12k causal, 8k non-causal, d 128): varlen's slots (``varlen_slot``) every head of a slot together
+(``one_tile_hf``, ``HEADS_FASTEST``) or one head's slots after another (``one_tile``); ranges run the
+dense head-major grid. Forward where the default config is persistent: its work queue
+(``_loader_queue``) in bands (``queue_tile``) of ``QUEUE_BAND_UNITS`` units of one KV head (``u1``:
+every head of a tile together; ``u1M``: one KV head's tiles after another). Backward: the d ≤ 128
+kernel's varlen slots heads fastest (``one_tile_hf``) or one KV head's after another (``one_tile``).
+``dense``: the same sequences as a dense (B, H, N, D) batch at its default config (batches of equal
+lengths). bf16, d 128, GQA as named (Hq, Hkv). Device time (``common.time_ms``) in balanced rounds
+after an untimed one; medians. ``o_equal``: o bit-identical in every order (each tile is computed by
+the same code).
 """
 from __future__ import annotations
 
@@ -33,25 +35,31 @@ from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 from flashattn_lite.ops.attention_fwd import SEQ_RANGES, SEQ_VARLEN, Variant  # noqa: E402
 
 D = 128
-BANDS = {"units 1": 1, "units 32": 32, "units 128": 128, "units 1M": 1 << 20}
+BANDS = {"u1": 1, "u32": 32, "u1M": 1 << 20}
+WAYS = ["one_tile_hf", "one_tile", *BANDS, "dense"]
 
 
 @contextlib.contextmanager
 def order(units: int | None = None, heads_fastest: bool = False):
-    """The forward queue's bands of ``units`` and the backward's varlen slots heads fastest, inside the block."""
-    kept, bwd_launch = gluon_fwd.QUEUE_BAND_UNITS, gluon_bwd._launch
+    """Inside the block: the forward queue's bands of ``units``; with ``heads_fastest`` both kernels'
+    varlen slots every head of a slot together."""
+    kept, launches = gluon_fwd.QUEUE_BAND_UNITS, (gluon_fwd._launch, gluon_bwd._launch)
 
-    def bwd(*a, **kw):
-        grid, args, kwargs = bwd_launch(*a, **kw)
-        return grid, args, dict(kwargs, HEADS_FASTEST=True) if kwargs.get("SEQ") == SEQ_VARLEN else kwargs
+    def fastest(launch):
+        def patched(*a, **kw):
+            grid, args, kwargs = launch(*a, **kw)
+            if kwargs.get("SEQ") == SEQ_VARLEN and not kwargs.get("PERSISTENT"):
+                kwargs = dict(kwargs, HEADS_FASTEST=True)
+            return grid, args, kwargs
+        return patched
 
     gluon_fwd.QUEUE_BAND_UNITS = kept if units is None else units
     if heads_fastest:
-        gluon_bwd._launch = bwd
+        gluon_fwd._launch, gluon_bwd._launch = (fastest(launch) for launch in launches)
     try:
         yield
     finally:
-        gluon_fwd.QUEUE_BAND_UNITS, gluon_bwd._launch = kept, bwd_launch
+        gluon_fwd.QUEUE_BAND_UNITS, (gluon_fwd._launch, gluon_bwd._launch) = kept, launches
 
 
 def in_order(fn, **how):
@@ -70,70 +78,81 @@ def packed(lens, hq, hkv, g):
     return q, k, v, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu)
 
 
+def as_dense(t, lens):
+    """A (1, H, total, D) packed view of sequences of equal length as a (B, H, n, D) batch."""
+    return t.squeeze(0).reshape(t.shape[1], len(lens), lens[0], D).transpose(0, 1).contiguous()
+
+
+def add_cases(cases, label, q, k, v, causal, variant, n, dense=None):
+    """``label``'s forward and backward ways (``WAYS``) into ``cases``; ``dense``: (q, k, v) of the
+    same sequences as a dense batch."""
+    scale, cfg = D ** -0.5, gluon_fwd.default_config(D, causal, n)
+
+    def fwd(config):
+        return lambda: gluon_fwd.attention_forward_gluon(q, k, v, scale, causal, config=config, variant=variant)
+
+    one_tile = fwd(gluon_fwd.one_tile_per_program(cfg))
+    ways = {"one_tile": one_tile}
+    if variant.seq == SEQ_VARLEN:
+        ways["one_tile_hf"] = in_order(one_tile, heads_fastest=True)
+    if cfg.persistent:
+        ways.update({name: in_order(fwd(cfg), units=units) for name, units in BANDS.items()})
+    if dense is not None:
+        ways["dense"] = lambda: gluon_fwd.attention_forward_gluon(*dense, scale, causal)
+    cases.update({(label, "fwd", way): fn for way, fn in ways.items()})
+    if variant.seq != SEQ_VARLEN:
+        return
+    o, lse = one_tile()
+    do = torch.randn_like(o)
+
+    def bwd():
+        return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal, variant=variant)
+
+    cases[(label, "bwd", "one_tile")] = bwd
+    cases[(label, "bwd", "one_tile_hf")] = in_order(bwd, heads_fastest=True)
+    if dense is not None:
+        od, lsed = gluon_fwd.attention_forward_gluon(*dense, scale, causal)
+        dod = as_dense(do, [dense[0].shape[2]] * dense[0].shape[0])
+        cases[(label, "bwd", "dense")] = lambda: gluon_bwd.attention_backward_gluon(dod, *dense, od, lsed, scale=scale,
+                                                                                   causal=causal)
+
+
 def main():
     args = gpu_script_args(__doc__, Path(__file__).parent / "results", add_run_arguments)
     rounds = args.rounds
     g = torch.Generator(device="cuda").manual_seed(0)
     cases, rows = {}, []
-    batches = [("varlen 2 x 16k", [16384] * 2, 32, 8, True), ("varlen 2 x 16k MHA", [16384] * 2, 32, 32, True),
-               ("varlen 2 x 16k", [16384] * 2, 32, 8, False), ("varlen 8 x 4k", [4096] * 8, 32, 8, True),
-               ("varlen 22 mixed MHA", mixed_lengths(32768), 16, 16, True)]
-    for name, lens, hq, hkv, causal in batches:
+    batches = [([16384] * 2, 32, 8, True), ([16384] * 2, 32, 32, True), ([16384] * 2, 32, 8, False),
+               ([8192] * 4, 32, 32, False), ([8192] * 4, 32, 32, True), ([4096] * 8, 32, 8, True),
+               ([4096] * 8, 32, 32, True), (mixed_lengths(32768), 16, 16, True)]
+    for lens, hq, hkv, causal in batches:
         q, k, v, variant = packed(lens, hq, hkv, g)
-        n = sum(lens) // len(lens)
-        cfg = gluon_fwd.default_config(D, causal, n)
-        o, lse = gluon_fwd.attention_forward_gluon(q, k, v, D ** -0.5, causal, config=cfg, variant=variant)
-        do = torch.randn_like(o)
-        fwd = {"one_tile": lambda q=q, k=k, v=v, c=causal, var=variant, cf=cfg: gluon_fwd.attention_forward_gluon(
-                   q, k, v, D ** -0.5, c, config=gluon_fwd.one_tile_per_program(cf), variant=var)}
-        run = (lambda q=q, k=k, v=v, c=causal, var=variant, cf=cfg:
-               gluon_fwd.attention_forward_gluon(q, k, v, D ** -0.5, c, config=cf, variant=var))
-        fwd.update({name: in_order(run, units=units) for name, units in BANDS.items()})
-        bwd_run = (lambda q=q, k=k, v=v, o=o, lse=lse, do=do, c=causal, var=variant:
-                   gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=D ** -0.5, causal=c, variant=var))
-        bwd = {"heads_fastest": in_order(bwd_run, heads_fastest=True), "kv_head_major": bwd_run}
-        if len(set(lens)) == 1:  # the dense batch of the same sequences
-            qd, kd, vd = (t.squeeze(0).reshape(t.shape[1], len(lens), lens[0], D).transpose(0, 1).contiguous()
-                          for t in (q, k, v))
-            od, lsed = gluon_fwd.attention_forward_gluon(qd, kd, vd, D ** -0.5, causal)
-            dod = torch.randn_like(od)
-            fwd["dense"] = lambda qd=qd, kd=kd, vd=vd, c=causal: gluon_fwd.attention_forward_gluon(qd, kd, vd,
-                                                                                                   D ** -0.5, c)
-            bwd["dense"] = (lambda qd=qd, kd=kd, vd=vd, od=od, lsed=lsed, dod=dod, c=causal:
-                            gluon_bwd.attention_backward_gluon(dod, qd, kd, vd, od, lsed, scale=D ** -0.5, causal=c))
-        label = f"{name} {'causal' if causal else 'non-causal'} Hq {hq} Hkv {hkv}"
-        for way, fn in fwd.items():
-            cases[(label, "fwd", way)] = fn
-        for way, fn in bwd.items():
-            cases[(label, "bwd", way)] = fn
-    # Left-padded rows of 16k (HF's padded batch), K and V 64 MiB a row.
-    B, N, hq, hkv = 2, 16384, 32, 8
-    ranges = torch.tensor([[N // 10, N], [3 * N // 10, N]], dtype=torch.int32).cuda()
-    padded = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
-    q = torch.randn(B, hq, N, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(B, hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    cfg = gluon_fwd.default_config(D, True, N)
-    label = f"ranges 2 x 16k padded 10/30% causal Hq {hq} Hkv {hkv}"
-    run = lambda: gluon_fwd.attention_forward_gluon(q, k, v, D ** -0.5, True, config=cfg, variant=padded)  # noqa: E731
-    cases[(label, "fwd", "one_tile")] = lambda: gluon_fwd.attention_forward_gluon(
-        q, k, v, D ** -0.5, True, config=gluon_fwd.one_tile_per_program(cfg), variant=padded)
-    cases.update({(label, "fwd", name): in_order(run, units=units) for name, units in BANDS.items()})
-    outputs = {key: fn() for key, fn in cases.items() if key[1] == "fwd" and key[2] != "dense"}
+        shape = f"{len(lens)} x {lens[0] // 1024}k" if len(set(lens)) == 1 else f"{len(lens)} mixed"
+        label = f"varlen {shape} {'causal' if causal else 'non-causal'} Hq {hq} Hkv {hkv}"
+        dense = tuple(as_dense(t, lens) for t in (q, k, v)) if len(set(lens)) == 1 else None
+        add_cases(cases, label, q, k, v, causal, variant, sum(lens) // len(lens), dense)
+    # Left-padded rows (HF's padded batch): 16 × 2k MHA 16, 4 × 8k MHA 32 (64 MiB of K and V a row).
+    for B, N, h in ((16, 2048, 16), (4, 8192, 32)):
+        pads = (torch.rand(B, generator=torch.Generator().manual_seed(1)) * 0.5 * N).long()
+        ranges = torch.stack([pads, torch.full_like(pads, N)], 1).to(torch.int32).cuda()
+        q, k, v = (torch.randn(B, h, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        add_cases(cases, f"ranges {B} x {N // 1024}k padded causal Hq {h} Hkv {h}", q, k, v, True,
+                  Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges), N)
+    outputs = {key: fn()[0] for key, fn in cases.items() if key[1] == "fwd" and key[2] != "dense"}
     times, _ = in_rounds(list(cases), rounds, lambda key: time_ms(cases[key]))
     ms = {key: sorted(t)[rounds // 2] for key, t in times.items()}
-    ways = ["one_tile", *BANDS, "heads_fastest", "kv_head_major", "dense"]
     for label, pass_ in dict.fromkeys((key[0], key[1]) for key in cases):
-        row = dict(case=label, pass_=pass_, **{way: ms.get((label, pass_, way)) for way in ways})
-        best = min(t for way, t in row.items() if way in ways[:-1] and t)
+        row = dict(case=label, pass_=pass_, **{way: ms.get((label, pass_, way)) for way in WAYS})
+        best = min(t for way, t in row.items() if way in WAYS[:-1] and t)
         if row["dense"]:
             row["dense_over_best"] = row["dense"] / best
         if pass_ == "fwd":
-            row["o_equal"] = all(torch.equal(outputs[(label, pass_, name)][0], outputs[(label, pass_, "one_tile")][0])
-                                 for name in BANDS)
+            row["o_equal"] = all(torch.equal(outputs[(label, pass_, way)], outputs[(label, pass_, "one_tile")])
+                                 for way in WAYS[:-1] if (label, pass_, way) in outputs)
         rows.append(row)
     path = write_json(args.out, "varlen_heads", rows, dtype="bfloat16", head_dim=D, rounds=rounds,
                       timing="common.time_ms medians, balanced rounds after an untimed one")
-    print(format_table(rows, ["case", "pass_", *ways, "dense_over_best", "o_equal"]))
+    print(format_table(rows, ["case", "pass_", *WAYS, "dense_over_best", "o_equal"]))
     print(f"wrote {path}")
 
 

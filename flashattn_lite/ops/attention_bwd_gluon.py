@@ -118,7 +118,7 @@ from .._runtime import cdiv, interpreter_active, tile_and_slab
 from ..merge import LOG2E
 from .attention_bwd import query_range, row_stats_tile
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, fold_factor, head_base, score_args,
-                            seq_args, seq_bounds)
+                            seq_args, seq_bounds, varlen_slot)
 from .attention_fwd_gluon import (_is_plain, gpu_sm_count, padded_head_dim, padding_note, qk_width, tma_descriptor,
                                   window_flags)
 from .attention_fwd_hopper import storable_like
@@ -330,17 +330,6 @@ def banded_key_tile(pid, n_programs, n_key_tiles, band, banded_heads):
         bh = n_heads - banded_heads + r // width
         tile = band_start + r % width
     return bh, tile
-
-
-@triton.jit
-def varlen_slot(pid, n_programs, n_heads, HEADS_FASTEST: tl.constexpr = False):
-    """(head, slot) of program ``pid`` of a varlen grid of n_programs = slots · ``n_heads``: one head's
-    slots after another, so the programs running at once read one head's rows (in L2), as the dense
-    grids' head-major order has them. ``HEADS_FASTEST``: every head of a slot together."""
-    if HEADS_FASTEST:
-        return pid % n_heads, pid // n_heads
-    n_slots = n_programs // n_heads
-    return pid // n_slots, pid % n_slots
 
 
 @triton.jit

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from ..merge import LOG2E
 from .attention_bwd_gluon import _HAS_GLUON, MLA_QK, MLA_V
-from .attention_fwd import SEQ_DENSE, SEQ_VARLEN, fold_factor, seq_args, sequence, varlen_scan
+from .attention_fwd import SEQ_DENSE, SEQ_VARLEN, fold_factor, seq_args, sequence, varlen_scan, varlen_slot
 
 
 if _HAS_GLUON:
@@ -76,7 +76,7 @@ if _HAS_GLUON:
     from .._launcher import Launcher
     from .attention_bwd_gluon import (_dq_stage, _dq_zeros, _loader, _masked, _query_tile, _reduce_rows, _row,
                                       _step_barriers, _store_rows, _tma_reduce_add, _to_16bit, banded_key_tile,
-                                      query_tiles, seq_key_tile, seq_rows, varlen_slot)
+                                      query_tiles, seq_key_tile, seq_rows)
     from .attention_fwd_gluon import _band, _qk, alibi_slope2, key_tiles
 
     @gluon.jit
@@ -433,9 +433,9 @@ if _HAS_GLUON:
                                        QK: gl.constexpr = 0):
         pid = gl.program_id(0)
         if SEQ == 2:
-            # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
-            # (sequence, query tile) by the forward's scan of cu_seqlens, each sequence's last tile
-            # first; a slot past the last tile is an empty program.
+            # Varlen: (heads, tile slots) in one dim (``varlen_slot``), the slots sized from the totals
+            # and mapped to (sequence, query tile) by the forward's scan of cu_seqlens, each sequence's
+            # last tile first; a slot past the last tile is an empty program.
             h, slot = varlen_slot(pid, gl.num_programs(0), n_heads)
             lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
             b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, slot, lanes, BLOCK_M)

@@ -206,6 +206,17 @@ def varlen_tile(starts, ends, n_seq, total, t, BLOCK: tl.constexpr, SCAN: tl.con
 
 
 @triton.jit
+def varlen_slot(pid, n_programs, n_heads, HEADS_FASTEST: tl.constexpr = False):
+    """(head, slot) of program ``pid`` of a varlen grid of n_programs = slots · ``n_heads``: one head's
+    slots after another, so the programs running at once read one head's rows (in L2), as the dense
+    grids' head-major order has them. ``HEADS_FASTEST``: every head of a slot together."""
+    if HEADS_FASTEST:
+        return pid % n_heads, pid // n_heads
+    n_slots = n_programs // n_heads
+    return pid // n_slots, pid % n_slots
+
+
+@triton.jit
 def varlen_scan(starts, ends, n_seq, total, t, lanes, BLOCK: tl.constexpr, stride=1):
     """``varlen_tile`` with the chunk's lanes (0 … SCAN − 1) passed in: the Gluon forward passes
     them in a layout of its own (a Gluon arange needs one). The same scan, written out twice: the

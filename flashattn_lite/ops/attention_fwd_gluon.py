@@ -100,7 +100,8 @@ from .._runtime import cdiv, sm_count
 from ..merge import LOG2E, add_sink
 
 from .attention_fwd import (PLAIN, SEQ_DENSE, SEQ_RANGES, SEQ_VARLEN, Variant, causal_window, fold_factor,
-                            key_range, output_buffers, score_args, seq_args, seq_bounds, sequence, varlen_scan)
+                            key_range, output_buffers, score_args, seq_args, seq_bounds, sequence, varlen_scan,
+                            varlen_slot)
 from .attention_fwd_hopper import storable_like
 
 try:  # Gluon's Hopper API as in triton 3.6 (it moves between releases: checked by TESTED_TRITON)
@@ -1354,7 +1355,8 @@ if _HAS_GLUON:
                                PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0,
                                PERSISTENT: gl.constexpr = False, Q_SETS: gl.constexpr = 1,
-                               V_STAGES: gl.constexpr = 0, D_REAL: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 1):
+                               V_STAGES: gl.constexpr = 0, D_REAL: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 1,
+                               HEADS_FASTEST: gl.constexpr = False):
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if PERSISTENT:
             # One program per SM (``_launch``). Dense: each takes units pid, pid + programs, … of the
@@ -1549,13 +1551,13 @@ if _HAS_GLUON:
                 ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         else:
             if SEQ == 2:
-                # Varlen: (tile slots, heads) in one dim, the slots sized from the totals and mapped to
-                # (sequence, query tile) by a scan of cu_seqlens, each sequence's last tile first (the
-                # portable kernel's ``varlen_tile``); a slot past the last tile is an empty program.
-                pid = gl.program_id(0)
-                h = pid % n_heads
+                # Varlen: (heads, tile slots) in one dim (``varlen_slot``), the slots sized from the totals
+                # and mapped to (sequence, query tile) by a scan of cu_seqlens, each sequence's last tile
+                # first (the portable kernel's ``varlen_tile``); a slot past the last tile is an empty
+                # program.
+                h, slot = varlen_slot(gl.program_id(0), gl.num_programs(0), n_heads, HEADS_FASTEST)
                 lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-                b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, pid // n_heads, lanes, BLOCK_M)
+                b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, slot, lanes, BLOCK_M)
                 live = b < n_seq
                 b = gl.minimum(b, n_seq - 1)
                 bh = h  # the lse is (Hq, total): one plane for every sequence
