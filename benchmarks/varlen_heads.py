@@ -3,17 +3,15 @@ the same sequences.
 
     python benchmarks/varlen_heads.py [--out benchmarks/results] [--rounds 5]
 
-Forward, one tile a program (``one_tile_per_program`` of the default config; the default at and past
-12k causal, 8k non-causal, d 128): varlen's slots (``varlen_slot``) every head of a slot together
-(``one_tile_hf``, ``HEADS_FASTEST``) or one head's slots after another (``one_tile``); ranges run the
-dense head-major grid. Forward where the default config is persistent: its work queue
-(``_loader_queue``) in bands (``queue_tile``) of ``QUEUE_BAND_UNITS`` units of one KV head (``u1``:
-every head of a tile together; ``u1M``: one KV head's tiles after another). Backward: the d ≤ 128
-kernel's varlen slots heads fastest (``one_tile_hf``) or one KV head's after another (``one_tile``).
+Forward: one tile a program (``one_tile_per_program`` of the default config; the default at and
+past 12k causal, 8k non-causal, d 128), varlen's slots one head's after another (``varlen_slot``),
+ranges on the dense head-major grid; and where the default config is persistent, its work queue
+(``queue``: one KV head's tiles after another, ``queue_tile``). Backward: the d ≤ 128 kernel's
+varlen slots every KV head of a slot together (``heads_fastest``) or one KV head's after another
+(``kv_head_major``); the default takes the latter from ``VARLEN_HEAD_MAJOR_FROM`` keys a sequence.
 ``dense``: the same sequences as a dense (B, H, N, D) batch at its default config (batches of equal
 lengths). bf16, d 128, GQA as named (Hq, Hkv). Device time (``common.time_ms``) in balanced rounds
-after an untimed one; medians. ``o_equal``: o bit-identical in every order (each tile is computed by
-the same code).
+after an untimed one; medians. ``o_equal``: o bit-identical one tile a program and on the queue.
 """
 from __future__ import annotations
 
@@ -35,36 +33,32 @@ from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd  # noqa: E402
 from flashattn_lite.ops.attention_fwd import SEQ_RANGES, SEQ_VARLEN, Variant  # noqa: E402
 
 D = 128
-BANDS = {"u1": 1, "u32": 32, "u1M": 1 << 20}
-WAYS = ["one_tile_hf", "one_tile", *BANDS, "dense"]
+WAYS = {"fwd": ["one_tile", "queue", "dense"], "bwd": ["heads_fastest", "kv_head_major", "dense"]}
 
 
 @contextlib.contextmanager
-def order(units: int | None = None, heads_fastest: bool = False):
-    """Inside the block: the forward queue's bands of ``units``; with ``heads_fastest`` both kernels'
-    varlen slots every head of a slot together."""
-    kept, launches = gluon_fwd.QUEUE_BAND_UNITS, (gluon_fwd._launch, gluon_bwd._launch)
+def slots(heads_fastest: bool):
+    """Inside the block the backward's varlen slots every KV head of a slot together, or not."""
+    launch = gluon_bwd._launch
 
-    def fastest(launch):
-        def patched(*a, **kw):
-            grid, args, kwargs = launch(*a, **kw)
-            if kwargs.get("SEQ") == SEQ_VARLEN and not kwargs.get("PERSISTENT"):
-                kwargs = dict(kwargs, HEADS_FASTEST=True)
-            return grid, args, kwargs
-        return patched
+    def patched(*a, **kw):
+        grid, args, kwargs = launch(*a, **kw)
+        if kwargs.get("SEQ") == SEQ_VARLEN:
+            kwargs = {n: v for n, v in kwargs.items() if n != "HEADS_FASTEST"}
+            if heads_fastest:
+                kwargs["HEADS_FASTEST"] = True
+        return grid, args, kwargs
 
-    gluon_fwd.QUEUE_BAND_UNITS = kept if units is None else units
-    if heads_fastest:
-        gluon_fwd._launch, gluon_bwd._launch = (fastest(launch) for launch in launches)
+    gluon_bwd._launch = patched
     try:
         yield
     finally:
-        gluon_fwd.QUEUE_BAND_UNITS, (gluon_fwd._launch, gluon_bwd._launch) = kept, launches
+        gluon_bwd._launch = launch
 
 
-def in_order(fn, **how):
+def with_slots(fn, heads_fastest: bool):
     def run():
-        with order(**how):
+        with slots(heads_fastest):
             return fn()
     return run
 
@@ -91,25 +85,22 @@ def add_cases(cases, label, q, k, v, causal, variant, n, dense=None):
     def fwd(config):
         return lambda: gluon_fwd.attention_forward_gluon(q, k, v, scale, causal, config=config, variant=variant)
 
-    one_tile = fwd(gluon_fwd.one_tile_per_program(cfg))
-    ways = {"one_tile": one_tile}
-    if variant.seq == SEQ_VARLEN:
-        ways["one_tile_hf"] = in_order(one_tile, heads_fastest=True)
+    ways = {"one_tile": fwd(gluon_fwd.one_tile_per_program(cfg))}
     if cfg.persistent:
-        ways.update({name: in_order(fwd(cfg), units=units) for name, units in BANDS.items()})
+        ways["queue"] = fwd(cfg)
     if dense is not None:
         ways["dense"] = lambda: gluon_fwd.attention_forward_gluon(*dense, scale, causal)
     cases.update({(label, "fwd", way): fn for way, fn in ways.items()})
     if variant.seq != SEQ_VARLEN:
         return
-    o, lse = one_tile()
+    o, lse = ways["one_tile"]()
     do = torch.randn_like(o)
 
     def bwd():
         return gluon_bwd.attention_backward_gluon(do, q, k, v, o, lse, scale=scale, causal=causal, variant=variant)
 
-    cases[(label, "bwd", "one_tile")] = bwd
-    cases[(label, "bwd", "one_tile_hf")] = in_order(bwd, heads_fastest=True)
+    cases[(label, "bwd", "heads_fastest")] = with_slots(bwd, True)
+    cases[(label, "bwd", "kv_head_major")] = with_slots(bwd, False)
     if dense is not None:
         od, lsed = gluon_fwd.attention_forward_gluon(*dense, scale, causal)
         dod = as_dense(do, [dense[0].shape[2]] * dense[0].shape[0])
@@ -124,7 +115,7 @@ def main():
     cases, rows = {}, []
     batches = [([16384] * 2, 32, 8, True), ([16384] * 2, 32, 32, True), ([16384] * 2, 32, 8, False),
                ([8192] * 4, 32, 32, False), ([8192] * 4, 32, 32, True), ([4096] * 8, 32, 8, True),
-               ([4096] * 8, 32, 32, True), (mixed_lengths(32768), 16, 16, True)]
+               ([4096] * 8, 32, 8, False), ([4096] * 8, 32, 32, True), (mixed_lengths(32768), 16, 16, True)]
     for lens, hq, hkv, causal in batches:
         q, k, v, variant = packed(lens, hq, hkv, g)
         shape = f"{len(lens)} x {lens[0] // 1024}k" if len(set(lens)) == 1 else f"{len(lens)} mixed"
@@ -142,17 +133,17 @@ def main():
     times, _ = in_rounds(list(cases), rounds, lambda key: time_ms(cases[key]))
     ms = {key: sorted(t)[rounds // 2] for key, t in times.items()}
     for label, pass_ in dict.fromkeys((key[0], key[1]) for key in cases):
-        row = dict(case=label, pass_=pass_, **{way: ms.get((label, pass_, way)) for way in WAYS})
-        best = min(t for way, t in row.items() if way in WAYS[:-1] and t)
+        ways = WAYS[pass_]
+        row = dict(case=label, pass_=pass_, **{way: ms.get((label, pass_, way)) for way in ways})
         if row["dense"]:
-            row["dense_over_best"] = row["dense"] / best
-        if pass_ == "fwd":
-            row["o_equal"] = all(torch.equal(outputs[(label, pass_, way)], outputs[(label, pass_, "one_tile")])
-                                 for way in WAYS[:-1] if (label, pass_, way) in outputs)
+            row["dense_over_best"] = row["dense"] / min(row[way] for way in ways[:2] if row[way])
+        if pass_ == "fwd" and row["queue"]:
+            row["o_equal"] = torch.equal(outputs[(label, pass_, "queue")], outputs[(label, pass_, "one_tile")])
         rows.append(row)
     path = write_json(args.out, "varlen_heads", rows, dtype="bfloat16", head_dim=D, rounds=rounds,
                       timing="common.time_ms medians, balanced rounds after an untimed one")
-    print(format_table(rows, ["case", "pass_", *WAYS, "dense_over_best", "o_equal"]))
+    print(format_table(rows, ["case", "pass_", *WAYS["fwd"][:2], *WAYS["bwd"][:2], "dense", "dense_over_best",
+                              "o_equal"]))
     print(f"wrote {path}")
 
 

@@ -315,6 +315,7 @@ def test_head_dim_256_varlen_launches_bind_to_their_kernels(causal):
         assert constexprs["SEQ"] == SEQ_VARLEN and constexprs["HAS_LEFT"]
         assert "QK" not in constexprs  # q at the kernel's 256: S over all of it
         assert bound["n_seq"] == n_seq and bound["row_starts"] is row_starts and bound["stride_seq"] == 1
+        assert constexprs["HEADS_FASTEST"]  # (short sequences: ``varlen_slot``, the plan's order)
         assert all(bound[name] == 0 for name in bound if name.startswith("stride_d") and name.endswith("b"))
 
 
@@ -360,6 +361,23 @@ def test_varlen_launch_plan():
     assert "SEQ" not in gluon_bwd.launch_plan(q, k, cfg, True, PLAIN)["constexprs"]
     note = gluon_bwd.path_note(variant)
     assert "varlen" in note and "Gluon" in note
+
+
+def test_varlen_slots_run_one_kv_head_after_another_from_long_sequences():
+    # ``varlen_slot``'s order by the sequences' mean key count: every KV head of a slot together
+    # below VARLEN_HEAD_MAJOR_FROM (HEADS_FASTEST), one KV head's slots after another from it;
+    # ranges and dense batches have no slots (their grids are head-major).
+    cfg, long = gluon_bwd.default_config(64), gluon_bwd.VARLEN_HEAD_MAJOR_FROM
+    for n_seq, total, fastest in ((3, 3 * long - 1, True), (3, 3 * long, False), (1, long - 1, True)):
+        cu = torch.tensor([0] * n_seq + [total], dtype=torch.int32)
+        q = torch.empty(1, 4, total, 64, dtype=torch.float16)
+        constexprs = gluon_bwd.launch_plan(q, q[:, :2], cfg, True, Variant(seq=SEQ_VARLEN, seq_q=cu, seq_k=cu))[
+            "constexprs"]
+        assert constexprs.get("HEADS_FASTEST", False) == fastest
+    ranges = torch.tensor([[0, 10]], dtype=torch.int32)
+    q = torch.empty(1, 4, 10, 64, dtype=torch.float16)
+    assert "HEADS_FASTEST" not in gluon_bwd.launch_plan(q, q, cfg, True, Variant(seq=SEQ_RANGES, seq_q=ranges,
+                                                                                  seq_k=ranges))["constexprs"]
 
 
 @pytest.mark.skipif(ON_GPU, reason="the faked device: CPU tensors")

@@ -145,8 +145,7 @@ def test_causal_units_balance(d, n, block_m, block_n, bound):
 
 
 @triton.jit
-def _varlen_queue_kernel(out, cu, n_seq, total, n_heads, group, band, step, BLOCK_M: tl.constexpr,
-                         SCAN: tl.constexpr):
+def _varlen_queue_kernel(out, cu, n_seq, total, n_heads, group, step, BLOCK_M: tl.constexpr, SCAN: tl.constexpr):
     # The loader's side of the varlen work queue: units 0, step, 2·step, … (a program's units only
     # increase), each unit t's (h, b, start_m) as ``_loader_queue`` maps it (``scan_from``, its
     # place kept from unit to unit, and ``queue_tile``), after the unit count.
@@ -156,55 +155,48 @@ def _varlen_queue_kernel(out, cu, n_seq, total, n_heads, group, band, step, BLOC
     seen = 0
     for t in range(0, units, step):
         b, u, n_b, c, seen = gluon_fwd.scan_from(cu, cu + 1, n_seq, total, t, lanes, BLOCK_M, 1, c, seen, n_heads)
-        h, start_m = gluon_fwd.queue_tile(u, n_b, n_heads, group, band, BLOCK_M)
+        h, start_m = gluon_fwd.queue_tile(u, n_b, group, BLOCK_M)
         tl.store(out + 1 + 3 * t, h)
         tl.store(out + 2 + 3 * t, b)
         tl.store(out + 3 + 3 * t, start_m)
     tl.store(out, units)
 
 
-def varlen_queue(lens, H, block_m, scan=32, total=None, step=1, group=1, band=1):
+def varlen_queue(lens, H, block_m, scan=32, total=None, step=1, group=1):
     """The queue's units [(h, b, start_m), …] in order, as the loader maps them (every ``step``-th
     one taken, the others None)."""
     cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(DEVICE)
     total = int(cu[-1]) if total is None else total
     out = torch.full((1 + 3 * (sum(triton.cdiv(n, block_m) for n in lens) + len(lens)) * H,), -1, dtype=torch.int32,
                      device=DEVICE)
-    _varlen_queue_kernel[(1,)](out, cu, len(lens), total, H, group, band, step, block_m, scan)
+    _varlen_queue_kernel[(1,)](out, cu, len(lens), total, H, group, step, block_m, scan)
     flat = out.tolist()
     return [tuple(flat[1 + 3 * t:4 + 3 * t]) if t % step == 0 else None for t in range(flat[0])]
 
 
-def queue_reference(lens, H, block_m, group=1, band=1):
-    """Sequence by sequence, each one's last tile first, in bands of ``band`` tiles: in each, one KV
-    head's tiles after another, a tile's ``group`` query heads together."""
-    units = []
-    for b, n in enumerate(lens):
-        tiles = list(range(triton.cdiv(n, block_m) - 1, -1, -1))  # the last first
-        for first in range(0, len(tiles), band):
-            units += [(h_kv * group + r, b, tile * block_m) for h_kv in range(H // group)
-                      for tile in tiles[first:first + band] for r in range(group)]
-    return units
+def queue_reference(lens, H, block_m, group=1):
+    """Sequence by sequence: one KV head's tiles after another, each sequence's last tile first, a
+    tile's ``group`` query heads together."""
+    return [(h_kv * group + r, b, (triton.cdiv(n, block_m) - 1 - i) * block_m) for b, n in enumerate(lens)
+            for h_kv in range(H // group) for i in range(triton.cdiv(n, block_m)) for r in range(group)]
 
 
 @pytest.mark.parametrize("lens, H, block_m, scan, group", [
     ([300, 800, 948], 4, 128, 32, 1), ([1], 1, 128, 32, 1), ([0, 129, 0, 0, 17], 3, 192, 32, 3),
     ([5] * 40 + [700], 2, 128, 16, 1), ([1000, 17, 4097 - 1017], 4, 128, 4, 2)],
     ids=["three", "one-row", "empty-sequences", "more-sequences-than-a-chunk", "four-lanes-gqa"])
-@pytest.mark.parametrize("band", [1, 3, 1 << 30])
-def test_varlen_queue_holds_every_tile_once(lens, H, block_m, scan, group, band):
-    # The queue's units are every (head, sequence, query tile) once, sequence by sequence in bands
-    # of ``band`` tiles (1: every head of a tile together; past the tile count: one KV head after
-    # another), without the one-tile grid's empty slots (empty sequences have none); chunked scans
-    # give the same as one.
-    want = queue_reference(lens, H, block_m, group, band)
+def test_varlen_queue_holds_every_tile_once(lens, H, block_m, scan, group):
+    # The queue's units are every (head, sequence, query tile) once, sequence by sequence, one KV
+    # head after another, without the one-tile grid's empty slots (empty sequences have none);
+    # chunked scans give the same as one.
+    want = queue_reference(lens, H, block_m, group)
     assert sorted(want) == sorted((h, b, i * block_m) for b, n in enumerate(lens) for h in range(H)
                                   for i in range(triton.cdiv(n, block_m)))
-    assert varlen_queue(lens, H, block_m, scan, group=group, band=band) == want
-    assert varlen_queue(lens, H, block_m, 64, group=group, band=band) == want
+    assert varlen_queue(lens, H, block_m, scan, group=group) == want
+    assert varlen_queue(lens, H, block_m, 64, group=group) == want
     # a program's units jump ahead (others took the ones between): the scan's place moves on
     for step in (5, 131):
-        assert varlen_queue(lens, H, block_m, scan, step=step, group=group, band=band) == [
+        assert varlen_queue(lens, H, block_m, scan, step=step, group=group) == [
             u if i % step == 0 else None for i, u in enumerate(want)]
 
 
@@ -218,7 +210,7 @@ def _ranges_queue_kernel(out, ranges, n_rows, n_q, n_heads, BLOCK_M: tl.constexp
     for t in range(units):
         b, u, n_b, c, seen = gluon_fwd.scan_from(ranges, ranges + 1, n_rows, n_q, t, lanes, BLOCK_M, 2, c, seen,
                                                  n_heads)
-        h, start_m = gluon_fwd.queue_tile(u, n_b, n_heads, 1, 1, BLOCK_M)
+        h, start_m = gluon_fwd.queue_tile(u, n_b, 1, BLOCK_M)
         tl.store(out + 1 + 3 * t, h)
         tl.store(out + 2 + 3 * t, b)
         tl.store(out + 3 + 3 * t, start_m)
@@ -247,9 +239,11 @@ def test_varlen_queue_reads_bounds_clamped_into_the_rows():
 def test_a_queue_balances_the_mixed_batch_where_a_static_deal_cannot():
     # Why varlen takes its tiles from a queue: the benchmark's 22 mixed sequences (32k tokens, 16
     # heads, 128-row tiles, causal: a tile's cost its key tiles) on 132 programs. Taken in the
-    # queue's order by whichever program is free first, the most loaded program is within 1% of
-    # the mean; dealt in that order round-robin, 5% over, in a snake 14% (a sequence's falling
-    # costs do not line up with the rounds).
+    # queue's order by whichever program is free first, the most loaded program is 5% over the
+    # mean; dealt in that order round-robin, 17% over (a sequence's falling costs do not line up
+    # with the rounds). (Every head of a tile together, the model's greedy queue ends 0.7% over,
+    # yet measured no faster on this batch: its programs read every head's K/V at once, NOTES
+    # 2026-12-02 18:25.)
     import heapq
     from flashattn_lite.bench.variants import mixed_lengths
     units, programs = queue_reference(mixed_lengths(32768), 16, 128), 132
@@ -259,8 +253,8 @@ def test_a_queue_balances_the_mixed_batch_where_a_static_deal_cannot():
     for c in cost:
         load, pid = heapq.heappop(free)
         heapq.heappush(free, (load + c, pid))
-    assert max(load for load, _ in free) <= 1.01 * mean
-    assert max(sum(cost[pid::programs]) for pid in range(programs)) >= 1.05 * mean
+    assert max(load for load, _ in free) <= 1.06 * mean
+    assert max(sum(cost[pid::programs]) for pid in range(programs)) >= 1.15 * mean
 
 
 def sorted_tail_reference(n_bh, n_m, programs):
@@ -667,8 +661,7 @@ def test_persistent_launch(d, cfg):
 def test_persistent_takes_ranges_and_varlen():
     # Per-row ranges and packed varlen batches take a persistent config through the work queue:
     # min(the one-tile grid's programs, SMs) programs, the one-tile launch's arguments but the
-    # queue's counter (a zeroed int32) and band (``queue_band_tiles``; both None one tile a
-    # program), SEQ.
+    # queue's counter (a zeroed int32; None one tile a program), SEQ.
     d, cfg = PERSISTENT[0]
     ranges = torch.tensor([[0, 5], [2, 7]], dtype=torch.int32)
     q, k = torch.zeros(2, 4, 7, d, dtype=torch.float16), torch.zeros(2, 2, 9, d, dtype=torch.float16)
@@ -681,14 +674,13 @@ def test_persistent_takes_ranges_and_varlen():
         grid1, args1, kwargs1 = gluon_fwd._launch(qq, kk, kk, o, lse, 0.125, True,
                                                   gluon_fwd.one_tile_per_program(cfg), variant)
         assert "PERSISTENT" not in kwargs1 and kwargs1["SEQ"] == variant.seq and grid1 == (slots,)
-        assert args1[-2:] == (None, None)  # no work queue
+        assert args1[-1] is None  # no work queue
         for sms, programs in ((None, slots), (5, 5)):
             grid, args, kwargs = gluon_fwd._launch(qq, kk, kk, o, lse, 0.125, True, cfg, variant, sms=sms)
             same = [a.data_ptr() == b.data_ptr() if isinstance(a, torch.Tensor) else a == b
-                    for a, b in zip(args[4:-2], args1[4:-2])]
+                    for a, b in zip(args[4:-1], args1[4:-1])]
             assert grid == (programs,) and all(same)
-            assert args[-2].dtype == torch.int32 and args[-2].tolist() == [0]  # the queue's counter, from 0
-            assert args[-1] == gluon_fwd.QUEUE_BAND_UNITS // 2  # (GQA group 2)
+            assert args[-1].dtype == torch.int32 and args[-1].tolist() == [0]  # the queue's counter, from 0
             assert kwargs == {**kwargs1, "STAGES": cfg.stages, "PERSISTENT": True, "Q_SETS": cfg.q_sets(d),
                               "V_STAGES": cfg.v_stages or cfg.stages}
     # A V ring of its own depth is a persistent config's: refused one tile per program.
@@ -734,23 +726,14 @@ def test_ranges_and_varlen_take_the_queue_by_default(monkeypatch):
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
 def test_long_padded_rows_take_the_queue(monkeypatch):
-    # Per-row ranges of any length take the queue by default (its bands keep the programs running
-    # at once on few KV heads: ``queue_tile``).
+    # Per-row ranges of any length take the queue by default (one KV head's tiles after another:
+    # ``queue_tile``; 4 × 8k MHA 32, 64 MiB of K and V a row, 4% faster than one tile a program).
     taken = record_configs(monkeypatch)
     for n in (2048, 8192):  # 16 KV heads, d 128, bf16: 16 MiB and 64 MiB of K and V a row
         rows = torch.tensor([[0, n], [5, n]], dtype=torch.int32)
         forward(torch.zeros(2, 16, n, 128, dtype=torch.bfloat16), Variant(seq=SEQ_RANGES, seq_q=rows, seq_k=rows))
     assert gluon_fwd.default_config(128, True, 8192).persistent  # (d 128 causal: persistent below 12k)
     assert len(taken) == 2 and all(cfg.persistent for cfg in taken)
-
-
-def test_a_queue_band_holds_about_as_many_units_of_one_kv_head_whatever_the_group():
-    # A band's tiles times the GQA group: QUEUE_BAND_UNITS where the group divides it, at least one tile.
-    units = gluon_fwd.QUEUE_BAND_UNITS
-    for hq, hkv in ((32, 8), (16, 16), (8, 1)):
-        q, k = torch.empty(1, hq, 1, 8), torch.empty(1, hkv, 1, 8)
-        assert gluon_fwd.queue_band_tiles(q, k) * (hq // hkv) == units
-    assert gluon_fwd.queue_band_tiles(torch.empty(1, 2 * units, 1, 8), torch.empty(1, 1, 1, 8)) == 1
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")

@@ -98,8 +98,7 @@ def as_4d(t):
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
 def test_launch_grid_and_arguments():
     # Varlen: (cdiv(total, BLOCK_M) + sequences) · Hq slots, the bounds and the output's strides
-    # passed, SEQ set, no work queue one tile a program (a persistent launch's: a zeroed int32, and
-    # its bands' tiles);
+    # passed, SEQ set, no work queue one tile a program (a persistent launch's: a zeroed int32);
     # ranges: the dense (head-major) grid; a dense call passes None for every one of them and no SEQ
     # (the kernel it compiled to before: benchmarks/ptx_hashes.py).
     q, k, v, cq, ck = packed([5, 300, 17], [9, 300, 40], 4, 2, 64, torch.float16, device="cpu")
@@ -109,19 +108,18 @@ def test_launch_grid_and_arguments():
     o, lse = attention_fwd.output_buffers(q4, 64, variant, True)
     grid, args, kwargs = gluon_fwd._launch(q4, k4, v4, o, lse, 0.125, True, cfg, variant)
     assert grid == ((triton.cdiv(322, 128) + 3) * 4,) and kwargs["SEQ"] == SEQ_VARLEN
-    bounds = args[-11:-7]
+    bounds = args[-10:-6]
     assert [b.data_ptr() for b in bounds] == [cq.data_ptr(), cq[1:].data_ptr(), ck.data_ptr(), ck[1:].data_ptr()]
-    assert args[-7:-5] == (1, 3) and args[-5] is o and args[-4:-2] == (64, 4 * 64) and args[-2:] == (None, None)
+    assert args[-6:-4] == (1, 3) and args[-4] is o and args[-3:-1] == (64, 4 * 64) and args[-1] is None
     grid, args, kwargs = gluon_fwd._launch(q4, k4, v4, o, lse, 0.125, True, cfg._replace(persistent=True), variant,
                                            sms=5)
-    assert grid == (5,) and kwargs["PERSISTENT"] and args[-2].dtype == torch.int32 and args[-2].tolist() == [0]
-    assert args[-1] == gluon_fwd.queue_band_tiles(q4, k4)
+    assert grid == (5,) and kwargs["PERSISTENT"] and args[-1].dtype == torch.int32 and args[-1].tolist() == [0]
     ranges = torch.tensor([[0, 5], [2, 7]], dtype=torch.int32)
     qd, kd = torch.zeros(2, 4, 7, 64, dtype=torch.float16), torch.zeros(2, 2, 9, 64, dtype=torch.float16)
     variant = Variant(seq=SEQ_RANGES, seq_q=ranges, seq_k=ranges)
     o, lse = attention_fwd.output_buffers(qd, 64, variant, True)
     grid, args, kwargs = gluon_fwd._launch(qd, kd, kd, o, lse, 0.125, False, cfg, variant)
-    assert grid == (8,) and kwargs["SEQ"] == SEQ_RANGES and args[-7:-5] == (2, 2) and args[-2:] == (None, None)
+    assert grid == (8,) and kwargs["SEQ"] == SEQ_RANGES and args[-6:-4] == (2, 2) and args[-1] is None
     assert (o == 0).all() and (lse == float("-inf")).all()  # the padding rows no program writes
     grid, args, kwargs = gluon_fwd._launch(qd, kd, kd, torch.empty_like(qd), torch.empty(2, 4, 7), 0.125, False,
                                            cfg, PLAIN)

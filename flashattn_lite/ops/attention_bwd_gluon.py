@@ -1460,6 +1460,15 @@ def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
     return group if split else 1
 
 
+# A varlen batch whose sequences hold this many keys on average takes its key-tile slots one KV head
+# after another (``varlen_slot``): the programs running at once share one KV head's Q and dO in L2,
+# 3–5% faster from 8k (2 × 16k, 4 × 8k, GQA and MHA, causal and not); shorter ones every KV head of
+# a slot together, as before, where one KV head at a time measured 6% slower (8 × 4k GQA 32/8,
+# causal: each (sequence, head)'s dQ rows take the adds of more programs at once) and level at MHA
+# (NOTES 2026-12-02 18:25, ``benchmarks/varlen_heads.py``).
+VARLEN_HEAD_MAJOR_FROM = 8192
+
+
 def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_share: int = 1,
                 value_dim: int | None = None) -> dict:
     """What the kernel launch is given, without launching (the CPU tests check it): the grid (one
@@ -1477,6 +1486,8 @@ def launch_plan(q, k, cfg: Config, causal: bool, variant: Variant = PLAIN, kv_sh
     else:
         grid = (cdiv(Nk, cfg.block_n) * B * Hkv,)
     seq_ce = dict(SEQ=seq) if seq != SEQ_DENSE else {}
+    if seq == SEQ_VARLEN and Nk < VARLEN_HEAD_MAJOR_FROM * (variant.seq_k.shape[0] - 1):
+        seq_ce["HEADS_FASTEST"] = True  # (``varlen_slot``) short sequences
     if seq != SEQ_DENSE and D != D_real:  # the masked stores at a sequence's end keep to dk's, dv's columns
         seq_ce["D_REAL"] = D_real
     if seq != SEQ_DENSE and value_dim not in (None, D_real):  # and dv's to its own

@@ -217,12 +217,13 @@ if _HAS_GLUON:
                                     FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                                     SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0, DV_REAL: gl.constexpr = 0,
-                                    FUSED_DQ: gl.constexpr = False, QK: gl.constexpr = 0):
+                                    FUSED_DQ: gl.constexpr = False, QK: gl.constexpr = 0,
+                                    HEADS_FASTEST: gl.constexpr = False):
         ROTATE: gl.constexpr = not (CAUSAL or HAS_RIGHT)  # as the D ≤ 128 kernel (its comment)
         pid = gl.program_id(0)
         q0 = 0
         if SEQ == 2:  # varlen: slots of key tiles over the packed batch (``seq_key_tile``), per KV head
-            h_kv, slot = varlen_slot(pid, gl.num_programs(0), n_kv_heads)
+            h_kv, slot = varlen_slot(pid, gl.num_programs(0), n_kv_heads, HEADS_FASTEST)
             b, start_n, q0, n_q, k0, n_k, off = seq_key_tile(slot, 0, q_starts, q_ends, k_starts, k_ends, stride_seq,
                                                              n_seq, n_q, n_k, 64, SEQ)
             tile = start_n // 64
@@ -430,13 +431,13 @@ if _HAS_GLUON:
                                        FAST_TANH: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                        LOADER_REGS: gl.constexpr, SEQ: gl.constexpr = 0, D_REAL: gl.constexpr = 0,
-                                       QK: gl.constexpr = 0):
+                                       QK: gl.constexpr = 0, HEADS_FASTEST: gl.constexpr = False):
         pid = gl.program_id(0)
         if SEQ == 2:
             # Varlen: (heads, tile slots) in one dim (``varlen_slot``), the slots sized from the totals
             # and mapped to (sequence, query tile) by the forward's scan of cu_seqlens, each sequence's
             # last tile first; a slot past the last tile is an empty program.
-            h, slot = varlen_slot(pid, gl.num_programs(0), n_heads)
+            h, slot = varlen_slot(pid, gl.num_programs(0), n_heads, HEADS_FASTEST)
             lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
             b, start_m = varlen_scan(q_starts, q_ends, n_seq, n_q, slot, lanes, BLOCK_M)
             live = b < n_seq
@@ -800,6 +801,8 @@ def launches(q, k, v, do, dq, dk, dv, lse2_pad, delta_pad, scale: float, causal:
         constexprs["SEQ"] = seq
         if seq == SEQ_VARLEN:
             dq_grid = ((-(-Nq // m) + n_seq) * Hq,)
+            if "HEADS_FASTEST" in plan["constexprs"]:  # (``varlen_slot``: the plan's order, both kernels)
+                constexprs["HEADS_FASTEST"] = True
     scalars = (*scalars, *bounds)
 
     def strides(t):  # varlen: batch stride 0 (its programs' b is the sequence; the tensors have one row)
