@@ -194,7 +194,8 @@ def gluon_seq(opts, causal=True, d=128):
 def gluon_bwd(opts, causal=True, d=128):
     """The Gluon backward as ``attention_backward_gluon`` launches it (``_launch`` on CPU tensors), at
     its default config (fused dQ), GQA 2:1 (window sides as ``left``/``right`` in ``opts``; ``seq``:
-    "varlen" for a packed batch of 4 sequences, (1, H, total, d) views of (total, H, d), or "ranges"
+    "varlen" for a packed batch of 4 sequences, (1, H, total, d) views of (total, H, d), or of 2 of
+    8k with ``long`` (their slots one KV head after another: ``VARLEN_HEAD_MAJOR_FROM``), or "ranges"
     for a padded one)."""
     import torch
     import flashattn_lite.ops.attention_bwd_gluon as g
@@ -203,6 +204,7 @@ def gluon_bwd(opts, causal=True, d=128):
     one_pass = opts.pop("one_pass", False)  # the wide dK/dV kernel reducing dQ too (``FUSED_DQ``)
     kv_share = opts.pop("kv_share", 1)  # GQA split: each program one query head, dK and dV float32 sums
     mla, mha = opts.pop("mla", False), opts.pop("mha", False)  # MLA's 128-key programs (``takes_mla_programs``); GQA 1
+    long = opts.pop("long", False)
     variant, causal, d, q, kv, B, H, N = _gluon_case(opts, causal, d)
     if mla:
         import flashattn_lite.ops.attention_bwd_gluon_wide as w
@@ -214,10 +216,10 @@ def gluon_bwd(opts, causal=True, d=128):
         return _compile_gluon(w._attn_bwd_gluon_mla_kernel, args, kwargs)
     rows = torch.zeros(B * H, 1024)
     if seq == "varlen":
-        B, N = 1, 4 * 1024
+        B, N = 1, 16 * 1024 if long else 4 * 1024
         q = torch.zeros(N, H, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
         kv = torch.zeros(N, H // 2, d, dtype=torch.bfloat16).transpose(0, 1).unsqueeze(0)
-        cu = torch.tensor([0, 1000, 1017, 3000, N], dtype=torch.int32)
+        cu = torch.tensor([0, N // 2, N] if long else [0, 1000, 1017, 3000, N], dtype=torch.int32)
         variant = variant._replace(seq=f.SEQ_VARLEN, seq_q=cu, seq_k=cu)
         rows = torch.zeros(H, N)
     elif seq == "ranges":
@@ -552,7 +554,13 @@ cases = [("portable plain", portable, {}), ("portable softcap", portable, dict(S
                                                                      alibi_bh=True, sinks=True, persistent=True)),
          ("gluon ps d256 ranges", gluon_seq, dict(seq="ranges", d=256, causal=False, persistent=True)),
          ("gluon ps d192 dv128 narrow qk ranges", gluon_seq, dict(seq="ranges", d=192, dv=128, config=QK2,
-                                                                  causal=False, persistent=True))]
+                                                                  causal=False, persistent=True)),
+         # Varlen backward slots one KV head after another (sequences of 8k keys on average and more:
+         # ``VARLEN_HEAD_MAJOR_FROM``; before it, these batches compiled to the heads-fastest kernels).
+         ("gluon bwd varlen long", gluon_bwd, dict(seq="varlen", long=True)),
+         ("gluon bwd varlen long full", gluon_bwd, dict(seq="varlen", long=True, causal=False)),
+         ("gluon bwd d256 varlen long", gluon_bwd, dict(d=256, seq="varlen", long=True)),
+         ("gluon bwd d256 dq varlen long", gluon_bwd, dict(d=256, seq="varlen", config="dq", long=True))]
 
 
 def ptxas(ptx):
