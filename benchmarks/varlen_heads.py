@@ -122,7 +122,7 @@ def main():
         label = f"varlen {shape} {'causal' if causal else 'non-causal'} Hq {hq} Hkv {hkv}"
         dense = tuple(as_dense(t, lens) for t in (q, k, v)) if len(set(lens)) == 1 else None
         add_cases(cases, label, q, k, v, causal, variant, sum(lens) // len(lens), dense)
-    # Left-padded rows (HF's padded batch): 16 × 2k MHA 16, 4 × 8k MHA 32 (64 MiB of K and V a row).
+    # Left-padded rows (HF's padded batch): 16 × 2k MHA 16, 4 × 8k MHA 32 (128 MiB of K and V a row).
     for B, N, h in ((16, 2048, 16), (4, 8192, 32)):
         pads = (torch.rand(B, generator=torch.Generator().manual_seed(1)) * 0.5 * N).long()
         ranges = torch.stack([pads, torch.full_like(pads, N)], 1).to(torch.int32).cuda()

@@ -294,7 +294,7 @@ def _varlen_call(lengths=(17, 128, 1000), Hq=4, Hkv=2, D=64, dtype=torch.float16
 
 @pytest.mark.skipif(not gluon_bwd._HAS_GLUON, reason="this triton has no Gluon")
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_dim_256_varlen_launches_bind_to_their_kernels(causal):
+def test_head_dim_256_varlen_launches_bind_to_their_kernels(monkeypatch, causal):
     # The d 256 kernels over a packed batch: every argument binds to its kernel's parameters, the
     # grids are slots sized from the totals (tiles of the total + one per sequence, per head: no
     # sync), the batch strides 0 (a program's b is its sequence), and the sequence count and the
@@ -316,6 +316,10 @@ def test_head_dim_256_varlen_launches_bind_to_their_kernels(causal):
         assert "QK" not in constexprs  # q at the kernel's 256: S over all of it
         assert bound["n_seq"] == n_seq and bound["row_starts"] is row_starts and bound["stride_seq"] == 1
         assert constexprs["HEADS_FASTEST"]  # (short sequences: ``varlen_slot``, the plan's order)
+    # sequences of VARLEN_HEAD_MAJOR_FROM keys on average: both kernels' slots one head after another
+    monkeypatch.setattr(gluon_bwd, "VARLEN_HEAD_MAJOR_FROM", total // n_seq)
+    for _, _, kwargs in wide.launches(q, k, k, q, q, k, k, rows, rows, 0.1, causal, cfg, variant, row_starts):
+        assert "HEADS_FASTEST" not in kwargs
         assert all(bound[name] == 0 for name in bound if name.startswith("stride_d") and name.endswith("b"))
 
 
@@ -480,10 +484,11 @@ def _check_against_reference(got, ref, portable, dtype):
 
 
 @needs_gpu
+@pytest.mark.parametrize("head_major", [False, True], ids=["heads-fastest", "kv-head-major"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "q{}-k{}-h{}:{}-d{}-{}-{}".format(
     "_".join(map(str, c[0][:4])), "same" if c[1] is None else "_".join(map(str, c[1][:4])), c[2], c[3], c[4],
     "causal" if c[5] else "full", str(c[6])[6:]))
-def test_varlen_matches_reference_and_portable(monkeypatch, case):
+def test_varlen_matches_reference_and_portable(monkeypatch, case, head_major):
     import flashattn_lite as fa
     from flashattn_lite.ops import attention_bwd
     from flashattn_lite.reference import attention_varlen_reference
@@ -500,6 +505,8 @@ def test_varlen_matches_reference_and_portable(monkeypatch, case):
     pk = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731 - the kernels' (1, H, total, D) view
     scale = d ** -0.5
     assert gluon_bwd.supported(pk(q), pk(k), pk(v), pk(do), causal=causal, variant=variant) is None
+    if head_major:  # the slots' order of long sequences (``varlen_slot``) on these short ones
+        monkeypatch.setattr(gluon_bwd, "VARLEN_HEAD_MAJOR_FROM", 1)
     got = gluon_bwd.attention_backward_gluon(pk(do).contiguous(), pk(q), pk(k), pk(v), pk(o), lse.unsqueeze(0),
                                              scale=scale, causal=causal, variant=variant)[:3]
     got = [g[0].transpose(0, 1) for g in got]

@@ -727,7 +727,7 @@ def test_ranges_and_varlen_take_the_queue_by_default(monkeypatch):
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")
 def test_long_padded_rows_take_the_queue(monkeypatch):
     # Per-row ranges of any length take the queue by default (one KV head's tiles after another:
-    # ``queue_tile``; 4 × 8k MHA 32, 64 MiB of K and V a row, 4% faster than one tile a program).
+    # ``queue_tile``; 4 × 8k MHA 32, 128 MiB of K and V a row, 4% faster than one tile a program).
     taken = record_configs(monkeypatch)
     for n in (2048, 8192):  # 16 KV heads, d 128, bf16: 16 MiB and 64 MiB of K and V a row
         rows = torch.tensor([[0, n], [5, n]], dtype=torch.int32)

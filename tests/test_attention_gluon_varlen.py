@@ -18,7 +18,8 @@ from conftest import DEVICE, assert_close_to_ref
 from flashattn_lite.ops import attention_fwd
 from flashattn_lite.ops import attention_fwd_gluon as gluon_fwd
 from flashattn_lite.ops import attention_fwd_hopper as hopper
-from flashattn_lite.ops.attention_fwd import PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant, varlen_scan, varlen_tile
+from flashattn_lite.ops.attention_fwd import (PLAIN, SEQ_RANGES, SEQ_VARLEN, Variant, varlen_scan, varlen_slot,
+                                             varlen_tile)
 from flashattn_lite.reference import attention_reference, attention_varlen_reference
 from test_attention_gluon_variants import faked_device, needs_gpu, sm90  # noqa: F401
 from test_attention_hopper import EPS, check_lse
@@ -93,6 +94,29 @@ def packed(lens_q, lens_k, hq, hkv, d, dtype, seed=0, device=DEVICE):
 
 def as_4d(t):
     return t.transpose(0, 1).unsqueeze(0)
+
+
+@triton.jit
+def _varlen_slot_kernel(out, n_heads, HEADS_FASTEST: tl.constexpr):
+    pid = tl.program_id(0)
+    h, slot = varlen_slot(pid, tl.num_programs(0), n_heads, HEADS_FASTEST)
+    tl.store(out + 2 * pid, h)
+    tl.store(out + 2 * pid + 1, slot)
+
+
+@pytest.mark.parametrize("heads_fastest", [False, True], ids=["head-major", "heads-fastest"])
+@pytest.mark.parametrize("n_heads, n_slots", [(3, 5), (1, 4), (4, 1)])
+def test_varlen_slot_takes_every_head_and_slot_once(n_heads, n_slots, heads_fastest):
+    # A varlen grid of slots · heads programs: each (head, slot) once, one head's slots after
+    # another (the forward's one-tile grid, the backward's from long sequences), or every head of a
+    # slot together.
+    out = torch.full((2 * n_heads * n_slots,), -1, dtype=torch.int32, device=DEVICE)
+    _varlen_slot_kernel[(n_heads * n_slots,)](out, n_heads, heads_fastest)
+    got = [tuple(out[2 * p:2 * p + 2].tolist()) for p in range(n_heads * n_slots)]
+    if heads_fastest:
+        assert got == [(h, s) for s in range(n_slots) for h in range(n_heads)]
+    else:
+        assert got == [(h, s) for h in range(n_heads) for s in range(n_slots)]
 
 
 @pytest.mark.skipif(not gluon_fwd._HAS_GLUON, reason="no Gluon in this triton (TMA descriptors on CPU tensors)")

@@ -1462,10 +1462,12 @@ def group_split(q, k, causal: bool, variant, cfg: Config) -> int:
 
 # A varlen batch whose sequences hold this many keys on average takes its key-tile slots one KV head
 # after another (``varlen_slot``): the programs running at once share one KV head's Q and dO in L2,
-# 3–5% faster from 8k (2 × 16k, 4 × 8k, GQA and MHA, causal and not); shorter ones every KV head of
+# 1–5% faster from 8k (2 × 16k, 4 × 8k, GQA and MHA, causal and not); shorter ones every KV head of
 # a slot together, as before, where one KV head at a time measured 6% slower (8 × 4k GQA 32/8,
 # causal: each (sequence, head)'s dQ rows take the adds of more programs at once) and level at MHA
-# (NOTES 2026-12-02 18:25, ``benchmarks/varlen_heads.py``).
+# (NOTES 2026-12-02 18:25, ``benchmarks/varlen_heads.py``, d 128; the d 256 kernels take the same rule
+# unmeasured). The mean, known without a sync: one long sequence among many short ones stays heads
+# fastest.
 VARLEN_HEAD_MAJOR_FROM = 8192
 
 
